@@ -1,0 +1,35 @@
+# Two entry points: `make demo` and `make test`. Both set up what they need, idempotently.
+VENV     := .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.installed
+CRIU     := .criu/bin/criu
+
+.PHONY: demo test test-fast lint criu sysdeps clean
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' -r requirements-dev.txt
+	touch $@
+
+$(CRIU): scripts/provision-criu.sh $(STAMP)
+	bash scripts/provision-criu.sh
+
+criu: $(CRIU)
+
+sysdeps:
+	bash scripts/provision-sysdeps.sh
+
+demo: $(STAMP)
+	$(VENV)/bin/llfabric demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) $(CRIU) sysdeps lint
+	$(VENV)/bin/pytest -m "not gpu" -q
+
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -m "not gpu and not slow" -q
+
+clean:
+	rm -rf $(VENV) .criu build
