@@ -1,0 +1,1 @@
+"""The `llfabric` command line: click commands that parse, call fabric, and print."""

@@ -1,0 +1,166 @@
+"""`llfabric`: serve, run, status, demo."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import click
+import nbformat
+
+from fabric import config as fabric_config
+from fabric.client import Client
+from fabric.embedded import EmbeddedServer
+from fabric.errors import FabricError, NotebookError, Unreachable
+from fabric.notebook import read_notebook, run_notebook, timings_table
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_tiny_mlp.ipynb"
+
+
+def _config(store: str | None = None, bind: str | None = None, **more: object):
+    try:
+        return fabric_config.load().with_overrides(store=store, bind=bind, **more)
+    except FabricError as exc:
+        raise click.UsageError(exc.message) from exc
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log what the server does.")
+def main(verbose: bool) -> None:
+    """llfabric: notebook cells on warm workers, the GPU held only while a cell runs."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@main.command()
+@click.option("--store", help="Store directory (default ~/.local/share/llfabric).")
+@click.option("--bind", help="Address to serve on (default ipc:// in the runtime dir).")
+@click.option("--slots", type=int, help="Execution slots on a host without GPUs (default: cores).")
+def serve(store: str | None, bind: str | None, slots: int | None) -> None:
+    """Serve notebook sessions until SIGTERM or Ctrl-C."""
+    from fabric import server
+
+    logging.getLogger().setLevel(logging.INFO)
+    config = _config(store, bind, slots=slots)
+    click.echo(f"llfabric serving on {config.address} (store {config.store})", err=True)
+    server.run(config)
+
+
+def _print_output(index: int, output: dict) -> None:
+    kind = output.get("output_type")
+    if kind == "stream":
+        (sys.stderr if output["name"] == "stderr" else sys.stdout).write(output["text"])
+    elif kind in ("execute_result", "display_data"):
+        data = output.get("data", {})
+        text = data.get("text/plain", "")
+        others = [m for m in data if m != "text/plain"]
+        click.echo(text + (f"  [{', '.join(others)}]" if others else ""))
+    elif kind == "error":
+        click.echo("\n".join(output.get("traceback") or
+                             [f"{output['ename']}: {output['evalue']}"]), err=True)
+
+
+@contextlib.contextmanager
+def _server(connect: str | None, store: str | None):
+    """A client of the given server, of the default one, or of an embedded one started now."""
+    config = _config(store, connect)
+    with Client(config.address) as client:
+        if client.ping():
+            yield client
+            return
+    if connect:
+        raise click.ClickException(f"no llfabric server answers at {connect}")
+    click.echo(f"starting an embedded server on {config.address}", err=True)
+    with EmbeddedServer(config), Client(config.address) as client:
+        yield client
+
+
+def _run(notebook: Path, connect: str | None, store: str | None, think_time: float,
+         output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None) -> bool:
+    try:
+        nb = read_notebook(notebook)
+    except NotebookError as exc:
+        raise click.ClickException(exc.message) from exc
+    session = session or f"{notebook.stem[:80]}-{uuid.uuid4().hex[:8]}"
+    workdir = (cwd or notebook.resolve().parent).resolve()
+    try:
+        with _server(connect, store) as client:
+            client.call("open", session=session, cwd=str(workdir))
+            run = run_notebook(client, nb, session, think_time=think_time,
+                               allow_errors=allow_errors, on_output=_print_output)
+            client.call("close", session=session)
+    except (Unreachable, FabricError) as exc:
+        raise click.ClickException(exc.message) from exc
+    if output is not None:
+        nbformat.write(nb, str(output))
+    for cell in run.cells:
+        if cell.failure is not None:
+            click.echo(f"cell {cell.index} failed: {cell.failure.message}", err=True)
+    click.echo(f"\nsession {session}\n{timings_table(run)}")
+    return run.ok
+
+
+@main.command()
+@click.argument("notebook", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--connect", help="Server address (default: the configured one, else embedded).")
+@click.option("--store", help="Store directory of an embedded server.")
+@click.option("--think-time", type=float, default=0.0, show_default=True,
+              help="Seconds each cell is drafted before it is executed, as an editing user.")
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the executed notebook, with its outputs, here.")
+@click.option("--cwd", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Working directory of the session (default: the notebook's folder).")
+@click.option("--allow-errors", is_flag=True, help="Go on after a cell that raises.")
+@click.option("--session", help="Session name (default: the notebook's name and a random tag).")
+def run(notebook: Path, connect: str | None, store: str | None, think_time: float,
+        output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None) -> None:
+    """Execute NOTEBOOK's code cells in order on a fabric server."""
+    ok = _run(notebook, connect, store, think_time, output, cwd, allow_errors, session)
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.option("--think-time", type=float, default=2.0, show_default=True)
+def demo(think_time: float) -> None:
+    """Run the bundled PyTorch training notebook on the embedded default, with think time."""
+    started = time.monotonic()
+    ok = _run(EXAMPLE, None, None, think_time, None, None, False, None)
+    click.echo(f"demo finished in {time.monotonic() - started:.1f} s")
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.option("--connect", help="Server address (default: the configured one).")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+def status(connect: str | None, as_json: bool) -> None:
+    """Show the server's slots, leases, zygotes, workers and sessions."""
+    config = _config(None, connect)
+    try:
+        with Client(config.address, timeout=5) as client:
+            info = client.call("status")
+    except Unreachable as exc:
+        raise click.ClickException(exc.message) from exc
+    info = {k: v for k, v in info.items() if k not in ("type", "msg_id")}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    leases = info["leases"]
+    click.echo(f"server pid {info['pid']} on {info['address']}, store {info['store']}")
+    click.echo(f"{leases['kind']} slots {leases['slots']}: {leases['held']} held, "
+               f"{leases['queued']} queued")
+    for z in info["zygotes"]:
+        click.echo(f"zygote {z['pid']}: {', '.join(z['modules']) or '(base)'}")
+    click.echo(f"workers: {len(info['workers'])}")
+    for s in info["sessions"]:
+        flags = (", running" if s["running"] else "") + (", prepared" if s["prepared"] else "")
+        click.echo(f"session {s['session']}: version {s['version']}, {s['variables']} variables, "
+                   f"{s['bytes']} bytes, lease {s['lease_seconds']:.1f} s{flags}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The closure of a cell: the groups and module aliases a fresh worker must hold to run it.
+
+A pure function of the cell's source and the session's latest manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..snapshot.manifest import Group, Manifest
+from .static import analyze
+
+
+@dataclass(frozen=True)
+class Closure:
+    names: frozenset[str]  # session variables and aliases the cell may read
+    groups: tuple[Group, ...]
+    imports: dict[str, str]  # alias -> module, re-imported rather than unpickled
+    modules: frozenset[str]  # what the worker's zygote should have imported
+    whole: bool  # static analysis could not bound the cell: the whole session is loaded
+    exact: bool  # False when the source did not parse (a draft being edited)
+
+    def covers(self, other: Closure) -> bool:
+        return self.names >= other.names and self.modules >= other.modules
+
+
+def closure(source: str, manifest: Manifest) -> Closure:
+    cell = analyze(source)
+    variables = manifest.variables()
+    session = set(variables) | set(manifest.imports)
+    needed = set(session) if cell.dynamic else set(cell.reads) & session
+    frontier = list(needed)
+    while frontier:  # group mates come along, and code reads globals of its own, transitively
+        name = frontier.pop()
+        group = variables.get(name)
+        for other in (*manifest.refs.get(name, ()), *(group.names if group else ())):
+            if other in session and other not in needed:
+                needed.add(other)
+                frontier.append(other)
+    groups = {(g.blob, g.names): g for name in needed if (g := variables.get(name)) is not None}
+    imports = {a: m for a, m in manifest.imports.items() if a in needed}
+    modules = frozenset(manifest.imports.values()) | cell.imports
+    return Closure(frozenset(needed), tuple(groups.values()), imports, modules,
+                   cell.dynamic, cell.parsed)

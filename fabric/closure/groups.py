@@ -1,0 +1,141 @@
+"""Co-variables: which variables share objects, and which globals their code reads.
+
+Two variables that reach a common object must be saved and loaded together, or a later cell that
+mutates one would not see it through the other. The walk follows `gc.get_referents`, treating
+atoms (numbers, strings, types, modules, library functions) as leaves that never link two
+variables, and array or tensor memory as one node keyed by its buffer, so views of one array
+group with it. Notebook functions are walked through their defaults, closures and attributes but
+not their globals (that is the namespace itself); their code objects give the global names they
+read, which the closure analysis follows transitively.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
+          types.BuiltinFunctionType, types.CodeType, range, type(Ellipsis))
+
+_ATOM_TYPES = frozenset(_ATOMS)  # exact-type test first: cheap on lists of a million floats
+
+DEFAULT_BUDGET = 2_000_000  # objects visited in one grouping; past it, everything is one group
+
+
+@dataclass(frozen=True)
+class Grouping:
+    groups: list[list[str]]
+    refs: dict[str, set[str]]  # variable -> global names that code reachable from it reads
+    bounded: bool  # the budget ran out: every variable was put in one group, to stay safe
+
+
+def _code_names(code: types.CodeType, out: set[str]) -> None:
+    out.update(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_names(const, out)
+
+
+def _buffer_key(obj: Any) -> tuple | None:
+    """The memory an array or tensor views, so that views of one buffer link."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
+        base = obj
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        return ("buf", id(base.base if base.base is not None else base))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
+        try:
+            ptr = obj.untyped_storage().data_ptr()
+        except RuntimeError:  # tensor subclasses without storage
+            return None
+        return ("buf", ptr) if ptr else None
+    return None
+
+
+class _Walker:
+    def __init__(self, namespace: dict, budget: int) -> None:
+        self.namespace = namespace
+        self.budget = budget
+        self.owner: dict[Any, str] = {}  # node key -> first variable that reached it
+        self.parent: dict[str, str] = {}
+
+    def find(self, name: str) -> str:
+        while self.parent[name] != name:
+            self.parent[name] = self.parent[self.parent[name]]
+            name = self.parent[name]
+        return name
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+    def _class_refs(self, cls: type, refs: set[str]) -> None:
+        for value in vars(cls).values():
+            for fn in (value, getattr(value, "__func__", None), getattr(value, "fget", None)):
+                if isinstance(fn, types.FunctionType) and fn.__globals__ is self.namespace:
+                    _code_names(fn.__code__, refs)
+
+    def walk(self, name: str, root: Any) -> set[str] | None:
+        """Mark the nodes reachable from `root` as `name`'s; None when the budget ran out."""
+        refs: set[str] = set()
+        seen_classes: set[int] = set()
+        stack = [root]
+        while stack:
+            obj = stack.pop()
+            if isinstance(obj, type):
+                if obj.__module__ == "__main__" and id(obj) not in seen_classes:
+                    seen_classes.add(id(obj))
+                    self._class_refs(obj, refs)
+                continue
+            if isinstance(obj, _ATOMS) or obj is self.namespace:
+                continue
+            if isinstance(obj, types.FunctionType) and obj.__globals__ is not self.namespace:
+                continue  # a library function: pickled by reference, shared by no one
+            key = _buffer_key(obj) or id(obj)
+            other = self.owner.get(key)
+            if other is not None:
+                self.union(name, other)
+                if other == name or self.find(other) == self.find(name):
+                    continue
+            self.owner[key] = name
+            self.budget -= 1
+            if self.budget < 0:
+                return None
+            if isinstance(obj, types.FunctionType):
+                _code_names(obj.__code__, refs)
+                stack.extend(c.cell_contents for c in obj.__closure__ or () if _has_value(c))
+                stack.extend((obj.__defaults__, obj.__kwdefaults__, obj.__dict__))
+                continue
+            stack.append(type(obj))
+            stack.extend([r for r in gc.get_referents(obj) if type(r) not in _ATOM_TYPES])
+        return refs
+
+
+def _has_value(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - probing an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def group_variables(namespace: dict, names: list[str], budget: int = DEFAULT_BUDGET) -> Grouping:
+    """Partition `names` (variables of `namespace`) into groups of variables that share objects."""
+    walker = _Walker(namespace, budget)
+    refs: dict[str, set[str]] = {}
+    for name in names:
+        walker.parent[name] = name
+        found = walker.walk(name, namespace[name])
+        if found is None:
+            return Grouping([list(names)], {n: set() for n in names}, True)
+        refs[name] = found
+    by_root: dict[str, list[str]] = {}
+    for name in names:
+        by_root.setdefault(walker.find(name), []).append(name)
+    return Grouping(list(by_root.values()), refs, False)

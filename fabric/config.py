@@ -1,0 +1,75 @@
+"""One configuration object: defaults, then ``llfabric.toml``, then ``LLFABRIC_*``, then flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import FabricError
+
+
+def _data_home() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+
+
+def _runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(base) / "llfabric" if base else Path("/tmp") / f"llfabric-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class Config:
+    store: Path = field(default_factory=lambda: _data_home() / "llfabric")
+    runtime_dir: Path = field(default_factory=_runtime_dir)
+    bind: str = ""  # empty: ipc:// socket in runtime_dir
+    slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
+    max_zygotes: int = 4  # import-family zygotes kept, least recently used evicted
+    max_frame: int = 16 * 1024 * 1024
+
+    @property
+    def address(self) -> str:
+        return self.bind or f"ipc://{self.runtime_dir / 'server.sock'}"
+
+    def with_overrides(self, **values: Any) -> Config:
+        """Apply the non-None values (CLI flags), converting types as declared."""
+        return replace(self, **_convert({k: v for k, v in values.items() if v is not None}))
+
+
+def _convert(values: dict[str, Any]) -> dict[str, Any]:
+    types = {f.name: f.type for f in fields(Config)}
+    out = {}
+    for key, value in values.items():
+        if key not in types:
+            raise FabricError(f"unknown configuration key {key!r}", key=key)
+        kind = types[key]
+        try:
+            out[key] = Path(value).expanduser() if kind == "Path" else (
+                int(value) if kind == "int" else str(value)
+            )
+        except (TypeError, ValueError) as exc:
+            raise FabricError(f"configuration {key}={value!r} is not a valid {kind}") from exc
+    return out
+
+
+def load(path: Path | None = None, env: dict[str, str] | None = None) -> Config:
+    """Defaults, overlaid with the config file (if any) and ``LLFABRIC_*`` variables."""
+    env = os.environ if env is None else env
+    path = path or (Path(env["LLFABRIC_CONFIG"]) if "LLFABRIC_CONFIG" in env else None)
+    path = path or Path("llfabric.toml")
+    config = Config()
+    if path.is_file():
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise FabricError(f"cannot read {path}: {exc}") from exc
+        config = replace(config, **_convert(data.get("llfabric", data)))
+    names = {f.name for f in fields(Config)}
+    from_env = {
+        key[len("LLFABRIC_"):].lower(): value
+        for key, value in env.items()
+        if key.startswith("LLFABRIC_") and key[len("LLFABRIC_"):].lower() in names
+    }
+    return replace(config, **_convert(from_env))

@@ -1,0 +1,55 @@
+"""An embedded server: started by a client when none answers, stopped when the client is done."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .client import Client
+from .config import Config
+from .errors import Unreachable
+
+START_TIMEOUT = 120.0
+
+
+class EmbeddedServer:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "cli.main", "serve", "--store", str(self.config.store),
+                   "--bind", self.config.address]
+        log = Path(self.config.runtime_dir) / "embedded-server.log"
+        log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(log, "ab") as out:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                            stderr=out, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        with Client(self.config.address) as client:
+            while not client.ping(timeout=0.5):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise Unreachable(f"the embedded server did not start; see {log}",
+                                      address=self.config.address)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> EmbeddedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

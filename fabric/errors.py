@@ -1,0 +1,69 @@
+"""Exceptions, named for whose fault they are.
+
+Every error that crosses the wire is a `FabricError` with a machine-readable `kind`; the message is
+built from structured fields so the client can show it without parsing text.
+"""
+
+from __future__ import annotations
+
+
+class FabricError(Exception):
+    """Base class of every error llfabric raises on purpose."""
+
+    kind = "fabric"
+
+    def __init__(self, message: str, **fields: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+    def to_wire(self) -> dict:
+        return {"kind": self.kind, "message": self.message, **self.fields}
+
+
+class ProtocolError(FabricError):
+    """The peer sent something that is not a valid message (its fault)."""
+
+    kind = "protocol"
+
+
+class UnknownSession(FabricError):
+    kind = "unknown_session"
+
+
+class SessionBusy(FabricError):
+    """The session already runs a cell; cells of one session run one at a time."""
+
+    kind = "busy"
+
+
+class StoreError(FabricError):
+    """The store refused to read or write: missing, corrupt or unsigned data."""
+
+    kind = "store"
+
+
+class WorkerDied(FabricError):
+    """A worker process exited while it held a cell (killed, crashed, out of memory)."""
+
+    kind = "worker_died"
+
+
+class NotebookError(FabricError):
+    """A notebook file that is not valid nbformat."""
+
+    kind = "notebook"
+
+
+class Unreachable(FabricError):
+    """No server answered at the address (the outside failed)."""
+
+    kind = "unreachable"
+
+
+class RemoteError(FabricError):
+    """An error reply from the server, re-raised on the client side."""
+
+    def __init__(self, wire: dict) -> None:
+        super().__init__(str(wire.get("message", "error")), **wire)
+        self.kind = str(wire.get("kind", "fabric"))

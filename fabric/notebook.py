@@ -1,0 +1,157 @@
+"""Run a notebook's code cells in order on a server, as an editing user would."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .client import Client
+from .errors import NotebookError, RemoteError
+
+OnOutput = Callable[[int, dict], None]
+
+
+@dataclass
+class CellRun:
+    index: int  # position in the notebook's cell list
+    outputs: list[dict] = field(default_factory=list)
+    reply: dict | None = None  # the server's reply: status, version, timings
+    failure: RemoteError | None = None  # the request itself failed (worker died, bad state...)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.reply is not None and self.reply["status"] == "ok"
+
+
+@dataclass
+class NotebookRun:
+    cells: list[CellRun]
+    pinned_seconds: float  # first execute sent to last reply: what a pinned session holds
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.cells)
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    """Read and validate a notebook file, or raise NotebookError saying what is wrong."""
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+        nbformat.validate(nb)
+    except FileNotFoundError as exc:
+        raise NotebookError(f"{path}: no such notebook") from exc
+    except nbformat.ValidationError as exc:
+        raise NotebookError(f"{path} is not a valid notebook: {exc.message}") from exc
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise NotebookError(f"{path} is not a valid notebook: {exc}") from exc
+    return nb
+
+
+class _Outputs:
+    """Outputs of one cell, with clear_output and display updates applied as a frontend would."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self._clear_pending = False
+
+    def add(self, output: dict) -> None:
+        kind = output.get("output_type")
+        if kind == "clear_output":
+            if output.get("wait"):
+                self._clear_pending = True
+            else:
+                self.items.clear()
+            return
+        display_id = (output.get("transient") or {}).get("display_id")
+        if kind == "update_display_data":
+            for item in self.items:
+                if item.get("transient", {}).get("display_id") == display_id:
+                    item["data"], item["metadata"] = output["data"], output.get("metadata", {})
+            return
+        if self._clear_pending:
+            self.items.clear()
+            self._clear_pending = False
+        if kind == "stream" and self.items and self.items[-1].get("output_type") == "stream" \
+                and self.items[-1]["name"] == output["name"]:
+            self.items[-1]["text"] += output["text"]
+            return
+        self.items.append(dict(output))
+
+    def nbformat(self) -> list:
+        outputs = []
+        for item in self.items:
+            fields = {k: v for k, v in item.items() if k not in ("output_type", "transient")}
+            outputs.append(nbformat.v4.new_output(item["output_type"], **fields))
+        return outputs
+
+
+def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
+                 think_time: float = 0.0, allow_errors: bool = False,
+                 on_output: OnOutput | None = None) -> NotebookRun:
+    """Execute the code cells in order; with `think_time`, draft each cell that long before."""
+    cells: list[CellRun] = []
+    first: float | None = None
+    last = time.monotonic()
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        source = cell.source
+        if think_time > 0:
+            client.call("draft", session=session, source=source)
+            time.sleep(think_time)
+        run = CellRun(index)
+        outputs = _Outputs()
+        first = time.monotonic() if first is None else first
+        try:
+            for message in client.stream("execute", timeout=0, session=session, source=source):
+                if message["type"] == "event":
+                    outputs.add(message["output"])
+                    if on_output is not None:
+                        on_output(index, message["output"])
+                else:
+                    run.reply = message
+        except RemoteError as exc:
+            run.failure = exc
+        last = time.monotonic()
+        cell.outputs = outputs.nbformat()
+        if run.reply is not None:
+            cell.execution_count = run.reply["execution_count"]
+        cells.append(run)
+        if not run.ok and not allow_errors:
+            break
+    return NotebookRun(cells, last - (first if first is not None else last))
+
+
+def timings_table(run: NotebookRun) -> str:
+    """Per cell: path, prepare, visible delay, run, save, lease held; totals vs a pinned session."""
+    head = f"{'cell':>4} {'path':<11} {'prepare':>8} {'visible':>8} {'run':>8} {'save':>7} " \
+           f"{'lease':>8}  status"
+    lines = [head, "-" * len(head)]
+    lease_total = 0.0
+    delays = []
+    for cell in run.cells:
+        if cell.reply is None:
+            lines.append(f"{cell.index:>4} {'-':<11} {'':>8} {'':>8} {'':>8} {'':>7} {'':>8}  "
+                         f"failed: {cell.failure.message if cell.failure else '?'}")
+            continue
+        t = cell.reply["timings"]
+        lease_total += t["lease_held"]
+        delays.append(t["visible_delay"])
+        lines.append(f"{cell.index:>4} {cell.reply['path']:<11} {t['prepare']:>8.3f} "
+                     f"{t['visible_delay']:>8.3f} {t['run']:>8.3f} {t['save']:>7.3f} "
+                     f"{t['lease_held']:>8.3f}  {cell.reply['status']}")
+    lines.append("-" * len(head))
+    pinned = run.pinned_seconds
+    saved = 100 * (1 - lease_total / pinned) if pinned > 0 else 0.0
+    if delays:
+        delays.sort()
+        under = sum(d < 0.1 for d in delays)
+        lines.append(f"visible delay: median {delays[len(delays) // 2]:.3f} s, "
+                     f"max {delays[-1]:.3f} s, {under}/{len(delays)} cells under 100 ms")
+    lines.append(f"lease held {lease_total:.2f} s; a pinned session holds {pinned:.2f} s "
+                 f"(first execute to last done): {saved:.0f}% less")
+    return "\n".join(lines)

@@ -1,0 +1,6 @@
+"""Processes: zygotes, workers and leases. Only this package and the server fork and signal."""
+
+from .leases import Lease, Leases
+from .pool import Pool, WorkerHandle
+
+__all__ = ["Lease", "Leases", "Pool", "WorkerHandle"]

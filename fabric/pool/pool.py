@@ -1,0 +1,269 @@
+"""The server's side of zygotes and workers: a tree of import-family zygotes, forked workers.
+
+Runs inside the server's asyncio loop. Each zygote's control socket is watched with
+`add_reader`; replies resolve futures, and `exited` reports end the matching worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from .. import protocol
+from ..errors import FabricError, WorkerDied
+from .zygote import PACKET
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 120.0  # a zygote importing torch on a loaded 2-core host takes seconds
+HELLO_TIMEOUT = 30.0
+
+
+class ZygoteHandle:
+    def __init__(self, pool: Pool, ctrl: socket.socket, pid: int, modules: frozenset[str]) -> None:
+        self.pool = pool
+        self.ctrl = ctrl
+        self.pid = pid
+        self.modules = modules
+        self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.failed: dict[str, str] = {}
+        self.last_used = time.monotonic()
+        self._pending: dict[int, asyncio.Future] = {}
+        self._reqs = itertools.count()
+        ctrl.setblocking(False)
+        asyncio.get_running_loop().add_reader(ctrl.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.ctrl, PACKET, 4)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            data, fds = b"", []
+            log.warning("zygote %d control socket failed: %s", self.pid, exc)
+        if not data:
+            self._lost()
+            return
+        message = msgpack.unpackb(data, raw=False)
+        op = message.get("op")
+        if op == "ready":
+            self.failed = message.get("failed", {})
+            if not self.ready.done():
+                self.ready.set_result(message)
+        elif op == "exited":
+            self.pool.child_exited(message["pid"], message["status"])
+        elif (future := self._pending.pop(message.get("req"), None)) is not None:
+            future.set_result((message, fds))
+        else:
+            for fd in fds:
+                os.close(fd)
+
+    def _lost(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.ctrl.fileno())
+        self.ctrl.close()
+        error = FabricError(f"zygote {self.pid} exited", pid=self.pid)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        if not self.ready.done():
+            self.ready.set_exception(error)
+        self.pool.zygote_lost(self)
+
+    async def request(self, message: dict) -> tuple[dict, list[int]]:
+        if self.ctrl.fileno() < 0:
+            raise FabricError(f"zygote {self.pid} is gone", pid=self.pid)
+        req = next(self._reqs)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[req] = future
+        self.ctrl.send(msgpack.packb({**message, "req": req}, use_bin_type=True))
+        self.last_used = time.monotonic()
+        return await asyncio.wait_for(future, START_TIMEOUT)
+
+    def stop(self) -> None:
+        if self.ctrl.fileno() >= 0:
+            asyncio.get_running_loop().remove_reader(self.ctrl.fileno())
+            self.ctrl.close()  # the zygote exits on EOF; its children die with it
+
+
+class WorkerHandle:
+    """One worker process, as seen by the server: its socket, its pid, its death."""
+
+    def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle) -> None:
+        self.pool = pool
+        self.id = ident
+        self.zygote = zygote
+        self.pid = 0
+        self.path = pool.socket_dir / f"w{ident}.sock"
+        self.socket = pool.context.socket(zmq.PAIR)
+        self.socket.linger = 0
+        self.socket.bind(f"ipc://{self.path}")
+        self.died: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.exit_status: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"ipc://{self.path}"
+
+    async def send(self, message: dict) -> None:
+        await self.socket.send(protocol.pack(message))
+
+    async def recv(self, timeout: float | None = None) -> dict:
+        """The worker's next message; WorkerDied if it exits first."""
+        receive = asyncio.ensure_future(self.socket.recv())
+        done, _ = await asyncio.wait({receive, self.died}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if receive in done:
+            return protocol.unpack(receive.result(), max_size=1 << 31)
+        receive.cancel()
+        if self.died.done():
+            raise WorkerDied(self.death_reason(), pid=self.pid)
+        raise WorkerDied(f"worker {self.pid} did not answer in {timeout} s", pid=self.pid)
+
+    def death_reason(self) -> str:
+        status = self.exit_status
+        if status is None:
+            return f"worker {self.pid} died"
+        if os.WIFSIGNALED(status):
+            name = signal.Signals(os.WTERMSIG(status)).name
+            return f"the worker process (pid {self.pid}) was killed by {name}"
+        return f"the worker process (pid {self.pid}) exited with status {os.WEXITSTATUS(status)}"
+
+    def interrupt(self) -> None:
+        if self.pid and not self.died.done():
+            os.kill(self.pid, signal.SIGINT)
+
+    async def close(self) -> None:
+        """Retire the worker: ask it to exit, kill it if it does not."""
+        if self.pid and not self.died.done():
+            try:
+                await self.send({"op": "exit"})
+                await asyncio.wait_for(asyncio.shield(self.died), 5.0)
+            except (TimeoutError, zmq.ZMQError):
+                os.kill(self.pid, signal.SIGKILL)
+        self.socket.close()
+        self.path.unlink(missing_ok=True)
+        self.pool.workers.pop(self.pid, None)
+
+
+class Pool:
+    def __init__(self, store_root: Path, max_zygotes: int = 4) -> None:
+        self.store_root = store_root
+        self.max_zygotes = max_zygotes
+        self.context = zmq.asyncio.Context()
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
+        self.zygotes: dict[frozenset[str], ZygoteHandle] = {}
+        self.workers: dict[int, WorkerHandle] = {}
+        self._ids = itertools.count(1)
+        self._base_proc: subprocess.Popen | None = None
+        self._building: dict[frozenset[str], asyncio.Task] = {}
+
+    async def start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._base_proc = subprocess.Popen(
+            [sys.executable, "-m", "fabric.pool.zygote", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        base = ZygoteHandle(self, mine, self._base_proc.pid, frozenset())
+        self.zygotes[frozenset()] = base
+        await asyncio.wait_for(base.ready, START_TIMEOUT)
+
+    async def zygote_for(self, modules: frozenset[str]) -> ZygoteHandle:
+        """A ready zygote that has imported `modules`, forking one from its nearest ancestor."""
+        for family in sorted(self.zygotes, key=len):
+            if family >= modules and self.zygotes[family].ready.done():
+                zygote = self.zygotes[family]
+                zygote.last_used = time.monotonic()
+                return zygote
+        if modules not in self._building:
+            self._building[modules] = asyncio.ensure_future(self._build(modules))
+        return await asyncio.shield(self._building[modules])
+
+    async def _build(self, modules: frozenset[str]) -> ZygoteHandle:
+        try:
+            parent = max((z for f, z in self.zygotes.items() if f <= modules and z.ready.done()),
+                         key=lambda z: len(z.modules))
+            missing = sorted(modules - parent.modules)
+            reply, fds = await parent.request({"op": "fork_zygote", "modules": missing})
+            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply["pid"], modules)
+            self.zygotes[modules] = zygote
+            await asyncio.wait_for(zygote.ready, START_TIMEOUT)
+            self._evict()
+            return zygote
+        finally:
+            self._building.pop(modules, None)
+
+    def _evict(self) -> None:
+        """Drop least recently used families; never one with live workers (they die with it)."""
+        busy = {w.zygote.pid for w in self.workers.values()}
+        families = sorted((z.last_used, f) for f, z in self.zygotes.items() if f)
+        for _, family in families[: max(0, len(families) - self.max_zygotes)]:
+            if self.zygotes[family].pid not in busy:
+                self.zygotes.pop(family).stop()
+
+    async def fork_worker(self, modules: frozenset[str]) -> WorkerHandle:
+        zygote = await self.zygote_for(modules)
+        worker = WorkerHandle(self, next(self._ids), zygote)
+        try:
+            reply, _ = await zygote.request({"op": "fork_worker", "endpoint": worker.endpoint,
+                                             "store": str(self.store_root)})
+            worker.pid = reply["pid"]
+            self.workers[worker.pid] = worker
+            hello = await worker.recv(timeout=HELLO_TIMEOUT)
+            if hello.get("op") != "hello":
+                raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+        except BaseException:
+            await worker.close()
+            raise
+        return worker
+
+    def child_exited(self, pid: int, status: int) -> None:
+        worker = self.workers.get(pid)
+        if worker is not None and not worker.died.done():
+            worker.exit_status = status
+            worker.died.set_result(status)
+
+    def zygote_lost(self, zygote: ZygoteHandle) -> None:
+        for family, handle in list(self.zygotes.items()):
+            if handle is zygote:
+                del self.zygotes[family]
+        for worker in list(self.workers.values()):
+            if worker.zygote is zygote and not worker.died.done():
+                worker.died.set_result(None)  # it died with its zygote (PDEATHSIG)
+
+    async def stop(self) -> None:
+        for worker in list(self.workers.values()):
+            if worker.pid and not worker.died.done():
+                os.kill(worker.pid, signal.SIGKILL)
+            worker.socket.close()
+        for zygote in self.zygotes.values():
+            zygote.stop()
+        if self._base_proc is not None:
+            try:
+                self._base_proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._base_proc.kill()
+        self.context.term()
+        for path in self.socket_dir.iterdir():
+            path.unlink(missing_ok=True)
+        self.socket_dir.rmdir()
+
+    def status(self) -> dict:
+        return {
+            "zygotes": [{"pid": z.pid, "modules": sorted(f), "ready": z.ready.done()}
+                        for f, z in self.zygotes.items()],
+            "workers": [{"pid": w.pid, "zygote": w.zygote.pid} for w in self.workers.values()],
+        }

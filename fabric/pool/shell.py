@@ -1,0 +1,143 @@
+"""The IPython shell a worker runs cells in, publishing outputs as nbformat output dicts.
+
+Cells run through IPython's own `run_cell`, so input transformation, magics, ``!`` lines, the
+display hook and tracebacks behave as in a Jupyter kernel. What a kernel would send on its IOPub
+channel goes to a `sink` callable instead: ``sink(kind, **fields)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets import Type
+
+Sink = Callable[..., None]
+
+# IPython's own bookkeeping in the user namespace: never session state.
+HIDDEN = frozenset({"In", "Out", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii",
+                    "get_ipython", "exit", "quit", "open", "__builtin__", "__builtins__",
+                    "__name__", "__doc__", "__package__", "__loader__", "__spec__"})
+
+
+def _jsonable(bundle: dict) -> dict:
+    """MIME bundles travel as JSON-able data: binary payloads become base64 text, as in nbformat."""
+    return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+            for k, v in bundle.items()}
+
+
+class _Publisher(DisplayPublisher):
+    def publish(self, data: dict, metadata: dict | None = None, *args: Any,
+                transient: dict | None = None, update: bool = False, **kwargs: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.shell.sink("update_display_data" if update else "display_data",
+                        data=_jsonable(data), metadata=metadata or {}, transient=transient or {})
+
+    def clear_output(self, wait: bool = False) -> None:
+        self.shell.sink("clear_output", wait=wait)
+
+
+class _DisplayHook(DisplayHook):
+    def write_output_prompt(self) -> None:
+        pass
+
+    def write_format_data(self, format_dict: dict, md_dict: dict | None = None) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.shell.sink("execute_result", data=_jsonable(format_dict), metadata=md_dict or {},
+                        execution_count=self.prompt_count)
+
+    def finish_displayhook(self) -> None:
+        self._is_active = False
+
+
+class OutStream(io.TextIOBase):
+    """A text stream whose writes are batched into `stream` outputs, at least every 50 ms."""
+
+    interval = 0.05
+
+    def __init__(self, name: str, shell: FabricShell) -> None:
+        self.name = name
+        self._shell = shell
+        self._parts: list[str] = []
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            self._parts.append(text)
+        if time.monotonic() - self._last > self.interval:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            text, self._parts = "".join(self._parts), []
+            self._last = time.monotonic()
+        if text:
+            self._shell.sink("stream", name=self.name, text=text)
+
+
+class FabricShell(InteractiveShell):
+    """An InteractiveShell without a terminal; what it shows goes to `sink`."""
+
+    displayhook_class = Type(_DisplayHook)
+    display_pub_class = Type(_Publisher)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sink: Sink = lambda kind, **fields: None
+
+    def init_history(self) -> None:
+        super().init_history()
+        self.history_manager.enabled = False
+
+    def enable_gui(self, gui: str | None = None) -> None:
+        """Workers have no GUI event loop: `%matplotlib inline` needs none, others draw nowhere."""
+
+    def _showtraceback(self, etype: type, evalue: BaseException, stb: list[str]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.sink("error", ename=etype.__name__, evalue=str(evalue), traceback=list(stb))
+
+    def user_variables(self) -> list[str]:
+        """The names of the session's state now in the namespace."""
+        return [n for n in self.user_ns if n not in HIDDEN and not _is_history_name(n)]
+
+
+def _is_history_name(name: str) -> bool:
+    # _5, _i5, _ii, _iii: IPython's output and input history
+    return name.startswith("_") and (name[1:].isdigit() or (name[1:2] == "i" and (
+        name[2:].isdigit() or name[2:] in ("", "i", "ii"))))
+
+
+def make_shell() -> FabricShell:
+    """Create the one shell of this process (in the zygote, before any fork)."""
+    from traitlets.config import Config
+
+    # Figures show inline, as in a Jupyter kernel, unless the user chose a backend.
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    config.InteractiveShell.colors = "nocolor"
+    shell = FabricShell.instance(config=config)
+    shell.user_ns["__name__"] = "__main__"
+    return shell

@@ -1,0 +1,176 @@
+"""The worker runtime: the code a forked worker runs, talking to the server over one PAIR socket.
+
+Messages from the server: ``load`` (groups, imports and ambient state to put in the namespace),
+``run`` (a cell), ``exit``. The worker answers ``hello`` once connected, ``loaded`` after a load,
+``output`` frames while a cell runs, ``started`` when user code starts and ``done`` after it has
+saved the state the cell may have changed. Blobs go straight to the store; the server alone
+commits manifests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from .. import protocol
+from ..closure.groups import group_variables
+from ..snapshot import ambient, codec
+from ..snapshot.store import Store
+from .shell import FabricShell, OutStream
+
+
+class _Channel:
+    """The worker's socket, shared by the cell's thread and the stream flusher."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.PAIR)
+        self.socket.linger = 2000
+        self.socket.connect(endpoint)
+        self._lock = threading.Lock()
+
+    def send(self, message: dict) -> None:
+        with self._lock:
+            self.socket.send(protocol.pack(message))
+
+    def recv(self) -> dict:
+        return protocol.unpack(self.socket.recv())
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()
+
+
+class Worker:
+    def __init__(self, shell: FabricShell, channel: _Channel, store: Store) -> None:
+        self.shell = shell
+        self.channel = channel
+        self.store = store
+        self.loaded: set[str] = set()  # names this worker took from the session
+        self.restored_ambient = False
+        self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
+        shell.sink = self._sink
+        sys.stdout, sys.stderr = self._streams
+
+    def _sink(self, kind: str, **fields: Any) -> None:
+        # nbformat's output types, plus clear_output and update_display_data as frontends know them
+        self.channel.send({"op": "output", "output": {"output_type": kind, **fields}})
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(OutStream.interval * 2)
+            for stream in self._streams:
+                stream.flush()
+
+    def serve(self) -> None:
+        threading.Thread(target=self._flush_forever, daemon=True).start()
+        self.channel.send({"op": "hello", "pid": os.getpid()})
+        while True:
+            message = self.channel.recv()
+            op = message.get("op")
+            if op == "exit":
+                return
+            handler = {"load": self.load, "run": self.run}.get(op)
+            reply = handler(message) if handler else {"op": "error", "message": f"bad op {op!r}"}
+            self.channel.send(reply)
+
+    def load(self, message: dict) -> dict:
+        start = time.monotonic()
+        ns = self.shell.user_ns
+        try:
+            if "cwd" in message and not self.restored_ambient:
+                os.chdir(message["cwd"])
+                sys.path.insert(0, message["cwd"])
+            for alias, module in message.get("imports", {}).items():
+                ns[alias] = importlib.import_module(module)
+                self.loaded.add(alias)
+            for blob, names in message.get("groups", []):
+                values = codec.loads(self.store.get(blob), ns)
+                for name in names:
+                    ns[name] = values[name]
+                self.loaded.update(names)
+            if message.get("ambient") and not self.restored_ambient:
+                ambient.restore(pickle.loads(self.store.get(message["ambient"])))
+                self.restored_ambient = True
+            elif not self.restored_ambient:
+                ambient.reseed()
+                self.restored_ambient = True
+        except Exception as exc:  # reported to the user as the cell's error, never hidden
+            return {"op": "loaded", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()}
+        return {"op": "loaded", "seconds": time.monotonic() - start}
+
+    def run(self, message: dict) -> dict:
+        self.shell.execution_count = int(message.get("execution_count", 1))
+        started = time.monotonic()
+        self.channel.send({"op": "started", "t": started})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            result = self.shell.run_cell(message["source"], store_history=True)
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for stream in self._streams:
+                stream.flush()
+        ran = time.monotonic()
+        error = result.error_in_exec or result.error_before_exec
+        report = self.save()
+        for stream in self._streams:
+            stream.flush()
+        return {
+            "op": "done",
+            "status": "error" if error is not None else "ok",
+            "ename": type(error).__name__ if error is not None else None,
+            "t_started": started,
+            "run": ran - started,
+            "save": time.monotonic() - ran,
+            **report,
+        }
+
+    def save(self) -> dict:
+        """Write every group of the namespace to the store; unchanged ones dedup by hash."""
+        ns = self.shell.user_ns
+        names = self.shell.user_variables()
+        imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
+        state = [n for n in names if n not in imports]
+        grouping = group_variables(ns, state)
+        groups, unsaved = [], {}
+        for members in grouping.groups:
+            try:
+                data = codec.dumps({n: ns[n] for n in members}, ns)
+            except Exception as exc:  # recorded and shown to the user below
+                unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in members})
+                continue
+            groups.append([self.store.put(data), members, len(data)])
+        for name, why in unsaved.items():
+            print(f"llfabric: variable {name!r} could not be saved and is lost after this cell "
+                  f"({why})", file=sys.stderr)
+        return {
+            "groups": groups,
+            "imports": imports,
+            "refs": {n: sorted(r) for n, r in grouping.refs.items() if r},
+            "ambient": self.store.put(pickle.dumps(ambient.capture())),
+            "owned": sorted(self.loaded | set(names)),
+            "unsaved": sorted(unsaved),
+            "bounded": grouping.bounded,
+        }
+
+
+def main(shell: FabricShell, endpoint: str, store_root: str) -> None:
+    """Entry point in the freshly forked child."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel = _Channel(endpoint)
+    try:
+        Worker(shell, channel, Store(Path(store_root))).serve()
+    finally:
+        channel.close()

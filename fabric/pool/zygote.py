@@ -1,0 +1,163 @@
+"""Zygotes: pre-imported processes that fork workers and child zygotes.
+
+A zygote holds an IPython shell with no user state and whatever modules its import family needs;
+forking it gives a worker that starts a cell in milliseconds instead of paying an interpreter
+start and the imports. The base zygote is started by the server; every other zygote is forked
+from its nearest ancestor and imports only what is missing.
+
+Control protocol, one SOCK_SEQPACKET unix socket per zygote, one msgpack map per packet:
+  server -> zygote  {op: fork_worker, req, endpoint, store}     -> {op: forked, req, pid}
+                    {op: fork_zygote, req, modules}             -> {op: zygote, req, pid} + fd
+                    {op: exit}
+  zygote -> server  {op: ready, imported, failed}   once, after its imports
+                    {op: exited, pid, status}       a child of this zygote ended
+The fd sent with `zygote` is the new zygote's control socket. Every child dies with its parent
+(PR_SET_PDEATHSIG), so no worker outlives the server.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+
+import msgpack
+
+PACKET = 1 << 20
+
+
+def _send(ctrl: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = msgpack.packb(message, use_bin_type=True)
+    if fds:
+        socket.send_fds(ctrl, [data], fds)
+    else:
+        ctrl.send(data)
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Zygote:
+    def __init__(self, ctrl: socket.socket) -> None:
+        self.ctrl = ctrl
+        from .shell import make_shell
+
+        self.shell = make_shell()
+
+    def import_modules(self, modules: list[str]) -> None:
+        imported, failed = [], {}
+        for name in modules:
+            try:
+                importlib.import_module(name)
+                imported.append(name)
+            except BaseException as exc:  # a module may even sys.exit(); the zygote must live
+                failed[name] = f"{type(exc).__name__}: {exc}"
+        _send(self.ctrl, {"op": "ready", "pid": os.getpid(), "imported": imported,
+                          "failed": failed, "t": time.monotonic()})
+
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.ctrl, selectors.EVENT_READ)
+        sel.register(wake_r, selectors.EVENT_READ)
+        while True:
+            for key, _ in sel.select():
+                if key.fileobj == wake_r:
+                    os.read(wake_r, 512)
+                    self._reap()
+                    continue
+                data = self.ctrl.recv(PACKET)
+                if not data:
+                    os._exit(0)  # the server went away
+                message = msgpack.unpackb(data, raw=False)
+                if message["op"] == "exit":
+                    os._exit(0)
+                if message["op"] == "fork_worker":
+                    self._fork_worker(message)
+                elif message["op"] == "fork_zygote":
+                    self._fork_zygote(message)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            _send(self.ctrl, {"op": "exited", "pid": pid, "status": status})
+
+    def _child_hygiene(self, keep: int | None = None) -> None:
+        """A child keeps stdio and `keep`; every other inherited descriptor is closed."""
+        _die_with_parent()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if keep is None:
+            os.closerange(3, 1 << 16)
+        else:
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 1 << 16)
+
+    def _fork_worker(self, message: dict) -> None:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                self._child_hygiene()
+                from . import worker
+
+                worker.main(self.shell, message["endpoint"], message["store"])
+            except BaseException:
+                import traceback
+
+                traceback.print_exc(file=sys.__stderr__)
+                code = 1
+            finally:
+                os._exit(code)
+        _send(self.ctrl, {"op": "forked", "req": message["req"], "pid": pid})
+
+    def _fork_zygote(self, message: dict) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                self._child_hygiene(keep=theirs.fileno())
+                self.ctrl = theirs
+                self.import_modules(list(message["modules"]))
+                self.serve()
+            except BaseException:
+                import traceback
+
+                traceback.print_exc(file=sys.__stderr__)
+                code = 1
+            finally:
+                os._exit(code)
+        theirs.close()
+        _send(self.ctrl, {"op": "zygote", "req": message["req"], "pid": pid}, [mine.fileno()])
+        mine.close()
+
+
+def main() -> None:
+    ctrl = socket.socket(fileno=int(sys.argv[1]))
+    _die_with_parent()
+    os.chdir("/")
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+    zygote = Zygote(ctrl)
+    zygote.import_modules(sys.argv[2:])
+    zygote.serve()
+
+
+if __name__ == "__main__":
+    main()

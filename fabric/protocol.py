@@ -1,0 +1,93 @@
+"""The wire format between clients, the server and workers.
+
+Layer 1 (ZeroMQ): a client's DEALER talks to the server's ROUTER; the ROUTER sees
+``[identity, payload]``, the DEALER sees ``[payload]``. A worker has a PAIR socket of its own.
+Layer 2 (payload): one msgpack map per frame.
+
+Requests carry ``op``, ``session`` and ``msg_id``. The server answers each request with zero or more
+``event`` frames (outputs of a running cell, progress) and exactly one final frame, ``reply`` or
+``error``, all carrying the request's ``msg_id``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from .errors import ProtocolError
+
+MAX_FRAME = 16 * 1024 * 1024  # requests are source text and small maps; outputs may carry images
+
+CLIENT_OPS = frozenset({"open", "draft", "execute", "interrupt", "close", "status", "ping"})
+
+# Ops and the fields each requires, besides op and msg_id.
+REQUIRED = {
+    "open": ("session",),
+    "draft": ("session", "source"),
+    "execute": ("session", "source"),
+    "interrupt": ("session",),
+    "close": ("session",),
+    "status": (),
+    "ping": (),
+}
+
+
+def pack(message: dict) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def unpack(frame: bytes, max_size: int = MAX_FRAME) -> dict:
+    """Decode one frame into a map, refusing anything that is not one."""
+    if len(frame) > max_size:
+        raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {max_size}")
+    try:
+        message = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError(f"frame is a {type(message).__name__}, not a map")
+    return message
+
+
+def check_request(message: dict) -> dict:
+    """Validate a client request; return it unchanged or raise ProtocolError."""
+    op = message.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("request has no 'op'")
+    if op not in CLIENT_OPS:
+        raise ProtocolError(f"unknown op {op!r}", op=op)
+    if not isinstance(message.get("msg_id"), str):
+        raise ProtocolError("request has no string 'msg_id'", op=op)
+    for field in REQUIRED[op]:
+        if field not in message:
+            raise ProtocolError(f"op {op!r} needs field {field!r}", op=op)
+    for field in ("session", "source", "cwd", "cell_id"):
+        if field in message and not isinstance(message[field], str):
+            raise ProtocolError(f"field {field!r} must be a string", op=op)
+    session = message.get("session")
+    if session is not None and not _valid_session_name(session):
+        raise ProtocolError(
+            "session names are 1-128 characters of letters, digits, '-', '_' and '.'", op=op
+        )
+    return message
+
+
+def _valid_session_name(name: str) -> bool:
+    return (
+        0 < len(name) <= 128
+        and not name.startswith(".")
+        and all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
+    )
+
+
+def event(msg_id: str, kind: str, **fields: Any) -> dict:
+    return {"type": "event", "msg_id": msg_id, "event": kind, **fields}
+
+
+def reply(msg_id: str, **fields: Any) -> dict:
+    return {"type": "reply", "msg_id": msg_id, **fields}
+
+
+def error(msg_id: str | None, err: dict) -> dict:
+    return {"type": "error", "msg_id": msg_id, "error": err}

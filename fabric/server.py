@@ -1,0 +1,156 @@
+"""`llfabric serve`: the ROUTER socket clients talk to, and the sessions behind it.
+
+One asyncio loop serves every client: a request becomes a task, so a long cell of one session
+never blocks another session's draft, an interrupt, or `status`. Whatever a request does wrong
+ends as an error reply to it; the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from . import protocol
+from .config import Config
+from .errors import FabricError, ProtocolError, UnknownSession
+from .pool import Leases, Pool
+from .session import Session
+from .snapshot import Store
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.store = Store(config.store)
+        self.pool = Pool(config.store, max_zygotes=config.max_zygotes)
+        self.leases = Leases(config.slots)
+        self.sessions: dict[str, Session] = {}
+        self.started = time.time()
+        self._tasks: set[asyncio.Task] = set()
+        self._stop = asyncio.Event()
+
+    async def serve(self, ready: asyncio.Event | None = None) -> None:
+        context = zmq.asyncio.Context()
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.linger = 0
+        self.socket.setsockopt(zmq.MAXMSGSIZE, 4 * self.config.max_frame)  # hard bound on memory
+        address = self.config.address
+        if address.startswith("ipc://"):
+            Path(address[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.socket.bind(address)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        try:
+            await self.pool.start()
+            log.info("serving on %s, store %s, %d %s slots", address, self.config.store,
+                     self.leases.slots, self.leases.kind)
+            if ready is not None:
+                ready.set()
+            receiver = asyncio.ensure_future(self._receive())
+            await self._stop.wait()
+            receiver.cancel()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await self.pool.stop()
+            self.socket.close()
+            context.term()
+            if address.startswith("ipc://"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address[len("ipc://"):])
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.socket.recv_multipart(copy=True)
+            task = asyncio.ensure_future(self._handle(frames))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _send(self, identity: bytes, message: dict) -> None:
+        self.socket.send_multipart([identity, protocol.pack(message)])
+
+    async def _handle(self, frames: list[bytes]) -> None:
+        identity, msg_id = frames[0], None
+        try:
+            if len(frames) != 2:
+                raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
+            message = protocol.unpack(frames[1], self.config.max_frame)
+            msg_id = message.get("msg_id") if isinstance(message.get("msg_id"), str) else None
+            protocol.check_request(message)
+            result = await self._dispatch(message, lambda output: self._send(
+                identity, protocol.event(msg_id, "output", output=output)))
+            self._send(identity, protocol.reply(msg_id, **result))
+        except FabricError as exc:
+            self._send(identity, protocol.error(msg_id, exc.to_wire()))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: the client hears of it, the server keeps serving
+            log.exception("request failed")
+            self._send(identity, protocol.error(msg_id, {
+                "kind": "internal", "message": f"{type(exc).__name__}: {exc}"}))
+
+    def _session(self, name: str) -> Session:
+        session = self.sessions.get(name)
+        if session is None:
+            raise UnknownSession(f"no open session {name!r}; open it first", session=name)
+        return session
+
+    async def _dispatch(self, message: dict, emit) -> dict:
+        op = message["op"]
+        if op == "ping":
+            return {"pong": True, "pid": os.getpid()}
+        if op == "status":
+            return self.status()
+        name = message["session"]
+        if op == "open":
+            session = self.sessions.get(name)
+            if session is None:
+                cwd = message.get("cwd") or os.getcwd()
+                if not os.path.isdir(cwd):
+                    raise FabricError(f"working directory {cwd!r} does not exist", session=name)
+                session = Session(name, cwd, self.store, self.pool, self.leases)
+                self.sessions[name] = session
+            return session.status()
+        session = self._session(name)
+        if op == "draft":
+            return session.draft(message["source"])
+        if op == "execute":
+            return await session.execute(message["source"], emit)
+        if op == "interrupt":
+            return {"interrupted": session.interrupt()}
+        if op == "close":
+            await session.close()
+            del self.sessions[name]
+            return {"closed": True, "version": session.manifest.version}
+        raise ProtocolError(f"unknown op {op!r}")  # check_request lets no other op through
+
+    def status(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "uptime": time.time() - self.started,
+            "address": self.config.address,
+            "store": str(self.config.store),
+            "leases": {"kind": self.leases.kind, "slots": self.leases.slots,
+                       "held": len(self.leases.held), "queued": self.leases.queued},
+            **self.pool.status(),
+            "sessions": [s.status() for s in self.sessions.values()],
+        }
+
+
+def run(config: Config) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    asyncio.run(Server(config).serve())

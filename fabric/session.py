@@ -1,0 +1,283 @@
+"""One notebook session on this server: its head version, its draft worker, its running cell.
+
+The store holds the session; this object only caches the head manifest and owns the processes
+working for it. A cell runs as: closure -> worker (prepared by a draft, or forked now) -> lease
+-> run -> save -> commit -> release -> retire the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+
+from .closure import Closure, closure
+from .closure.static import analyze
+from .errors import FabricError, SessionBusy, StoreError, WorkerDied
+from .pool import Leases, Pool, WorkerHandle
+from .snapshot import Group, Manifest, Store
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[dict], None]
+
+
+class LoadFailed(FabricError):
+    """The worker could not rebuild the closure from the store."""
+
+    kind = "load"
+
+
+@dataclass
+class Preparation:
+    """A worker being readied for cells: forked, imports done, closure loaded.
+
+    `groups` and `imports` are what the worker holds once `task` completes; a later draft with
+    other source chains a load of what it lacks onto the task.
+    """
+
+    base: str | None  # the head manifest the state was loaded from
+    task: asyncio.Task
+    groups: dict[tuple, Group] = field(default_factory=dict)
+    imports: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return (self.ready_at or time.monotonic()) - self.started
+
+    def lacking(self, cl: Closure) -> tuple[list[Group], dict[str, str]]:
+        groups = [g for g in cl.groups if (g.blob, g.names) not in self.groups]
+        imports = {a: m for a, m in cl.imports.items() if a not in self.imports}
+        return groups, imports
+
+    def add(self, groups: list[Group], imports: dict[str, str]) -> None:
+        self.groups.update({(g.blob, g.names): g for g in groups})
+        self.imports.update(imports)
+
+
+class Session:
+    def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases) -> None:
+        self.name = name
+        self.cwd = cwd
+        self.store = store
+        self.pool = pool
+        self.leases = leases
+        self.head = store.head(name)
+        self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
+                         else Manifest(session=name))
+        self.lock = asyncio.Lock()
+        self.prepared: Preparation | None = None
+        self.running: WorkerHandle | None = None
+        self.interrupted = False
+        self._background: set[asyncio.Task] = set()
+
+    # preparation
+    def _prepare(self, cl: Closure) -> Preparation:
+        async def prepare() -> WorkerHandle:
+            worker = await self.pool.fork_worker(frozenset(self.manifest.modules))
+            try:
+                await self._load(worker, list(cl.groups), cl.imports, first=True)
+            except BaseException:
+                await worker.close()
+                raise
+            prep.ready_at = time.monotonic()
+            return worker
+
+        prep = Preparation(self.head, asyncio.ensure_future(prepare()))
+        prep.add(list(cl.groups), cl.imports)
+        return prep
+
+    def _extend(self, prep: Preparation, cl: Closure) -> bool:
+        """Chain a load of what `cl` needs beyond what `prep` holds; False if nothing lacks."""
+        groups, imports = prep.lacking(cl)
+        if not groups and not imports:
+            return False
+        previous = prep.task
+
+        async def extend() -> WorkerHandle:
+            worker = await previous
+            try:
+                await self._load(worker, groups, imports)
+            except BaseException:
+                await worker.close()
+                raise
+            prep.ready_at = time.monotonic()
+            return worker
+
+        prep.task = asyncio.ensure_future(extend())
+        prep.add(groups, imports)
+        return True
+
+    async def _load(self, worker: WorkerHandle, groups: list[Group], imports: dict[str, str],
+                    first: bool = False) -> None:
+        message = {"op": "load", "groups": [[g.blob, list(g.names)] for g in groups],
+                   "imports": imports}
+        if first:
+            message |= {"cwd": self.cwd, "ambient": self.manifest.ambient}
+        await worker.send(message)
+        reply = await worker.recv()
+        if reply.get("error"):
+            raise LoadFailed(f"could not load the session's state: {reply['error']}",
+                             session=self.name, version=self.manifest.version,
+                             traceback=reply.get("traceback", ""))
+
+    def _usable(self, prep: Preparation | None) -> bool:
+        return (prep is not None and prep.base == self.head
+                and not (prep.task.done() and (prep.task.cancelled() or prep.task.exception())))
+
+    def _spawn(self, coro: Coroutine) -> None:
+        """Run clean-up in the background, holding a reference so it is not collected."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _discard(self, prep: Preparation | None) -> None:
+        if prep is None:
+            return
+
+        async def retire() -> None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                worker = await prep.task
+                await worker.close()
+
+        self._spawn(retire())
+
+    def draft(self, source: str) -> dict:
+        """Prepare a worker for `source` now, while the user is still editing it."""
+        cl = closure(source, self.manifest)
+        if self._usable(self.prepared):
+            self._extend(self.prepared, cl)
+        else:
+            self._discard(self.prepared)
+            self.prepared = self._prepare(cl)
+        return self._describe(cl)
+
+    def _describe(self, cl: Closure) -> dict:
+        return {"names": sorted(cl.names), "groups": len(cl.groups), "whole": cl.whole,
+                "exact": cl.exact, "session_variables": len(self.manifest.variables())}
+
+    # execution
+    async def execute(self, source: str, emit: Emit) -> dict:
+        received = time.monotonic()
+        if self.lock.locked():
+            raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
+        async with self.lock:
+            self.interrupted = False
+            cl = closure(source, self.manifest)
+            prep, self.prepared = self.prepared, None
+            if self._usable(prep):
+                path = "draft+load" if self._extend(prep, cl) else "draft"
+            else:
+                self._discard(prep)
+                prep, path = self._prepare(cl), "cold"
+            worker = await prep.task
+            try:
+                return await self._run(worker, source, emit, received, prep, cl, path)
+            finally:
+                self._spawn(worker.close())
+
+    async def _run(self, worker: WorkerHandle, source: str, emit: Emit, received: float,
+                   prep: Preparation, cl: Closure, path: str) -> dict:
+        lease = await self.leases.acquire(self.name)
+        self.running = worker
+        try:
+            if self.interrupted:
+                raise FabricError("the cell was interrupted before it started", session=self.name)
+            count = int(self.manifest.cell.get("execution_count", 0)) + 1
+            await worker.send({"op": "run", "source": source, "execution_count": count})
+            started = received
+            while True:
+                message = await worker.recv()
+                op = message.get("op")
+                if op == "output":
+                    emit(message["output"])
+                elif op == "started":
+                    started = float(message["t"])
+                elif op == "done":
+                    break
+            committed = time.monotonic()
+            self._commit(message, source, count)
+            done = time.monotonic()
+        except WorkerDied as exc:
+            raise WorkerDied(f"{exc.message}; the session stays at version "
+                             f"{self.manifest.version}", session=self.name,
+                             version=self.manifest.version) from exc
+        finally:
+            self.running = None
+            self.leases.release(lease)
+        return {
+            "status": message["status"],
+            "ename": message.get("ename"),
+            "version": self.manifest.version,
+            "execution_count": count,
+            "unsaved": message.get("unsaved", []),
+            "path": path,
+            "closure": self._describe(cl),
+            "timings": {
+                "prepare": prep.seconds,
+                "queue": lease.waited,
+                "visible_delay": max(0.0, started - received),
+                "run": float(message["run"]),
+                "save": float(message["save"]) + (done - committed),
+                "lease_held": lease.held,
+            },
+        }
+
+    def _commit(self, done: dict, source: str, count: int) -> None:
+        """Fold the worker's report into a new manifest and move the head to it."""
+        try:
+            owned = set(done["owned"])
+            new_groups = [Group(str(b), tuple(map(str, names)), int(size))
+                          for b, names, size in done["groups"]]
+            imports = {str(k): str(v) for k, v in done["imports"].items()}
+            refs = {str(k): tuple(map(str, v)) for k, v in done["refs"].items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"the worker sent a malformed save report: {exc}") from exc
+        blobs = [g.blob for g in new_groups] + [done.get("ambient")]
+        for blob in blobs:  # a head must never point at missing data
+            if not isinstance(blob, str) or not self.store.has(blob):
+                raise StoreError(f"the worker reported blob {blob!r} that is not in the store")
+        parent = self.manifest
+        kept = [Group(g.blob, tuple(n for n in g.names if n not in owned), g.size)
+                for g in parent.groups]
+        manifest = Manifest(
+            session=self.name,
+            version=parent.version + 1,
+            parent=self.head,
+            groups=tuple(g for g in kept if g.names) + tuple(new_groups),
+            imports={a: m for a, m in parent.imports.items() if a not in owned} | imports,
+            refs={n: r for n, r in parent.refs.items() if n not in owned} | refs,
+            ambient=done["ambient"],
+            modules=tuple(sorted(set(parent.modules) | analyze(source).imports)),
+            cell={"execution_count": count, "status": done["status"],
+                  "source": source, "time": time.time()},
+        )
+        ident = self.store.put_manifest(manifest.encode())
+        self.store.set_head(self.name, ident)
+        self.head, self.manifest = ident, manifest
+
+    def interrupt(self) -> bool:
+        if self.running is not None:
+            self.running.interrupt()
+            return True
+        if self.lock.locked():
+            self.interrupted = True
+            return True
+        return False
+
+    async def close(self) -> None:
+        prep, self.prepared = self.prepared, None
+        self._discard(prep)
+
+    def status(self) -> dict:
+        return {"session": self.name, "version": self.manifest.version, "head": self.head,
+                "variables": len(self.manifest.variables()),
+                "bytes": sum(g.size for g in self.manifest.groups),
+                "running": self.running is not None,
+                "prepared": self.prepared is not None,
+                "lease_seconds": self.leases.seconds.get(self.name, 0.0)}

@@ -1,0 +1,96 @@
+"""A manifest: one committed version of a session.
+
+It maps each variable to the group (blob) that holds it, records module aliases as imports to
+redo rather than objects to pickle, the global names each variable's code refers to (for
+transitive closures), and the ambient state blob. Manifests are plain data: msgpack on disk,
+validated field by field when read, since the store is input from outside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+from ..errors import StoreError
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Group:
+    """Variables that share objects, saved and loaded together so aliasing survives.
+
+    `names` may be a subset of what the blob holds: a later cell can rebind one member of a group
+    it did not load; the others still come from the old blob.
+    """
+
+    blob: str
+    names: tuple[str, ...]
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Manifest:
+    session: str
+    version: int = 0
+    parent: str | None = None
+    groups: tuple[Group, ...] = ()
+    imports: dict[str, str] = field(default_factory=dict)  # alias -> module name
+    refs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # var -> globals its code reads
+    ambient: str | None = None
+    modules: tuple[str, ...] = ()  # modules the session's cells imported: its zygote family
+    cell: dict = field(default_factory=dict)  # execution_count, status, source hash
+
+    def variables(self) -> dict[str, Group]:
+        return {name: g for g in self.groups for name in g.names}
+
+    def names(self) -> set[str]:
+        return set(self.variables()) | set(self.imports)
+
+    def encode(self) -> bytes:
+        return msgpack.packb(
+            {
+                "format": FORMAT,
+                "session": self.session,
+                "version": self.version,
+                "parent": self.parent,
+                "groups": [[g.blob, list(g.names), g.size] for g in self.groups],
+                "imports": self.imports,
+                "refs": {k: list(v) for k, v in self.refs.items()},
+                "ambient": self.ambient,
+                "modules": list(self.modules),
+                "cell": self.cell,
+            },
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Manifest:
+        try:
+            raw = msgpack.unpackb(data, raw=False)
+            if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+                raise ValueError(f"not a manifest of format {FORMAT}")
+            groups = tuple(
+                Group(_str(b), tuple(_str(n) for n in names), int(size))
+                for b, names, size in raw["groups"]
+            )
+            return cls(
+                session=_str(raw["session"]),
+                version=int(raw["version"]),
+                parent=None if raw["parent"] is None else _str(raw["parent"]),
+                groups=groups,
+                imports={_str(k): _str(v) for k, v in raw["imports"].items()},
+                refs={_str(k): tuple(_str(x) for x in v) for k, v in raw["refs"].items()},
+                ambient=None if raw["ambient"] is None else _str(raw["ambient"]),
+                modules=tuple(_str(m) for m in raw["modules"]),
+                cell=dict(raw["cell"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException) as exc:
+            raise StoreError(f"malformed manifest: {exc}") from exc
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
