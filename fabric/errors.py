@@ -65,5 +65,6 @@ class RemoteError(FabricError):
     """An error reply from the server, re-raised on the client side."""
 
     def __init__(self, wire: dict) -> None:
-        super().__init__(str(wire.get("message", "error")), **wire)
+        fields = {k: v for k, v in wire.items() if k not in ("message", "kind")}
+        super().__init__(str(wire.get("message", "error")), **fields)
         self.kind = str(wire.get("kind", "fabric"))

@@ -279,5 +279,6 @@ class Session:
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),
                 "running": self.running is not None,
+                "worker": self.running.pid if self.running is not None else None,
                 "prepared": self.prepared is not None,
                 "lease_seconds": self.leases.seconds.get(self.name, 0.0)}

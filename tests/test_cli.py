@@ -1,0 +1,81 @@
+"""`llfabric run` and friends as a user runs them: real processes, real notebooks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_notebook
+
+LLFABRIC = [sys.executable, "-m", "cli.main"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([*LLFABRIC, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    nbformat.write(new_notebook(cells=[new_code_cell(s) for s in sources]), str(path))
+    return path
+
+
+def test_run_prints_outputs_table_and_writes_the_executed_notebook(server, tmp_path) -> None:
+    nb = _notebook(tmp_path / "ok.ipynb", "x = 20", "print(x + 1)", "x * 2")
+    out = tmp_path / "out.ipynb"
+    result = _run("run", str(nb), "--connect", server.address, "--think-time", "0.2",
+                  "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "21" in result.stdout and "40" in result.stdout
+    assert "visible" in result.stdout and "pinned session" in result.stdout
+    cells = nbformat.read(str(out), as_version=4).cells
+    assert cells[1].outputs[0].text == "21\n"
+    assert cells[2].outputs[0].data["text/plain"] == "40"
+    assert [c.execution_count for c in cells] == [1, 2, 3]
+
+
+def test_run_stops_at_a_cell_error_and_exits_nonzero(server, tmp_path) -> None:
+    nb = _notebook(tmp_path / "err.ipynb", "1 / 0", "print('never')")
+    result = _run("run", str(nb), "--connect", server.address)
+    assert result.returncode == 1
+    assert "ZeroDivisionError" in result.stderr
+    assert "never" not in result.stdout
+
+
+def test_run_refuses_an_invalid_notebook(tmp_path) -> None:
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text('{"cells": "not a list", "nbformat": 4}')
+    result = _run("run", str(bad), "--connect", "ipc:///nonexistent/x.sock")
+    assert result.returncode != 0
+    assert "not a valid notebook" in result.stderr
+    missing = _run("run", str(tmp_path / "missing.ipynb"))
+    assert missing.returncode != 0 and "no such notebook" in missing.stderr
+
+
+def test_run_reports_an_unreachable_server(tmp_path) -> None:
+    nb = _notebook(tmp_path / "ok.ipynb", "1")
+    result = _run("run", str(nb), "--connect", f"ipc://{tmp_path}/none.sock")
+    assert result.returncode != 0 and "no llfabric server answers" in result.stderr
+
+
+def test_run_starts_an_embedded_server_when_none_answers(tmp_path) -> None:
+    nb = _notebook(tmp_path / "ok.ipynb", "y = 6 * 7", "y")
+    env_store = tmp_path / "store"
+    result = subprocess.run(
+        [*LLFABRIC, "run", str(nb), "--store", str(env_store)], cwd=ROOT, capture_output=True,
+        text=True, timeout=300,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "rt")})
+    assert result.returncode == 0, result.stderr
+    assert "42" in result.stdout and "embedded server" in result.stderr
+    assert (env_store / "sessions").iterdir()
+    assert not (tmp_path / "rt" / "llfabric" / "server.sock").exists()  # stopped again
+
+
+def test_status_shows_the_server(server) -> None:
+    result = _run("status", "--connect", server.address)
+    assert result.returncode == 0, result.stderr
+    assert "slots" in result.stdout and "zygote" in result.stdout

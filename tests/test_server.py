@@ -1,0 +1,235 @@
+"""The first slice end to end: real server, zygotes, forked workers, store on disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import msgpack
+import pytest
+import zmq
+from helpers import execute, text
+
+from fabric.client import Client
+from fabric.errors import RemoteError
+from fabric.snapshot import Manifest, Store
+
+
+def test_state_and_aliasing_carry_across_fresh_workers(client: Client, session: str) -> None:
+    execute(client, session, "x = [1]\ny = x\nz = {'inner': x}")
+    reply, outputs = execute(client, session, "x.append(2)\nprint(y, z['inner'] is x)")
+    assert reply["status"] == "ok"
+    assert text(outputs) == "[1, 2] True\n"
+
+
+def test_each_cell_runs_in_a_new_process(client: Client, session: str) -> None:
+    _, first = execute(client, session, "import os\nos.getpid()")
+    _, second = execute(client, session, "os.getpid()")
+    assert first[0]["data"]["text/plain"] != second[0]["data"]["text/plain"]
+
+
+def test_notebook_functions_and_classes_survive_by_value(client: Client, session: str) -> None:
+    execute(client, session, "K = 2\ndef scale(v):\n    return v * K\n"
+                             "class Box:\n    def __init__(self, v):\n        self.v = v\n"
+                             "    def scaled(self):\n        return scale(self.v)")
+    execute(client, session, "b = Box(5)")
+    execute(client, session, "K = 10")
+    reply, outputs = execute(client, session, "b.scaled(), isinstance(b, Box)")
+    assert reply["status"] == "ok", outputs
+    assert text(outputs) == "(50, True)\n"  # the function reads the session's K of now
+
+
+def test_closure_loads_only_what_the_cell_reads(client: Client, session: str) -> None:
+    execute(client, session, "a = list(range(10))\nb = 'unrelated'\nimport math")
+    reply, _ = execute(client, session, "c = len(a)")
+    assert reply["closure"]["names"] == ["a"]
+    reply, outputs = execute(client, session, "print(b, c, math.pi > 3)")
+    assert text(outputs) == "unrelated 10 True\n"
+
+
+def test_failed_cell_keeps_what_it_changed_before_the_error(client: Client, session: str) -> None:
+    execute(client, session, "n = 1")
+    reply, outputs = execute(client, session, "n = 2\nm = 'set'\n1 / 0\nn = 3")
+    assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError"
+    assert outputs[-1]["output_type"] == "error" and outputs[-1]["traceback"]
+    _, outputs = execute(client, session, "print(n, m)")
+    assert text(outputs) == "2 set\n"
+
+
+def test_ipython_semantics(client: Client, session: str) -> None:
+    reply, outputs = execute(client, session, "from IPython.display import HTML, display\n"
+                                              "display(HTML('<b>hi</b>'))\nv = 41\n!echo shell $v\n"
+                                              "v + 1")
+    kinds = [o["output_type"] for o in outputs]
+    assert kinds == ["display_data", "stream", "execute_result"]
+    assert outputs[0]["data"]["text/html"] == "<b>hi</b>"
+    assert outputs[1]["text"].strip() == "shell 41"
+    assert outputs[2]["data"]["text/plain"] == "42"
+    assert outputs[2]["execution_count"] == reply["execution_count"]
+    reply, outputs = execute(client, session, "%time w = v * 2")
+    assert reply["status"] == "ok" and "Wall time" in text(outputs)
+    assert text(execute(client, session, "w")[1]) == "82\n"
+
+
+def test_random_state_and_cwd_carry_like_a_kernel(client: Client, session: str,
+                                                  tmp_path) -> None:
+    execute(client, session, "import random, os\nrandom.seed(7)\nos.mkdir('sub')\nos.chdir('sub')")
+    _, outputs = execute(client, session, "print(random.random(), os.getcwd())")
+    import random
+
+    random.seed(7)
+    assert text(outputs) == f"{random.random()} {tmp_path / 'sub'}\n"
+
+
+def test_fresh_sessions_get_fresh_random_numbers(client: Client, tmp_path) -> None:
+    values = []
+    for name in ("rng-a", "rng-b"):
+        client.call("open", session=name, cwd=str(tmp_path))
+        values.append(text(execute(client, name, "import random\nrandom.random()")[1]))
+    assert values[0] != values[1]
+
+
+def test_draft_prepares_the_worker_before_execute(client: Client, session: str) -> None:
+    execute(client, session, "big = list(range(100000))\nsmall = 1")
+    draft = client.call("draft", session=session, source="total = sum(big)")
+    assert draft["names"] == ["big"]
+    time.sleep(1.0)
+    reply, _ = execute(client, session, "total = sum(big)")
+    assert reply["path"] == "draft"
+    assert reply["timings"]["prepare"] < 1.0
+    client.call("draft", session=session, source="print(total)")
+    reply, outputs = execute(client, session, "print(total, small)")  # edited after the draft
+    assert reply["path"] == "draft+load"
+    assert text(outputs) == "4999950000 1\n"
+
+
+def test_syntax_error_is_a_cell_error(client: Client, session: str) -> None:
+    execute(client, session, "keep = 'me'")
+    reply, outputs = execute(client, session, "def broken(:\n    pass")
+    assert reply["status"] == "error" and reply["ename"] == "SyntaxError"
+    assert outputs[-1]["ename"] == "SyntaxError"
+    assert text(execute(client, session, "keep")[1]) == "'me'\n"
+
+
+def _pid_of_running_cell(server, session: str) -> int:
+    with server.client() as side:
+        for _ in range(200):
+            info = side.call("status")
+            running = [s for s in info["sessions"] if s["session"] == session and s["running"]]
+            if running and info["workers"]:
+                return running[0]["worker"]
+            time.sleep(0.05)
+    raise AssertionError("the cell never started")
+
+
+def _execute_in_thread(server, session: str, source: str) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+
+    def target() -> None:
+        with server.client() as c:
+            try:
+                result["reply"], result["outputs"] = execute(c, session, source)
+            except RemoteError as exc:
+                result["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
+
+
+def test_killed_worker_is_an_error_and_the_session_survives(server, client: Client,
+                                                            session: str) -> None:
+    execute(client, session, "safe = 'committed'")
+    thread, result = _execute_in_thread(server, session, "safe = 'lost'\nimport time\n"
+                                                         "time.sleep(60)")
+    os.kill(_pid_of_running_cell(server, session), signal.SIGKILL)
+    thread.join(30)
+    assert result["error"].kind == "worker_died"
+    assert "SIGKILL" in result["error"].message
+    assert text(execute(client, session, "safe")[1]) == "'committed'\n"
+
+
+def test_interrupt_raises_keyboard_interrupt_in_the_cell(server, client: Client,
+                                                         session: str) -> None:
+    thread, result = _execute_in_thread(server, session, "before = 1\nimport time\n"
+                                                         "time.sleep(60)\nafter = 1")
+    _pid_of_running_cell(server, session)
+    assert client.call("interrupt", session=session)["interrupted"]
+    thread.join(30)
+    assert result["reply"]["status"] == "error"
+    assert result["reply"]["ename"] == "KeyboardInterrupt"
+    _, outputs = execute(client, session, "print(before, 'after' in dir())")
+    assert text(outputs) == "1 False\n"
+
+
+def _raw(server, *frames: bytes) -> dict:
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(server.address)
+    try:
+        sock.send_multipart(list(frames))
+        assert sock.poll(10000), "no reply to a bad frame"
+        return msgpack.unpackb(sock.recv())
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("frames, kind", [
+    ([b"\xc1garbage"], "protocol"),
+    ([msgpack.packb([1, 2])], "protocol"),
+    ([msgpack.packb({"op": "fly", "msg_id": "1"})], "protocol"),
+    ([msgpack.packb({"op": "execute", "msg_id": "1"})], "protocol"),
+    ([msgpack.packb({"op": "open", "msg_id": "1", "session": "../etc"})], "protocol"),
+    ([msgpack.packb({"op": "execute", "msg_id": "1", "session": "nope", "source": "1"})],
+     "unknown_session"),
+    ([b"a", b"b"], "protocol"),
+    ([b"\x00" * (17 * 1024 * 1024)], "protocol"),
+])
+def test_bad_frames_get_errors_and_the_server_keeps_serving(server, client: Client,
+                                                            frames, kind) -> None:
+    answer = _raw(server, *frames)
+    assert answer["type"] == "error"
+    assert answer["error"]["kind"] == kind
+    assert answer["error"]["message"]
+    assert client.ping() and server.alive()
+
+
+def test_corrupt_blob_is_refused_and_the_error_is_clear(server, client: Client,
+                                                        session: str) -> None:
+    execute(client, session, "victim = [1, 2, 3]")
+    store = Store(server.store)
+    manifest = Manifest.decode(store.get_manifest(store.head(session)))
+    blob = manifest.variables()["victim"].blob
+    path = server.store / "blobs" / blob[:2] / blob
+    original = path.read_bytes()
+    path.write_bytes(original[:-1] + b"\x00")
+    try:
+        with pytest.raises(RemoteError) as err:
+            execute(client, session, "victim")
+        assert err.value.kind == "load" and "corrupt" in err.value.message
+    finally:
+        path.write_bytes(original)
+    assert text(execute(client, session, "victim")[1]) == "[1, 2, 3]\n"
+
+
+def test_session_resumes_from_the_store_after_close(client: Client, session: str,
+                                                    tmp_path) -> None:
+    execute(client, session, "kept = {'a': 1}")
+    client.call("close", session=session)
+    with pytest.raises(RemoteError) as err:
+        execute(client, session, "kept")
+    assert err.value.kind == "unknown_session"
+    opened = client.call("open", session=session, cwd=str(tmp_path))
+    assert opened["version"] == 1
+    assert text(execute(client, session, "kept")[1]) == "{'a': 1}\n"
+
+
+def test_status_reports_sessions_and_leases(client: Client, session: str) -> None:
+    execute(client, session, "q = 1")
+    info = client.call("status")
+    assert info["leases"]["slots"] >= 1 and info["leases"]["held"] == 0
+    mine = next(s for s in info["sessions"] if s["session"] == session)
+    assert mine["version"] == 1 and mine["variables"] == 1 and mine["lease_seconds"] > 0
