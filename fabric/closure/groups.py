@@ -97,6 +97,8 @@ class _Walker:
                 continue
             if isinstance(obj, types.FunctionType) and obj.__globals__ is not self.namespace:
                 continue  # a library function: pickled by reference, shared by no one
+            if callable(obj) and not isinstance(obj, types.FunctionType) and _is_global(obj):
+                continue  # likewise a library's callable object (np.sum, np.add)
             key = _buffer_key(obj) or id(obj)
             other = self.owner.get(key)
             if other is not None:
@@ -115,6 +117,14 @@ class _Walker:
             stack.append(type(obj))
             stack.extend([r for r in gc.get_referents(obj) if type(r) not in _ATOM_TYPES])
         return refs
+
+
+def _is_global(obj: Any) -> bool:
+    """Whether `obj` is a library module's attribute of its own name: pickled by reference."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__name__", None)
+    if not isinstance(module, str) or not isinstance(name, str) or module == "__main__":
+        return False
+    return getattr(sys.modules.get(module), name, None) is obj
 
 
 def _has_value(cell: types.CellType) -> bool:

@@ -18,13 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgpack
 import zmq
 import zmq.asyncio
 
 from .. import protocol
 from ..errors import FabricError, WorkerDied
-from .zygote import PACKET
+from . import control
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class ZygoteHandle:
 
     def _readable(self) -> None:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.ctrl, PACKET, 4)
+            data, fds, _flags, _addr = socket.recv_fds(self.ctrl, control.PACKET, 4)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -57,7 +56,7 @@ class ZygoteHandle:
         if not data:
             self._lost()
             return
-        message = msgpack.unpackb(data, raw=False)
+        message = control.decode(data)
         op = message.get("op")
         if op == "ready":
             self.failed = message.get("failed", {})
@@ -88,7 +87,7 @@ class ZygoteHandle:
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
         self._pending[req] = future
-        self.ctrl.send(msgpack.packb({**message, "req": req}, use_bin_type=True))
+        control.send(self.ctrl, {**message, "req": req})
         self.last_used = time.monotonic()
         return await asyncio.wait_for(future, START_TIMEOUT)
 

@@ -26,17 +26,7 @@ import socket
 import sys
 import time
 
-import msgpack
-
-PACKET = 1 << 20
-
-
-def _send(ctrl: socket.socket, message: dict, fds: list[int] | None = None) -> None:
-    data = msgpack.packb(message, use_bin_type=True)
-    if fds:
-        socket.send_fds(ctrl, [data], fds)
-    else:
-        ctrl.send(data)
+from . import control
 
 
 def _die_with_parent() -> None:
@@ -59,7 +49,7 @@ class Zygote:
                 imported.append(name)
             except BaseException as exc:  # a module may even sys.exit(); the zygote must live
                 failed[name] = f"{type(exc).__name__}: {exc}"
-        _send(self.ctrl, {"op": "ready", "pid": os.getpid(), "imported": imported,
+        control.send(self.ctrl, {"op": "ready", "pid": os.getpid(), "imported": imported,
                           "failed": failed, "t": time.monotonic()})
 
     def serve(self) -> None:
@@ -77,10 +67,10 @@ class Zygote:
                     os.read(wake_r, 512)
                     self._reap()
                     continue
-                data = self.ctrl.recv(PACKET)
+                data = self.ctrl.recv(control.PACKET)
                 if not data:
                     os._exit(0)  # the server went away
-                message = msgpack.unpackb(data, raw=False)
+                message = control.decode(data)
                 if message["op"] == "exit":
                     os._exit(0)
                 if message["op"] == "fork_worker":
@@ -96,7 +86,7 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            _send(self.ctrl, {"op": "exited", "pid": pid, "status": status})
+            control.send(self.ctrl, {"op": "exited", "pid": pid, "status": status})
 
     def _child_hygiene(self, keep: int | None = None) -> None:
         """A child keeps stdio and `keep`; every other inherited descriptor is closed."""
@@ -125,7 +115,7 @@ class Zygote:
                 code = 1
             finally:
                 os._exit(code)
-        _send(self.ctrl, {"op": "forked", "req": message["req"], "pid": pid})
+        control.send(self.ctrl, {"op": "forked", "req": message["req"], "pid": pid})
 
     def _fork_zygote(self, message: dict) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -145,7 +135,8 @@ class Zygote:
             finally:
                 os._exit(code)
         theirs.close()
-        _send(self.ctrl, {"op": "zygote", "req": message["req"], "pid": pid}, [mine.fileno()])
+        reply = {"op": "zygote", "req": message["req"], "pid": pid}
+        control.send(self.ctrl, reply, [mine.fileno()])
         mine.close()
 
 
