@@ -26,7 +26,8 @@ import socket
 import sys
 import time
 
-from . import control
+from . import control, worker
+from .shell import make_shell
 
 
 def _die_with_parent() -> None:
@@ -37,8 +38,6 @@ def _die_with_parent() -> None:
 class Zygote:
     def __init__(self, ctrl: socket.socket) -> None:
         self.ctrl = ctrl
-        from .shell import make_shell
-
         self.shell = make_shell()
 
     def import_modules(self, modules: list[str]) -> None:
@@ -105,8 +104,6 @@ class Zygote:
             code = 0
             try:
                 self._child_hygiene()
-                from . import worker
-
                 worker.main(self.shell, message["endpoint"], message["store"])
             except BaseException:
                 import traceback

@@ -72,8 +72,8 @@ class Manifest:
             if not isinstance(raw, dict) or raw.get("format") != FORMAT:
                 raise ValueError(f"not a manifest of format {FORMAT}")
             groups = tuple(
-                Group(_str(b), tuple(_str(n) for n in names), int(size))
-                for b, names, size in raw["groups"]
+                Group(_str(b), tuple(_str(n) for n in _list(names)), int(size))
+                for b, names, size in _list(raw["groups"])
             )
             return cls(
                 session=_str(raw["session"]),
@@ -81,13 +81,20 @@ class Manifest:
                 parent=None if raw["parent"] is None else _str(raw["parent"]),
                 groups=groups,
                 imports={_str(k): _str(v) for k, v in raw["imports"].items()},
-                refs={_str(k): tuple(_str(x) for x in v) for k, v in raw["refs"].items()},
+                refs={_str(k): tuple(_str(x) for x in _list(v)) for k, v in raw["refs"].items()},
                 ambient=None if raw["ambient"] is None else _str(raw["ambient"]),
-                modules=tuple(_str(m) for m in raw["modules"]),
+                modules=tuple(_str(m) for m in _list(raw["modules"])),
                 cell=dict(raw["cell"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException) as exc:
             raise StoreError(f"malformed manifest: {exc}") from exc
+
+
+def _list(value: object) -> list:
+    # a string is iterable too: names "xy" must not decode as the variables "x" and "y"
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def _str(value: object) -> str:

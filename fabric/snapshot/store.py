@@ -122,7 +122,9 @@ class Store:
         return ident
 
     def set_head(self, session: str, manifest: str) -> None:
-        if not (self.root / "manifests" / manifest).exists():
+        if not _valid_id(manifest):  # "../blobs" exists too: only a manifest id may be a head
+            raise StoreError(f"invalid manifest id {manifest!r}", session=session)
+        if not (self.root / "manifests" / manifest).is_file():
             raise StoreError(f"refusing to commit missing manifest {manifest}", session=session)
         write_atomic(self._head_path(session), manifest.encode() + b"\n")
 
