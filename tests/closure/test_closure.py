@@ -1,0 +1,125 @@
+"""The closure of a cell over a hand-built manifest: which groups and aliases it must load."""
+
+from __future__ import annotations
+
+from fabric.closure import closure
+from fabric.snapshot import Group, Manifest
+
+BLOB_A = "a" * 32
+BLOB_B = "b" * 32
+BLOB_C = "c" * 32
+BLOB_D = "d" * 32
+
+
+def _manifest(**kw: object) -> Manifest:
+    groups = (
+        Group(BLOB_A, ("x",), 10),
+        Group(BLOB_B, ("a", "b"), 20),  # a and b share an object
+        Group(BLOB_C, ("f",), 30),
+        Group(BLOB_D, ("K",), 40),
+    )
+    return Manifest(session="s", groups=groups, **kw)  # type: ignore[arg-type]
+
+
+def test_only_groups_of_read_names_are_included() -> None:
+    c = closure("y = x + 1\n", _manifest())
+    assert c.names == {"x"}
+    assert [g.blob for g in c.groups] == [BLOB_A]
+    assert c.imports == {}
+    assert not c.whole
+    assert c.exact
+
+
+def test_written_only_names_are_not_loaded() -> None:
+    c = closure("x = 5\n", _manifest())
+    assert c.groups == ()
+    assert c.names == frozenset()
+
+
+def test_group_mates_come_along() -> None:
+    c = closure("print(a)\n", _manifest())
+    assert c.names == {"a", "b"}
+    assert [g.blob for g in c.groups] == [BLOB_B]
+
+
+def test_a_group_is_listed_once_even_when_several_of_its_names_are_read() -> None:
+    c = closure("print(a, b)\n", _manifest())
+    assert [g.blob for g in c.groups] == [BLOB_B]
+
+
+def test_transitive_ref_brings_the_referenced_group() -> None:
+    m = _manifest(refs={"f": ("K",)})
+    c = closure("f(3)\n", m)
+    assert c.names == {"f", "K"}
+    assert {g.blob for g in c.groups} == {BLOB_C, BLOB_D}
+
+
+def test_refs_chain_transitively() -> None:
+    # f reads x; x's code reads a; a's group mate b comes too
+    m = _manifest(refs={"f": ("x",), "x": ("a",)})
+    c = closure("f()\n", m)
+    assert c.names == {"f", "x", "a", "b"}
+    assert {g.blob for g in c.groups} == {BLOB_C, BLOB_A, BLOB_B}
+
+
+def test_refs_of_unread_variables_are_not_followed() -> None:
+    m = _manifest(refs={"f": ("K",)})
+    c = closure("print(x)\n", m)
+    assert c.names == {"x"}
+
+
+def test_refs_cycles_terminate() -> None:
+    m = _manifest(refs={"f": ("K",), "K": ("f",)})
+    c = closure("K\n", m)
+    assert c.names == {"f", "K"}
+
+
+def test_module_aliases_go_to_imports_not_groups() -> None:
+    m = _manifest(imports={"np": "numpy", "pd": "pandas"})
+    c = closure("arr = np.zeros(3)\n", m)
+    assert c.imports == {"np": "numpy"}
+    assert c.groups == ()
+    assert "np" in c.names
+    assert {"numpy", "pandas"} <= c.modules  # the session's zygote family
+
+
+def test_module_alias_reached_through_a_ref() -> None:
+    m = _manifest(imports={"np": "numpy"}, refs={"f": ("np", "K")})
+    c = closure("f()\n", m)
+    assert c.imports == {"np": "numpy"}
+    assert {g.blob for g in c.groups} == {BLOB_C, BLOB_D}
+
+
+def test_cell_imports_join_the_modules() -> None:
+    c = closure("import json\nprint(x)\n", _manifest())
+    assert "json" in c.modules
+
+
+def test_dynamic_cell_takes_the_whole_session() -> None:
+    m = _manifest(imports={"np": "numpy"})
+    c = closure("print(globals().keys())\n", m)
+    assert c.whole
+    assert c.names == {"x", "a", "b", "f", "K", "np"}
+    assert {g.blob for g in c.groups} == {BLOB_A, BLOB_B, BLOB_C, BLOB_D}
+    assert c.imports == {"np": "numpy"}
+
+
+def test_names_not_in_the_session_are_ignored() -> None:
+    m = _manifest(refs={"f": ("print", "missing")})
+    c = closure("f(undefined, len)\n", m)
+    assert c.names == {"f"}
+    assert [g.blob for g in c.groups] == [BLOB_C]
+
+
+def test_unparsable_draft_is_inexact_but_still_covers_its_identifiers() -> None:
+    c = closure("f(x\n", _manifest())
+    assert not c.exact
+    assert {"f", "x"} <= c.names
+
+
+def test_covers() -> None:
+    m = _manifest()
+    big = closure("print(a, x)\n", m)
+    small = closure("print(x)\n", m)
+    assert big.covers(small)
+    assert not small.covers(big)

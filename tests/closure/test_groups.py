@@ -1,0 +1,203 @@
+"""Grouping the variables of a live namespace by the objects they share."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fabric.closure import group_variables
+
+
+def _groups(namespace: dict, names: list[str] | None = None) -> list[set[str]]:
+    names = [n for n in namespace if not n.startswith("__")] if names is None else names
+    grouping = group_variables(namespace, names)
+    assert not grouping.bounded
+    assert sorted(n for g in grouping.groups for n in g) == sorted(names)  # a partition
+    return [set(g) for g in grouping.groups]
+
+
+def _group_of(groups: list[set[str]], name: str) -> set[str]:
+    return next(g for g in groups if name in g)
+
+
+def _notebook(source: str) -> dict:
+    """A namespace as a notebook cell would leave it."""
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(source, "<cell>", "exec"), namespace)
+    return namespace
+
+
+def test_plain_alias_groups_together() -> None:
+    a = [1, 2]
+    groups = _groups({"a": a, "b": a, "c": [1, 2]})
+    assert _group_of(groups, "a") == {"a", "b"}
+    assert _group_of(groups, "c") == {"c"}
+
+
+def test_alias_inside_a_container_groups_together() -> None:
+    a = [1, 2]
+    groups = _groups({"a": a, "d": {"k": a}, "e": {"k": [1, 2]}})
+    assert _group_of(groups, "a") == {"a", "d"}
+    assert _group_of(groups, "e") == {"e"}
+
+
+def test_deep_alias_links_the_outer_containers() -> None:
+    inner = {"w": [0.5]}
+    groups = _groups({"p": [(1, inner)], "q": {"x": {"y": inner}}})
+    assert _group_of(groups, "p") == {"p", "q"}
+
+
+def test_independent_lists_stay_apart() -> None:
+    groups = _groups({"a": [1, 2, 3], "b": [1, 2, 3], "c": []})
+    assert groups == [{"a"}, {"b"}, {"c"}]
+
+
+def test_shared_strings_and_ints_never_link() -> None:
+    s = "shared-" + "string"  # one object in both lists
+    n = 10**20
+    groups = _groups({"a": [s, n, None, True], "b": [s, n, None, True], "c": s, "d": n})
+    assert groups == [{"a"}, {"b"}, {"c"}, {"d"}]
+
+
+def test_shared_library_function_and_module_never_link() -> None:
+    groups = _groups({"a": [np.sum, np], "b": {"f": np.sum, "m": np}})
+    assert groups == [{"a"}, {"b"}]
+
+
+def test_numpy_view_groups_with_its_base() -> None:
+    arr = np.arange(10)
+    groups = _groups({"arr": arr, "v": arr[2:], "other": np.arange(10)})
+    assert _group_of(groups, "arr") == {"arr", "v"}
+    assert _group_of(groups, "other") == {"other"}
+
+
+def test_numpy_view_of_a_view_groups_with_its_base() -> None:
+    arr = np.zeros((4, 4))
+    groups = _groups({"vv": arr[1:][:, 2], "arr": arr})
+    assert _group_of(groups, "arr") == {"arr", "vv"}
+
+
+def test_numpy_copy_stays_apart() -> None:
+    arr = np.arange(10)
+    groups = _groups({"arr": arr, "c": arr[2:].copy()})
+    assert groups == [{"arr"}, {"c"}]
+
+
+def test_two_views_of_one_array_group_without_the_base() -> None:
+    arr = np.arange(10)
+    groups = _groups({"v1": arr[:5], "v2": arr[5:]})
+    assert groups == [{"v1", "v2"}]
+
+
+def test_torch_view_groups_with_its_base() -> None:
+    t = torch.arange(12.0)
+    groups = _groups({"t": t, "view": t.view(3, 4)[1], "other": torch.arange(12.0)})
+    assert _group_of(groups, "t") == {"t", "view"}
+    assert _group_of(groups, "other") == {"other"}
+
+
+def test_torch_clone_stays_apart() -> None:
+    t = torch.ones(3)
+    assert _groups({"t": t, "c": t.clone()}) == [{"t"}, {"c"}]
+
+
+def test_model_parameter_referenced_elsewhere_groups_with_the_model() -> None:
+    model = torch.nn.Linear(3, 2)
+    groups = _groups({
+        "model": model,
+        "w": model.weight,
+        "opt_state": {"p": [model.bias.detach()]},  # shares the bias storage
+        "lone": torch.nn.Linear(3, 2),
+    })
+    assert _group_of(groups, "model") == {"model", "w", "opt_state"}
+    assert _group_of(groups, "lone") == {"lone"}
+
+
+def test_notebook_function_refs_are_the_globals_it_reads() -> None:
+    ns = _notebook(
+        "K = 3\n"
+        "OFFSET = 1\n"
+        "def f(x):\n"
+        "    def inner(y):\n"
+        "        return y + OFFSET\n"
+        "    return inner(K * x)\n"
+    )
+    grouping = group_variables(ns, ["K", "OFFSET", "f"])
+    assert {"K", "OFFSET"} <= grouping.refs["f"]
+    assert grouping.refs["K"] == set()
+    # reading a global does not make it share an object with the function
+    assert [set(g) for g in grouping.groups] == [{"K"}, {"OFFSET"}, {"f"}]
+
+
+def test_notebook_function_default_links_with_its_variable() -> None:
+    ns = _notebook("cache = {}\ndef f(x, memo=cache):\n    return memo\n")
+    groups = _groups(ns, ["cache", "f"])
+    assert groups == [{"cache", "f"}]
+
+
+def test_notebook_closure_cell_links_with_its_variable() -> None:
+    ns = _notebook(
+        "data = [1]\n"
+        "def make(d):\n"
+        "    def get():\n"
+        "        return d\n"
+        "    return get\n"
+        "getter = make(data)\n"
+    )
+    grouping = group_variables(ns, ["data", "getter"])
+    assert [set(g) for g in grouping.groups] == [{"data", "getter"}]
+
+
+def test_notebook_functions_do_not_link_through_their_shared_globals() -> None:
+    ns = _notebook("def f():\n    return g()\ndef g():\n    return 1\n")
+    grouping = group_variables(ns, ["f", "g"])
+    assert [set(g) for g in grouping.groups] == [{"f"}, {"g"}]
+    assert "g" in grouping.refs["f"]
+
+
+def test_notebook_class_gives_refs_through_its_methods() -> None:
+    ns = _notebook(
+        "SCALE = 2\n"
+        "def helper(v):\n"
+        "    return v\n"
+        "class C:\n"
+        "    def m(self):\n"
+        "        return helper(SCALE)\n"
+        "    @staticmethod\n"
+        "    def s():\n"
+        "        return STATIC_G\n"
+        "    @property\n"
+        "    def p(self):\n"
+        "        return PROP_G\n"
+        "obj = C()\n"
+    )
+    grouping = group_variables(ns, ["SCALE", "helper", "C", "obj"])
+    assert {"helper", "SCALE", "STATIC_G", "PROP_G"} <= grouping.refs["C"]
+    assert {"helper", "SCALE"} <= grouping.refs["obj"]  # through its class
+
+
+def test_library_function_gives_no_refs() -> None:
+    grouping = group_variables({"f": np.linalg.norm}, ["f"])
+    assert grouping.refs["f"] == set()
+
+
+def test_tiny_budget_puts_every_name_in_one_group() -> None:
+    ns = {"a": [1, [2, [3]]], "b": {"x": [4]}, "c": [5]}
+    grouping = group_variables(ns, ["a", "b", "c"], budget=2)
+    assert grouping.bounded
+    assert len(grouping.groups) == 1
+    assert sorted(grouping.groups[0]) == ["a", "b", "c"]
+
+
+def test_ample_budget_is_not_bounded() -> None:
+    ns = {"a": [1, [2, [3]]], "b": {"x": [4]}}
+    grouping = group_variables(ns, ["a", "b"], budget=100)
+    assert not grouping.bounded
+    assert len(grouping.groups) == 2
+
+
+def test_large_flat_list_of_floats_is_cheap() -> None:
+    # floats are atoms: a million of them cost one visit, not a million
+    ns = {"big": [float(i) for i in range(1_000_000)]}
+    grouping = group_variables(ns, ["big"], budget=10)
+    assert not grouping.bounded

@@ -1,0 +1,115 @@
+"""Configuration layering: defaults, then llfabric.toml, then LLFABRIC_*, then flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fabric.config import Config, load
+from fabric.errors import FabricError
+
+
+def test_defaults_need_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no llfabric.toml here
+    config = load(env={})
+    assert config == Config()
+    assert config.slots == 0
+    assert config.max_zygotes == 4
+    assert config.store.name == "llfabric"
+    assert config.address == f"ipc://{config.runtime_dir / 'server.sock'}"
+    assert load(tmp_path / "absent.toml", env={}) == Config()
+
+
+def test_file_overrides_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text('[llfabric]\nstore = "/data/store"\nslots = 3\nbind = "tcp://127.0.0.1:5555"\n')
+    config = load(path, env={})
+    assert config.store == Path("/data/store")
+    assert config.slots == 3
+    assert config.bind == "tcp://127.0.0.1:5555"
+    assert config.address == "tcp://127.0.0.1:5555"
+    assert config.max_zygotes == Config().max_zygotes  # untouched keys keep their default
+
+
+def test_file_without_a_table_works_too(tmp_path: Path) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text("max_zygotes = 9\n")
+    assert load(path, env={}).max_zygotes == 9
+
+
+def test_file_in_the_working_directory_is_found(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "llfabric.toml").write_text("[llfabric]\nslots = 5\n")
+    monkeypatch.chdir(tmp_path)
+    assert load(env={}).slots == 5
+
+
+def test_llfabric_config_env_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere.toml"
+    path.write_text("[llfabric]\nslots = 6\n")
+    assert load(env={"LLFABRIC_CONFIG": str(path)}).slots == 6
+
+
+def test_env_overrides_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text('[llfabric]\nstore = "/from/file"\nslots = 3\n')
+    config = load(path, env={"LLFABRIC_STORE": "/from/env", "LLFABRIC_SLOTS": "8",
+                             "OTHER": "ignored", "LLFABRIC_UNKNOWN": "ignored"})
+    assert config.store == Path("/from/env")
+    assert config.slots == 8
+    assert isinstance(config.slots, int)
+
+
+def test_flags_win_over_env_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text("[llfabric]\nslots = 3\nmax_zygotes = 2\n")
+    config = load(path, env={"LLFABRIC_SLOTS": "8", "LLFABRIC_STORE": "/env"})
+    flagged = config.with_overrides(slots="12", store="/flag", bind=None)
+    assert flagged.slots == 12
+    assert flagged.store == Path("/flag")
+    assert flagged.max_zygotes == 2  # from the file, no flag given
+    assert flagged.bind == ""  # a None flag changes nothing
+    assert config.slots == 8  # the original is unchanged
+
+
+def test_store_path_expands_the_home_directory() -> None:
+    config = Config().with_overrides(store="~/fabric-store")
+    assert config.store == Path.home() / "fabric-store"
+
+
+def test_unknown_key_in_the_file_raises(tmp_path: Path) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text("[llfabric]\nslotz = 3\n")
+    with pytest.raises(FabricError, match="unknown configuration key 'slotz'"):
+        load(path, env={})
+
+
+def test_unknown_flag_raises() -> None:
+    with pytest.raises(FabricError, match="unknown configuration key"):
+        Config().with_overrides(colour="blue")
+
+
+@pytest.mark.parametrize("value", ["many", "3.5", ""])
+def test_bad_int_from_env_raises(tmp_path: Path, value: str) -> None:
+    with pytest.raises(FabricError, match="slots"):
+        load(tmp_path / "absent.toml", env={"LLFABRIC_SLOTS": value})
+
+
+def test_bad_int_in_the_file_raises(tmp_path: Path) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text('[llfabric]\nmax_zygotes = "four"\n')
+    with pytest.raises(FabricError, match="max_zygotes"):
+        load(path, env={})
+
+
+def test_bad_int_flag_raises() -> None:
+    with pytest.raises(FabricError):
+        Config().with_overrides(max_frame="big")
+
+
+def test_malformed_toml_raises(tmp_path: Path) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text("[llfabric\nslots = \n")
+    with pytest.raises(FabricError, match="cannot read"):
+        load(path, env={})
