@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,49 +10,36 @@ from pathlib import Path
 import pytest
 
 from fabric.client import Client
+from fabric.config import Config
+from fabric.embedded import EmbeddedServer
 
-ROOT = Path(__file__).resolve().parent.parent
 
+class RunningServer(EmbeddedServer):
+    """A real `llfabric serve` in a subprocess, with its store in a temp dir."""
 
-class RunningServer:
-    def __init__(self, store: Path, address: str, process: subprocess.Popen, log: Path) -> None:
-        self.store = store
-        self.address = address
-        self.process = process
-        self.log = log
+    @property
+    def store(self) -> Path:
+        return self.config.store
+
+    @property
+    def address(self) -> str:
+        return self.config.address
+
+    @property
+    def log(self) -> Path:
+        return self.config.runtime_dir / "embedded-server.log"
 
     def client(self, timeout: float = 30.0) -> Client:
         return Client(self.address, timeout=timeout)
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.process is not None and self.process.poll() is None
 
 
-def start_server(store: Path, sockdir: Path, env: dict | None = None) -> RunningServer:
-    address = f"ipc://{sockdir}/s.sock"
-    log = store.parent / f"server-{uuid.uuid4().hex[:6]}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--store", str(store), "--bind", address],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            start_new_session=True)
-    server = RunningServer(store, address, process, log)
-    deadline = time.monotonic() + 60
-    with server.client() as client:
-        while not client.ping(timeout=0.5):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start:\n{log.read_text()}")
+def start_server(store: Path, sockdir: Path) -> RunningServer:
+    server = RunningServer(Config(store=store, runtime_dir=sockdir, bind=f"ipc://{sockdir}/s.sock"))
+    server.start()
     return server
-
-
-def stop_server(server: RunningServer) -> None:
-    if server.alive():
-        os.killpg(server.process.pid, signal.SIGTERM)
-        try:
-            server.process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.process.pid, signal.SIGKILL)
-            server.process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:  # ipc paths must stay short
         running = start_server(store, Path(sockdir))
         yield running
-        stop_server(running)
+        running.stop()
         assert running.process.returncode == 0, running.log.read_text()
 
 

@@ -31,6 +31,16 @@ def _valid_id(ident: str) -> bool:
     return len(ident) == 32 and all(c in "0123456789abcdef" for c in ident)
 
 
+def _read_verified(path: Path, ident: str, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise StoreError(f"{what} {ident} is missing from {path.parent}", **{what: ident}) from exc
+    if blob_id(data) != ident:
+        raise StoreError(f"{what} {ident} is corrupt (hash mismatch)", **{what: ident})
+    return data
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` durably: temp file, fsync, rename, directory fsync."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,14 +88,7 @@ class Store:
 
     def get(self, ident: str) -> bytes:
         """Read a blob and check it against its name before anyone unpickles it."""
-        path = self._blob_path(ident)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as exc:
-            raise StoreError(f"blob {ident} is missing from {self.root}", blob=ident) from exc
-        if blob_id(data) != ident:
-            raise StoreError(f"blob {ident} is corrupt (hash mismatch)", blob=ident)
-        return data
+        return _read_verified(self._blob_path(ident), ident, "blob")
 
     # manifests
     def put_manifest(self, data: bytes) -> str:
@@ -98,13 +101,7 @@ class Store:
     def get_manifest(self, ident: str) -> bytes:
         if not _valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
-        try:
-            data = (self.root / "manifests" / ident).read_bytes()
-        except FileNotFoundError as exc:
-            raise StoreError(f"manifest {ident} is missing", manifest=ident) from exc
-        if blob_id(data) != ident:
-            raise StoreError(f"manifest {ident} is corrupt (hash mismatch)", manifest=ident)
-        return data
+        return _read_verified(self.root / "manifests" / ident, ident, "manifest")
 
     # session heads
     def _head_path(self, session: str) -> Path:
