@@ -233,3 +233,18 @@ def test_status_reports_sessions_and_leases(client: Client, session: str) -> Non
     assert info["leases"]["slots"] >= 1 and info["leases"]["held"] == 0
     mine = next(s for s in info["sessions"] if s["session"] == session)
     assert mine["version"] == 1 and mine["variables"] == 1 and mine["lease_seconds"] > 0
+
+
+def test_output_written_to_file_descriptors_reaches_the_cell(client: Client, session: str) -> None:
+    reply, outputs = execute(client, session, "import ctypes, os, subprocess\n"
+                                              "ctypes.CDLL(None).puts(b'from C')\n"
+                                              "os.system('echo from system')\n"
+                                              "subprocess.run(['sh', '-c', 'echo oops >&2'])\n"
+                                              "print('from python')\n"
+                                              "'result'")
+    assert reply["status"] == "ok"
+    streams = [o for o in outputs if o["output_type"] == "stream"]
+    stdout = "".join(o["text"] for o in streams if o["name"] == "stdout")
+    assert stdout == "from C\nfrom system\nfrom python\n"
+    assert "".join(o["text"] for o in streams if o["name"] == "stderr") == "oops\n"
+    assert outputs[-1]["output_type"] == "execute_result"  # everything printed came before it

@@ -62,7 +62,11 @@ class _DisplayHook(DisplayHook):
 
 
 class OutStream(io.TextIOBase):
-    """A text stream whose writes are batched into `stream` outputs, at least every 50 ms."""
+    """A text stream whose writes are batched into `stream` outputs, at least every 50 ms.
+
+    `flush()` first drains `before_flush` (output written to the fd underneath by C code), so an
+    explicit flush, as the display hook does, keeps outputs in the order they were made.
+    """
 
     interval = 0.05
 
@@ -72,6 +76,7 @@ class OutStream(io.TextIOBase):
         self._parts: list[str] = []
         self._lock = threading.Lock()
         self._last = time.monotonic()
+        self.before_flush: Callable[[], None] | None = None
 
     def writable(self) -> bool:
         return True
@@ -85,15 +90,21 @@ class OutStream(io.TextIOBase):
         with self._lock:
             self._parts.append(text)
         if time.monotonic() - self._last > self.interval:
-            self.flush()
+            self.send()
         return len(text)
 
-    def flush(self) -> None:
+    def send(self) -> None:
+        """Publish what is buffered."""
         with self._lock:
             text, self._parts = "".join(self._parts), []
             self._last = time.monotonic()
         if text:
             self._shell.sink("stream", name=self.name, text=text)
+
+    def flush(self) -> None:
+        if self.before_flush is not None:
+            self.before_flush()
+        self.send()
 
 
 class FabricShell(InteractiveShell):

@@ -27,6 +27,7 @@ from .. import protocol
 from ..closure.groups import group_variables
 from ..snapshot import ambient, codec
 from ..snapshot.store import Store
+from .fdcapture import FdCapture
 from .shell import FabricShell, OutStream
 
 
@@ -62,6 +63,7 @@ class Worker:
         self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
         shell.sink = self._sink
         sys.stdout, sys.stderr = self._streams
+        self._captures = [FdCapture(1, self._streams[0]), FdCapture(2, self._streams[1])]
 
     def _sink(self, kind: str, **fields: Any) -> None:
         # nbformat's output types, plus clear_output and update_display_data as frontends know them
@@ -71,7 +73,7 @@ class Worker:
         while True:
             time.sleep(OutStream.interval * 2)
             for stream in self._streams:
-                stream.flush()
+                stream.send()
 
     def serve(self) -> None:
         threading.Thread(target=self._flush_forever, daemon=True).start()
