@@ -1,0 +1,269 @@
+"""Differential comparison of notebook executions: plain ipykernel vs llfabric.
+
+The corpus test runs each notebook twice -- once in an ordinary ipykernel
+(``run_plain``) and once through llfabric -- and asserts that the two executed
+notebooks carry the same outputs (``compare``).  Outputs are first reduced to a
+text-only form (``normalize``) with a small set of masks for what legitimately
+differs between two *plain* runs of the same notebook (addresses, timings, ...).
+The masks were derived empirically by running the whole corpus plain twice and
+diffing; every mask documents why it is needed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+from collections.abc import Collection
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+# Per-cell timeout.  The corpus was recorded at 120 s/cell; the heaviest cell
+# (makemore_part3_bn, 83 s there) takes ~3.5x longer on a slow shared 2-core
+# VM, so allow overriding it (NB_CELL_TIMEOUT) without editing the test.
+CELL_TIMEOUT_S = int(os.environ.get("NB_CELL_TIMEOUT", "300"))
+
+# Downloads must fail fast rather than hang: point proxies at a closed port
+# (port 9 is "discard"; nothing listens on it on a CI box).
+CLOSED_PROXY = "http://127.0.0.1:9"
+
+
+def notebook_env() -> dict[str, str]:
+    """Environment shared by the plain kernel and the llfabric server."""
+    env = dict(os.environ)
+    env.update(
+        MPLBACKEND="Agg",  # no GUI; figures render as <Figure ...> + image/png
+        http_proxy=CLOSED_PROXY,
+        https_proxy=CLOSED_PROXY,
+        HTTP_PROXY=CLOSED_PROXY,
+        HTTPS_PROXY=CLOSED_PROXY,
+    )
+    # Local connections (the kernel's own ZMQ/ipc, llfabric's socket) must
+    # not be routed through the dead proxy.
+    env.pop("no_proxy", None)
+    env.pop("NO_PROXY", None)
+    return env
+
+
+def fresh_copy(nb_path: Path, workdir: Path) -> Path:
+    """Copy the notebook's folder (notebook + data files) into ``workdir``.
+
+    Notebooks write files (checkpoints, rendered graphs) next to themselves, so
+    every execution gets its own pristine copy.  Returns the copied notebook.
+    """
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    shutil.copytree(nb_path.parent, workdir)
+    return workdir / nb_path.name
+
+
+def run_plain(nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
+    """Execute ``nb_path`` top to bottom in a plain python3 ipykernel.
+
+    The kernel is the ``python3`` kernelspec; jupyter_client rewrites its
+    ``python`` argv[0] to ``sys.executable``, so running under the project's
+    venv gives a kernel with the venv's interpreter and packages.
+    """
+    nb_copy = fresh_copy(nb_path, workdir)
+    nb = nbformat.read(nb_copy, as_version=4)
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT_S,
+        allow_errors=True,  # errors are outputs too: compare them, don't stop
+        resources={"metadata": {"path": str(workdir)}},  # kernel cwd = the copy
+    )
+    client.execute(env=notebook_env(), cwd=str(workdir))
+    return nb
+
+
+# ---------------------------------------------------------------------------
+# Normalization
+# ---------------------------------------------------------------------------
+
+# (pattern, replacement, why).  Applied in order to every normalized text.
+# Each mask hides something that differed between two plain runs of the
+# corpus (or is environment-specific by construction); none hides values that
+# a correct llfabric run must reproduce.
+MASKS: list[tuple[re.Pattern[str], str, str]] = [
+    (
+        re.compile(r"0x[0-9a-fA-F]{6,16}"),
+        "0x<addr>",
+        "object reprs embed id()/memory addresses, e.g. <function f at 0x7f3a...>",
+    ),
+    (
+        re.compile(r"(?:/private)?/(?:tmp|var/folders)/[^\s'\"()<>:,]+"),
+        "<tmpdir>",
+        "each run works in its own fresh temporary copy of the notebook folder",
+    ),
+    (
+        re.compile(r"^CPU times: .*$|^Wall time: .*$", re.MULTILINE),
+        "<%time>",
+        "%time / %%time report measured durations",
+    ),
+    (
+        re.compile(r"^[\d.]+ [nµμm]?s ± [\d.]+ [nµμm]?s per loop \(mean ± std\. dev\. of "
+                   r"\d+ runs?, [\d,]+ loops? each\)$", re.MULTILINE),
+        "<%timeit>",
+        "%timeit reports durations, and its loop count is chosen from them",
+    ),
+]
+
+# Cells whose printed *values* differ between two plain runs because they use
+# an unseeded RNG or the clock.  In these cells (code-cell index, 0-based)
+# every number is masked, so the output's structure -- shapes, dtypes, labels,
+# which outputs exist, errors -- is still compared.  Keyed by "source/name".
+VOLATILE_CELLS: dict[str, dict[int, str]] = {
+    "LLMs-from-scratch/appendixA_code-part1": {
+        22: "prints weights of a model built before any torch.manual_seed",
+    },
+    "PythonDataScienceHandbook/02.04-Computation-on-arrays-aggregates": {
+        # cell 0: rng = np.random.default_rng() -- no seed; 1-11 use its data
+        i: "data from the unseeded default_rng() of cell 0" for i in range(1, 12)
+    },
+    "PythonDataScienceHandbook/02.07-Fancy-Indexing": {
+        14: "np.random.choice on the unseeded global RNG",
+    },
+    "PythonDataScienceHandbook/03.01-Introducing-Pandas-Objects": {
+        26: "DataFrame of unseeded np.random.rand",
+    },
+    "PythonDataScienceHandbook/03.05-Hierarchical-Indexing": {
+        i: "frames built from unseeded np.random.rand (cells 11, 18, 32)"
+        for i in (11, 18, 19, 27, 28, 29, 30, 31, 32, 34, 35)
+    },
+}
+
+_SPACES = re.compile(r"[ \t]+")
+_NUMBER = re.compile(r"[ \t]*(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def mask(text: str) -> str:
+    """Apply every mask in ``MASKS`` to ``text``."""
+    for pattern, repl, _why in MASKS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _terminal_text(text: str) -> str:
+    """Render carriage returns like a terminal/Jupyter does: keep what is
+    visible at the end.  Progress bars redraw with ``\\r`` and how many redraws
+    get captured depends on timing."""
+    lines = []
+    for line in text.split("\n"):
+        if "\r" in line:
+            parts = [p for p in line.split("\r") if p]
+            line = parts[-1] if parts else ""
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _as_text(value: str | list[str]) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
+def normalize(outputs: list, volatile: bool = False) -> list[tuple[str, str]]:
+    """Reduce one cell's nbformat outputs to comparable ``(kind, text)`` pairs.
+
+    - Streams are merged per stream name (all stdout, then all stderr): how
+      prints are chunked and interleaved with rich outputs depends on flush
+      timing, not on what the cell computed.
+    - execute_result / display_data keep only ``text/plain`` (or the list of
+      mime types when there is none, so a missing plot is still noticed).
+    - Errors become ``ename: evalue``; traceback frames name files that
+      legitimately differ between executors.
+    - ``volatile=True`` (cells listed in ``VOLATILE_CELLS``) also masks every
+      number.
+    """
+    def clean(text: str) -> str:
+        text = mask(text)
+        if volatile:
+            # Padding follows the width of the (random) numbers: drop it.
+            text = _SPACES.sub(" ", _NUMBER.sub("<n>", text))
+        return text
+
+    streams: dict[str, list[str]] = {}
+    rich: list[tuple[str, str]] = []
+    for out in outputs:
+        kind = out.get("output_type")
+        if kind == "stream":
+            streams.setdefault(out.get("name", "stdout"), []).append(_as_text(out.get("text", "")))
+        elif kind in ("execute_result", "display_data"):
+            data = out.get("data", {})
+            if "text/plain" in data:
+                text = _as_text(data["text/plain"])
+            else:
+                text = "<" + ", ".join(sorted(data)) + ">"
+            rich.append((kind, clean(text)))
+        elif kind == "error":
+            rich.append(("error", clean(f"{out.get('ename', '')}: {out.get('evalue', '')}")))
+        else:
+            rich.append((str(kind), ""))
+    merged = [
+        (name, clean(_terminal_text("".join(chunks))))
+        for name, chunks in sorted(streams.items())
+    ]
+    return merged + rich
+
+
+# ---------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------
+
+def _code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _flatten(norm: list[tuple[str, str]]) -> list[str]:
+    lines: list[str] = []
+    for kind, text in norm:
+        lines.extend(f"{kind}| {line}" for line in text.split("\n"))
+    return lines
+
+
+def _errors(norm: list[tuple[str, str]]) -> list[str]:
+    return [text for kind, text in norm if kind == "error"]
+
+
+def compare(plain_nb: nbformat.NotebookNode, fabric_nb: nbformat.NotebookNode,
+            volatile_cells: Collection[int] = (), max_lines: int = 6) -> list[str]:
+    """Compare two executed notebooks cell by cell (code cells, by index).
+
+    Returns human-readable differences; an empty list means equal.  An error
+    in one run but not the other is a difference; the same ``ename: evalue``
+    in both is equal.  ``volatile_cells`` are code-cell indices compared with
+    numbers masked (see ``VOLATILE_CELLS``).
+    """
+    plain_cells, fabric_cells = _code_cells(plain_nb), _code_cells(fabric_nb)
+    diffs: list[str] = []
+    if len(plain_cells) != len(fabric_cells):
+        diffs.append(f"code cell count differs: plain {len(plain_cells)} "
+                     f"vs llfabric {len(fabric_cells)}")
+    for idx, (p_cell, f_cell) in enumerate(zip(plain_cells, fabric_cells, strict=False)):
+        volatile = idx in volatile_cells
+        p_norm = normalize(p_cell.outputs, volatile)
+        f_norm = normalize(f_cell.outputs, volatile)
+        if p_norm == f_norm:
+            continue
+        head = p_cell.source.strip().split("\n", 1)[0][:60]
+        p_err, f_err = _errors(p_norm), _errors(f_norm)
+        if f_err and not p_err:
+            diffs.append(f"cell {idx} ({head!r}): errors only in llfabric: {f_err}")
+            continue
+        if p_err and not f_err:
+            diffs.append(f"cell {idx} ({head!r}): errors only in plain: {p_err}")
+            continue
+        delta = [
+            line.rstrip("\n")
+            for line in difflib.unified_diff(
+                _flatten(p_norm), _flatten(f_norm), "plain", "llfabric", n=0, lineterm=""
+            )
+            if not line.startswith(("---", "+++", "@@"))
+        ]
+        shown = "\n    ".join(delta[:max_lines])
+        more = f"\n    ... ({len(delta) - max_lines} more)" if len(delta) > max_lines else ""
+        diffs.append(f"cell {idx} ({head!r}):\n    {shown}{more}")
+    return diffs
+

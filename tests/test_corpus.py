@@ -1,0 +1,222 @@
+"""Corpus differential test: every dev-corpus notebook must produce the same
+(normalized) outputs through llfabric as in a plain ipykernel.
+
+One llfabric server serves the whole module; each notebook runs plain and
+through ``llfabric run`` on separate fresh copies of its folder, because
+notebooks write files into their working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from notebook_compare import compare, fresh_copy, normalize, notebook_env, run_plain
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO.parent / "shared" / "corpus" / "notebooks"
+if not CORPUS.is_dir():  # the shared checkout sits beside the repo or inside it
+    CORPUS = REPO / "shared" / "corpus" / "notebooks"
+NOTEBOOKS = sorted(CORPUS.glob("*/*.ipynb"))
+
+# Plain runs are expected to be clean: the corpus was recorded with
+# allow_errors=False.  A plain error means a broken environment (e.g. no
+# `dot`), and would let an identically broken llfabric run pass vacuously.
+PLAIN_ERRORS_ALLOWED: dict[str, set[int]] = {}
+
+SERVER_READY_TIMEOUT_S = 60
+# One notebook = plain run + llfabric run.  The heaviest (makemore_part3_bn)
+# takes ~95 s per run on the reference 2-core box but ~6 min on a slow VM.
+TEST_TIMEOUT_S = 1500
+RUN_TIMEOUT_S = 1200  # below TEST_TIMEOUT_S, so we report instead of being killed
+
+
+def _llfabric() -> str:
+    # Prefer the entry point next to the running interpreter (the venv's).
+    candidate = Path(sys.executable).parent / "llfabric"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("llfabric")
+    if found is None:
+        pytest.fail("llfabric CLI not found next to the interpreter or on PATH")
+    return found
+
+
+def _nb_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "<no log>"
+
+
+class FabricServer:
+    """A running ``llfabric serve`` and how to reach it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, log: Path) -> None:
+        self.proc, self.address, self.log = proc, address, log
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            pytest.fail(f"llfabric server exited with {self.proc.returncode}:\n{_tail(self.log)}")
+
+
+@pytest.fixture(scope="module")
+def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabricServer]:
+    store = tmp_path_factory.mktemp("fabric-store")
+    # ipc:// paths must fit in sun_path (~107 bytes); pytest's basetemp can be
+    # long, so keep the socket in a short private dir of its own.
+    sock_dir = Path(tempfile.mkdtemp(prefix="llf-"))
+    sock = sock_dir / "fabric.sock"
+    address = f"ipc://{sock}"
+    log = store.parent / "fabric-server.log"
+    with log.open("wb") as log_fh:
+        proc = subprocess.Popen(
+            [_llfabric(), "serve", "--store", str(store), "--bind", address],
+            env=notebook_env(), stdout=log_fh, stderr=subprocess.STDOUT,
+        )
+    server = FabricServer(proc, address, log)
+    try:
+        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+        while not sock.exists():  # contract: ready once the socket file exists
+            server.check_alive()
+            if time.monotonic() > deadline:
+                pytest.fail(f"llfabric server not ready after {SERVER_READY_TIMEOUT_S}s:\n"
+                            f"{_tail(log)}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def run_fabric(server: FabricServer, nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
+    """Execute ``nb_path`` through ``llfabric run`` on a fresh copy of its folder."""
+    nb_copy = fresh_copy(nb_path, workdir)
+    out = workdir.parent / f"{workdir.name}.out.ipynb"
+    cmd = [_llfabric(), "run", str(nb_copy), "--connect", server.address,
+           "--cwd", str(workdir), "--allow-errors", "--output", str(out)]
+    try:
+        res = subprocess.run(cmd, env=notebook_env(), capture_output=True, text=True,
+                             timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"llfabric run timed out after {RUN_TIMEOUT_S}s\n"
+                    f"server log:\n{_tail(server.log)}")
+    if not out.exists():
+        server.check_alive()
+        pytest.fail(f"llfabric run wrote no output (rc={res.returncode})\n"
+                    f"stderr:\n{res.stderr[-4000:]}\nserver log:\n{_tail(server.log)}")
+    nb = nbformat.read(out, as_version=4)
+    # CLI contract: non-zero exit iff some cell errored.
+    errored = any(o.get("output_type") == "error"
+                  for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert (res.returncode != 0) == errored, (
+        f"llfabric run exit code {res.returncode} but cell errors={errored}\n"
+        f"stderr:\n{res.stderr[-4000:]}")
+    return nb
+
+
+def _plain_error_cells(nb: nbformat.NotebookNode) -> dict[int, list[str]]:
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    return {i: [text for kind, text in normalize(c.outputs) if kind == "error"]
+            for i, c in enumerate(code)
+            if any(o.get("output_type") == "error" for o in c.outputs)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
+def test_notebook_matches_plain(nb_path: Path, fabric_server: FabricServer,
+                                tmp_path: Path) -> None:
+    plain = run_plain(nb_path, tmp_path / "plain")
+    unexpected = {i: e for i, e in _plain_error_cells(plain).items()
+                  if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), set())}
+    assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
+
+    fabric = run_fabric(fabric_server, nb_path, tmp_path / "fabric")
+    diffs = compare(plain, fabric)
+    assert diffs == [], "llfabric output differs from plain:\n" + "\n".join(diffs)
+
+
+def test_corpus_present() -> None:
+    # Guard against a silently empty parametrization (wrong corpus path).
+    assert len(NOTEBOOKS) >= 39, f"expected the 39-notebook dev corpus under {CORPUS}"
+
+
+# --- fast checks of the comparison itself (no kernels) ---------------------
+
+def _nb(*cell_outputs: list) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    for outputs in cell_outputs:
+        cell = nbformat.v4.new_code_cell("x")
+        cell.outputs = [nbformat.from_dict(o) for o in outputs]
+        nb.cells.append(cell)
+    return nb
+
+
+def _stream(text: str, name: str = "stdout") -> dict:
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+def _result(text: str) -> dict:
+    return {"output_type": "execute_result", "execution_count": 1,
+            "data": {"text/plain": text}, "metadata": {}}
+
+
+def _error(ename: str, evalue: str, frame: str = "f") -> dict:
+    return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [frame]}
+
+
+def test_compare_masks_addresses_but_not_values() -> None:
+    a = _nb([_result("<__main__.Value object at 0x7f3a12bc45d0>")], [_stream("loss 2.3412\n")])
+    b = _nb([_result("<__main__.Value object at 0x7f99aa0012f0>")], [_stream("loss 2.3413\n")])
+    diffs = compare(a, b)
+    assert len(diffs) == 1 and diffs[0].startswith("cell 1"), diffs
+
+
+def test_compare_stream_chunking_is_irrelevant() -> None:
+    a = _nb([_stream("a\nb\n"), _result("1")])
+    b = _nb([_stream("a\n"), _result("1"), _stream("b\n")])
+    assert compare(a, b) == []
+
+
+def test_compare_errors() -> None:
+    same = compare(_nb([_error("ValueError", "bad", "File /a.py")]),
+                   _nb([_error("ValueError", "bad", "File /b.py")]))
+    assert same == []
+    only_fabric = compare(_nb([_stream("ok\n")]), _nb([_error("KeyError", "'x'")]))
+    assert len(only_fabric) == 1 and "only in llfabric" in only_fabric[0]
+
+
+def test_plain_run_uses_this_interpreter(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import os, sys\nprint(sys.executable)\nprint(os.getcwd())\n"
+        "print(os.environ['MPLBACKEND'])")]
+    nbformat.write(nb, src / "probe.ipynb")
+    work = tmp_path / "work"
+    out = run_plain(src / "probe.ipynb", work)
+    lines = "".join(o["text"] for o in out.cells[0].outputs).split("\n")
+    assert Path(lines[0]).resolve() == Path(sys.executable).resolve()
+    assert os.path.samefile(lines[1], work)
+    assert lines[2] == "Agg"
