@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import warnings
 from typing import Any
 
 
@@ -19,7 +20,37 @@ def capture() -> dict[str, Any]:
         state["numpy"] = np.random.get_state()
     if (torch := sys.modules.get("torch")) is not None:
         state["torch"] = torch.get_rng_state()
+    if (mpl := sys.modules.get("matplotlib")) is not None:
+        state["matplotlib"] = _matplotlib_state(mpl)
     return state
+
+
+def _matplotlib_state(mpl: Any) -> dict[str, Any]:
+    """The backend (unresolved: resolving it would import one) and the rcParams that changed."""
+    original = mpl.rcParamsOrig
+    changed = {k: v for k, v in mpl.rcParams.items()
+               if k != "backend" and (k not in original or original[k] != v)}
+    return {"backend": mpl.rcParams._get_backend_or_none(), "rc": changed}
+
+
+def _restore_matplotlib(state: dict[str, Any]) -> None:
+    import matplotlib as mpl
+
+    backend = state["backend"]
+    if backend is not None and backend != mpl.rcParams._get_backend_or_none():
+        if "inline" in backend and (ip := _ipython()) is not None:
+            ip.enable_matplotlib("inline")  # also hooks figure display after each cell
+        else:
+            mpl.use(backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated keys warn once, when the user set them
+        mpl.rcParams.update(state["rc"])
+
+
+def _ipython() -> Any:
+    from IPython import get_ipython
+
+    return get_ipython()
 
 
 def restore(state: dict[str, Any]) -> None:
@@ -38,6 +69,8 @@ def restore(state: dict[str, Any]) -> None:
         import torch
 
         torch.set_rng_state(state["torch"])
+    if "matplotlib" in state:
+        _restore_matplotlib(state["matplotlib"])
 
 
 def reseed() -> None:

@@ -6,12 +6,17 @@ pickle and comes back bound to a private globals dict. A notebook function must 
 bound to the live namespace of the worker that loads it, reading whatever the session holds now.
 So functions whose globals are the session namespace are reduced to their code and rebuilt against
 the namespace being loaded into.
+
+Memory shared by several arrays or tensors must stay shared: a view written in a later cell has
+to change its base. numpy views are rebuilt on their (once pickled) base array; CPU tensors are
+rebuilt on one storage per pickle, whatever number of tensors view it.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import sys
 import types
 from typing import Any
 
@@ -54,12 +59,99 @@ def _cell_value(cell: types.CellType) -> Any:
         return _EMPTY
 
 
+def _ndarray_view(root: Any, dtype: Any, shape: tuple, strides: tuple, offset: int,
+                  writeable: bool) -> Any:
+    import numpy as np
+
+    view = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+    view.flags.writeable = writeable
+    return view
+
+
+def _reduce_ndarray(arr: Any) -> Any:
+    """A view of a C-contiguous array that owns its memory, as (base, geometry)."""
+    root = arr
+    while isinstance(root.base, type(arr)):
+        root = root.base
+    if root is arr or root.base is not None or not root.flags.c_contiguous or arr.dtype.hasobject:
+        return NotImplemented
+    offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    return _ndarray_view, (root, arr.dtype, arr.shape, arr.strides, offset, arr.flags.writeable)
+
+
+class _Storage:
+    """One tensor storage in a pickle; the pickler's memo makes every tensor on it share it."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def __reduce__(self) -> tuple:
+        import torch
+
+        data = torch.empty(0, dtype=torch.uint8).set_(self.storage).numpy()
+        return _storage_from_bytes, (data,)
+
+
+def _storage_from_bytes(data: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(data).untyped_storage()
+
+
+def _rebuild_tensor(storage: Any, dtype: Any, offset: int, size: tuple, stride: tuple,
+                    requires_grad: bool, grad: Any) -> Any:
+    import torch
+
+    tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    if grad is not None:
+        tensor.grad = grad
+    return tensor
+
+
+def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any) -> Any:
+    import torch
+
+    param = torch.nn.Parameter(data, requires_grad=requires_grad)
+    if grad is not None:
+        param.grad = grad
+    return param
+
+
 class _Pickler(cloudpickle.Pickler):
     def __init__(self, file: io.BytesIO, namespace: dict) -> None:
         super().__init__(file, protocol=5)
         self._namespace = namespace
+        self._storages: dict[int, _Storage] = {}
+        np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+        self._ndarray = np.ndarray if np is not None else None
+        self._tensor = torch.Tensor if torch is not None else None
+        self._parameter = torch.nn.Parameter if torch is not None else None
+
+    def _reduce_tensor(self, tensor: Any) -> Any:
+        if (tensor.layout is not self._torch_strided or tensor.device.type != "cpu"
+                or tensor.is_quantized or tensor.is_nested):
+            return NotImplemented
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        holder = self._storages.setdefault(key, _Storage(storage)) if key else _Storage(storage)
+        grad = tensor.grad if tensor.is_leaf or tensor.retains_grad else None
+        return _rebuild_tensor, (holder, tensor.dtype, tensor.storage_offset(),
+                                 tuple(tensor.size()), tensor.stride(), tensor.requires_grad, grad)
+
+    @property
+    def _torch_strided(self) -> Any:
+        return sys.modules["torch"].strided
 
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is self._ndarray:
+            return _reduce_ndarray(obj)
+        if kind is self._tensor:
+            return self._reduce_tensor(obj)
+        if kind is self._parameter:  # torch's own reduction drops .grad
+            return _rebuild_parameter, (obj.data, obj.requires_grad, obj.grad)
         if isinstance(obj, types.FunctionType) and obj.__globals__ is self._namespace:
             state = {
                 "cells": [_cell_value(c) for c in obj.__closure__ or ()],

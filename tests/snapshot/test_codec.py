@@ -191,12 +191,6 @@ def test_torch_tensors_equal_after_round_trip() -> None:
     assert torch.equal(data["model"](x), model(x))
 
 
-# Known gap: grouping keeps an array and its views in one group so that aliasing survives, but
-# numpy and torch pickle each view's data separately, so after a load they no longer share memory.
-_VIEWS_COPIED = "the codec pickles views as copies: array/tensor view aliasing is lost"
-
-
-@pytest.mark.xfail(strict=True, reason=_VIEWS_COPIED)
 def test_numpy_view_shares_memory_after_round_trip() -> None:
     arr = np.zeros(6)
     data = loads(dumps({"arr": arr, "v": arr[2:]}, {}), {})
@@ -204,12 +198,28 @@ def test_numpy_view_shares_memory_after_round_trip() -> None:
     assert data["arr"][2] == 7.0
 
 
-@pytest.mark.xfail(strict=True, reason=_VIEWS_COPIED)
 def test_torch_view_shares_storage_after_round_trip() -> None:
     t = torch.zeros(6)
     data = loads(dumps({"t": t, "v": t[2:]}, {}), {})
     data["v"][0] = 7.0
     assert data["t"][2].item() == 7.0
+
+
+def test_parameter_keeps_grad_and_shares_storage_with_views_of_its_data() -> None:
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.full((3,), 2.0)
+    data = loads(dumps({"p": param, "tail": param.data[1:]}, {}), {})
+    assert isinstance(data["p"], torch.nn.Parameter) and data["p"].requires_grad
+    assert torch.equal(data["p"].grad, torch.full((3,), 2.0))
+    data["tail"][0] = 5.0
+    assert data["p"][1].item() == 5.0
+
+
+def test_bfloat16_and_non_contiguous_tensors_round_trip() -> None:
+    t = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4).t()
+    data = loads(dumps({"t": t}, {}), {})
+    assert data["t"].dtype == torch.bfloat16 and torch.equal(data["t"], t)
+    assert data["t"].stride() == t.stride()
 
 
 def test_non_dict_pickle_is_rejected() -> None:
