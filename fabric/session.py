@@ -35,14 +35,15 @@ class LoadFailed(FabricError):
 class Preparation:
     """A worker being readied for cells: forked, imports done, closure loaded.
 
-    `groups` and `imports` are what the worker holds once `task` completes; a later draft with
+    `holds` names what the worker has (or will have, once `task` completes): loaded variables
+    and aliases, or, for a worker kept after its cell, everything it owns. A later draft with
     other source chains a load of what it lacks onto the task.
     """
 
-    base: str | None  # the head manifest the state was loaded from
-    task: asyncio.Task
-    groups: dict[tuple, Group] = field(default_factory=dict)
-    imports: dict[str, str] = field(default_factory=dict)
+    base: str | None  # the head manifest the worker's state matches
+    task: asyncio.Future
+    holds: set[str] = field(default_factory=set)
+    unsaved: list[str] = field(default_factory=list)  # kept after a cell: what only it holds
     started: float = field(default_factory=time.monotonic)
     ready_at: float | None = None
 
@@ -51,13 +52,13 @@ class Preparation:
         return (self.ready_at or time.monotonic()) - self.started
 
     def lacking(self, cl: Closure) -> tuple[list[Group], dict[str, str]]:
-        groups = [g for g in cl.groups if (g.blob, g.names) not in self.groups]
-        imports = {a: m for a, m in cl.imports.items() if a not in self.imports}
+        groups = [g for g in cl.groups if not self.holds.issuperset(g.names)]
+        imports = {a: m for a, m in cl.imports.items() if a not in self.holds}
         return groups, imports
 
     def add(self, groups: list[Group], imports: dict[str, str]) -> None:
-        self.groups.update({(g.blob, g.names): g for g in groups})
-        self.imports.update(imports)
+        self.holds.update(n for g in groups for n in g.names)
+        self.holds.update(imports)
 
 
 class Session:
@@ -127,8 +128,12 @@ class Session:
                              traceback=reply.get("traceback", ""))
 
     def _usable(self, prep: Preparation | None) -> bool:
-        return (prep is not None and prep.base == self.head
-                and not (prep.task.done() and (prep.task.cancelled() or prep.task.exception())))
+        if prep is None or prep.base != self.head:
+            return False
+        if not prep.task.done():
+            return True
+        return not (prep.task.cancelled() or prep.task.exception()
+                    or prep.task.result().died.done())
 
     def _spawn(self, coro: Coroutine) -> None:
         """Run clean-up in the background, holding a reference so it is not collected."""
@@ -171,18 +176,28 @@ class Session:
             cl = closure(source, self.manifest)
             prep, self.prepared = self.prepared, None
             if self._usable(prep):
-                path = "draft+load" if self._extend(prep, cl) else "draft"
+                path = ("pinned" if prep.unsaved else "draft")
+                path += "+load" if self._extend(prep, cl) else ""
             else:
+                if prep is not None and prep.unsaved:
+                    emit({"output_type": "stream", "name": "stderr", "text": (
+                        f"llfabric: the worker that held {', '.join(prep.unsaved)} (which could "
+                        f"not be saved) is gone; continuing from version {self.manifest.version}"
+                        " of the store without them\n")})
                 self._discard(prep)
                 prep, path = self._prepare(cl), "cold"
             worker = await prep.task
+            keep = False
             try:
-                return await self._run(worker, source, emit, received, prep, cl, path)
+                reply, keep = await self._run(worker, source, emit, received, prep, cl, path)
+                return reply
             finally:
-                self._spawn(worker.close())
+                if not keep:
+                    self._spawn(worker.close())
 
     async def _run(self, worker: WorkerHandle, source: str, emit: Emit, received: float,
-                   prep: Preparation, cl: Closure, path: str) -> dict:
+                   prep: Preparation, cl: Closure, path: str) -> tuple[dict, bool]:
+        """Run the cell under a lease and commit; True with the reply if the worker is kept."""
         lease = await self.leases.acquire(self.name)
         self.running = worker
         try:
@@ -210,12 +225,20 @@ class Session:
         finally:
             self.running = None
             self.leases.release(lease)
+        unsaved = sorted(message.get("unsaved") or {})
+        if unsaved:
+            if unsaved != prep.unsaved:
+                reasons = "; ".join(f"{n}: {why}" for n, why in message["unsaved"].items())
+                emit({"output_type": "stream", "name": "stderr", "text": (
+                    f"llfabric: {', '.join(unsaved)} cannot be saved ({reasons}); the session "
+                    "keeps its worker alive to hold them\n")})
+            self._pin(worker, set(message["owned"]), unsaved)
         return {
             "status": message["status"],
             "ename": message.get("ename"),
             "version": self.manifest.version,
             "execution_count": count,
-            "unsaved": message.get("unsaved", []),
+            "unsaved": unsaved,
             "path": path,
             "closure": self._describe(cl),
             "timings": {
@@ -226,7 +249,15 @@ class Session:
                 "save": float(message["save"]) + (done - committed),
                 "lease_held": lease.held,
             },
-        }
+        }, bool(unsaved)
+
+    def _pin(self, worker: WorkerHandle, owned: set[str], unsaved: list[str]) -> None:
+        """Keep the worker as the session's next: it alone holds what could not be saved."""
+        self._discard(self.prepared)  # a draft sent while the cell ran was made for the old head
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(worker)
+        self.prepared = Preparation(self.head, future, holds=owned, unsaved=unsaved)
+        self.prepared.ready_at = self.prepared.started
 
     def _commit(self, done: dict, source: str, count: int) -> None:
         """Fold the worker's report into a new manifest and move the head to it."""
@@ -279,6 +310,8 @@ class Session:
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),
                 "running": self.running is not None,
+                "pinned": bool(self.prepared and self.prepared.unsaved
+                               and self._usable(self.prepared)),
                 "worker": self.running.pid if self.running is not None else None,
                 "prepared": self.prepared is not None,
                 "lease_seconds": self.leases.seconds.get(self.name, 0.0)}

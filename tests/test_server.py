@@ -248,3 +248,21 @@ def test_output_written_to_file_descriptors_reaches_the_cell(client: Client, ses
     assert stdout == "from C\nfrom system\nfrom python\n"
     assert "".join(o["text"] for o in streams if o["name"] == "stderr") == "oops\n"
     assert outputs[-1]["output_type"] == "execute_result"  # everything printed came before it
+
+
+def test_unpicklable_state_pins_the_session_to_its_worker(client: Client, session: str) -> None:
+    execute(client, session, "data = [1, 2, 3]")
+    reply, outputs = execute(client, session, "it = iter(data)\ngen = (x for x in data)\n"
+                                              "first = next(gen)")
+    assert reply["status"] == "ok" and reply["unsaved"] == ["gen"]
+    assert "gen cannot be saved" in text(outputs)
+    info = next(s for s in client.call("status")["sessions"] if s["session"] == session)
+    assert info["pinned"]
+    reply, outputs = execute(client, session, "print(first, next(gen), next(it))")
+    assert reply["path"].startswith("pinned")
+    assert text(outputs) == "1 2 1\n"  # the live generator and iterator continued
+    reply, _ = execute(client, session, "del gen")
+    assert reply["unsaved"] == [] and reply["path"].startswith("pinned")
+    reply, outputs = execute(client, session, "print(first, list(it))")
+    assert reply["path"] == "cold"  # nothing unsaved any more: back to fresh workers
+    assert text(outputs) == "1 [2, 3]\n"

@@ -139,6 +139,19 @@ class Worker:
             **report,
         }
 
+    def _put(self, names: list[str], groups: list[list], unsaved: dict[str, str]) -> bool:
+        """Pickle `names` as one group into the store; on failure record why, per name."""
+        ns = self.shell.user_ns
+        try:
+            data = codec.dumps({n: ns[n] for n in names}, ns)
+        except Exception as exc:  # user objects may fail in any way; the server tells the user
+            unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
+            return False
+        for name in names:
+            unsaved.pop(name, None)
+        groups.append([self.store.put(data), names, len(data)])
+        return True
+
     def save(self) -> dict:
         """Write every group of the namespace to the store; unchanged ones dedup by hash."""
         ns = self.shell.user_ns
@@ -146,24 +159,20 @@ class Worker:
         imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
         state = [n for n in names if n not in imports]
         grouping = group_variables(ns, state)
-        groups, unsaved = [], {}
+        groups: list[list] = []
+        unsaved: dict[str, str] = {}
         for members in grouping.groups:
-            try:
-                data = codec.dumps({n: ns[n] for n in members}, ns)
-            except Exception as exc:  # recorded and shown to the user below
-                unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in members})
-                continue
-            groups.append([self.store.put(data), members, len(data)])
-        for name, why in unsaved.items():
-            print(f"llfabric: variable {name!r} could not be saved and is lost after this cell "
-                  f"({why})", file=sys.stderr)
+            if not self._put(members, groups, unsaved) and len(members) > 1:
+                # Saved member by member instead, so that one generator costs only itself.
+                for name in members:
+                    self._put([name], groups, unsaved)
         return {
             "groups": groups,
             "imports": imports,
             "refs": {n: sorted(r) for n, r in grouping.refs.items() if r},
             "ambient": self.store.put(pickle.dumps(ambient.capture())),
             "owned": sorted(self.loaded | set(names)),
-            "unsaved": sorted(unsaved),
+            "unsaved": unsaved,
             "bounded": grouping.bounded,
         }
 
