@@ -11,11 +11,14 @@ import base64
 import io
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import xxhash
+from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
@@ -107,9 +110,17 @@ class OutStream(io.TextIOBase):
         self.send()
 
 
+class _Compiler(CachingCompiler):
+    def get_code_name(self, raw_code: str, transformed_code: str, number: int) -> str:
+        # A path, as Jupyter kernels name cells: warnings then read as users know them.
+        digest = xxhash.xxh64_hexdigest(raw_code.encode())
+        return f"{tempfile.gettempdir()}/llfabric_{os.getpid()}/{digest}.py"
+
+
 class FabricShell(InteractiveShell):
     """An InteractiveShell without a terminal; what it shows goes to `sink`."""
 
+    compiler_class = Type(_Compiler)
     displayhook_class = Type(_DisplayHook)
     display_pub_class = Type(_Publisher)
 
