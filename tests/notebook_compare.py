@@ -223,10 +223,17 @@ def normalize(outputs: list, volatile: Volatility | None = None) -> list[tuple[s
         else:
             rich.append((str(kind), ""))
     merged = [
-        (name, clean(_terminal_text("".join(chunks))))
+        (name, clean(_terminal_text(_drop_notices("".join(chunks)))))
         for name, chunks in sorted(streams.items())
     ]
-    return merged + rich
+    return [(name, text) for name, text in merged if text] + rich
+
+
+def _drop_notices(text: str) -> str:
+    """llfabric's own notices to the user (a session pinned to its worker, say) are not the
+    notebook's output; everything else on stderr is compared."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not line.startswith("llfabric: "))
 
 
 # ---------------------------------------------------------------------------

@@ -266,3 +266,18 @@ def test_unpicklable_state_pins_the_session_to_its_worker(client: Client, sessio
     reply, outputs = execute(client, session, "print(first, list(it))")
     assert reply["path"] == "cold"  # nothing unsaved any more: back to fresh workers
     assert text(outputs) == "1 [2, 3]\n"
+
+
+def test_views_stay_views_across_cells(client: Client, session: str) -> None:
+    execute(client, session, "import numpy as np, torch\nbase = np.arange(12).reshape(3, 4)\n"
+                             "t = torch.zeros(4)")
+    execute(client, session, "sub = base[:2, :2]\ntail = t[2:]")
+    execute(client, session, "sub[0, 0] = 99\ntail += 1")
+    _, outputs = execute(client, session, "print(base[0, 0], t.tolist())")
+    assert text(outputs) == "99 [0.0, 0.0, 1.0, 1.0]\n"
+
+
+def test_closed_files_are_saved_as_closed_files(client: Client, session: str) -> None:
+    execute(client, session, "with open('notes.txt', 'w') as f:\n    f.write('x')")
+    reply, outputs = execute(client, session, "f.closed, f.name")
+    assert reply["unsaved"] == [] and text(outputs) == "(True, 'notes.txt')\n"

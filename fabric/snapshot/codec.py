@@ -15,6 +15,7 @@ rebuilt on one storage per pickle, whatever number of tensors view it.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import sys
 import types
@@ -64,16 +65,20 @@ def _ndarray_view(root: Any, dtype: Any, shape: tuple, strides: tuple, offset: i
     import numpy as np
 
     view = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
-    view.flags.writeable = writeable
+    view.flags.writeable = writeable and root.flags.writeable
     return view
 
 
 def _reduce_ndarray(arr: Any) -> Any:
-    """A view of a C-contiguous array that owns its memory, as (base, geometry)."""
+    """A view of a C-contiguous array, as (the array it views, geometry).
+
+    The root may itself sit on a non-array buffer (bytes, after an earlier load): it is pickled
+    as an array, with its data, all the same.
+    """
     root = arr
     while isinstance(root.base, type(arr)):
         root = root.base
-    if root is arr or root.base is not None or not root.flags.c_contiguous or arr.dtype.hasobject:
+    if root is arr or not root.flags.c_contiguous or arr.dtype.hasobject:
         return NotImplemented
     offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
     return _ndarray_view, (root, arr.dtype, arr.shape, arr.strides, offset, arr.flags.writeable)
@@ -110,6 +115,23 @@ def _rebuild_tensor(storage: Any, dtype: Any, offset: int, size: tuple, stride: 
     return tensor
 
 
+def _closed_file(name: Any, mode: str, encoding: str | None) -> io.IOBase:
+    """A closed file that reads as the one that was saved (`with open(...) as f` leaves one)."""
+    mode = mode.replace("x", "w")
+    file = open(os.devnull, mode, encoding=encoding if "b" not in mode else None)  # noqa: SIM115
+    raw = getattr(file, "buffer", file)
+    getattr(raw, "raw", raw).name = name
+    file.close()
+    return file
+
+
+def _reduce_file(file: Any) -> Any:
+    if not file.closed:
+        return NotImplemented  # an open file is live state: it cannot be saved
+    return _closed_file, (getattr(file, "name", None), getattr(file, "mode", "r"),
+                          getattr(file, "encoding", None))
+
+
 def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any) -> Any:
     import torch
 
@@ -117,6 +139,9 @@ def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any) -> Any:
     if grad is not None:
         param.grad = grad
     return param
+
+
+_FILE_TYPES = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.FileIO)
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -152,6 +177,8 @@ class _Pickler(cloudpickle.Pickler):
             return self._reduce_tensor(obj)
         if kind is self._parameter:  # torch's own reduction drops .grad
             return _rebuild_parameter, (obj.data, obj.requires_grad, obj.grad)
+        if kind in _FILE_TYPES:
+            return _reduce_file(obj)
         if isinstance(obj, types.FunctionType) and obj.__globals__ is self._namespace:
             state = {
                 "cells": [_cell_value(c) for c in obj.__closure__ or ()],
