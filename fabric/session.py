@@ -75,6 +75,7 @@ class Session:
         self.prepared: Preparation | None = None
         self.running: WorkerHandle | None = None
         self.interrupted = False
+        self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
         self._background: set[asyncio.Task] = set()
 
     # preparation
@@ -158,9 +159,15 @@ class Session:
         if self._usable(self.prepared):
             self._extend(self.prepared, cl)
         else:
-            self._discard(self.prepared)
-            self.prepared = self._prepare(cl)
+            self.prepared = self._replace(self.prepared, cl)
         return self._describe(cl)
+
+    def _replace(self, prep: Preparation | None, cl: Closure) -> Preparation:
+        """A fresh preparation in place of one that is stale or whose worker is gone."""
+        if prep is not None and prep.unsaved and prep.base == self.head:
+            self.lost.extend(prep.unsaved)  # its worker died: what it alone held is gone
+        self._discard(prep)
+        return self._prepare(cl)
 
     def _describe(self, cl: Closure) -> dict:
         return {"names": sorted(cl.names), "groups": len(cl.groups), "whole": cl.whole,
@@ -179,13 +186,13 @@ class Session:
                 path = ("pinned" if prep.unsaved else "draft")
                 path += "+load" if self._extend(prep, cl) else ""
             else:
-                if prep is not None and prep.unsaved:
-                    emit({"output_type": "stream", "name": "stderr", "text": (
-                        f"llfabric: the worker that held {', '.join(prep.unsaved)} (which could "
-                        f"not be saved) is gone; continuing from version {self.manifest.version}"
-                        " of the store without them\n")})
-                self._discard(prep)
-                prep, path = self._prepare(cl), "cold"
+                prep, path = self._replace(prep, cl), "cold"
+            if self.lost:
+                emit({"output_type": "stream", "name": "stderr", "text": (
+                    f"llfabric: the worker that held {', '.join(self.lost)} (which could not be "
+                    f"saved) is gone; continuing from version {self.manifest.version} of the "
+                    "store without them\n")})
+                self.lost = []
             worker = await prep.task
             keep = False
             try:
@@ -292,6 +299,16 @@ class Session:
         self.store.set_head(self.name, ident)
         self.head, self.manifest = ident, manifest
 
+    def _worker_pid(self) -> int | None:
+        """The worker running a cell, else the one prepared for the next, once it is forked."""
+        if self.running is not None:
+            return self.running.pid
+        prep = self.prepared
+        if prep is not None and prep.task.done() and not prep.task.cancelled() \
+                and prep.task.exception() is None:
+            return prep.task.result().pid
+        return None
+
     def interrupt(self) -> bool:
         if self.running is not None:
             self.running.interrupt()
@@ -312,6 +329,6 @@ class Session:
                 "running": self.running is not None,
                 "pinned": bool(self.prepared and self.prepared.unsaved
                                and self._usable(self.prepared)),
-                "worker": self.running.pid if self.running is not None else None,
+                "worker": self._worker_pid(),
                 "prepared": self.prepared is not None,
                 "lease_seconds": self.leases.seconds.get(self.name, 0.0)}

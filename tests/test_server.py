@@ -281,3 +281,15 @@ def test_closed_files_are_saved_as_closed_files(client: Client, session: str) ->
     execute(client, session, "with open('notes.txt', 'w') as f:\n    f.write('x')")
     reply, outputs = execute(client, session, "f.closed, f.name")
     assert reply["unsaved"] == [] and text(outputs) == "(True, 'notes.txt')\n"
+
+
+def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session: str) -> None:
+    execute(client, session, "kept = 1\ngen = (i for i in range(3))")
+    info = next(s for s in client.call("status")["sessions"] if s["session"] == session)
+    assert info["pinned"]
+    os.kill(info["worker"], signal.SIGKILL)
+    time.sleep(0.5)
+    reply, outputs = execute(client, session, "print(kept, 'gen' in dir())")
+    assert reply["path"] == "cold"
+    assert "llfabric: the worker that held gen" in text(outputs)
+    assert text(outputs).endswith("1 False\n")
