@@ -157,7 +157,7 @@ def status(connect: str | None, as_json: bool) -> None:
         click.echo(f"zygote {z['pid']}: {', '.join(z['modules']) or '(base)'}")
     click.echo(f"workers: {len(info['workers'])}")
     for s in info["sessions"]:
-        flags = (", running" if s["running"] else "") + (", prepared" if s["prepared"] else "")
+        flags = "".join(f", {flag}" for flag in ("running", "pinned", "prepared") if s[flag])
         click.echo(f"session {s['session']}: version {s['version']}, {s['variables']} variables, "
                    f"{s['bytes']} bytes, lease {s['lease_seconds']:.1f} s{flags}")
 

@@ -14,6 +14,7 @@ rebuilt on one storage per pickle, whatever number of tensors view it.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -141,6 +142,10 @@ def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any) -> Any:
     return param
 
 
+def _rebuild_lru_cache(wrapped: Any, maxsize: int | None, typed: bool) -> Any:
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(wrapped)
+
+
 _FILE_TYPES = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.FileIO)
 
 
@@ -179,6 +184,11 @@ class _Pickler(cloudpickle.Pickler):
             return _rebuild_parameter, (obj.data, obj.requires_grad, obj.grad)
         if kind in _FILE_TYPES:
             return _reduce_file(obj)
+        if kind is functools._lru_cache_wrapper and getattr(obj, "__module__", "") == "__main__":
+            # pickled by reference otherwise, to a name the loading worker may not have yet;
+            # the cache itself is not kept
+            params = obj.cache_parameters()
+            return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
         if isinstance(obj, types.FunctionType) and obj.__globals__ is self._namespace:
             state = {
                 "cells": [_cell_value(c) for c in obj.__closure__ or ()],

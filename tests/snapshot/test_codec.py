@@ -241,3 +241,13 @@ def test_loads_restores_state_after_a_failure() -> None:
         loads(pickle.dumps("not a dict"), {})
     target = {"__name__": "__main__", "X": 9}
     assert loads(good, target)["f"]() == 9
+
+
+def test_lru_cached_notebook_methods_come_back_by_value() -> None:
+    ns = _notebook("from functools import lru_cache\n"
+                   "class Tok:\n    @lru_cache(maxsize=8)\n"
+                   "    def ident(self, x):\n        return x\n"
+                   "t = Tok()\n")
+    data = loads(dumps({"t": ns["t"]}, ns), {"__name__": "__main__"})
+    assert data["t"].ident(3) == 3
+    assert data["t"].ident.cache_parameters()["maxsize"] == 8
