@@ -293,3 +293,15 @@ def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session:
     assert reply["path"] == "cold"
     assert "llfabric: the worker that held gen" in text(outputs)
     assert text(outputs).endswith("1 False\n")
+
+
+def test_evicting_a_zygote_spares_the_families_forked_from_it(server, client: Client,
+                                                            session: str) -> None:
+    # Each new import makes a new import family, forked from the previous one; more families
+    # than the server keeps means ancestors are evicted while their descendants serve cells.
+    modules = ["json", "csv", "decimal", "fractions", "statistics", "textwrap", "difflib"]
+    for n, module in enumerate(modules):
+        reply, outputs = execute(client, session, f"import {module}\nv{n} = {n}")
+        assert reply["status"] == "ok", outputs
+    _, outputs = execute(client, session, "print(v0 + v6)")
+    assert text(outputs) == "6\n"

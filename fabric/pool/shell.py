@@ -72,6 +72,7 @@ class OutStream(io.TextIOBase):
     """
 
     interval = 0.05
+    encoding = "utf-8"  # as a kernel's streams: IPython prints "±", not "+-", on them
 
     def __init__(self, name: str, shell: FabricShell) -> None:
         self.name = name

@@ -11,8 +11,10 @@ Control protocol, one SOCK_SEQPACKET unix socket per zygote, one msgpack map per
                     {op: exit}
   zygote -> server  {op: ready, imported, failed}   once, after its imports
                     {op: exited, pid, status}       a child of this zygote ended
-The fd sent with `zygote` is the new zygote's control socket. Every child dies with its parent
-(PR_SET_PDEATHSIG), so no worker outlives the server.
+The fd sent with `zygote` is the new zygote's control socket. A zygote exits when its control
+socket closes (the server evicted it or went away); a worker dies with its zygote
+(PR_SET_PDEATHSIG). Zygotes do not die with their parent zygote: evicting an ancestor must not
+take the families forked from it.
 """
 
 from __future__ import annotations
@@ -89,7 +91,6 @@ class Zygote:
 
     def _child_hygiene(self, keep: int | None = None) -> None:
         """A child keeps stdio and `keep`; every other inherited descriptor is closed."""
-        _die_with_parent()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if keep is None:
@@ -103,6 +104,7 @@ class Zygote:
         if pid == 0:
             code = 0
             try:
+                _die_with_parent()
                 self._child_hygiene()
                 worker.main(self.shell, message["endpoint"], message["store"])
             except BaseException:
