@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..snapshot.manifest import Group, Manifest
-from .static import analyze
+from .static import CODE_DYNAMIC, analyze
 
 
 @dataclass(frozen=True)
@@ -28,17 +28,26 @@ def closure(source: str, manifest: Manifest) -> Closure:
     cell = analyze(source)
     variables = manifest.variables()
     session = set(variables) | set(manifest.imports)
-    needed = set(session) if cell.dynamic else set(cell.reads) & session
-    frontier = list(needed)
-    while frontier:  # group mates come along, and code reads globals of its own, transitively
+    whole = cell.dynamic
+    needed = set(session) if whole else _reach(set(cell.reads) & session, manifest, session)
+    if not whole and any(CODE_DYNAMIC.intersection(manifest.refs.get(n, ())) for n in needed):
+        whole, needed = True, set(session)  # session code that evals or reads globals()
+    groups = {(g.blob, g.names): g for name in needed if (g := variables.get(name)) is not None}
+    imports = {a: m for a, m in manifest.imports.items() if a in needed}
+    modules = frozenset(manifest.imports.values()) | cell.imports
+    return Closure(frozenset(needed), tuple(groups.values()), imports, modules, whole,
+                   cell.parsed)
+
+
+def _reach(seeds: set[str], manifest: Manifest, session: set[str]) -> set[str]:
+    """Group mates come along, and code reads globals of its own, transitively."""
+    variables = manifest.variables()
+    needed, frontier = set(seeds), list(seeds)
+    while frontier:
         name = frontier.pop()
         group = variables.get(name)
         for other in (*manifest.refs.get(name, ()), *(group.names if group else ())):
             if other in session and other not in needed:
                 needed.add(other)
                 frontier.append(other)
-    groups = {(g.blob, g.names): g for name in needed if (g := variables.get(name)) is not None}
-    imports = {a: m for a, m in manifest.imports.items() if a in needed}
-    modules = frozenset(manifest.imports.values()) | cell.imports
-    return Closure(frozenset(needed), tuple(groups.values()), imports, modules,
-                   cell.dynamic, cell.parsed)
+    return needed

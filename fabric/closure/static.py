@@ -21,6 +21,9 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DYNAMIC_NAMES = frozenset({"globals", "locals", "vars", "eval", "exec", "dir", "get_ipython"})
 _DYNAMIC_MAGICS = frozenset({"who", "whos", "who_ls", "reset", "reset_selective", "xdel", "store",
                              "run", "load", "save", "pickle", "psearch", "pinfo", "pinfo2"})
+# Names that, read by session code (functions, methods), let it reach any global by name.
+CODE_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec", "user_ns",
+                          "user_global_ns"})
 _MAGIC_CALLS = frozenset({"run_line_magic", "run_cell_magic", "system", "getoutput"})
 
 

@@ -123,3 +123,13 @@ def test_covers() -> None:
     small = closure("print(x)\n", m)
     assert big.covers(small)
     assert not small.covers(big)
+
+
+def test_session_code_that_evals_makes_the_closure_the_whole_session() -> None:
+    manifest = Manifest(
+        session="s",
+        groups=(Group("a" * 32, ("show",)), Group("b" * 32, ("df1",)), Group("c" * 32, ("df2",))),
+        refs={"show": ("eval", "repr")},
+    )
+    cl = closure("show('df1')", manifest)
+    assert cl.whole and cl.names == {"show", "df1", "df2"}
