@@ -17,18 +17,21 @@ START_TIMEOUT = 120.0
 
 
 class EmbeddedServer:
-    def __init__(self, config: Config) -> None:
+    """`llfabric serve` as a child process; `env` replaces the environment workers inherit."""
+
+    def __init__(self, config: Config, env: dict[str, str] | None = None) -> None:
         self.config = config
+        self.env = env
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
         command = [sys.executable, "-m", "cli.main", "serve", "--store", str(self.config.store),
                    "--bind", self.config.address]
-        log = Path(self.config.runtime_dir) / "embedded-server.log"
+        log = self.log
         log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(log, "ab") as out:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
-                                            stderr=out, start_new_session=True)
+                                            stderr=out, env=self.env, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         with Client(self.config.address) as client:
             while not client.ping(timeout=0.5):
@@ -36,6 +39,10 @@ class EmbeddedServer:
                     self.stop()
                     raise Unreachable(f"the embedded server did not start; see {log}",
                                       address=self.config.address)
+
+    @property
+    def log(self) -> Path:
+        return Path(self.config.runtime_dir) / "embedded-server.log"
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

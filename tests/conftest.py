@@ -25,10 +25,6 @@ class RunningServer(EmbeddedServer):
     def address(self) -> str:
         return self.config.address
 
-    @property
-    def log(self) -> Path:
-        return self.config.runtime_dir / "embedded-server.log"
-
     def client(self, timeout: float = 30.0) -> Client:
         return Client(self.address, timeout=timeout)
 
