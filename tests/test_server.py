@@ -305,3 +305,11 @@ def test_evicting_a_zygote_spares_the_families_forked_from_it(server, client: Cl
         assert reply["status"] == "ok", outputs
     _, outputs = execute(client, session, "print(v0 + v6)")
     assert text(outputs) == "6\n"
+
+
+def test_a_live_autograd_graph_keeps_backward_working(client: Client, session: str) -> None:
+    execute(client, session, "import torch\nw = torch.ones(2, requires_grad=True)\n"
+                             "loss = (w * 3).sum()")
+    reply, outputs = execute(client, session, "loss.backward()\nprint(w.grad.tolist(), loss)")
+    assert reply["path"].startswith("pinned")
+    assert text(outputs) == "[3.0, 3.0] tensor(6., grad_fn=<SumBackward0>)\n"

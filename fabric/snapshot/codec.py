@@ -160,6 +160,12 @@ class _Pickler(cloudpickle.Pickler):
         self._parameter = torch.nn.Parameter if torch is not None else None
 
     def _reduce_tensor(self, tensor: Any) -> Any:
+        if tensor.grad_fn is not None:
+            # Saved as a leaf it would print differently and, worse, a later backward() would
+            # silently compute nothing: the graph lives only in this process.
+            raise pickle.PicklingError(f"a tensor in an autograd graph "
+                                       f"(grad_fn={type(tensor.grad_fn).__name__}) cannot be "
+                                       "saved apart from the process that built it")
         if (tensor.layout is not self._torch_strided or tensor.device.type != "cpu"
                 or tensor.is_quantized or tensor.is_nested):
             return NotImplemented

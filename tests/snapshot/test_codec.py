@@ -251,3 +251,12 @@ def test_lru_cached_notebook_methods_come_back_by_value() -> None:
     data = loads(dumps({"t": ns["t"]}, ns), {"__name__": "__main__"})
     assert data["t"].ident(3) == 3
     assert data["t"].ident.cache_parameters()["maxsize"] == 8
+
+
+def test_tensors_in_an_autograd_graph_are_refused() -> None:
+    weight = torch.ones(3, requires_grad=True)
+    loss = (weight * 2).sum()
+    with pytest.raises(pickle.PicklingError, match="autograd graph"):
+        dumps({"loss": loss}, {})
+    data = loads(dumps({"weight": weight, "detached": loss.detach()}, {}), {})
+    assert data["weight"].requires_grad and data["detached"].item() == 6.0
