@@ -74,7 +74,7 @@ class OutStream(io.TextIOBase):
     interval = 0.05
     encoding = "utf-8"  # as a kernel's streams: IPython prints "±", not "+-", on them
 
-    def __init__(self, name: str, shell: FabricShell) -> None:
+    def __init__(self, name: str, shell: ZMQInteractiveShell) -> None:
         self.name = name
         self._shell = shell
         self._parts: list[str] = []
@@ -118,9 +118,16 @@ class _Compiler(CachingCompiler):
         return f"{tempfile.gettempdir()}/llfabric_{os.getpid()}/{digest}.py"
 
 
-class FabricShell(InteractiveShell):
-    """An InteractiveShell without a terminal; what it shows goes to `sink`."""
+class ZMQInteractiveShell(InteractiveShell):
+    """An InteractiveShell without a terminal; what it shows goes to `sink`.
 
+    Named as a Jupyter kernel's shell on purpose: libraries (pandas, rich) recognise a notebook
+    frontend by that class name and format for it, and a fabric worker has a notebook frontend.
+    """
+
+    # Libraries tell a kernel from a terminal IPython by this attribute (pandas then shows up
+    # to 20 columns instead of fitting a terminal); workers have no Jupyter kernel object.
+    kernel = None
     compiler_class = Type(_Compiler)
     displayhook_class = Type(_DisplayHook)
     display_pub_class = Type(_Publisher)
@@ -152,7 +159,7 @@ def _is_history_name(name: str) -> bool:
         name[2:].isdigit() or name[2:] in ("", "i", "ii"))))
 
 
-def make_shell() -> FabricShell:
+def make_shell() -> ZMQInteractiveShell:
     """Create the one shell of this process (in the zygote, before any fork)."""
     from traitlets.config import Config
 
@@ -161,6 +168,6 @@ def make_shell() -> FabricShell:
     config = Config()
     config.HistoryManager.hist_file = ":memory:"
     config.InteractiveShell.colors = "nocolor"
-    shell = FabricShell.instance(config=config)
+    shell = ZMQInteractiveShell.instance(config=config)
     shell.user_ns["__name__"] = "__main__"
     return shell

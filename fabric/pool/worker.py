@@ -28,7 +28,7 @@ from ..closure.groups import group_variables
 from ..snapshot import ambient, codec
 from ..snapshot.store import Store
 from .fdcapture import FdCapture
-from .shell import FabricShell, OutStream
+from .shell import OutStream, ZMQInteractiveShell
 
 
 class _Channel:
@@ -54,7 +54,7 @@ class _Channel:
 
 
 class Worker:
-    def __init__(self, shell: FabricShell, channel: _Channel, store: Store) -> None:
+    def __init__(self, shell: ZMQInteractiveShell, channel: _Channel, store: Store) -> None:
         self.shell = shell
         self.channel = channel
         self.store = store
@@ -177,7 +177,7 @@ class Worker:
         }
 
 
-def main(shell: FabricShell, endpoint: str, store_root: str) -> None:
+def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
     """Entry point in the freshly forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = _Channel(endpoint)

@@ -46,7 +46,8 @@ class Zygote:
         imported, failed = [], {}
         for name in modules:
             try:
-                importlib.import_module(name)
+                with self.shell.builtin_trap:  # modules see get_ipython(), as in a cell
+                    importlib.import_module(name)
                 imported.append(name)
             except BaseException as exc:  # a module may even sys.exit(); the zygote must live
                 failed[name] = f"{type(exc).__name__}: {exc}"
