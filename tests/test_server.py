@@ -313,3 +313,11 @@ def test_a_live_autograd_graph_keeps_backward_working(client: Client, session: s
     reply, outputs = execute(client, session, "loss.backward()\nprint(w.grad.tolist(), loss)")
     assert reply["path"].startswith("pinned")
     assert text(outputs) == "[3.0, 3.0] tensor(6., grad_fn=<SumBackward0>)\n"
+
+
+def test_torch_from_numpy_keeps_sharing_memory(client: Client, session: str) -> None:
+    execute(client, session, "import numpy as np, torch\narr = np.ones(3)\n"
+                             "t = torch.from_numpy(arr)")
+    execute(client, session, "arr[0] = 7")
+    _, outputs = execute(client, session, "print(t.tolist())")
+    assert text(outputs) == "[7.0, 1.0, 1.0]\n"

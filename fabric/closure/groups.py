@@ -40,13 +40,15 @@ def _code_names(code: types.CodeType, out: set[str]) -> None:
 
 
 def _buffer_key(obj: Any) -> tuple | None:
-    """The memory an array or tensor views, so that views of one buffer link."""
+    """Where the memory an array or tensor views starts, so that views of one block link
+    (numpy views with their base, tensors with `torch.from_numpy` arrays)."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
-        base = obj
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        return ("buf", id(base.base if base.base is not None else base))
+        root = obj
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        address = root.__array_interface__["data"][0]
+        return ("buf", address) if address and root.nbytes else None
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
         try:

@@ -8,8 +8,8 @@ So functions whose globals are the session namespace are reduced to their code a
 the namespace being loaded into.
 
 Memory shared by several arrays or tensors must stay shared: a view written in a later cell has
-to change its base. numpy views are rebuilt on their (once pickled) base array; CPU tensors are
-rebuilt on one storage per pickle, whatever number of tensors view it.
+to change its base. Each block of CPU memory is pickled once, and every numpy array and CPU
+tensor on it is rebuilt on that one copy.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import pickle
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -61,53 +62,49 @@ def _cell_value(cell: types.CellType) -> Any:
         return _EMPTY
 
 
-def _ndarray_view(root: Any, dtype: Any, shape: tuple, strides: tuple, offset: int,
-                  writeable: bool) -> Any:
+class _Memory:
+    """A block of CPU memory under arrays and tensors of one pickle, pickled once as bytes.
+
+    Every numpy array and torch tensor on the same block (views, `torch.from_numpy`) is rebuilt
+    on the one loaded copy, so a write through one shows through all, as before the save.
+    """
+
+    def __init__(self, data: Any) -> None:
+        self.data = data  # a uint8 numpy array over the block
+
+    def __reduce__(self) -> tuple:
+        # a writable PickleBuffer comes back as a bytearray: writable memory, one copy
+        return _loaded_memory, (pickle.PickleBuffer(self.data),)
+
+
+def _loaded_memory(data: bytearray) -> Any:
     import numpy as np
 
-    view = np.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
-    view.flags.writeable = writeable and root.flags.writeable
-    return view
+    return np.frombuffer(data, dtype=np.uint8)
 
 
-def _reduce_ndarray(arr: Any) -> Any:
-    """A view of a C-contiguous array, as (the array it views, geometry).
+def _ndarray_on(memory: Any, dtype: Any, shape: tuple, strides: tuple, offset: int,
+                writeable: bool) -> Any:
+    import numpy as np
 
-    The root may itself sit on a non-array buffer (bytes, after an earlier load): it is pickled
-    as an array, with its data, all the same.
-    """
+    array = np.ndarray(shape, dtype, buffer=memory, offset=offset, strides=strides)
+    array.flags.writeable = writeable
+    return array
+
+
+def _array_root(arr: Any) -> Any:
+    """The array at the end of `arr`'s chain of bases: the one whose memory it views."""
     root = arr
     while isinstance(root.base, type(arr)):
         root = root.base
-    if root is arr or not root.flags.c_contiguous or arr.dtype.hasobject:
-        return NotImplemented
-    offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    return _ndarray_view, (root, arr.dtype, arr.shape, arr.strides, offset, arr.flags.writeable)
+    return root
 
 
-class _Storage:
-    """One tensor storage in a pickle; the pickler's memo makes every tensor on it share it."""
-
-    def __init__(self, storage: Any) -> None:
-        self.storage = storage
-
-    def __reduce__(self) -> tuple:
-        import torch
-
-        data = torch.empty(0, dtype=torch.uint8).set_(self.storage).numpy()
-        return _storage_from_bytes, (data,)
-
-
-def _storage_from_bytes(data: Any) -> Any:
-    import torch
-
-    return torch.from_numpy(data).untyped_storage()
-
-
-def _rebuild_tensor(storage: Any, dtype: Any, offset: int, size: tuple, stride: tuple,
+def _rebuild_tensor(memory: Any, dtype: Any, offset: int, size: tuple, stride: tuple,
                     requires_grad: bool, grad: Any) -> Any:
     import torch
 
+    storage = torch.from_numpy(memory).untyped_storage()
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     if requires_grad:
         tensor.requires_grad_(True)
@@ -153,11 +150,27 @@ class _Pickler(cloudpickle.Pickler):
     def __init__(self, file: io.BytesIO, namespace: dict) -> None:
         super().__init__(file, protocol=5)
         self._namespace = namespace
-        self._storages: dict[int, _Storage] = {}
+        self._memory: dict[tuple[int, int], _Memory] = {}
         np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
         self._ndarray = np.ndarray if np is not None else None
         self._tensor = torch.Tensor if torch is not None else None
         self._parameter = torch.nn.Parameter if torch is not None else None
+
+    def _memory_for(self, address: int, nbytes: int, as_bytes: Callable[[], Any]) -> _Memory:
+        key = (address, nbytes)
+        if key not in self._memory:
+            self._memory[key] = _Memory(as_bytes())
+        return self._memory[key]
+
+    def _reduce_ndarray(self, arr: Any) -> Any:
+        root = _array_root(arr)
+        if not root.flags.c_contiguous or arr.dtype.hasobject:
+            return NotImplemented  # pickled by numpy, with its own copy of the data
+        start = root.__array_interface__["data"][0]
+        memory = self._memory_for(start, root.nbytes, lambda: root.reshape(-1).view("u1"))
+        offset = arr.__array_interface__["data"][0] - start
+        return _ndarray_on, (memory, arr.dtype, arr.shape, arr.strides, offset,
+                             arr.flags.writeable)
 
     def _reduce_tensor(self, tensor: Any) -> Any:
         if tensor.grad_fn is not None:
@@ -170,10 +183,11 @@ class _Pickler(cloudpickle.Pickler):
                 or tensor.is_quantized or tensor.is_nested):
             return NotImplemented
         storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        holder = self._storages.setdefault(key, _Storage(storage)) if key else _Storage(storage)
+        uint8 = sys.modules["torch"].uint8
+        memory = self._memory_for(storage.data_ptr(), storage.nbytes(),
+                                  lambda: tensor.new_empty(0, dtype=uint8).set_(storage).numpy())
         grad = tensor.grad if tensor.is_leaf or tensor.retains_grad else None
-        return _rebuild_tensor, (holder, tensor.dtype, tensor.storage_offset(),
+        return _rebuild_tensor, (memory, tensor.dtype, tensor.storage_offset(),
                                  tuple(tensor.size()), tensor.stride(), tensor.requires_grad, grad)
 
     @property
@@ -183,7 +197,7 @@ class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
         if kind is self._ndarray:
-            return _reduce_ndarray(obj)
+            return self._reduce_ndarray(obj)
         if kind is self._tensor:
             return self._reduce_tensor(obj)
         if kind is self._parameter:  # torch's own reduction drops .grad

@@ -201,3 +201,10 @@ def test_large_flat_list_of_floats_is_cheap() -> None:
     ns = {"big": [float(i) for i in range(1_000_000)]}
     grouping = group_variables(ns, ["big"], budget=10)
     assert not grouping.bounded
+
+
+def test_torch_from_numpy_groups_with_its_array() -> None:
+    arr = np.ones(4)
+    ns = {"arr": arr, "t": torch.from_numpy(arr), "other": np.ones(4)}
+    groups = {frozenset(g) for g in group_variables(ns, ["arr", "t", "other"]).groups}
+    assert groups == {frozenset({"arr", "t"}), frozenset({"other"})}
