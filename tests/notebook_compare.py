@@ -153,6 +153,47 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
         29: ("numbers", "loss after training on unseeded torch.randint minibatches"),
         33: ("text", "names sampled (seeded) from a model trained on unseeded minibatches"),
     },
+    "nn-zero-to-hero/makemore_part4_backprop": {
+        # cell 7 draws bngain/bnbias from the unseeded global torch RNG; the
+        # loss, the gradient-check maxdiffs and everything after follow from it
+        **{i: ("numbers", "values derived from unseeded bngain/bnbias (cell 7)")
+           for i in (9, 10, 11, 12, 14, 15, 16)},
+        # cell 21 re-draws bngain/bnbias unseeded before training
+        21: ("numbers", "training loss of a model with unseeded bngain/bnbias"),
+        24: ("numbers", "train/val loss of that model"),
+        26: ("text", "names sampled (seeded) from that model"),
+    },
+    "nn-zero-to-hero/micrograd_lecture_first_half_roughly": {
+        16: ("numbers", "topological order walks Value._prev, a set ordered by id()"),
+    },
+    "nn-zero-to-hero/micrograd_lecture_second_half_roughly": {
+        # cell 14: Neuron weights come from unseeded random.uniform
+        i: ("numbers", "outputs/training of an MLP with unseeded random.uniform weights")
+        for i in (15, 17, 18)
+    },
+    "pytorch-deep-learning/00_pytorch_fundamentals": {
+        13: ("numbers", "unseeded torch.rand"),
+        21: ("numbers", "unseeded torch.rand"),
+    },
+    "pytorch-deep-learning/00_pytorch_fundamentals_exercise_solutions": {
+        1: ("numbers", "unseeded torch.rand"),
+        2: ("numbers", "matmul of unseeded torch.rand tensors"),
+    },
+    "pytorch-deep-learning/01_pytorch_workflow_exercise_solutions": {
+        0: ("numbers", "prints datetime.datetime.now()"),
+    },
+    "pytorch-deep-learning/02_pytorch_classification": {
+        # cell 11 builds model_0 (nn.Sequential) before any torch.manual_seed
+        **{i: ("numbers", "predictions of model_0, initialized unseeded in cell 11")
+           for i in (12, 15, 16, 17)},
+        19: ("numbers", "training of model_0 (seeded loop, unseeded initial weights)"),
+    },
+    "pytorch-deep-learning/02_pytorch_classification_exercise_solutions": {
+        # cell 6 builds model_0 (MoonModelV0) before any torch.manual_seed
+        7: ("numbers", "state_dict of model_0, initialized unseeded in cell 6"),
+        9: ("numbers", "predictions of the unseeded model_0"),
+        11: ("numbers", "training of model_0 (seeded loop, unseeded initial weights)"),
+    },
 }
 
 _SPACES = re.compile(r"[ \t]+")

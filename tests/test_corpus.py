@@ -169,6 +169,16 @@ def test_corpus_present() -> None:
     assert len(NOTEBOOKS) >= 39, f"expected the 39-notebook dev corpus under {CORPUS}"
 
 
+def test_volatile_cells_name_real_code_cells() -> None:
+    # A typo in a notebook id or a stale index would silently mask nothing.
+    by_id = {_nb_id(p): p for p in NOTEBOOKS}
+    for nid, cells in VOLATILE_CELLS.items():
+        assert nid in by_id, f"VOLATILE_CELLS names unknown notebook {nid!r}"
+        n_code = sum(c.cell_type == "code" for c in nbformat.read(by_id[nid], 4).cells)
+        bad = sorted(i for i in cells if not 0 <= i < n_code)
+        assert not bad, f"{nid}: code cells {bad} out of range (has {n_code})"
+
+
 # --- fast checks of the comparison itself (no kernels) ---------------------
 
 def _nb(*cell_outputs: list) -> nbformat.NotebookNode:
