@@ -8,34 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import RunningServer, start_server
 
 from fabric.client import Client
-from fabric.config import Config
-from fabric.embedded import EmbeddedServer
-
-
-class RunningServer(EmbeddedServer):
-    """A real `llfabric serve` in a subprocess, with its store in a temp dir."""
-
-    @property
-    def store(self) -> Path:
-        return self.config.store
-
-    @property
-    def address(self) -> str:
-        return self.config.address
-
-    def client(self, timeout: float = 30.0) -> Client:
-        return Client(self.address, timeout=timeout)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-
-def start_server(store: Path, sockdir: Path) -> RunningServer:
-    server = RunningServer(Config(store=store, runtime_dir=sockdir, bind=f"ipc://{sockdir}/s.sock"))
-    server.start()
-    return server
 
 
 @pytest.fixture(scope="module")

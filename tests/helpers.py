@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fabric.client import Client
+from fabric.config import Config
+from fabric.embedded import EmbeddedServer
 
 
 def execute(client: Client, session: str, source: str) -> tuple[dict, list[dict]]:
@@ -27,3 +31,28 @@ def text(outputs: list[dict]) -> str:
         elif out["output_type"] == "error":
             parts.append(f"{out['ename']}: {out['evalue']}\n")
     return "".join(parts)
+
+
+class RunningServer(EmbeddedServer):
+    """A real `llfabric serve` in a subprocess, with its store in a temp dir."""
+
+    @property
+    def store(self) -> Path:
+        return self.config.store
+
+    @property
+    def address(self) -> str:
+        return self.config.address
+
+    def client(self, timeout: float = 30.0) -> Client:
+        return Client(self.address, timeout=timeout)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def start_server(store: Path, sockdir: Path, env: dict[str, str] | None = None) -> RunningServer:
+    config = Config(store=store, runtime_dir=sockdir, bind=f"ipc://{sockdir}/s.sock")
+    server = RunningServer(config, env)
+    server.start()
+    return server

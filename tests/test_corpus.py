@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import RunningServer, start_server
 from notebook_compare import (
     VOLATILE_CELLS,
     compare,
@@ -40,7 +39,6 @@ NOTEBOOKS = sorted(CORPUS.glob("*/*.ipynb"))
 # `dot`), and would let an identically broken llfabric run pass vacuously.
 PLAIN_ERRORS_ALLOWED: dict[str, set[int]] = {}
 
-SERVER_READY_TIMEOUT_S = 60
 # One notebook = plain run + llfabric run.  The heaviest (makemore_part3_bn)
 # takes ~95 s per run on the reference 2-core box but ~6 min on a slow VM.
 TEST_TIMEOUT_S = 1500
@@ -69,53 +67,22 @@ def _tail(path: Path, n: int = 40) -> str:
         return "<no log>"
 
 
-class FabricServer:
-    """A running ``llfabric serve`` and how to reach it."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], address: str, log: Path) -> None:
-        self.proc, self.address, self.log = proc, address, log
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            pytest.fail(f"llfabric server exited with {self.proc.returncode}:\n{_tail(self.log)}")
-
-
 @pytest.fixture(scope="module")
-def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FabricServer]:
+def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     store = tmp_path_factory.mktemp("fabric-store")
-    # ipc:// paths must fit in sun_path (~107 bytes); pytest's basetemp can be
-    # long, so keep the socket in a short private dir of its own.
-    sock_dir = Path(tempfile.mkdtemp(prefix="llf-"))
-    sock = sock_dir / "fabric.sock"
-    address = f"ipc://{sock}"
-    log = store.parent / "fabric-server.log"
-    with log.open("wb") as log_fh:
-        proc = subprocess.Popen(
-            [_llfabric(), "serve", "--store", str(store), "--bind", address],
-            env=notebook_env(), stdout=log_fh, stderr=subprocess.STDOUT,
-        )
-    server = FabricServer(proc, address, log)
-    try:
-        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
-        while not sock.exists():  # contract: ready once the socket file exists
-            server.check_alive()
-            if time.monotonic() > deadline:
-                pytest.fail(f"llfabric server not ready after {SERVER_READY_TIMEOUT_S}s:\n"
-                            f"{_tail(log)}")
-            time.sleep(0.1)
+    # ipc:// paths must fit in sun_path (~107 bytes): a short private dir of its own
+    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
+        server = start_server(store, Path(sockdir), env=notebook_env())
         yield server
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        server.stop()
 
 
-def run_fabric(server: FabricServer, nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
+def _check_alive(server: RunningServer) -> None:
+    if not server.alive():
+        pytest.fail(f"llfabric server exited:\n{_tail(server.log)}")
+
+
+def run_fabric(server: RunningServer, nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
     """Execute ``nb_path`` through ``llfabric run`` on a fresh copy of its folder."""
     nb_copy = fresh_copy(nb_path, workdir)
     out = workdir.parent / f"{workdir.name}.out.ipynb"
@@ -128,7 +95,7 @@ def run_fabric(server: FabricServer, nb_path: Path, workdir: Path) -> nbformat.N
         pytest.fail(f"llfabric run timed out after {RUN_TIMEOUT_S}s\n"
                     f"server log:\n{_tail(server.log)}")
     if not out.exists():
-        server.check_alive()
+        _check_alive(server)
         pytest.fail(f"llfabric run wrote no output (rc={res.returncode})\n"
                     f"stderr:\n{res.stderr[-4000:]}\nserver log:\n{_tail(server.log)}")
     nb = nbformat.read(out, as_version=4)
@@ -151,7 +118,7 @@ def _plain_error_cells(nb: nbformat.NotebookNode) -> dict[int, list[str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
-def test_notebook_matches_plain(nb_path: Path, fabric_server: FabricServer,
+def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
                                 tmp_path: Path) -> None:
     plain = run_plain(nb_path, tmp_path / "plain")
     unexpected = {i: e for i, e in _plain_error_cells(plain).items()
