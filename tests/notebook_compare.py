@@ -115,10 +115,10 @@ MASKS: list[tuple[re.Pattern[str], str, str]] = [
 
 # Cells whose printed *values* differ between two plain runs because they use
 # an unseeded RNG or the clock.  Keyed by "source/name", then code-cell index
-# (0-based).  "numbers": every number in the cell's outputs is masked, so the
-# structure -- shapes, dtypes, labels, which outputs exist, errors -- is still
-# compared.  "text": random text (sampled names); only the kinds of outputs and
-# their line counts are compared.
+# (0-based).  "numbers": every number in the cell's outputs is masked and
+# whitespace collapsed, so the structure -- shapes, dtypes, labels, which
+# outputs exist, errors -- is still compared.  "text": random text (sampled
+# names); only the kinds of outputs and their line counts are compared.
 Volatility = Literal["numbers", "text"]
 
 VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
@@ -196,7 +196,7 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
     },
 }
 
-_SPACES = re.compile(r"[ \t]+")
+_SPACES = re.compile(r"\s+")  # line breaks too: reprs wrap by the width of the numbers
 _NUMBER = re.compile(r"[ \t]*(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
