@@ -20,9 +20,6 @@ class Closure:
     whole: bool  # static analysis could not bound the cell: the whole session is loaded
     exact: bool  # False when the source did not parse (a draft being edited)
 
-    def covers(self, other: Closure) -> bool:
-        return self.names >= other.names and self.modules >= other.modules
-
 
 def closure(source: str, manifest: Manifest) -> Closure:
     cell = analyze(source)

@@ -117,12 +117,6 @@ def test_unparsable_draft_is_inexact_but_still_covers_its_identifiers() -> None:
     assert {"f", "x"} <= c.names
 
 
-def test_covers() -> None:
-    m = _manifest()
-    big = closure("print(a, x)\n", m)
-    small = closure("print(x)\n", m)
-    assert big.covers(small)
-    assert not small.covers(big)
 
 
 def test_session_code_that_evals_makes_the_closure_the_whole_session() -> None:
