@@ -157,7 +157,7 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
         # cell 7 draws bngain/bnbias from the unseeded global torch RNG; the
         # loss, the gradient-check maxdiffs and everything after follow from it
         **{i: ("numbers", "values derived from unseeded bngain/bnbias (cell 7)")
-           for i in (9, 10, 11, 12, 14, 15, 16)},
+           for i in (9, 10, 11, 12, 14, 15, 16, 19)},
         # cell 21 re-draws bngain/bnbias unseeded before training
         21: ("numbers", "training loss of a model with unseeded bngain/bnbias"),
         24: ("numbers", "train/val loss of that model"),
@@ -197,7 +197,7 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
 }
 
 _SPACES = re.compile(r"\s+")  # line breaks too: reprs wrap by the width of the numbers
-_NUMBER = re.compile(r"[ \t]*(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_NUMBER = re.compile(r"\s*(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def mask(text: str) -> str:
@@ -263,11 +263,9 @@ def normalize(outputs: list, volatile: Volatility | None = None) -> list[tuple[s
             rich.append(("error", clean(f"{out.get('ename', '')}: {out.get('evalue', '')}")))
         else:
             rich.append((str(kind), ""))
-    merged = [
-        (name, clean(_terminal_text(_drop_notices("".join(chunks)))))
-        for name, chunks in sorted(streams.items())
-    ]
-    return [(name, text) for name, text in merged if text] + rich
+    texts = [(name, _terminal_text(_drop_notices("".join(chunks))))
+             for name, chunks in sorted(streams.items())]
+    return [(name, clean(text)) for name, text in texts if text] + rich
 
 
 def _drop_notices(text: str) -> str:
