@@ -81,7 +81,7 @@ class Session:
     # preparation
     def _prepare(self, cl: Closure) -> Preparation:
         async def prepare() -> WorkerHandle:
-            worker = await self.pool.fork_worker(frozenset(self.manifest.modules))
+            worker = await self.pool.fork_worker(cl.modules, frozenset(self.manifest.modules))
             try:
                 await self._load(worker, list(cl.groups), cl.imports, first=True)
             except BaseException:
@@ -274,6 +274,7 @@ class Session:
                           for b, names, size in done["groups"]]
             imports = {str(k): str(v) for k, v in done["imports"].items()}
             refs = {str(k): tuple(map(str, v)) for k, v in done["refs"].items()}
+            packages = {str(k): tuple(map(str, v)) for k, v in done["packages"].items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"the worker sent a malformed save report: {exc}") from exc
         blobs = [g.blob for g in new_groups] + [done.get("ambient")]
@@ -290,6 +291,7 @@ class Session:
             groups=tuple(g for g in kept if g.names) + tuple(new_groups),
             imports={a: m for a, m in parent.imports.items() if a not in owned} | imports,
             refs={n: r for n, r in parent.refs.items() if n not in owned} | refs,
+            packages={n: p for n, p in parent.packages.items() if n not in owned} | packages,
             ambient=done["ambient"],
             modules=tuple(sorted(set(parent.modules) | analyze(source).imports)),
             cell={"execution_count": count, "status": done["status"],

@@ -16,7 +16,7 @@ class Closure:
     names: frozenset[str]  # session variables and aliases the cell may read
     groups: tuple[Group, ...]
     imports: dict[str, str]  # alias -> module, re-imported rather than unpickled
-    modules: frozenset[str]  # what the worker's zygote should have imported
+    modules: frozenset[str]  # the import closure: what the worker's zygote must have imported
     whole: bool  # static analysis could not bound the cell: the whole session is loaded
     exact: bool  # False when the source did not parse (a draft being edited)
 
@@ -31,8 +31,10 @@ def closure(source: str, manifest: Manifest) -> Closure:
         whole, needed = True, set(session)  # session code that evals or reads globals()
     groups = {(g.blob, g.names): g for name in needed if (g := variables.get(name)) is not None}
     imports = {a: m for a, m in manifest.imports.items() if a in needed}
-    modules = frozenset(manifest.imports.values()) | cell.imports
-    return Closure(frozenset(needed), tuple(groups.values()), imports, modules, whole,
+    modules = set(cell.imports) | set(imports.values())
+    for name in needed:
+        modules.update(manifest.packages.get(name, ()))
+    return Closure(frozenset(needed), tuple(groups.values()), imports, frozenset(modules), whole,
                    cell.parsed)
 
 

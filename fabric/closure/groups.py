@@ -5,16 +5,22 @@ mutates one would not see it through the other. The walk follows `gc.get_referen
 atoms (numbers, strings, types, modules, library functions) as leaves that never link two
 variables, and array or tensor memory as one node keyed by its buffer, so views of one array
 group with it. Notebook functions are walked through their defaults, closures and attributes but
-not their globals (that is the namespace itself); their code objects give the global names they
-read, which the closure analysis follows transitively.
+not their globals (that is the namespace itself); their bytecode gives the global names they
+load, which the closure analysis follows transitively.
+
+The walk also estimates each group's size in memory (a buffer counts once, by its bytes) and
+notes the packages its objects' types and functions come from: the import closure a fresh worker
+needs before it can rebuild them.
 """
 
 from __future__ import annotations
 
+import dis
 import gc
 import sys
 import types
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
@@ -25,18 +31,48 @@ _ATOM_TYPES = frozenset(_ATOMS)  # exact-type test first: cheap on lists of a mi
 DEFAULT_BUDGET = 2_000_000  # objects visited in one grouping; past it, everything is one group
 
 
+# Opcodes that read a global by name, and attribute names that reach the whole namespace.
+_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "DELETE_GLOBAL", "DELETE_NAME"})
+_NAMESPACE_ATTRS = frozenset({"user_ns", "user_global_ns", "__main__"})
+# Packages a fresh worker has anyway, or that are not packages at all.
+_NOT_PACKAGES = frozenset({"__main__", "builtins", *sys.stdlib_module_names})
+
+
 @dataclass(frozen=True)
 class Grouping:
     groups: list[list[str]]
     refs: dict[str, set[str]]  # variable -> global names that code reachable from it reads
     bounded: bool  # the budget ran out: every variable was put in one group, to stay safe
+    sizes: dict[str, int]  # variable -> bytes of the objects it reached first (estimate)
+    packages: dict[str, set[str]]  # variable -> top-level packages its objects come from
 
 
-def _code_names(code: types.CodeType, out: set[str]) -> None:
-    out.update(code.co_names)
+@lru_cache(maxsize=8192)
+def code_globals(code: types.CodeType) -> frozenset[str]:
+    """The global names a code object (nested ones included) loads or deletes."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_READS}
+    names.update(_NAMESPACE_ATTRS.intersection(code.co_names))
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            _code_names(const, out)
+            names |= code_globals(const)
+    return frozenset(names)
+
+
+def _package(module: object) -> str | None:
+    if not isinstance(module, str):
+        return None
+    top = module.partition(".")[0]
+    return None if top in _NOT_PACKAGES or top.startswith("_") else top
+
+
+def _nbytes(obj: Any, key: object) -> int:
+    """Memory an object holds: its buffer's bytes for array memory, else its own size."""
+    if isinstance(key, tuple):
+        return int(key[2])
+    try:
+        return sys.getsizeof(obj)
+    except TypeError:  # objects whose __sizeof__ is broken
+        return 0
 
 
 def _buffer_key(obj: Any) -> tuple | None:
@@ -48,14 +84,15 @@ def _buffer_key(obj: Any) -> tuple | None:
         while isinstance(root.base, np.ndarray):
             root = root.base
         address = root.__array_interface__["data"][0]
-        return ("buf", address) if address and root.nbytes else None
+        return ("buf", address, root.nbytes) if address and root.nbytes else None
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
         try:
-            ptr = obj.untyped_storage().data_ptr()
+            storage = obj.untyped_storage()
         except RuntimeError:  # tensor subclasses without storage
             return None
-        return ("buf", ptr) if ptr else None
+        ptr = storage.data_ptr()
+        return ("buf", ptr, storage.nbytes()) if ptr else None
     return None
 
 
@@ -65,6 +102,8 @@ class _Walker:
         self.budget = budget
         self.owner: dict[Any, str] = {}  # node key -> first variable that reached it
         self.parent: dict[str, str] = {}
+        self.size = 0  # bytes reached by the current walk
+        self.packages: set[str] = set()  # packages seen by the current walk
 
     def find(self, name: str) -> str:
         while self.parent[name] != name:
@@ -81,25 +120,27 @@ class _Walker:
         for value in vars(cls).values():
             for fn in (value, getattr(value, "__func__", None), getattr(value, "fget", None)):
                 if isinstance(fn, types.FunctionType) and fn.__globals__ is self.namespace:
-                    _code_names(fn.__code__, refs)
+                    refs |= code_globals(fn.__code__)
 
     def walk(self, name: str, root: Any) -> set[str] | None:
         """Mark the nodes reachable from `root` as `name`'s; None when the budget ran out."""
         refs: set[str] = set()
-        seen_classes: set[int] = set()
+        seen_types: set[int] = set()
         stack = [root]
         while stack:
             obj = stack.pop()
             if isinstance(obj, type):
-                if obj.__module__ == "__main__" and id(obj) not in seen_classes:
-                    seen_classes.add(id(obj))
-                    self._class_refs(obj, refs)
+                if id(obj) not in seen_types:
+                    seen_types.add(id(obj))
+                    self._note_type(obj, refs)
                 continue
             if isinstance(obj, _ATOMS) or obj is self.namespace:
                 continue
             if isinstance(obj, types.FunctionType) and obj.__globals__ is not self.namespace:
+                self._note_package(obj)
                 continue  # a library function: pickled by reference, shared by no one
             if callable(obj) and not isinstance(obj, types.FunctionType) and _is_global(obj):
+                self._note_package(obj)
                 continue  # likewise a library's callable object (np.sum, np.add)
             key = _buffer_key(obj) or id(obj)
             other = self.owner.get(key)
@@ -108,17 +149,31 @@ class _Walker:
                 if other == name or self.find(other) == self.find(name):
                     continue
             self.owner[key] = name
+            self.size += _nbytes(obj, key)
             self.budget -= 1
             if self.budget < 0:
                 return None
             if isinstance(obj, types.FunctionType):
-                _code_names(obj.__code__, refs)
+                refs |= code_globals(obj.__code__)
                 stack.extend(c.cell_contents for c in obj.__closure__ or () if _has_value(c))
                 stack.extend((obj.__defaults__, obj.__kwdefaults__, obj.__dict__))
                 continue
             stack.append(type(obj))
             stack.extend([r for r in gc.get_referents(obj) if type(r) not in _ATOM_TYPES])
         return refs
+
+
+    def _note_type(self, cls: type, refs: set[str]) -> None:
+        if cls.__module__ == "__main__":
+            self._class_refs(cls, refs)
+            for base in cls.__mro__[1:]:  # a notebook class's library bases come from packages
+                self._note_package(base)
+        else:
+            self._note_package(cls)
+
+    def _note_package(self, obj: Any) -> None:
+        if (package := _package(getattr(obj, "__module__", None))) is not None:
+            self.packages.add(package)
 
 
 def _is_global(obj: Any) -> bool:
@@ -141,13 +196,18 @@ def group_variables(namespace: dict, names: list[str], budget: int = DEFAULT_BUD
     """Partition `names` (variables of `namespace`) into groups of variables that share objects."""
     walker = _Walker(namespace, budget)
     refs: dict[str, set[str]] = {}
+    sizes: dict[str, int] = {}
+    packages: dict[str, set[str]] = {}
     for name in names:
         walker.parent[name] = name
+        walker.size, walker.packages = 0, set()
         found = walker.walk(name, namespace[name])
         if found is None:
-            return Grouping([list(names)], {n: set() for n in names}, True)
-        refs[name] = found
+            # Refs and packages are unknown too: "everything" is the only safe answer for them.
+            return Grouping([list(names)], {n: set(names) for n in names}, True,
+                            {n: 0 for n in names}, {n: set() for n in names})
+        refs[name], sizes[name], packages[name] = found, walker.size, walker.packages
     by_root: dict[str, list[str]] = {}
     for name in names:
         by_root.setdefault(walker.find(name), []).append(name)
-    return Grouping(list(by_root.values()), refs, False)
+    return Grouping(list(by_root.values()), refs, False, sizes, packages)

@@ -1,121 +1,418 @@
-"""What a cell's source reads, writes and imports, from its text alone.
+"""What a cell's source reads, writes, deletes and imports, from its text alone.
 
 The source is first transformed exactly as IPython will run it (magics, ``!`` lines, ``?``), then
-parsed. Reads are over-approximated on purpose: every name loaded anywhere in the cell counts,
-nested scopes included, because a missed read breaks the user's cell while an extra one only costs
-a little loading. Names hidden in strings that IPython evaluates at run time (magic arguments,
-``$var`` expansion in shell lines) count by their identifier tokens. What static analysis cannot
-see through (``globals()``, ``eval``, ``%who``...) marks the cell as needing the whole session.
+parsed, and every name is resolved to its scope as the compiler would: a function's locals, a
+comprehension's targets and a class body's closures are not the session's. A global name is a
+*read* (the cell needs its session value) unless top-level code surely bound it before that point
+of execution (a loop's target inside its body, not after it; an `if` only if both branches bind).
+Code that runs later (a function body) is charged to the point that defines it, so the rule stays
+an over-approximation: a missed read breaks the user's cell, an extra one only costs loading.
+
+Names hidden in strings that IPython evaluates at run time (magic arguments, ``$var`` expansion
+in shell lines) count by their identifier tokens; the bodies of code-running magics (``%%time``,
+``%timeit``) are analysed as cells of their own. What static analysis cannot see through
+(``globals()``, ``eval``, ``%who``, star imports, ``__main__``) marks the cell as needing the whole
+session. Source that does not parse (a draft being edited) is analysed block by block: blocks
+that parse exactly, the others by every identifier they contain, and the result is marked inexact.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from IPython.core.inputtransformer2 import TransformerManager
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_DYNAMIC_NAMES = frozenset({"globals", "locals", "vars", "eval", "exec", "dir", "get_ipython"})
+# Builtins that reach the whole namespace wherever they are used ...
+_DYNAMIC_ANYWHERE = frozenset({"globals", "eval", "exec", "__import__"})
+# ... and those that do so only without arguments at module (or class) level.
+_DYNAMIC_BARE = frozenset({"locals", "vars", "dir"})
 _DYNAMIC_MAGICS = frozenset({"who", "whos", "who_ls", "reset", "reset_selective", "xdel", "store",
-                             "run", "load", "save", "pickle", "psearch", "pinfo", "pinfo2"})
+                             "run", "load", "save", "pickle", "psearch", "pinfo", "pinfo2",
+                             "macro", "recall", "rerun"})
+# Magics whose argument (line) or body (cell) is Python code run in the user namespace.
+_CODE_MAGICS = frozenset({"time", "timeit", "prun", "capture", "debug"})
 # Names that, read by session code (functions, methods), let it reach any global by name.
 CODE_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec", "user_ns",
-                          "user_global_ns"})
+                          "user_global_ns", "__main__"})
 _MAGIC_CALLS = frozenset({"run_line_magic", "run_cell_magic", "system", "getoutput"})
+_BLOCK_CONTINUATION = re.compile(r"(else|elif|except|finally|case)\b|[)\]}]")
 
 
 @dataclass(frozen=True)
 class CellAnalysis:
     source: str  # as IPython will run it
-    reads: frozenset[str]
-    writes: frozenset[str]
+    reads: frozenset[str]  # global names whose value before the cell it may need
+    writes: frozenset[str]  # global names it may bind
+    deletes: frozenset[str]  # global names it may delete (also reads: `del` needs the value)
     imports: frozenset[str]  # module names the cell imports
     dynamic: bool  # the cell can reach the whole namespace: its closure is the whole session
-    parsed: bool  # False: the source is not valid Python; reads are every identifier in it
+    parsed: bool  # False: (part of) the source is not valid Python; its reads are a superset
 
 
 _transformer = TransformerManager()
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=1024)
 def analyze(source: str) -> CellAnalysis:
     transformed = _transformer.transform_cell(source)
-    try:
-        tree = ast.parse(transformed)
-    except (SyntaxError, ValueError):
-        idents = frozenset(_IDENT.findall(source))
-        return CellAnalysis(transformed, idents, frozenset(), frozenset(), False, False)
     visitor = _Visitor()
-    visitor.visit(tree)
-    return CellAnalysis(
-        transformed,
-        frozenset(visitor.reads),
-        frozenset(visitor.writes),
-        frozenset(visitor.imports),
-        visitor.dynamic,
-        True,
-    )
+    try:
+        parsed = True
+        visitor.block(ast.parse(transformed).body)
+    except (SyntaxError, ValueError):
+        parsed = False
+        visitor = _Visitor()
+        for block in _blocks(transformed):
+            try:
+                visitor.block(ast.parse(block).body)
+            except (SyntaxError, ValueError):
+                visitor.tokens(block)
+    return visitor.result(transformed, parsed)
+
+
+def _blocks(source: str) -> list[str]:
+    """Top-level blocks: a line at column 0 starts one unless it continues the previous block."""
+    blocks: list[list[str]] = []
+    for line in source.splitlines():
+        starts = line[:1].strip() and not _BLOCK_CONTINUATION.match(line)
+        if starts or not blocks:
+            blocks.append([])
+        blocks[-1].append(line)
+    return ["\n".join(b) + "\n" for b in blocks]
+
+
+class _Scope:
+    """One Python scope: what it binds, what it declares, and the names it loads."""
+
+    def __init__(self, kind: str, parent: _Scope | None) -> None:
+        self.kind = kind  # module, function, class or comprehension
+        self.parent = parent
+        self.bound: set[str] = set()
+        self.globals: set[str] = set()
+        self.nonlocals: set[str] = set()
+
+    @property
+    def function_like(self) -> bool:
+        return self.kind in ("function", "comprehension")
+
+    def binds_global(self, name: str) -> bool:
+        return self.kind == "module" or name in self.globals
+
+    def is_global(self, name: str) -> bool:
+        """Whether a use of `name` here reaches the module namespace (the session)."""
+        if self.kind == "module" or name in self.globals:
+            return True
+        if name in self.nonlocals or (self.function_like and name in self.bound):
+            return False
+        # A class body looks its own names up first, then globals: keep them, conservatively.
+        scope = self.parent
+        while scope is not None and scope.kind != "module":
+            if scope.function_like:
+                if name in scope.globals:
+                    return True
+                if name in scope.bound and name not in scope.nonlocals:
+                    return False  # a closure variable of an enclosing function
+            scope = scope.parent
+        return True
 
 
 class _Visitor(ast.NodeVisitor):
+    """Resolves every name use to its scope, and follows which session names are surely bound.
+
+    `bound` is the set of names that top-level code has unconditionally bound at the current
+    point of execution (a frozenset, replaced rather than mutated, so each use keeps a snapshot).
+    A use in a nested scope is charged to the point where that scope is defined: anything bound
+    by then is still bound when a function body runs later, unless the cell deletes it.
+    """
+
     def __init__(self) -> None:
-        self.reads: set[str] = set()
-        self.writes: set[str] = set()
+        self.module = _Scope("module", None)
+        self.scope = self.module
+        self.bound: frozenset[str] = frozenset()
+        self.loads: list[tuple[_Scope, str, frozenset[str]]] = []
+        self.binds: list[tuple[_Scope, str]] = []
+        self.dels: list[tuple[_Scope, str, frozenset[str]]] = []
+        self.reads: set[str] = set()  # found without scopes: magic arguments
         self.imports: set[str] = set()
         self.dynamic = False
 
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Store):
-            self.writes.add(node.id)
-        else:  # Load and Del both need the current value
-            self.reads.add(node.id)
-            if node.id in _DYNAMIC_NAMES and node.id != "get_ipython":
-                self.dynamic = True
+    # driving
+    def tokens(self, source: str) -> None:
+        """Source that does not parse: every identifier is a read at this point."""
+        for match in _IDENT.finditer(source):
+            self._load(match.group())
+            if source[match.start() - 1:match.start()] != ".":  # model.eval( is no eval
+                self._mark_builtin(match.group(), bare=True)
+
+    def result(self, source: str, parsed: bool) -> CellAnalysis:
+        reads = set(self.reads)
+        reads.update(n for s, n, bound in self.loads if n not in bound and s.is_global(n))
+        reads.update(n for s, n, bound in self.dels if n not in bound and s.binds_global(n))
+        deletes = {n for s, n, _ in self.dels if s.binds_global(n)}
+        writes = {n for s, n in self.binds if s.binds_global(n)}
+        return CellAnalysis(source, frozenset(reads), frozenset(writes), frozenset(deletes),
+                            frozenset(self.imports), self.dynamic, parsed)
+
+    # scopes
+    def _enter(self, kind: str, body: Iterable[ast.AST]) -> None:
+        outer, self.scope = self.scope, _Scope(kind, self.scope)
+        for node in body:
+            self.visit(node)
+        self.scope = outer
+
+    def _bind(self, name: str, surely: bool = True) -> None:
+        scope = self.scope
+        if name not in scope.globals and name not in scope.nonlocals:
+            scope.bound.add(name)
+        self.binds.append((scope, name))
+        if surely and scope is self.module:
+            self.bound |= {name}
+
+    def _load(self, name: str) -> None:
+        self.loads.append((self.scope, name, self.bound))
+
+    def block(self, statements: Iterable[ast.AST]) -> None:
+        for statement in statements:
+            self.visit(statement)
+
+    # statements, in the order Python evaluates their parts
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        self.block(node.targets)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.visit(node.annotation)
+        if node.value is not None:
+            self.visit(node.value)
+            self.visit(node.target)
+        elif not isinstance(node.target, ast.Name):
+            self.visit(node.target)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if isinstance(node.target, ast.Name):
-            self.reads.add(node.target.id)
-        self.generic_visit(node)
+            self._load(node.target.id)
+            self.visit(node.value)
+            self._bind(node.target.id)
+        else:
+            self.visit(node.target)
+            self.visit(node.value)
+
+    def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
+        self.visit(node.iter)
+        before = self.bound
+        self.visit(node.target)
+        self.block(node.body)
+        self.bound = before  # the loop may run zero times
+        self.block(node.orelse)
+        self.bound = before
+
+    visit_AsyncFor = visit_For
+
+    def visit_While(self, node: ast.While) -> None:
+        self.visit(node.test)
+        before = self.bound
+        self.block(node.body)
+        self.bound = before
+        self.block(node.orelse)
+        self.bound = before
+
+    def visit_If(self, node: ast.If) -> None:
+        self.visit(node.test)
+        before = self.bound
+        self.block(node.body)
+        taken, self.bound = self.bound, before
+        self.block(node.orelse)
+        self.bound &= taken
+
+    def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
+        self.block(node.items)
+        entered = self.bound
+        self.block(node.body)
+        self.bound = entered  # a context manager may swallow an exception mid-body
+
+    visit_AsyncWith = visit_With
+
+    def visit_Try(self, node: ast.Try | ast.TryStar) -> None:
+        before = self.bound
+        self.block(node.body)
+        self.block(node.orelse)  # runs only when the whole body did
+        for handler in node.handlers:
+            self.bound = before
+            self.visit(handler)
+        self.bound = before
+        self.block(node.finalbody)
+
+    visit_TryStar = visit_Try
+
+    def visit_Match(self, node: ast.Match) -> None:
+        self.visit(node.subject)
+        before = self.bound
+        for case in node.cases:
+            self.bound = before
+            self.visit(case)
+        self.bound = before  # no case may match
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        self.block(node.targets)
+
+    def _mark_builtin(self, name: str, bare: bool) -> None:
+        if name in _DYNAMIC_ANYWHERE or name == "__main__":
+            self.dynamic = True
+        elif bare and name in _DYNAMIC_BARE and not self.scope.function_like:
+            self.dynamic = True  # locals()/vars()/dir() at module level list the session
+
+    # names
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Store):
+            self._bind(node.id)
+        elif isinstance(node.ctx, ast.Del):
+            self.dels.append((self.scope, node.id, self.bound))
+            self._bind(node.id, surely=False)  # `del x` makes x local to a function
+            self.bound -= {node.id}
+        else:
+            self._load(node.id)
+            self._mark_builtin(node.id, bare=True)
 
     def visit_Global(self, node: ast.Global) -> None:
-        self.reads.update(node.names)
-        self.writes.update(node.names)
+        self.scope.globals.update(node.names)
+
+    def visit_Nonlocal(self, node: ast.Nonlocal) -> None:
+        self.scope.nonlocals.update(node.names)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        self.visit(node.value)
+        scope = self.scope  # the target binds in the nearest non-comprehension scope
+        while scope.kind == "comprehension" and scope.parent is not None:
+            scope = scope.parent
+        outer, self.scope = self.scope, scope
+        self._bind(node.target.id, surely=False)  # `a or (b := f())` may skip it
+        self.scope = outer
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             self.imports.add(alias.name)
-            self.writes.add(alias.asname or alias.name.partition(".")[0])
+            self._bind(alias.asname or alias.name.partition(".")[0])
+            if alias.name == "__main__":
+                self.dynamic = True
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level == 0 and node.module:
             self.imports.add(node.module)
+            if node.module == "__main__":
+                self.dynamic = True
         for alias in node.names:
             if alias.name == "*":
-                self.dynamic = True
+                self.dynamic = True  # binds names no one can list before it runs
             else:
-                self.writes.add(alias.asname or alias.name)
+                self._bind(alias.asname or alias.name)
 
-    def _define(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
-        self.writes.add(node.name)
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.type is not None:
+            self.visit(node.type)
+        if node.name:
+            self._bind(node.name)
+        for statement in node.body:
+            self.visit(statement)
+
+    def visit_MatchAs(self, node: ast.MatchAs) -> None:
+        if node.name:
+            self._bind(node.name)
         self.generic_visit(node)
 
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _define
+    def visit_MatchStar(self, node: ast.MatchStar) -> None:
+        if node.name:
+            self._bind(node.name)
 
+    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
+        if node.rest:
+            self._bind(node.rest)
+        self.generic_visit(node)
+
+    # definitions: decorators, defaults, annotations and bases run in the enclosing scope
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        args = node.args
+        for default in (*args.defaults, *(d for d in args.kw_defaults if d is not None)):
+            self.visit(default)
+        every = (*args.posonlyargs, *args.args, *args.kwonlyargs,
+                 *(a for a in (args.vararg, args.kwarg) if a is not None))
+        if not isinstance(node, ast.Lambda):
+            for decorator in node.decorator_list:
+                self.visit(decorator)
+            for annotation in (*(a.annotation for a in every), node.returns):
+                if annotation is not None:
+                    self.visit(annotation)
+            self._bind(node.name)
+        outer, self.scope = self.scope, _Scope("function", self.scope)
+        for arg in every:
+            self.scope.bound.add(arg.arg)
+        for statement in (node.body if isinstance(node.body, list) else [node.body]):
+            self.visit(statement)
+        self.scope = outer
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for expr in (*node.decorator_list, *node.bases, *(k.value for k in node.keywords)):
+            self.visit(expr)
+        self._bind(node.name)
+        self._enter("class", node.body)
+
+    def _comprehension(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp
+                       | ast.DictComp) -> None:
+        first, *rest = node.generators
+        self.visit(first.iter)  # evaluated in the enclosing scope
+        outer, self.scope = self.scope, _Scope("comprehension", self.scope)
+        self.visit(first.target)
+        for condition in first.ifs:
+            self.visit(condition)
+        for generator in rest:
+            self.visit(generator)
+        elements = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
+        for element in elements:
+            self.visit(element)
+        self.scope = outer
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
+
+    # what defeats static analysis
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in ("user_ns", "user_global_ns"):
             self.dynamic = True
         self.generic_visit(node)
 
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if isinstance(node.slice, ast.Constant) and node.slice.value == "__main__":
+            self.dynamic = True  # sys.modules["__main__"]
+        self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        if isinstance(func, ast.Name) and func.id in _DYNAMIC_BARE and (node.args or node.keywords):
+            self._load(func.id)  # vars(obj), dir(obj): about obj, not the namespace
+            for arg in (*node.args, *(k.value for k in node.keywords)):
+                self.visit(arg)
+            return
         if isinstance(func, ast.Attribute) and func.attr in _MAGIC_CALLS:
-            strings = [a.value for a in node.args if isinstance(a, ast.Constant)
-                       and isinstance(a.value, str)]
-            if func.attr.startswith("run_") and strings and strings[0] in _DYNAMIC_MAGICS:
-                self.dynamic = True
-            for text in strings:
-                self.reads.update(_IDENT.findall(text))
+            self._magic(func.attr, [a.value for a in node.args
+                                    if isinstance(a, ast.Constant) and isinstance(a.value, str)])
         self.generic_visit(node)
+
+    def _magic(self, call: str, strings: list[str]) -> None:
+        name = strings[0] if call.startswith("run_") and strings else ""
+        if name in _DYNAMIC_MAGICS:
+            self.dynamic = True
+        code = strings[-1] if name in _CODE_MAGICS and len(strings) >= 2 else None
+        if code is not None:
+            inner = analyze(code)
+            self.reads.update(inner.reads)
+            self.imports.update(inner.imports)
+            self.dynamic |= inner.dynamic
+            for written in inner.writes:
+                self._bind(written)
+        for text in strings[1:-1] if code is not None else strings:
+            self.reads.update(_IDENT.findall(text))  # `%%capture out` options, `!ls $d`

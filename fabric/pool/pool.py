@@ -180,13 +180,17 @@ class Pool:
         self.zygotes[frozenset()] = base
         await asyncio.wait_for(base.ready, START_TIMEOUT)
 
-    async def zygote_for(self, modules: frozenset[str]) -> ZygoteHandle:
-        """A ready zygote that has imported `modules`, forking one from its nearest ancestor."""
-        for family in sorted(self.zygotes, key=len):
-            if family >= modules and self.zygotes[family].ready.done():
-                zygote = self.zygotes[family]
+    async def zygote_for(self, needs: frozenset[str],
+                         family: frozenset[str] | None = None) -> ZygoteHandle:
+        """The smallest ready zygote that has imported `needs`; failing one, build `family`
+        (a superset of `needs`, such as everything the session imports) from its nearest
+        ancestor, so that the session's later cells find it ready."""
+        for imported in sorted(self.zygotes, key=len):
+            if imported >= needs and self.zygotes[imported].ready.done():
+                zygote = self.zygotes[imported]
                 zygote.last_used = time.monotonic()
                 return zygote
+        modules = needs if family is None else family | needs
         if modules not in self._building:
             self._building[modules] = asyncio.ensure_future(self._build(modules))
         return await asyncio.shield(self._building[modules])
@@ -213,8 +217,9 @@ class Pool:
             if self.zygotes[family].pid not in busy:
                 self.zygotes.pop(family).stop()
 
-    async def fork_worker(self, modules: frozenset[str]) -> WorkerHandle:
-        zygote = await self.zygote_for(modules)
+    async def fork_worker(self, needs: frozenset[str],
+                          family: frozenset[str] | None = None) -> WorkerHandle:
+        zygote = await self.zygote_for(needs, family)
         worker = WorkerHandle(self, next(self._ids), zygote)
         try:
             reply, _ = await zygote.request({"op": "fork_worker", "endpoint": worker.endpoint,

@@ -60,6 +60,8 @@ class Worker:
         self.store = store
         self.loaded: set[str] = set()  # names this worker took from the session
         self.restored_ambient = False
+        self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
+        self.base_environ = dict(os.environ)
         self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
         shell.sink = self._sink
         sys.stdout, sys.stderr = self._streams
@@ -102,11 +104,11 @@ class Worker:
                 for name in names:
                     ns[name] = values[name]
                 self.loaded.update(names)
-            if message.get("ambient") and not self.restored_ambient:
-                ambient.restore(pickle.loads(self.store.get(message["ambient"])))
-                self.restored_ambient = True
-            elif not self.restored_ambient:
-                ambient.reseed()
+            if not self.restored_ambient:
+                ambient.reseed()  # then the session's state, where it has one, overrides it
+                if message.get("ambient"):
+                    self.ambient = pickle.loads(self.store.get(message["ambient"]))
+                    ambient.restore(self.ambient)
                 self.restored_ambient = True
         except Exception as exc:  # reported to the user as the cell's error, never hidden
             return {"op": "loaded", "error": f"{type(exc).__name__}: {exc}",
@@ -170,11 +172,17 @@ class Worker:
             "groups": groups,
             "imports": imports,
             "refs": {n: sorted(r) for n, r in grouping.refs.items() if r},
-            "ambient": self.store.put(pickle.dumps(ambient.capture())),
+            "packages": {n: sorted(p) for n, p in grouping.packages.items() if p},
+            "ambient": self.store.put(pickle.dumps(self._capture_ambient())),
             "owned": sorted(self.loaded | set(names)),
             "unsaved": unsaved,
             "bounded": grouping.bounded,
         }
+
+
+    def _capture_ambient(self) -> dict[str, Any]:
+        self.ambient = ambient.capture(self.ambient, self.base_environ)
+        return self.ambient
 
 
 def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:

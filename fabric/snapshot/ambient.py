@@ -1,59 +1,50 @@
 """State that lives in modules rather than variables, carried from cell to cell.
 
-A fresh worker would otherwise start from its zygote's random state (the same numbers in every
-session) and its own working directory. Only modules the session has already imported are read
-or written: capturing must never import anything.
+Notebooks rely on it across cells: RNG states (`random`, numpy's global RNG, torch CPU and CUDA),
+the working directory, `os.environ` and `sys.path` changes, torch's global switches (default
+dtype, deterministic algorithms, grad mode, matmul precision, cuDNN flags), `warnings` filters,
+and matplotlib's rcParams, backend and inline figure settings (`%config InlineBackend`). A fresh
+worker would otherwise start from its zygote's state: the same random numbers in every session.
+
+`capture` never imports anything: a part whose module this worker has not imported is carried
+over unchanged from the state it restored. `restore` likewise applies a module's part only once
+that module is imported: at once if it already is, else right after the cell first imports it.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import random
 import sys
 import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
+# Variables the fabric sets per worker: the lease, not the notebook, decides the device.
+_MANAGED_ENVIRON = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
 
-def capture() -> dict[str, Any]:
-    state: dict[str, Any] = {"cwd": os.getcwd(), "random": random.getstate()}
-    if (np := sys.modules.get("numpy")) is not None:
-        state["numpy"] = np.random.get_state()
-    if (torch := sys.modules.get("torch")) is not None:
-        state["torch"] = torch.get_rng_state()
-    if (mpl := sys.modules.get("matplotlib")) is not None:
-        state["matplotlib"] = _matplotlib_state(mpl)
+
+def capture(previous: Mapping[str, Any], base_environ: Mapping[str, str]) -> dict[str, Any]:
+    """The ambient state now; `base_environ` is the environment this worker started with."""
+    state: dict[str, Any] = dict(previous)
+    state["cwd"] = os.getcwd()
+    state["random"] = random.getstate()
+    state["environ"] = _environ_changes(base_environ)
+    state["path"] = list(sys.path)
+    state["warnings"] = [(action, message, _class_name(category), module, line)
+                         for action, message, category, module, line in warnings.filters
+                         if category.__module__ != "__main__"]  # a notebook class: not by name
+    for module, (read, _) in _MODULE_PARTS.items():
+        if (loaded := sys.modules.get(module)) is not None:
+            state[module] = read(loaded)
+    if (ip := _ipython()) is not None:
+        state["inline"] = _read_inline(ip)
     return state
 
 
-def _matplotlib_state(mpl: Any) -> dict[str, Any]:
-    """The backend (unresolved: resolving it would import one) and the rcParams that changed."""
-    original = mpl.rcParamsOrig
-    changed = {k: v for k, v in mpl.rcParams.items()
-               if k != "backend" and (k not in original or original[k] != v)}
-    return {"backend": mpl.rcParams._get_backend_or_none(), "rc": changed}
-
-
-def _restore_matplotlib(state: dict[str, Any]) -> None:
-    import matplotlib as mpl
-
-    backend = state["backend"]
-    if backend is not None and backend != mpl.rcParams._get_backend_or_none():
-        if "inline" in backend and (ip := _ipython()) is not None:
-            ip.enable_matplotlib("inline")  # also hooks figure display after each cell
-        else:
-            mpl.use(backend)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecated keys warn once, when the user set them
-        mpl.rcParams.update(state["rc"])
-
-
-def _ipython() -> Any:
-    from IPython import get_ipython
-
-    return get_ipython()
-
-
-def restore(state: dict[str, Any]) -> None:
+def restore(state: Mapping[str, Any]) -> None:
     if "cwd" in state:
         try:
             os.chdir(state["cwd"])
@@ -61,23 +52,225 @@ def restore(state: dict[str, Any]) -> None:
             print(f"llfabric: cannot return to {state['cwd']}: {exc}", file=sys.stderr)
     if "random" in state:
         random.setstate(state["random"])
-    if "numpy" in state:
-        import numpy as np  # the session had it; re-import costs nothing in a warm zygote
-
-        np.random.set_state(state["numpy"])
-    if "torch" in state:
-        import torch
-
-        torch.set_rng_state(state["torch"])
-    if "matplotlib" in state:
-        _restore_matplotlib(state["matplotlib"])
+    if "environ" in state:
+        changed, removed = state["environ"]
+        os.environ.update(changed)
+        for key in removed:
+            os.environ.pop(key, None)
+    if "path" in state:
+        saved = list(state["path"])
+        sys.path[:] = saved + [p for p in sys.path if p not in saved]
+    if "warnings" in state:
+        _restore_warnings(state["warnings"])
+    for module, (_, write) in _MODULE_PARTS.items():
+        if module in state:
+            _when_imported(module, lambda m, part=state[module], w=write: w(m, part))
+    if "inline" in state and (ip := _ipython()) is not None:
+        _write_inline(ip, state["inline"])
 
 
 def reseed() -> None:
     """Fresh entropy for a session's first worker, so forks of one zygote differ."""
     seed = int.from_bytes(os.urandom(8), "little")
     random.seed(seed)
-    if (np := sys.modules.get("numpy")) is not None:
-        np.random.seed(seed % 2**32)
-    if (torch := sys.modules.get("torch")) is not None:
-        torch.manual_seed(seed)
+    _when_imported("numpy", lambda np: np.random.seed(seed % 2**32))
+    _when_imported("torch", lambda torch: torch.manual_seed(seed))
+
+
+def _environ_changes(base: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    changed = {k: v for k, v in os.environ.items()
+               if base.get(k) != v and k not in _MANAGED_ENVIRON}
+    removed = [k for k in base if k not in os.environ and k not in _MANAGED_ENVIRON]
+    return changed, removed
+
+
+def _class_name(category: type) -> str:
+    return f"{category.__module__}:{category.__qualname__}"
+
+
+def _restore_warnings(filters: list[tuple]) -> None:
+    """The filters in order; one for a warning class of a module not imported yet is added
+    when that module is imported (first, as the newest filter)."""
+    restored = []
+    for action, message, name, module, line in filters:
+        owner, _, qualname = name.partition(":")
+        if owner in sys.modules:
+            restored.append((action, message, _resolve(sys.modules[owner], qualname), module,
+                             line))
+        else:
+            _when_imported(owner, lambda m, f=(action, message, qualname, module, line):
+                           _add_filter(m, *f))
+    warnings.filters[:] = restored
+    warnings._filters_mutated()  # drop the per-module "already warned" caches
+
+
+def _add_filter(owner: Any, action: str, message: Any, qualname: str, module: Any,
+                line: int) -> None:
+    warnings.filters.insert(0, (action, message, _resolve(owner, qualname), module, line))
+    warnings._filters_mutated()
+
+
+def _resolve(owner: Any, qualname: str) -> Any:
+    for part in qualname.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
+# numpy
+
+# Parts hold plain bytes, not arrays or tensors: unpickling the state must not import numpy or
+# torch into a worker whose cell may never use them.
+
+def _read_numpy(np: Any) -> tuple:
+    kind, keys, *rest = np.random.get_state()
+    return (kind, keys.tobytes(), *rest)
+
+
+def _write_numpy(np: Any, part: tuple) -> None:
+    kind, keys, *rest = part
+    np.random.set_state((kind, np.frombuffer(keys, dtype=np.uint32), *rest))
+
+
+# torch
+
+def _read_torch(torch: Any) -> dict[str, Any]:
+    cudnn = torch.backends.cudnn
+    part = {
+        "rng": _tensor_bytes(torch.get_rng_state()),
+        "dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "grad": torch.is_grad_enabled(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn": (cudnn.enabled, cudnn.benchmark, cudnn.deterministic),
+    }
+    if torch.cuda.is_initialized():  # never initialise CUDA just to read its RNG
+        part["cuda_rng"] = [_tensor_bytes(t) for t in torch.cuda.get_rng_state_all()]
+    return part
+
+
+def _tensor_bytes(tensor: Any) -> bytes:
+    return tensor.numpy().tobytes()
+
+
+def _byte_tensor(torch: Any, data: bytes) -> Any:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _write_torch(torch: Any, part: Mapping[str, Any]) -> None:
+    torch.set_rng_state(_byte_tensor(torch, part["rng"]))
+    torch.set_default_dtype(getattr(torch, part["dtype"]))
+    torch.use_deterministic_algorithms(part["deterministic"], warn_only=part["warn_only"])
+    torch.set_grad_enabled(part["grad"])
+    torch.set_float32_matmul_precision(part["matmul_precision"])
+    cudnn = torch.backends.cudnn
+    cudnn.enabled, cudnn.benchmark, cudnn.deterministic = part["cudnn"]
+    if "cuda_rng" in part and torch.cuda.is_available():
+        states = part["cuda_rng"][: torch.cuda.device_count()]
+        # torch defers this until CUDA initialises
+        torch.cuda.set_rng_state_all([_byte_tensor(torch, s) for s in states])
+
+
+# matplotlib
+
+def _read_matplotlib(mpl: Any) -> dict[str, Any]:
+    """The backend (unresolved: resolving it would import one) and the rcParams that changed."""
+    original = mpl.rcParamsOrig
+    changed = {k: v for k, v in mpl.rcParams.items()
+               if k != "backend" and (k not in original or original[k] != v)}
+    return {"backend": mpl.rcParams._get_backend_or_none(), "rc": changed}
+
+
+def _write_matplotlib(mpl: Any, part: Mapping[str, Any]) -> None:
+    backend = part["backend"]
+    if backend is not None and backend != mpl.rcParams._get_backend_or_none():
+        if "inline" in backend and (ip := _ipython()) is not None:
+            ip.enable_matplotlib("inline")  # also hooks figure display after each cell
+        else:
+            mpl.use(backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated keys warn once, when the user set them
+        mpl.rcParams.update(part["rc"])
+
+
+def _read_inline(ip: Any) -> dict[str, Any]:
+    """`%config InlineBackend...`: held in the shell's config until the first plot creates the
+    backend's settings object, and in that object after."""
+    section = dict(ip.config.get("InlineBackend", {}))
+    config_module = sys.modules.get("matplotlib_inline.config")
+    if config_module is not None and config_module.InlineBackend.initialized():
+        config = config_module.InlineBackend.instance()
+        section |= {"figure_formats": set(config.figure_formats),
+                    "print_figure_kwargs": dict(config.print_figure_kwargs),
+                    "close_figures": config.close_figures}
+    return section
+
+
+def _write_inline(ip: Any, section: Mapping[str, Any]) -> None:
+    ip.config.InlineBackend.update(section)  # for a backend created by a later plot
+    config_module = sys.modules.get("matplotlib_inline.config")
+    if config_module is not None and config_module.InlineBackend.initialized():
+        config = config_module.InlineBackend.instance()
+        for key, value in section.items():
+            setattr(config, key, value)  # observed: figure formats re-register formatters
+
+
+def _ipython() -> Any:
+    """The running shell, if any; never imports IPython."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+_MODULE_PARTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], None]]] = {
+    "numpy": (_read_numpy, _write_numpy),
+    "torch": (_read_torch, _write_torch),
+    "matplotlib": (_read_matplotlib, _write_matplotlib),
+}
+
+
+# Restoring a module's part when it is imported later
+
+def _when_imported(module: str, apply: Callable[[Any], None]) -> None:
+    """Call `apply(module)` now if `module` is imported, else right after its first import."""
+    if (loaded := sys.modules.get(module)) is not None:
+        apply(loaded)
+        return
+    hook = next((f for f in sys.meta_path if isinstance(f, _ImportHook)), None)
+    if hook is None:
+        hook = _ImportHook()
+        sys.meta_path.insert(0, hook)
+    hook.pending.setdefault(module, []).append(apply)
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of a pending module to run its restore after."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[Callable[[Any], None]]] = {}
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        applies = self.pending.pop(name, None)
+        if applies is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _RestoringLoader(spec.loader, applies)
+        return spec
+
+
+class _RestoringLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, applies: list[Callable[[Any], None]]) -> None:
+        self.loader = loader
+        self.applies = applies
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        for apply in self.applies:
+            apply(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self.loader, name)

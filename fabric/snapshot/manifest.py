@@ -38,6 +38,7 @@ class Manifest:
     groups: tuple[Group, ...] = ()
     imports: dict[str, str] = field(default_factory=dict)  # alias -> module name
     refs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # var -> globals its code reads
+    packages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # var -> what rebuilds it
     ambient: str | None = None
     modules: tuple[str, ...] = ()  # modules the session's cells imported: its zygote family
     cell: dict = field(default_factory=dict)  # execution_count, status, source hash
@@ -58,6 +59,7 @@ class Manifest:
                 "groups": [[g.blob, list(g.names), g.size] for g in self.groups],
                 "imports": self.imports,
                 "refs": {k: list(v) for k, v in self.refs.items()},
+                "packages": {k: list(v) for k, v in self.packages.items()},
                 "ambient": self.ambient,
                 "modules": list(self.modules),
                 "cell": self.cell,
@@ -81,13 +83,20 @@ class Manifest:
                 parent=None if raw["parent"] is None else _str(raw["parent"]),
                 groups=groups,
                 imports={_str(k): _str(v) for k, v in raw["imports"].items()},
-                refs={_str(k): tuple(_str(x) for x in _list(v)) for k, v in raw["refs"].items()},
+                refs=_names_by_variable(raw["refs"]),
+                packages=_names_by_variable(raw.get("packages", {})),  # absent before 0.2
                 ambient=None if raw["ambient"] is None else _str(raw["ambient"]),
                 modules=tuple(_str(m) for m in _list(raw["modules"])),
                 cell=dict(raw["cell"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException) as exc:
             raise StoreError(f"malformed manifest: {exc}") from exc
+
+
+def _names_by_variable(raw: object) -> dict[str, tuple[str, ...]]:
+    if not isinstance(raw, dict):
+        raise TypeError(f"expected a map, got {type(raw).__name__}")
+    return {_str(k): tuple(_str(x) for x in _list(v)) for k, v in raw.items()}
 
 
 def _list(value: object) -> list:

@@ -80,7 +80,13 @@ def test_module_aliases_go_to_imports_not_groups() -> None:
     assert c.imports == {"np": "numpy"}
     assert c.groups == ()
     assert "np" in c.names
-    assert {"numpy", "pandas"} <= c.modules  # the session's zygote family
+    assert c.modules == {"numpy"}  # pandas is the session's, not this cell's
+
+
+def test_import_closure_holds_the_packages_that_rebuild_the_state() -> None:
+    m = _manifest(imports={"np": "numpy"}, packages={"x": ("torch",), "K": ("pandas",)})
+    c = closure("import json\ny = x + 1\n", m)
+    assert c.modules == {"json", "torch"}
 
 
 def test_module_alias_reached_through_a_ref() -> None:

@@ -208,3 +208,47 @@ def test_torch_from_numpy_groups_with_its_array() -> None:
     ns = {"arr": arr, "t": torch.from_numpy(arr), "other": np.ones(4)}
     groups = {frozenset(g) for g in group_variables(ns, ["arr", "t", "other"]).groups}
     assert groups == {frozenset({"arr", "t"}), frozenset({"other"})}
+
+
+def test_refs_are_global_loads_not_attribute_names() -> None:
+    ns = _notebook("def f(self):\n    return self.model(data) + math.pi\n")
+    refs = group_variables(ns, ["f"]).refs["f"]
+    assert {"data", "math"} <= refs
+    assert not {"model", "pi"} & refs  # attributes: a session `model` is not needed
+
+
+def test_function_reading_the_namespace_by_name_is_marked() -> None:
+    ns = _notebook("def f():\n    return get_ipython().user_ns['x']\n")
+    assert "user_ns" in group_variables(ns, ["f"]).refs["f"]
+
+
+def test_sizes_count_buffers_once_per_group() -> None:
+    arr = np.zeros(1_000_000)  # 8 MB
+    ns = {"arr": arr, "view": arr[10:], "small": [1, 2]}
+    grouping = group_variables(ns, ["arr", "view", "small"])
+    assert 8_000_000 <= grouping.sizes["arr"] + grouping.sizes["view"] < 8_100_000
+    assert grouping.sizes["small"] < 1000
+
+
+def test_tensor_size_is_its_storage() -> None:
+    t = torch.zeros(1000, 250)  # 1 MB of float32
+    grouping = group_variables({"t": t, "col": t[:, 0]}, ["t", "col"])
+    assert 1_000_000 <= grouping.sizes["t"] + grouping.sizes["col"] < 1_010_000
+
+
+def test_packages_come_from_types_and_library_functions() -> None:
+    ns = _notebook("import torch.nn as nn\nclass Net(nn.Module):\n    pass\nnet = Net()\n")
+    ns |= {"arr": np.ones(2), "fn": np.linalg.norm, "plain": [1, {"a": 2.0}]}
+    grouping = group_variables(ns, ["net", "arr", "fn", "plain", "Net"])
+    assert "torch" in grouping.packages["net"]
+    assert "torch" in grouping.packages["Net"]  # a notebook class with a library base
+    assert grouping.packages["arr"] == {"numpy"}
+    assert grouping.packages["fn"] == {"numpy"}
+    assert grouping.packages["plain"] == set()  # builtins and the standard library are free
+
+
+def test_bounded_grouping_keeps_every_name_as_a_ref() -> None:
+    ns = {"a": [[1]], "b": [[2]]}
+    grouping = group_variables(ns, ["a", "b"], budget=1)
+    assert grouping.bounded
+    assert grouping.refs["a"] == {"a", "b"}

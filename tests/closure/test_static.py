@@ -172,3 +172,193 @@ def test_typical_cell_analyses_quickly() -> None:
     assert cell.parsed
     assert {"params", "grads", "loss", "loader", "first", "LR", "w"} <= cell.reads
     assert elapsed < 5  # generous: only guards against pathological blow-ups
+
+
+# Scopes, resolved as the compiler does.
+
+def test_comprehension_variable_shadowing_a_global_is_not_a_read() -> None:
+    cell = analyze("squares = [x * x for x in values]\n")
+    assert "values" in cell.reads
+    assert "x" not in cell.reads
+    assert "x" not in cell.writes
+
+
+def test_comprehension_reads_globals_in_its_element_and_conditions() -> None:
+    cell = analyze("picked = {k: v * scale for k, v in table.items() if k not in skip}\n")
+    assert {"table", "scale", "skip"} <= cell.reads
+    assert not {"k", "v"} & cell.reads
+
+
+def test_function_locals_and_parameters_are_not_reads() -> None:
+    cell = analyze("def f(a, *rest, b=1, **kw):\n    c = a + b\n    return c, rest, kw, d\n")
+    assert cell.reads == {"d"}
+    assert cell.writes == {"f"}
+
+
+def test_local_assigned_after_use_is_still_local() -> None:
+    cell = analyze("def f():\n    print(v)\n    v = 2\n")
+    assert "v" not in cell.reads  # an UnboundLocalError at run time, never the session's v
+
+
+def test_closure_variable_of_an_enclosing_function_is_not_a_read() -> None:
+    source = "def outer():\n    n = 0\n    def inner():\n        nonlocal n\n        n += step\n" \
+             "        return n\n    return inner\n"
+    cell = analyze(source)
+    assert cell.reads == {"step"}
+
+
+def test_class_body_reads_a_global() -> None:
+    cell = analyze("class Config:\n    size = DEFAULT_SIZE\n    half = size // 2\n")
+    assert "DEFAULT_SIZE" in cell.reads
+    assert "Config" in cell.writes
+    assert "size" not in cell.writes  # a class attribute, not a session variable
+
+
+def test_method_does_not_see_class_attributes_as_locals() -> None:
+    cell = analyze("class A:\n    rate = 1\n    def f(self):\n        return rate\n")
+    assert "rate" in cell.reads  # a method's `rate` is the global, not A.rate
+
+
+def test_function_default_reads_a_global_at_definition() -> None:
+    cell = analyze("def f(lr=LR):\n    LR = 0\n    return lr\n")
+    assert "LR" in cell.reads
+
+
+def test_annotations_evaluated_at_definition_are_reads() -> None:
+    cell = analyze("def f(x: Tensor) -> Result:\n    y: Local = x\n    return y\n")
+    assert {"Tensor", "Result"} <= cell.reads
+
+
+def test_walrus_in_a_comprehension_binds_the_global() -> None:
+    cell = analyze("hits = [y for x in data if (y := f(x))]\nprint(y)\n")
+    assert "y" in cell.writes
+    assert {"data", "f"} <= cell.reads
+
+
+def test_global_declaration_makes_a_function_write_the_session() -> None:
+    cell = analyze("def reset():\n    global state\n    state = None\n")
+    assert "state" in cell.writes
+    assert "state" not in cell.reads
+
+
+def test_match_captures_bind_and_class_patterns_read() -> None:
+    source = ("match command:\n"
+              "    case Move(x=dx) if dx > LIMIT:\n        last = dx\n"
+              "    case {'k': v, **rest}:\n        last = v\n"
+              "    case [first, *others]:\n        last = first\n")
+    cell = analyze(source)
+    assert {"command", "Move", "LIMIT"} <= cell.reads
+    assert {"dx", "v", "rest", "first", "others", "last"} <= cell.writes
+    assert not {"dx", "v", "first"} & cell.reads
+
+
+def test_except_as_and_with_as_bind() -> None:
+    cell = analyze("with open(path) as fh:\n    data = fh.read()\n"
+                   "try:\n    go()\nexcept Failure as err:\n    log(err)\n")
+    assert {"fh", "data", "err"} <= cell.writes
+    assert {"path", "go", "Failure", "log"} <= cell.reads
+
+
+def test_delete_is_recorded_and_needs_the_value() -> None:
+    cell = analyze("del stale\n")
+    assert cell.deletes == {"stale"}
+    assert "stale" in cell.reads
+
+
+def test_delete_of_a_function_local_is_not_a_session_delete() -> None:
+    cell = analyze("def f():\n    tmp = 1\n    del tmp\n")
+    assert cell.deletes == frozenset()
+
+
+def test_name_bound_earlier_in_the_cell_is_not_read_from_the_session() -> None:
+    cell = analyze("x = load()\ny = x + 1\nimport numpy as np\nz = np.ones(y)\n")
+    assert cell.reads >= {"load"}
+    assert not {"x", "y", "np"} & cell.reads
+
+
+def test_conditional_binding_does_not_hide_a_read() -> None:
+    cell = analyze("if flag:\n    x = 1\nprint(x)\n")
+    assert {"flag", "x"} <= cell.reads
+
+
+def test_read_before_binding_in_the_same_statement_is_a_read() -> None:
+    cell = analyze("x = x + 1\nx = 2\n")
+    assert "x" in cell.reads
+
+
+# Markers that make the closure the whole session.
+
+def test_locals_and_vars_at_module_level_are_dynamic_but_not_in_a_function() -> None:
+    assert analyze("print(locals())\n").dynamic
+    assert analyze("names = vars()\n").dynamic
+    assert not analyze("def f(a):\n    return locals()\n").dynamic
+    assert not analyze("print(vars(obj), dir(obj))\n").dynamic
+
+
+def test_exec_and_main_module_are_dynamic() -> None:
+    assert analyze("exec('y = x')\n").dynamic
+    assert analyze("import __main__\nprint(__main__.x)\n").dynamic
+    assert analyze("import sys\nns = sys.modules['__main__']\n").dynamic
+
+
+def test_method_named_eval_is_not_dynamic() -> None:
+    assert not analyze("model.eval()\n").dynamic
+    assert not analyze("model.eval(\n").dynamic  # nor in a draft
+
+
+def test_cell_magic_body_is_analysed_as_code() -> None:
+    cell = analyze("%%time\nx = 1\ny = x + w\n")
+    assert "w" in cell.reads
+    assert "x" not in cell.reads
+    assert {"x", "y"} <= cell.writes
+
+
+def test_dynamic_magic_in_a_cell_magic_body_is_dynamic() -> None:
+    assert analyze("%%capture out\n%whos\n").dynamic
+
+
+# Drafts.
+
+def test_draft_analyses_the_blocks_that_parse_exactly() -> None:
+    source = "def f(a):\n    return a * k\n\nresult = f(q\n"
+    cell = analyze(source)
+    assert not cell.parsed
+    assert {"k", "q"} <= cell.reads
+    assert "a" not in cell.reads  # the parsable block is still resolved by scope
+    assert "f" in cell.writes
+
+
+def test_loop_target_is_bound_inside_the_loop_but_not_after_it() -> None:
+    cell = analyze("for batch in loader:\n    out = model(batch)\nprint(batch, out)\n")
+    assert {"loader", "model", "batch", "out"} <= cell.reads  # zero iterations: session's
+
+
+def test_loop_body_reading_its_own_target_is_not_a_read() -> None:
+    cell = analyze("for x, y in loader:\n    loss = model(x) - y\n")
+    assert cell.reads == {"loader", "model"}
+
+
+def test_if_binding_in_both_branches_binds_surely() -> None:
+    assert "x" not in analyze("if c:\n    x = 1\nelse:\n    x = 2\nprint(x)\n").reads
+    assert "x" in analyze("if c:\n    x = 1\nelif d:\n    x = 2\nprint(x)\n").reads
+
+
+def test_with_target_is_bound_in_the_body() -> None:
+    cell = analyze("with open(p) as fh:\n    text = fh.read()\nprint(text)\n")
+    assert "fh" not in cell.reads
+    assert "text" in cell.reads  # a context manager may have swallowed an error
+
+
+def test_try_body_binding_is_not_sure_in_handlers() -> None:
+    cell = analyze("try:\n    v = risky()\nexcept E:\n    print(v)\nelse:\n    print(v)\n")
+    assert "v" in cell.reads  # from the handler, where v may be the session's
+
+
+def test_delete_then_read_needs_nothing_but_deleting_needs_the_value() -> None:
+    cell = analyze("x = 1\ndel x\n")
+    assert "x" not in cell.reads
+    assert cell.deletes == {"x"}
+
+
+def test_walrus_binding_is_not_sure() -> None:
+    assert "y" in analyze("flag or (y := 5)\nprint(y)\n").reads
