@@ -159,7 +159,7 @@ def _is_history_name(name: str) -> bool:
         name[2:].isdigit() or name[2:] in ("", "i", "ii"))))
 
 
-def make_shell() -> ZMQInteractiveShell:
+def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     """Create the one shell of this process (in the zygote, before any fork)."""
     from traitlets.config import Config
 
@@ -168,6 +168,6 @@ def make_shell() -> ZMQInteractiveShell:
     config = Config()
     config.HistoryManager.hist_file = ":memory:"
     config.InteractiveShell.colors = "nocolor"
-    shell = ZMQInteractiveShell.instance(config=config)
+    shell = ZMQInteractiveShell.instance(config=config, user_ns=user_ns)
     shell.user_ns["__name__"] = "__main__"
     return shell

@@ -1,0 +1,439 @@
+"""Audit a notebook's closures: run it cell by cell in this process and check every closure.
+
+For each code cell, the audit builds the manifest the server would hold for the live namespace
+(groups, code refs, packages, module aliases, from the worker's own grouping), computes the
+cell's closure with the server's own `closure()`, then runs the cell in a namespace that records
+every global lookup. A session variable the cell looked up outside its closure is a *miss*: on a
+fresh worker that cell would have failed or computed something else.
+
+With `verify`, each cell also runs a second time, concurrently, in a forked child that holds only
+the cell's closure, rebuilt through the codec exactly as a worker loads it from the store, plus
+the ambient state carried as workers carry it, in a copy of the working directory. The audit returns
+both runs' outputs and a fingerprint of every variable either run changed, for comparison.
+
+Torch runs single-threaded here: OpenMP's thread pool does not survive a fork, and both runs must
+compute the same floating-point sums.
+
+Run it in a process of its own (``python -m fabric.audit``, or ``llfabric audit``): it executes
+the notebook's code in the calling interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import types
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .closure import Closure, closure, group_variables
+from .closure.static import analyze
+from .notebook import read_notebook
+from .snapshot import Group, Manifest, ambient, codec
+
+
+class RecordingNamespace(dict):
+    """A namespace that notes the names looked up in it while `reads` is a set.
+
+    CPython looks globals up through `__getitem__` when the globals dict is not exactly a dict,
+    so this sees the cell's own lookups and those of every notebook function it calls. A lookup
+    of a name the cell has already bound is not a need; a function's `global x; x = ...` binds
+    without passing here, so its later reads still count (an over-report, never a hidden miss).
+    """
+
+    reads: set[str] | None = None
+    bound: set[str] = set()
+
+    def start(self) -> None:
+        self.reads, self.bound = set(), set()
+
+    def stop(self) -> set[str]:
+        reads, self.reads = self.reads or set(), None
+        return reads
+
+    def _note(self, key: str) -> None:
+        if self.reads is not None and key not in self.bound:
+            self.reads.add(key)
+
+    def __getitem__(self, key: str) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if self.reads is not None:
+            self.bound.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._note(key)
+        self.bound.discard(key)
+        super().__delitem__(key)
+
+
+@dataclass
+class CellAudit:
+    index: int  # among the notebook's code cells
+    head: str  # the cell's first line
+    session_variables: int
+    session_bytes: int
+    closure_variables: int
+    closure_bytes: int
+    import_closure: list[str]
+    whole: bool  # the closure is the whole session (a marker in the cell)
+    analysis_seconds: float  # static analysis of the cell, cold
+    draft_seconds: float  # the slowest analysis of a half-typed prefix of the cell
+    closure_seconds: float  # the server's closure computation, cold
+    grouping_seconds: float  # the worker's grouping of the namespace before the cell
+    bounded: bool  # the grouping walk hit its budget
+    touched: list[str]  # session variables the cell looked up
+    touched_bytes: int  # bytes of the groups holding them: what it had to load at least
+    misses: list[str]  # looked up, but not in the closure
+    status: str = "ok"
+    outputs: list[dict] = field(default_factory=list)
+    closure_outputs: list[dict] | None = None  # verify: the closure-only run's outputs
+    variable_diffs: list[str] = field(default_factory=list)  # verify: state that differs
+
+
+def session_manifest(namespace: dict, names: list[str]) -> tuple[Manifest, dict[str, int], Any]:
+    """The manifest the server would commit for `names` of `namespace`, with each group's
+    estimated bytes; blobs are named by group, not by content (nothing is written)."""
+    aliases = {n: namespace[n].__name__ for n in names
+               if isinstance(namespace[n], types.ModuleType)}
+    state = [n for n in names if n not in aliases]
+    grouping = group_variables(namespace, state)
+    groups, sizes = [], {}
+    for index, members in enumerate(grouping.groups):
+        blob = f"{index:032x}"
+        sizes[blob] = sum(grouping.sizes.get(n, 0) for n in members)
+        groups.append(Group(blob, tuple(members), sizes[blob]))
+    manifest = Manifest(
+        session="audit", groups=tuple(groups), imports=aliases,
+        refs={n: tuple(r) for n, r in grouping.refs.items() if r},
+        packages={n: tuple(p) for n, p in grouping.packages.items() if p})
+    return manifest, sizes, grouping
+
+
+class Auditor:
+    def __init__(self, verify: bool = False) -> None:
+        from .pool.shell import OutStream, make_shell
+
+        self.namespace = RecordingNamespace()
+        self.shell = make_shell(self.namespace)
+        self.outputs: list[dict] = []
+        self.shell.sink = lambda kind, **fields: self.outputs.append(
+            {"output_type": kind, **fields})
+        self.streams = [OutStream("stdout", self.shell), OutStream("stderr", self.shell)]
+        self.verify = verify
+        _single_threaded_torch()
+
+    def run(self, sources: list[str], on_cell: Any = None) -> list[CellAudit]:
+        audits = []
+        for index, source in enumerate(sources):
+            audit = self.cell(index, source)
+            audits.append(audit)
+            if on_cell is not None:
+                on_cell(audit)
+        return audits
+
+    def cell(self, index: int, source: str) -> CellAudit:
+        ns = self.namespace
+        names = self.shell.user_variables()
+        start = time.perf_counter()
+        manifest, sizes, grouping = session_manifest(ns, names)
+        grouping_seconds = time.perf_counter() - start
+        analysis_seconds, draft_seconds = _analysis_times(source)
+        analyze.cache_clear()
+        start = time.perf_counter()
+        cl = closure(source, manifest)
+        closure_seconds = time.perf_counter() - start
+        before = {n: id(ns[n]) for n in names}
+
+        child = self._fork_closure_run(cl, source) if self.verify else None
+        ns.start()
+        status, outputs = self._run(source)
+        touched_names = ns.stop()
+        session = set(manifest.variables()) | set(manifest.imports)
+        touched = sorted(touched_names & session)
+        variables = manifest.variables()
+        touched_groups = {variables[n].blob for n in touched if n in variables}
+        audit = CellAudit(
+            index=index, head=source.strip().split("\n", 1)[0][:80],
+            session_variables=len(variables), session_bytes=sum(sizes.values()),
+            closure_variables=sum(1 for n in cl.names if n in variables),
+            closure_bytes=sum(g.size for g in cl.groups),
+            import_closure=sorted(cl.modules), whole=cl.whole,
+            analysis_seconds=analysis_seconds, draft_seconds=draft_seconds,
+            closure_seconds=closure_seconds, grouping_seconds=grouping_seconds,
+            bounded=grouping.bounded, touched=touched,
+            touched_bytes=sum(sizes[b] for b in touched_groups),
+            misses=sorted(set(touched) - cl.names), status=status, outputs=outputs)
+        if child is not None:
+            self._compare(audit, child, before)
+        return audit
+
+    def _run(self, source: str) -> tuple[str, list[dict]]:
+        self.outputs = []
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = self.streams
+        try:
+            result = self.shell.run_cell(source, store_history=True)
+        finally:
+            for stream in self.streams:
+                stream.flush()
+            sys.stdout, sys.stderr = saved
+        ok = result.error_in_exec is None and result.error_before_exec is None
+        return ("ok" if ok else "error"), self.outputs
+
+    # verify: the same cell on its closure alone
+    def _fork_closure_run(self, cl: Closure, source: str) -> tuple[int, Path, Path]:
+        workdir = Path(tempfile.mkdtemp(prefix="llfabric-audit-"))
+        copy = workdir / "cwd"
+        shutil.copytree(os.getcwd(), copy, symlinks=True)
+        result = workdir / "result.json"
+        state = ambient.capture({}, os.environ)  # a fork reseeds `random`: carry it as workers do
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                ambient.restore(state)
+                os.chdir(copy)
+                self._keep_only(cl)
+                status, outputs = self._run(source)
+                names = self.shell.user_variables()
+                result.write_text(json.dumps({
+                    "status": status, "outputs": outputs, "names": names,
+                    "fingerprints": fingerprints(self.namespace, names)}))
+            except BaseException:  # the parent reports it
+                result.write_text(json.dumps({"crash": traceback.format_exc()}))
+                code = 1
+            finally:
+                os._exit(code)
+        return pid, workdir, result
+
+    def _keep_only(self, cl: Closure) -> None:
+        """Trim the namespace to the closure, rebuilt from pickles as a worker loads it.
+
+        Variables that cannot be pickled stay live, as the session's pinned worker keeps them.
+        """
+        ns = self.namespace
+        blobs = []
+        for group in cl.groups:
+            values = {n: ns[n] for n in group.names}
+            try:
+                blobs.append(codec.dumps(values, ns))
+            except Exception:
+                blobs.append(None)
+        pinned = {n for g, b in zip(cl.groups, blobs, strict=True) if b is None for n in g.names}
+        for name in self.shell.user_variables():
+            if name not in pinned:
+                del ns[name]
+        for alias, module in cl.imports.items():
+            ns[alias] = importlib.import_module(module)
+        for blob in blobs:
+            if blob is not None:
+                ns.update(codec.loads(blob, ns))
+
+    def _compare(self, audit: CellAudit, child: tuple[int, Path, Path],
+                 before: dict[str, int]) -> None:
+        pid, workdir, result = child
+        _, status = os.waitpid(pid, 0)
+        try:
+            report = json.loads(result.read_text())
+        except (OSError, ValueError):
+            report = {"crash": f"no result (wait status {status})"}
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if "crash" in report:
+            audit.variable_diffs.append(f"the closure-only run failed: {report['crash']}")
+            return
+        audit.closure_outputs = report["outputs"]
+        if report["status"] != audit.status:
+            audit.variable_diffs.append(f"status {report['status']} on the closure only, "
+                                        f"{audit.status} on the whole session")
+        ns = self.namespace
+        now = self.shell.user_variables()
+        changed = {n for n in now if before.get(n) != id(ns[n])}
+        changed |= {n for n in before if n not in ns}
+        ours = fingerprints(ns, sorted(set(report["names"]) | changed))
+        theirs = report["fingerprints"]
+        for name in sorted(set(ours) | set(theirs)):
+            if ours.get(name) != theirs.get(name):
+                audit.variable_diffs.append(
+                    f"{name}: {theirs.get(name, 'absent')} on the closure only, "
+                    f"{ours.get(name, 'absent')} on the whole session")
+
+
+def fingerprints(namespace: dict, names: list[str]) -> dict[str, str]:
+    """A digest of each variable's value (module aliases and absent names skipped)."""
+    return {name: Fingerprint().of(namespace[name]) for name in names
+            if name in namespace and not isinstance(namespace[name], types.ModuleType)}
+
+
+class Fingerprint:
+    """A digest of an object's value that two processes agree on for equal values.
+
+    Pickled bytes will not do: pickle's memo follows object identity, and a set of objects
+    iterates in the order of their addresses. So the walk digests sets by their sorted element
+    digests, arrays and tensors by their bytes, objects by their type and attributes, and code
+    by its bytecode; a reference back into the path being walked digests as a cycle marker.
+    The walk keeps its own stack: object graphs (an autograd tape) nest deeper than Python's.
+    """
+
+    budget = 2_000_000  # objects; past it the value is summarised by its type alone
+
+    def __init__(self) -> None:
+        self.memo: dict[int, str] = {}
+        self.path: set[int] = set()
+        self.left = self.budget
+
+    def of(self, root: Any) -> str:
+        result: list[str] = []
+        # frames: [object, prefix parts, children, how to combine, child digests]
+        stack: list[list] = []
+        self._visit(root, stack, result)
+        while stack:
+            frame = stack[-1]
+            obj, prefix, children, combine, digests = frame
+            if len(digests) < len(children):
+                self._visit(children[len(digests)], stack, digests)
+                continue
+            stack.pop()
+            self.path.discard(id(obj))
+            if combine == "pairs":
+                digests = [f"{k}={v}" for k, v in zip(digests[::2], digests[1::2], strict=True)]
+            elif combine == "sorted":
+                digests = sorted(digests)
+            kind = type(obj)
+            digest = _hash(f"{kind.__module__}.{kind.__qualname__}", [*prefix, *digests])
+            self.memo[id(obj)] = digest
+            (stack[-1][4] if stack else result).append(digest)
+        return result[0] if self.left >= 0 else f"too large: {type(root).__qualname__}"
+
+    def _visit(self, obj: Any, stack: list[list], out: list[str]) -> None:
+        """Append `obj`'s digest to `out` if it is known now, else push a frame for it."""
+        kind = type(obj)
+        key = id(obj)
+        if kind in _ATOM_TYPES:
+            out.append(f"{kind.__name__}:{obj!r}")
+        elif key in self.memo:
+            out.append(self.memo[key])
+        elif key in self.path:
+            out.append(f"cycle:{kind.__qualname__}")
+        else:
+            self.left -= 1
+            if self.left < 0:
+                out.append("?")
+                return
+            self.path.add(key)
+            stack.append([obj, *_expand(obj), []])
+
+
+def _expand(obj: Any) -> tuple[list[str], list, str]:
+    """What an object's digest is made of: fixed parts, children, and how children combine."""
+    if isinstance(obj, (list, tuple)):
+        return [], list(obj), "ordered"
+    if isinstance(obj, dict):
+        return [], [x for item in obj.items() for x in item], "pairs"
+    if isinstance(obj, (set, frozenset)):
+        return [], list(obj), "sorted"
+    if isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
+        name = getattr(obj, "__qualname__", None) or obj.__name__
+        return [getattr(obj, "__module__", "") or "", name], [], "ordered"
+    if isinstance(obj, types.FunctionType):
+        cells = [c.cell_contents for c in obj.__closure__ or () if _has_contents(c)]
+        return ([obj.__qualname__, xxhash.xxh3_64_hexdigest(obj.__code__.co_code)],
+                [obj.__defaults__, obj.__kwdefaults__, *cells], "ordered")
+    if (memory := _memory_of(obj)) is not None:
+        return memory, [], "ordered"
+    state = getattr(obj, "__dict__", None)
+    slots = [getattr(obj, n, None) for c in type(obj).__mro__
+             for n in getattr(c, "__slots__", ()) if isinstance(n, str)]
+    if state is not None or slots:
+        return [], [state, *slots], "ordered"
+    try:
+        return [xxhash.xxh3_64_hexdigest(codec.dumps({"value": obj}, {}))], [], "ordered"
+    except Exception:
+        return [repr(type(obj))], [], "ordered"
+
+
+_ATOM_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, range,
+                         type(Ellipsis)})
+
+
+def _memory_of(obj: Any) -> list[str] | None:
+    """An array's or tensor's dtype, shape and values (and a parameter's gradient)."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray) and obj.dtype != object:
+        data = np.ascontiguousarray(obj).view(np.uint8).tobytes() if obj.size else b""
+        return [str(obj.dtype), str(obj.shape), xxhash.xxh3_64_hexdigest(data)]
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        flat = obj.detach().cpu().contiguous().reshape(-1)
+        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        grad = obj.grad if obj.is_leaf and obj.requires_grad else None
+        return [str(obj.dtype), str(tuple(obj.shape)), str(obj.requires_grad),
+                xxhash.xxh3_64_hexdigest(data), "" if grad is None else _memory_of(grad)[2]]
+    return None
+
+
+def _hash(kind: str, parts: list[str]) -> str:
+    return xxhash.xxh3_64_hexdigest("\x00".join([kind, *parts]).encode(errors="surrogatepass"))
+
+
+def _has_contents(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _analysis_times(source: str) -> tuple[float, float]:
+    """Cold static analysis of the cell, and the slowest of its prefixes as typed (drafts)."""
+    def timed(text: str) -> float:
+        start = time.perf_counter()
+        analyze.__wrapped__(text)
+        return time.perf_counter() - start
+
+    cut = [len(source) * k // 4 for k in (1, 2, 3)]
+    return timed(source), max((timed(source[:n]) for n in cut if n), default=0.0)
+
+
+def _single_threaded_torch() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m fabric.audit NOTEBOOK RESULT.json [--verify]: audit in this directory."""
+    args = sys.argv[1:] if argv is None else argv
+    notebook, result, verify = Path(args[0]), Path(args[1]), "--verify" in args[2:]
+    nb = read_notebook(notebook)
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    audits = Auditor(verify).run(sources, on_cell=lambda a: print(
+        f"cell {a.index}: {a.closure_variables}/{a.session_variables} variables, "
+        f"{len(a.misses)} misses", file=sys.__stderr__, flush=True))
+    result.write_text(json.dumps([asdict(a) for a in audits]))
+
+
+if __name__ == "__main__":
+    main()
