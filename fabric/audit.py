@@ -24,6 +24,7 @@ import importlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -415,12 +416,25 @@ def _analysis_times(source: str) -> tuple[float, float]:
 
 
 def _single_threaded_torch() -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        import torch
-    except ImportError:
-        return
-    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # read by torch when the notebook imports it
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.set_num_threads(1)
+
+
+def audit_notebook(notebook: Path, workdir: Path, verify: bool = False,
+                   env: dict[str, str] | None = None, timeout: float | None = None,
+                   log: Path | None = None) -> list[dict]:
+    """Audit `notebook` in a fresh interpreter, working in a fresh copy of its folder under
+    `workdir` (notebooks write next to themselves); the audits of its cells, as dicts."""
+    copy = workdir / notebook.parent.name
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(notebook.parent, copy)
+    result = workdir / f"{notebook.stem}.audit.json"
+    command = [sys.executable, "-m", "fabric.audit", notebook.name, str(result)]
+    with open(log or os.devnull, "w") as stderr:
+        subprocess.run(command + (["--verify"] if verify else []), cwd=copy, env=env,
+                       timeout=timeout, check=True, stdout=stderr, stderr=stderr)
+    return json.loads(result.read_text())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,82 @@
+"""The closure audit itself: it must see what a cell looks up, and notice a closure that is
+too small, or it proves nothing about the corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from fabric import audit
+from fabric.closure import Closure
+
+CELLS = [
+    "import math\nK = 3\nnotes = ['a']\nalias = notes\n",
+    "def scale(v):\n    return v * K + math.pi\n",
+    "alias.append('b')\nresult = scale(2)\nprint(result, notes)\n",
+    "unused = list(range(10))\n",
+]
+
+
+def _notebook(tmp_path: Path, cells: list[str]) -> Path:
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, folder / "t.ipynb")
+    return folder / "t.ipynb"
+
+
+def test_verified_audit_finds_no_miss_and_equal_runs(tmp_path: Path) -> None:
+    cells = audit.audit_notebook(_notebook(tmp_path, CELLS), tmp_path / "work", verify=True)
+    assert [c["misses"] for c in cells] == [[], [], [], []]
+    assert [c["variable_diffs"] for c in cells] == [[], [], [], []]
+    third = cells[2]
+    # the cell called scale(), which read K and math: the lookups went through the recorder
+    assert set(third["touched"]) == {"alias", "notes", "scale", "K", "math"}
+    assert third["closure_outputs"] == third["outputs"]
+    assert "9.14" in "".join(o.get("text", "") for o in third["outputs"])  # 2 * K + pi
+    # notes shares its list with alias: one group, loaded with it, and counted as touched
+    assert third["touched_bytes"] == third["closure_bytes"] > 0
+    assert third["closure_variables"] == 4  # alias and notes, scale, K (math is an alias)
+
+
+def test_a_closure_that_is_too_small_is_caught(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    def nothing(source: str, manifest: object) -> Closure:
+        return Closure(frozenset(), (), {}, frozenset(), False, True)
+
+    monkeypatch.setattr(audit, "closure", nothing)
+    monkeypatch.chdir(tmp_path)  # each verified cell runs in a copy of the working directory
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the auditor sets it; undo that after
+    auditor = audit.Auditor(verify=True)
+    try:
+        for index, source in enumerate(CELLS[:2]):
+            auditor.cell(index, source)
+        third = auditor.cell(2, CELLS[2])
+    finally:
+        auditor.shell.clear_instance()
+    assert set(third.misses) == {"alias", "notes", "scale", "K", "math"}
+    assert third.closure_outputs != third.outputs  # a NameError on the closure alone
+    assert any("status error on the closure only" in d for d in third.variable_diffs)
+
+
+def test_fingerprints_ignore_identity_and_set_order_but_not_values() -> None:
+    class Node:
+        def __init__(self, v: float) -> None:
+            self.v = v
+            self.children: set[Node] = set()
+
+    def tree(values: list[float]) -> Node:
+        root = Node(0.0)
+        root.children = {Node(v) for v in values}
+        return root
+
+    fp = audit.Fingerprint
+    assert fp().of(tree([1.0, 2.0, 3.0])) == fp().of(tree([3.0, 1.0, 2.0]))
+    assert fp().of(tree([1.0, 2.0, 3.0])) != fp().of(tree([1.0, 2.0, 4.0]))
+    deep: list = []
+    for _ in range(50_000):  # deeper than Python's recursion limit
+        deep = [deep]
+    assert fp().of(deep)

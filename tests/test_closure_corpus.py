@@ -1,0 +1,37 @@
+"""Closure differential on the dev corpus: every cell of every notebook, run on its closure
+alone (rebuilt through the codec, plus ambient state), must print the same and leave the same
+variables as on the whole session, and must never look up a session variable outside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from notebook_compare import normalize, notebook_env
+from test_corpus import NOTEBOOKS, _nb_id
+
+from fabric.audit import audit_notebook
+
+TIMEOUT_S = 1500
+
+# Variables whose value differs between two runs of the same code in two processes, with why.
+VOLATILE_VARIABLES: dict[str, set[str]] = {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
+def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path) -> None:
+    cells = audit_notebook(nb_path, tmp_path, verify=True, env=notebook_env(),
+                           timeout=TIMEOUT_S - 60, log=tmp_path / "audit.log")
+    volatile = VOLATILE_VARIABLES.get(_nb_id(nb_path), set())
+    problems = []
+    for cell in cells:
+        where = f"cell {cell['index']} ({cell['head']!r})"
+        if cell["misses"]:
+            problems.append(f"{where}: looked up {cell['misses']} outside its closure")
+        diffs = [d for d in cell["variable_diffs"] if d.split(":", 1)[0] not in volatile]
+        problems.extend(f"{where}: {d}" for d in diffs)
+        if normalize(cell["closure_outputs"] or []) != normalize(cell["outputs"]):
+            problems.append(f"{where}: outputs differ on the closure alone")
+    assert not problems, "\n".join(problems)
