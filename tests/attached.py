@@ -23,11 +23,14 @@ def install_test_kernelspec(prefix: Path) -> KernelSpecManager:
     return KernelSpecManager(kernel_dirs=[str(prefix / "share" / "jupyter" / "kernels")])
 
 
-def kernel_env(address: str, session: str, **more: str) -> dict[str, str]:
-    """The kernel's environment: this checkout first on the path, the server, the session."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "LLFABRIC_BIND": address,
-            "LLFABRIC_SESSION": session, **more}
+def kernel_env(address: str, session: str, base: dict[str, str] | None = None,
+               **more: str) -> dict[str, str]:
+    """The kernel's environment (`base`, else ours) with this checkout first on the path, the
+    server and the session."""
+    base = dict(os.environ) if base is None else base
+    path = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH")) if p)
+    return {**base, "PYTHONPATH": path, "LLFABRIC_BIND": address, "LLFABRIC_SESSION": session,
+            **more}
 
 
 class Kernel:
