@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from helpers import RunningServer, execute, start_server
 from jupyter_client.kernelspec import KernelSpecManager
 
 from cli.main import main as cli
+from fabric.attach.notebook_file import session_name
+from fabric.errors import RemoteError
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +156,14 @@ def test_restart_and_reattach_continue_from_the_store(kernel: Kernel) -> None:
 
 
 def test_the_next_cell_of_the_notebook_is_drafted(server: RunningServer, specs: KernelSpecManager,
-                                                  session: str, tmp_path: Path) -> None:
+                                                  tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("a = 1"), nbformat.v4.new_markdown_cell("text"),
                 nbformat.v4.new_code_cell("a + 1")]
     nbformat.write(nb, str(tmp_path / "work.ipynb"))
-    env = kernel_env(server.address, session, JPY_SESSION_NAME="work.ipynb")
+    # No session given: the kernel names it after the notebook, as the frontend reports it.
+    env = kernel_env(server.address, "", JPY_SESSION_NAME="work.ipynb")
+    session = session_name((tmp_path / "work.ipynb").resolve(), "unused")
     started = Kernel.start(specs, env, tmp_path)
     try:
         started.execute("b = 2")  # no cell id: nothing to draft
@@ -249,3 +254,70 @@ def test_kernelspec_install_writes_an_attaching_kernel(tmp_path: Path) -> None:
     assert spec["display_name"] == "Python 3 (llfabric)"
     assert "--ext=fabric.attach" in spec["argv"]
     assert spec["env"] == {"LLFABRIC_BIND": "ipc:///tmp/x.sock"}
+
+
+def test_live_edits_on_the_draft_comm_prepare_a_worker(kernel: Kernel, server: RunningServer,
+                                                       session: str) -> None:
+    kernel.execute("w = 1")
+    assert not _session_status(server, session)["prepared"]
+    client = kernel.client
+    client.shell_channel.send(client.session.msg("comm_open", {
+        "comm_id": uuid.uuid4().hex, "target_name": "llfabric.draft",
+        "data": {"source": "w + 1"}}))
+    kernel.execute("%%local\npass")  # shell messages are handled in order: the comm came first
+    assert _session_status(server, session)["prepared"]
+
+
+def test_a_pinned_session_says_so(kernel: Kernel) -> None:
+    _, outputs = kernel.execute("g = (i for i in range(3))")
+    assert "cannot be saved" in text_of(outputs, "stderr")
+    _, outputs = kernel.execute("%llfabric status")
+    assert "pinned:" in text_of(outputs)
+    _, outputs = kernel.execute("next(g)")
+    assert _results(outputs)[0]["data"]["text/plain"] == "0"
+
+
+def test_an_interrupt_while_input_waits(kernel: Kernel) -> None:
+    def interrupt(request: dict) -> str:
+        kernel.manager.interrupt_kernel()
+        time.sleep(1)  # the kernel gives up waiting before an answer could come
+        return "late"
+
+    reply, _ = kernel.execute("v = 1\nv = input('? ')", answer=interrupt, timeout=50)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    _, outputs = kernel.execute("v")
+    assert _results(outputs)[0]["data"]["text/plain"] == "1"
+
+
+def test_the_server_refuses_stray_answers_and_checkouts(server: RunningServer) -> None:
+    name = f"s-{uuid.uuid4().hex[:8]}"
+    with server.client() as client:
+        client.call("open", session=name, cwd=tempfile.gettempdir())
+        with pytest.raises(RemoteError, match=r"no cell of session .* is waiting for input"):
+            client.call("input", session=name, value="x")
+        with pytest.raises(RemoteError, match="cannot check out") as caught:
+            client.call("checkout", session=name, version=1)
+        assert caught.value.kind == "unsupported"
+        # A client that did not offer stdin (llfabric run) gets an error in the cell, not a hang.
+        reply, outputs = execute(client, name, "input('? ')")
+        assert reply["status"] == "error"
+        assert outputs[-1]["ename"] == "StdinNotImplementedError"
+
+
+def test_a_server_restart_between_cells_is_survived(specs: KernelSpecManager, session: str,
+                                                    tmp_path: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
+        first = start_server(tmp_path / "store", Path(sockdir))
+        started = Kernel.start(specs, kernel_env(first.address, session), tmp_path)
+        try:
+            started.execute("kept = 'yes'")
+            first.stop()
+            second = start_server(tmp_path / "store", Path(sockdir))  # same store and address
+            try:
+                reply, outputs = started.execute("kept")
+                assert _results(outputs)[0]["data"]["text/plain"] == "'yes'"
+                assert reply["execution_count"] == 2
+            finally:
+                second.stop()
+        finally:
+            started.stop()

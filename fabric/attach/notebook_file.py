@@ -36,7 +36,7 @@ def session_name(notebook: Path | None, fallback: str) -> str:
     if notebook is None:
         base, tag = fallback, ""
     else:
-        base, tag = notebook.stem, "-" + xxhash.xxh64_hexdigest(str(notebook))[:8]
+        base, tag = notebook.stem, "-" + xxhash.xxh64_hexdigest(str(notebook).encode())[:8]
     base = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in base)
     return (base.lstrip(".")[:100] or "notebook") + tag
 

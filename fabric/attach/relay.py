@@ -107,6 +107,9 @@ class Attachment:
         except FabricError as exc:
             self._fail(result, exc)
             return result
+        except KeyboardInterrupt:  # before the cell reached the server: it did not run
+            self._fail(result, FabricError("interrupted before the cell started"))
+            return result
         count = int(reply.get("execution_count", self.shell.execution_count))
         result.execution_count = count
         self.shell.execution_count = count + 1
