@@ -229,7 +229,7 @@ class Session:
                 elif op == "started":
                     started = float(message["t"])
                 elif op == "input":
-                    answer = await self._ask(message, emit, stdin)
+                    answer = await self._ask(worker, message, emit, stdin)
                     if answer is not None:  # None: interrupted; the worker stopped waiting
                         await worker.send(answer)
                 elif op == "done":
@@ -270,8 +270,10 @@ class Session:
             },
         }, bool(unsaved)
 
-    async def _ask(self, request: dict, emit: Emit, stdin: bool) -> dict | None:
-        """Relay the cell's input() to the client; its answer, or None if interrupted first."""
+    async def _ask(self, worker: WorkerHandle, request: dict, emit: Emit,
+                   stdin: bool) -> dict | None:
+        """Relay the cell's input() to the client; its answer, or None if the cell was
+        interrupted or its worker died first."""
         if not stdin:
             return {"op": "input_reply", "error": "input() was called, but the client that "
                     "runs this cell does not answer input requests"}
@@ -279,7 +281,8 @@ class Session:
         emit({"prompt": str(request.get("prompt", "")),
               "password": bool(request.get("password"))}, "input_request")
         try:
-            answer = await self._answer
+            await asyncio.wait({self._answer, worker.died}, return_when=asyncio.FIRST_COMPLETED)
+            answer = self._answer.result() if self._answer.done() else None
         finally:
             self._answer = None
         return None if answer is None else {"op": "input_reply", **answer}

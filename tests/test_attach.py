@@ -321,3 +321,33 @@ def test_a_server_restart_between_cells_is_survived(specs: KernelSpecManager, se
                 second.stop()
         finally:
             started.stop()
+
+
+def test_a_cell_left_running_is_reported_and_can_be_interrupted(kernel: Kernel,
+                                                               server: RunningServer,
+                                                               session: str) -> None:
+    kernel.execute("'warm'")
+    started, replies = threading.Event(), []
+
+    def left_running() -> None:  # as a cell of a kernel that has since been restarted
+        with server.client() as client:
+            try:
+                for message in client.stream("execute", timeout=60, session=session,
+                                             source="print('go', flush=True)\n"
+                                                    "import time\ntime.sleep(40)"):
+                    started.set()
+                    replies.append(message)
+            except RemoteError as exc:
+                replies.append(exc)
+
+    runner = threading.Thread(target=left_running)
+    runner.start()
+    assert started.wait(60)
+    _, outputs = kernel.execute("1")
+    [error] = [m["content"] for m in outputs if m["msg_type"] == "error"]
+    assert "already running a cell" in error["evalue"] and "%llfabric interrupt" in error["evalue"]
+    _, outputs = kernel.execute("%llfabric interrupt")
+    assert "interrupted the running cell" in text_of(outputs)
+    runner.join(30)
+    assert not runner.is_alive()
+    assert replies[-1]["status"] == "error" and replies[-1]["ename"] == "KeyboardInterrupt"

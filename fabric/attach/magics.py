@@ -19,6 +19,7 @@ USAGE = """usage:
   %llfabric attach [ADDRESS] [--session NAME] [--notebook PATH]
   %llfabric status
   %llfabric detach
+  %llfabric interrupt            (a cell of the session still running from an earlier kernel)
   %llfabric checkout VERSION"""
 
 
@@ -63,6 +64,17 @@ class FabricMagics(Magics):
                 print(describe(attachment.client.call("status"), attachment.session))
             except FabricError as exc:
                 print(f"llfabric: {exc.message}", file=sys.stderr)
+        elif command == "interrupt" and not words:
+            attachment = current(self.shell)
+            if attachment is None:
+                raise UsageError("not attached: `%llfabric attach` first")
+            try:
+                stopped = attachment.call("interrupt")["interrupted"]
+            except FabricError as exc:
+                print(f"llfabric: {exc.message}", file=sys.stderr)
+                return
+            print("llfabric: " + ("interrupted the running cell" if stopped
+                                  else "no cell of the session was running"))
         elif command == "checkout" and len(words) == 1 and words[0].isdigit():
             attachment = current(self.shell)
             if attachment is None:

@@ -195,6 +195,9 @@ class Attachment:
             text = (f"{exc.message}. If the cell had started, the session keeps the state of the "
                     "cells before it. Start a server with `llfabric serve`, then run the cell "
                     "again; `%%local` runs a cell in this kernel instead.")
+        elif exc.kind == "busy":
+            text = (f"{exc.message} (perhaps from before a kernel restart). Wait for it, or "
+                    "stop it with `%llfabric interrupt`; this cell did not run.")
         else:
             text = f"llfabric could not run the cell: {exc.message}"
         error = {"ename": "LLFabricError", "evalue": text, "traceback": [f"llfabric: {text}"]}
