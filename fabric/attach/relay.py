@@ -36,7 +36,7 @@ CALL_TIMEOUT = 10.0
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
                           "error", "clear_output"})
 # Cells the kernel runs itself: `%%local` ones and those that manage the attachment.
-LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\b)")
+LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b)")
 
 
 class RemoteCellError(Exception):
