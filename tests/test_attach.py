@@ -351,3 +351,16 @@ def test_a_cell_left_running_is_reported_and_can_be_interrupted(kernel: Kernel,
     runner.join(30)
     assert not runner.is_alive()
     assert replies[-1]["status"] == "error" and replies[-1]["ename"] == "KeyboardInterrupt"
+
+
+def test_a_kernel_shut_down_closes_its_session(server: RunningServer, specs: KernelSpecManager,
+                                               session: str, tmp_path: Path) -> None:
+    started = Kernel.start(specs, kernel_env(server.address, session), tmp_path)
+    started.execute("kept = 1")
+    started.client.stop_channels()
+    started.manager.shutdown_kernel(now=False)  # as Jupyter's "Shut Down Kernel"
+    with server.client() as client:
+        sessions = [s["session"] for s in client.call("status")["sessions"]]
+        assert session not in sessions  # no worker stays prepared for it
+        client.call("open", session=session, cwd=str(tmp_path))
+        assert execute(client, session, "kept")[1][0]["data"]["text/plain"] == "1"

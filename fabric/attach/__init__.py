@@ -7,6 +7,7 @@ manage the attachment, still run in the kernel.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import uuid
@@ -49,19 +50,20 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
     if getattr(shell, "kernel", None) is None:
         raise UsageError("llfabric attaches Jupyter kernels; this IPython has no kernel")
     shell.register_magics(FabricMagics)
-    if _attached is not None:
-        detach(shell, forget=False)
     try:
         address = address or fabric_config.load().address
     except FabricError as exc:
         raise UsageError(exc.message) from exc
     path = Path(notebook).resolve() if notebook else find_notebook()
     session = session or _default_session(path)
+    if _attached is not None:  # re-attaching: the old session closes unless it stays ours
+        detach(shell, forget=_attached.session != session)
     attachment = Attachment(shell, address, session, path)
     _attached = attachment
     shell.run_cell = partial(_run_cell, attachment, type(shell).run_cell.__get__(shell))
     shell.should_run_async = lambda *args, **kwargs: False  # the relay blocks, as a sync cell
     _listen_for_drafts(attachment)
+    atexit.register(attachment.close)  # a kernel shut down retires its session's workers
     try:
         reply = attachment.open()
     except FabricError as exc:
@@ -86,6 +88,7 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
     comms = getattr(shell.kernel, "comm_manager", None)
     if comms is not None:
         comms.targets.pop(DRAFT_TARGET, None)
+    atexit.unregister(attachment.close)
     attachment.close(forget)
     return True
 

@@ -71,7 +71,7 @@ class Attachment:
         keeps its state)."""
         if forget and self.opened:
             try:
-                self.client.call("close", session=self.session, timeout=CALL_TIMEOUT)
+                self.client.call("close", session=self.session, timeout=2.0)
             except FabricError as exc:
                 print(f"llfabric: detached, but the server did not close the session: "
                       f"{exc.message}", file=sys.stderr)
