@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -364,3 +365,29 @@ def test_a_kernel_shut_down_closes_its_session(server: RunningServer, specs: Ker
         assert session not in sessions  # no worker stays prepared for it
         client.call("open", session=session, cwd=str(tmp_path))
         assert execute(client, session, "kept")[1][0]["data"]["text/plain"] == "1"
+
+
+def test_a_server_that_stops_answering_mid_cell_is_reported(specs: KernelSpecManager,
+                                                            session: str,
+                                                            tmp_path: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
+        frozen = start_server(tmp_path / "store", Path(sockdir))
+        started = Kernel.start(specs, kernel_env(frozen.address, session), tmp_path)
+        try:
+            # The kernel's patience, shortened in the kernel itself (a local cell).
+            started.execute("%%local\nimport fabric.attach.relay\n"
+                            "fabric.attach.relay.SILENCE = 1.0")
+
+            def freeze(msg: dict) -> None:
+                if msg["msg_type"] == "stream" and "go" in msg["content"]["text"]:
+                    os.kill(frozen.process.pid, signal.SIGSTOP)
+
+            reply, outputs = started.execute("import time\nprint('go', flush=True)\n"
+                                             "time.sleep(30)", on_output=freeze, timeout=25)
+            [error] = [m["content"] for m in outputs if m["msg_type"] == "error"]
+            assert "stopped answering while the cell ran" in error["evalue"]
+            assert reply["status"] == "error"
+        finally:
+            os.kill(frozen.process.pid, signal.SIGCONT)
+            started.stop()
+            frozen.stop()
