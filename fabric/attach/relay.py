@@ -64,7 +64,6 @@ class Attachment:
         self.notebook = notebook
         self.client = Client(address, timeout=CALL_TIMEOUT)
         self.opened = False
-        self.attached_at = time.time()
 
     def close(self, forget: bool = True) -> None:
         """Detach; with `forget`, the server also retires the session's workers (the store
@@ -120,7 +119,7 @@ class Attachment:
 
     def _execute(self, source: str, result: ExecutionResult) -> dict:
         waiting = {self.client.send("execute", session=self.session, source=source, stdin=True)}
-        heard, ping, wait = time.monotonic(), None, None
+        heard, ping, pinged, wait = time.monotonic(), None, 0.0, None
         while True:
             try:
                 message = self.client.receive(waiting, TICK)
@@ -129,9 +128,9 @@ class Attachment:
                     if wait is not None:
                         wait.tick(now)
                     if ping is None and now - heard > SILENCE:
-                        ping = self.client.send("ping")
+                        ping, pinged = self.client.send("ping"), now
                         waiting.add(ping)
-                    elif ping is not None and now - heard > 2 * SILENCE:
+                    elif ping is not None and now - pinged > SILENCE:
                         raise Unreachable(
                             f"the llfabric server at {self.address} stopped answering while "
                             "the cell ran", address=self.address)
