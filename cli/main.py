@@ -1,4 +1,4 @@
-"""`llfabric`: serve, run, status, demo."""
+"""`llfabric`: serve, run, status, demo, attach, kernelspec."""
 
 from __future__ import annotations
 
@@ -160,6 +160,43 @@ def status(connect: str | None, as_json: bool) -> None:
         flags = "".join(f", {flag}" for flag in ("running", "pinned", "prepared") if s[flag])
         click.echo(f"session {s['session']}: version {s['version']}, {s['variables']} variables, "
                    f"{s['bytes']} bytes, lease {s['lease_seconds']:.1f} s{flags}")
+
+
+@main.command()
+@click.argument("kernel")
+@click.option("--connect", help="Server address (default: the configured one).")
+@click.option("--session", help="Session name (default: named after the notebook or kernel).")
+def attach(kernel: str, connect: str | None, session: str | None) -> None:
+    """Attach a running Jupyter KERNEL (connection file or kernel id) to the fabric."""
+    from fabric.attach.kernels import attach_running
+
+    address = _config(None, connect).address
+    try:
+        name = attach_running(kernel, address, session)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"kernel {kernel} now runs its cells on {address}, session {name}")
+
+
+@main.group()
+def kernelspec() -> None:
+    """The "Python 3 (llfabric)" Jupyter kernel."""
+
+
+@kernelspec.command("install")
+@click.option("--name", default="llfabric", show_default=True, help="Kernelspec name.")
+@click.option("--connect", help="Server address the kernel attaches to (default: configured "
+              "when the kernel starts).")
+@click.option("--sys-prefix", is_flag=True, help="Install into this Python's prefix, not ~.")
+@click.option("--prefix", help="Install under this prefix (as jupyter kernelspec install).")
+def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
+                       prefix: str | None) -> None:
+    """Install a kernel that attaches to the fabric when it starts."""
+    from fabric.attach.kernels import install_kernelspec
+
+    path = install_kernelspec(name, connect, user=not sys_prefix,
+                              prefix=sys.prefix if sys_prefix else prefix)
+    click.echo(f"installed kernelspec {name} in {path}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Container, Iterator
 from typing import Any
 
 import zmq
@@ -33,27 +35,45 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def send(self, op: str, **fields: Any) -> str:
+        """Send a request without waiting; return its msg_id, for `receive`."""
+        msg_id = next(self._ids)
+        self.socket.send(protocol.pack({"op": op, "msg_id": msg_id, **fields}))
+        return msg_id
+
+    def receive(self, msg_ids: Container[str], wait: float) -> dict | None:
+        """The next frame answering one of `msg_ids`, or None after `wait` seconds of silence.
+
+        Frames answering other requests (late, abandoned) are dropped. An error frame raises
+        RemoteError.
+        """
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.socket.poll(None if left == math.inf else int(left * 1000)):
+                return None
+            message = protocol.unpack(self.socket.recv(), max_size=1 << 31)
+            if message.get("msg_id") not in msg_ids:
+                continue
+            if message.get("type") == "error":
+                raise RemoteError(message.get("error") or {})
+            return message
+        return None
+
     def stream(self, op: str, timeout: float | None = None, **fields: Any) -> Iterator[dict]:
         """Send a request; yield its events, then its reply. An error reply raises RemoteError.
 
         `timeout` bounds the silence between two frames (None: the client's default; 0: wait
         forever, as for a cell that computes quietly for hours).
         """
-        msg_id = next(self._ids)
-        self.socket.send(protocol.pack({"op": op, "msg_id": msg_id, **fields}))
+        msg_id = self.send(op, **fields)
         wait = self.timeout if timeout is None else timeout
         while True:
-            if wait and not self.socket.poll(int(wait * 1000)):
+            message = self.receive({msg_id}, wait or math.inf)
+            if message is None:
                 raise Unreachable(f"no answer from {self.address} within {wait:.0f} s",
                                   address=self.address)
-            message = protocol.unpack(self.socket.recv(), max_size=1 << 31)
-            if message.get("msg_id") != msg_id:
-                continue  # a late answer to an abandoned request
-            kind = message.get("type")
-            if kind == "error":
-                raise RemoteError(message.get("error") or {})
             yield message
-            if kind == "reply":
+            if message.get("type") == "reply":
                 return
 
     def call(self, op: str, timeout: float | None = None, **fields: Any) -> dict:

@@ -108,7 +108,7 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         first = time.monotonic() if first is None else first
         try:
             for message in client.stream("execute", timeout=0, session=session, source=source):
-                if message["type"] == "event":
+                if message["type"] == "event" and message.get("event") == "output":
                     outputs.add(message["output"])
                     if on_output is not None:
                         on_output(index, message["output"])

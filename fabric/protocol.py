@@ -7,6 +7,11 @@ Layer 2 (payload): one msgpack map per frame.
 Requests carry ``op``, ``session`` and ``msg_id``. The server answers each request with zero or more
 ``event`` frames (outputs of a running cell, progress) and exactly one final frame, ``reply`` or
 ``error``, all carrying the request's ``msg_id``.
+
+Events of an ``execute``: ``output`` (an nbformat output in ``output``), ``queued`` (the cell
+waits for a lease), ``leased`` (it got one, after ``waited`` seconds) and ``input_request``
+(``prompt``, ``password``: the cell called input() or getpass(); answered by an ``input``
+request of the same session, only when the execute said ``stdin: true``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from .errors import ProtocolError
 
 MAX_FRAME = 16 * 1024 * 1024  # requests are source text and small maps; outputs may carry images
 
-CLIENT_OPS = frozenset({"open", "draft", "execute", "interrupt", "close", "status", "ping"})
+CLIENT_OPS = frozenset({"open", "draft", "execute", "interrupt", "input", "checkout", "close",
+                        "status", "ping"})
 
 # Ops and the fields each requires, besides op and msg_id.
 REQUIRED = {
@@ -27,6 +33,8 @@ REQUIRED = {
     "draft": ("session", "source"),
     "execute": ("session", "source"),
     "interrupt": ("session",),
+    "input": ("session",),  # the answer to a running cell's input(): `value`, or `error`
+    "checkout": ("session", "version"),
     "close": ("session",),
     "status": (),
     "ping": (),
@@ -62,9 +70,14 @@ def check_request(message: dict) -> dict:
     for field in REQUIRED[op]:
         if field not in message:
             raise ProtocolError(f"op {op!r} needs field {field!r}", op=op)
-    for field in ("session", "source", "cwd", "cell_id"):
+    for field in ("session", "source", "cwd", "cell_id", "value", "error"):
         if field in message and not isinstance(message[field], str):
             raise ProtocolError(f"field {field!r} must be a string", op=op)
+    if "stdin" in message and not isinstance(message["stdin"], bool):
+        raise ProtocolError("field 'stdin' must be a boolean", op=op)
+    if "version" in message and (not isinstance(message["version"], int)
+                                 or isinstance(message["version"], bool)):
+        raise ProtocolError("field 'version' must be an integer", op=op)
     session = message.get("session")
     if session is not None and not _valid_session_name(session):
         raise ProtocolError(

@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from . import protocol
 from .config import Config
-from .errors import FabricError, ProtocolError, UnknownSession
+from .errors import FabricError, ProtocolError, UnknownSession, Unsupported
 from .pool import Leases, Pool
 from .session import Session
 from .snapshot import Store
@@ -91,8 +91,12 @@ class Server:
             message = protocol.unpack(frames[1], self.config.max_frame)
             msg_id = message.get("msg_id") if isinstance(message.get("msg_id"), str) else None
             protocol.check_request(message)
-            result = await self._dispatch(message, lambda output: self._send(
-                identity, protocol.event(msg_id, "output", output=output)))
+
+            def emit(payload: dict, event: str = "output") -> None:
+                fields = {"output": payload} if event == "output" else payload
+                self._send(identity, protocol.event(msg_id, event, **fields))
+
+            result = await self._dispatch(message, emit)
             self._send(identity, protocol.reply(msg_id, **result))
         except FabricError as exc:
             self._send(identity, protocol.error(msg_id, exc.to_wire()))
@@ -129,9 +133,14 @@ class Server:
         if op == "draft":
             return session.draft(message["source"])
         if op == "execute":
-            return await session.execute(message["source"], emit)
+            return await session.execute(message["source"], emit, stdin=message.get("stdin", False))
         if op == "interrupt":
             return {"interrupted": session.interrupt()}
+        if op == "input":
+            return session.answer(message.get("value"), message.get("error"))
+        if op == "checkout":
+            raise Unsupported("this server cannot check out an earlier version of a session yet",
+                              session=name, version=message["version"])
         if op == "close":
             await session.close()
             del self.sessions[name]

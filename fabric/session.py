@@ -22,7 +22,7 @@ from .snapshot import Group, Manifest, Store
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[dict], None]
+Emit = Callable[..., None]  # emit(payload, event="output"): an event of the running request
 
 
 class LoadFailed(FabricError):
@@ -75,6 +75,8 @@ class Session:
         self.prepared: Preparation | None = None
         self.running: WorkerHandle | None = None
         self.interrupted = False
+        self.opened = time.time()
+        self._answer: asyncio.Future | None = None  # the client's answer to the cell's input()
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
         self._background: set[asyncio.Task] = set()
 
@@ -174,7 +176,7 @@ class Session:
                 "exact": cl.exact, "session_variables": len(self.manifest.variables())}
 
     # execution
-    async def execute(self, source: str, emit: Emit) -> dict:
+    async def execute(self, source: str, emit: Emit, stdin: bool = False) -> dict:
         received = time.monotonic()
         if self.lock.locked():
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
@@ -196,16 +198,22 @@ class Session:
             worker = await prep.task
             keep = False
             try:
-                reply, keep = await self._run(worker, source, emit, received, prep, cl, path)
+                reply, keep = await self._run(worker, source, emit, received, prep, cl, path,
+                                              stdin)
                 return reply
             finally:
                 if not keep:
                     self._spawn(worker.close())
 
     async def _run(self, worker: WorkerHandle, source: str, emit: Emit, received: float,
-                   prep: Preparation, cl: Closure, path: str) -> tuple[dict, bool]:
+                   prep: Preparation, cl: Closure, path: str, stdin: bool) -> tuple[dict, bool]:
         """Run the cell under a lease and commit; True with the reply if the worker is kept."""
+        queued = self.leases.queued > 0 or len(self.leases.held) >= self.leases.slots
+        if queued:  # the client tells the user why nothing happens yet
+            emit({"ahead": self.leases.queued, "slots": self.leases.slots}, "queued")
         lease = await self.leases.acquire(self.name)
+        if queued:
+            emit({"waited": lease.waited}, "leased")
         self.running = worker
         try:
             if self.interrupted:
@@ -220,6 +228,10 @@ class Session:
                     emit(message["output"])
                 elif op == "started":
                     started = float(message["t"])
+                elif op == "input":
+                    answer = await self._ask(worker, message, emit, stdin)
+                    if answer is not None:  # None: interrupted; the worker stopped waiting
+                        await worker.send(answer)
                 elif op == "done":
                     break
             committed = time.monotonic()
@@ -257,6 +269,31 @@ class Session:
                 "lease_held": lease.held,
             },
         }, bool(unsaved)
+
+    async def _ask(self, worker: WorkerHandle, request: dict, emit: Emit,
+                   stdin: bool) -> dict | None:
+        """Relay the cell's input() to the client; its answer, or None if the cell was
+        interrupted or its worker died first."""
+        if not stdin:
+            return {"op": "input_reply", "error": "input() was called, but the client that "
+                    "runs this cell does not answer input requests"}
+        self._answer = asyncio.get_running_loop().create_future()
+        emit({"prompt": str(request.get("prompt", "")),
+              "password": bool(request.get("password"))}, "input_request")
+        try:
+            await asyncio.wait({self._answer, worker.died}, return_when=asyncio.FIRST_COMPLETED)
+            answer = self._answer.result() if self._answer.done() else None
+        finally:
+            self._answer = None
+        return None if answer is None else {"op": "input_reply", **answer}
+
+    def answer(self, value: str | None, error: str | None) -> dict:
+        """The client's answer to the running cell's input request."""
+        if self._answer is None or self._answer.done():
+            raise FabricError(f"no cell of session {self.name} is waiting for input",
+                              session=self.name)
+        self._answer.set_result({"error": error} if error is not None else {"value": value or ""})
+        return {"answered": True}
 
     def _pin(self, worker: WorkerHandle, owned: set[str], unsaved: list[str]) -> None:
         """Keep the worker as the session's next: it alone holds what could not be saved."""
@@ -313,6 +350,8 @@ class Session:
 
     def interrupt(self) -> bool:
         if self.running is not None:
+            if self._answer is not None and not self._answer.done():
+                self._answer.set_result(None)
             self.running.interrupt()
             return True
         if self.lock.locked():
@@ -326,6 +365,8 @@ class Session:
 
     def status(self) -> dict:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
+                "execution_count": int(self.manifest.cell.get("execution_count", 0)),
+                "opened": self.opened,
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),
                 "running": self.running is not None,

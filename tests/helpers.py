@@ -13,7 +13,7 @@ def execute(client: Client, session: str, source: str) -> tuple[dict, list[dict]
     """Run one cell; return the server's reply and the cell's outputs."""
     outputs, reply = [], {}
     for message in client.stream("execute", timeout=120, session=session, source=source):
-        if message["type"] == "event":
+        if message["type"] == "event" and message.get("event") == "output":
             outputs.append(message["output"])
         else:
             reply = message

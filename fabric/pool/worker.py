@@ -3,12 +3,15 @@
 Messages from the server: ``load`` (groups, imports and ambient state to put in the namespace),
 ``run`` (a cell), ``exit``. The worker answers ``hello`` once connected, ``loaded`` after a load,
 ``output`` frames while a cell runs, ``started`` when user code starts and ``done`` after it has
-saved the state the cell may have changed. Blobs go straight to the store; the server alone
-commits manifests.
+saved the state the cell may have changed. A cell's input() or getpass() sends ``input`` and
+waits for the server's ``input_reply`` (``value``, or ``error``). Blobs go straight to the
+store; the server alone commits manifests.
 """
 
 from __future__ import annotations
 
+import builtins
+import getpass
 import importlib
 import os
 import pickle
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
 from ..closure.groups import group_variables
@@ -66,6 +70,26 @@ class Worker:
         shell.sink = self._sink
         sys.stdout, sys.stderr = self._streams
         self._captures = [FdCapture(1, self._streams[0]), FdCapture(2, self._streams[1])]
+        builtins.input = self._input
+        getpass.getpass = self._getpass
+
+    def _ask(self, prompt: str, password: bool) -> str:
+        """Ask the user, through the server and the client, as a kernel asks its frontend."""
+        for stream in self._streams:
+            stream.flush()
+        self.channel.send({"op": "input", "prompt": str(prompt), "password": password})
+        reply = self.channel.recv()
+        if reply.get("op") != "input_reply":
+            raise RuntimeError(f"the server answered input() with {reply.get('op')!r}")
+        if "error" in reply:
+            raise StdinNotImplementedError(str(reply["error"]))
+        return str(reply.get("value", ""))
+
+    def _input(self, prompt: object = "") -> str:
+        return self._ask(str(prompt), password=False)
+
+    def _getpass(self, prompt: str = "Password: ", stream: object = None) -> str:
+        return self._ask(prompt, password=True)
 
     def _sink(self, kind: str, **fields: Any) -> None:
         # nbformat's output types, plus clear_output and update_display_data as frontends know them

@@ -1,0 +1,133 @@
+"""Attach a Jupyter kernel to llfabric: `%load_ext fabric.attach`, or `%llfabric attach [ADDRESS]`.
+
+From then on the kernel runs no user code: `run_cell` sends each cell to the session and the
+relay re-publishes its outputs. `%%local` cells, and the `%llfabric` and `%load_ext` lines that
+manage the attachment, still run in the kernel.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import uuid
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
+
+from .. import config as fabric_config
+from ..errors import FabricError
+from .magics import FabricMagics
+from .notebook_file import find_notebook, session_name
+from .relay import LOCAL, Attachment, is_local
+
+__all__ = ["attach", "current", "detach", "load_ipython_extension", "unload_ipython_extension"]
+
+_attached: Attachment | None = None
+DRAFT_TARGET = "llfabric.draft"  # comm target a frontend extension sends live edits to
+
+
+def load_ipython_extension(shell: InteractiveShell) -> None:
+    attach(shell)
+
+
+def unload_ipython_extension(shell: InteractiveShell) -> None:
+    detach(shell)
+
+
+def current(shell: InteractiveShell) -> Attachment | None:
+    return _attached if _attached is not None and _attached.shell is shell else None
+
+
+def attach(shell: InteractiveShell, address: str | None = None, session: str | None = None,
+           notebook: str | None = None) -> Attachment:
+    """Route the kernel's cells to `address` (default: the configured server), session `session`
+    (default: `LLFABRIC_SESSION`, else named after the notebook or the kernel)."""
+    global _attached
+    if getattr(shell, "kernel", None) is None:
+        raise UsageError("llfabric attaches Jupyter kernels; this IPython has no kernel")
+    shell.register_magics(FabricMagics)
+    try:
+        address = address or fabric_config.load().address
+    except FabricError as exc:
+        raise UsageError(exc.message) from exc
+    path = Path(notebook).resolve() if notebook else find_notebook()
+    session = session or _default_session(path)
+    if _attached is not None:  # re-attaching: the old session closes unless it stays ours
+        detach(shell, forget=_attached.session != session)
+    attachment = Attachment(shell, address, session, path)
+    _attached = attachment
+    shell.run_cell = partial(_run_cell, attachment, type(shell).run_cell.__get__(shell))
+    shell.should_run_async = lambda *args, **kwargs: False  # the relay blocks, as a sync cell
+    _listen_for_drafts(attachment)
+    atexit.register(attachment.close)  # a kernel shut down retires its session's workers
+    try:
+        reply = attachment.open()
+    except FabricError as exc:
+        print(f"llfabric: attached to {address}, but {exc.message}. Cells will fail until a "
+              "server answers there (start one with `llfabric serve`).", file=sys.stderr)
+        return attachment
+    state = (f"continuing at version {reply['version']}" if reply.get("version")
+             else "a new session")
+    print(f"llfabric: cells run on {address}, session {session} ({state})")
+    return attachment
+
+
+def detach(shell: InteractiveShell, forget: bool = True) -> bool:
+    """Run cells in the kernel again; False if it was not attached."""
+    global _attached
+    attachment = current(shell)
+    if attachment is None:
+        return False
+    _attached = None
+    for name in ("run_cell", "should_run_async"):
+        shell.__dict__.pop(name, None)
+    comms = getattr(shell.kernel, "comm_manager", None)
+    if comms is not None:
+        comms.targets.pop(DRAFT_TARGET, None)
+    atexit.unregister(attachment.close)
+    attachment.close(forget)
+    return True
+
+
+def _default_session(notebook: Path | None) -> str:
+    if os.environ.get("LLFABRIC_SESSION"):
+        return os.environ["LLFABRIC_SESSION"]
+    try:
+        from ipykernel.connect import get_connection_file
+
+        fallback = Path(get_connection_file()).stem  # kernel-<id>: stays across restarts
+    except (ImportError, RuntimeError, AttributeError):
+        fallback = f"kernel-{uuid.uuid4().hex[:12]}"
+    return session_name(notebook, fallback)
+
+
+def _run_cell(attachment: Attachment, local_run_cell: Any, raw_cell: str, *args: Any,
+              cell_id: str | None = None, **kwargs: Any) -> ExecutionResult:
+    if is_local(raw_cell):
+        match = LOCAL.match(raw_cell)
+        if match is not None and match.group(1) == "%local":
+            raw_cell = raw_cell.split("\n", 1)[1] if "\n" in raw_cell else ""
+        return local_run_cell(raw_cell, *args, cell_id=cell_id, **kwargs)
+    return attachment.run(raw_cell, cell_id)
+
+
+def _listen_for_drafts(attachment: Attachment) -> None:
+    """Live edits from a frontend extension: a comm whose messages carry `{"source": ...}`."""
+    comms = getattr(attachment.kernel, "comm_manager", None)
+    if comms is None:
+        return
+
+    def on_open(comm: Any, message: dict) -> None:
+        def on_message(msg: dict) -> None:
+            source = (msg.get("content", {}).get("data") or {}).get("source")
+            if isinstance(source, str):
+                attachment.draft(source)
+
+        comm.on_msg(on_message)
+        on_message(message)
+
+    comms.register_target(DRAFT_TARGET, on_open)

@@ -1,0 +1,78 @@
+"""Jupyter-side set-up: attach a kernel that already runs, install the llfabric kernelspec."""
+
+from __future__ import annotations
+
+import ast
+import json
+import queue
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import FabricError
+
+DISPLAY_NAME = "Python 3 (llfabric)"
+CURRENT = "__import__('fabric.attach', fromlist=['current']).current(get_ipython())"
+
+
+def kernelspec(address: str | None = None) -> dict:
+    """A python3 kernel that loads `fabric.attach` at start, so every cell runs on the fabric."""
+    spec: dict = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                 "--ext=fabric.attach"],
+        "display_name": DISPLAY_NAME,
+        "language": "python",
+        "metadata": {"debugger": False},
+    }
+    if address:
+        spec["env"] = {"LLFABRIC_BIND": address}
+    return spec
+
+
+def install_kernelspec(name: str = "llfabric", address: str | None = None, user: bool = True,
+                       prefix: str | None = None) -> str:
+    """Install the kernelspec; return the directory it was installed in."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec(address), indent=1))
+        return KernelSpecManager().install_kernel_spec(tmp, name, user=user and not prefix,
+                                                       prefix=prefix)
+
+
+def attach_running(kernel: str, address: str, session: str | None = None,
+                   timeout: float = 30.0) -> str:
+    """Attach the kernel with connection file (or id) `kernel`; return the session name."""
+    from jupyter_client import BlockingKernelClient, find_connection_file
+
+    path = kernel if Path(kernel).is_file() else None
+    if path is None:
+        try:
+            path = find_connection_file(kernel)
+        except OSError as exc:
+            raise FabricError(f"no running kernel {kernel!r}: {exc}", kernel=kernel) from exc
+    code = f"%load_ext fabric.attach.magics\n%llfabric attach {shlex.quote(address)}"
+    if session:
+        code += f" --session {shlex.quote(session)}"
+    client = BlockingKernelClient()
+    client.load_connection_file(path)
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=timeout)
+        msg_id = client.execute(code, silent=True, user_expressions={"session": CURRENT +
+                                                                      ".session"})
+        while True:
+            reply = client.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+    except (RuntimeError, queue.Empty) as exc:
+        raise FabricError(f"the kernel at {path} did not answer: {exc}", kernel=kernel) from exc
+    finally:
+        client.stop_channels()
+    content = reply["content"]
+    result = content.get("user_expressions", {}).get("session", {})
+    if content.get("status") != "ok" or result.get("status") != "ok":
+        why = content.get("evalue") or result.get("evalue") or "unknown error"
+        raise FabricError(f"the kernel could not attach: {why}", kernel=kernel)
+    return ast.literal_eval(result["data"]["text/plain"])

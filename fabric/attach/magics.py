@@ -1,0 +1,123 @@
+"""`%llfabric attach|detach|status|checkout` and `%%local`.
+
+`%load_ext fabric.attach.magics` registers them without attaching (as `llfabric attach` does
+for a running kernel, before `%llfabric attach ADDRESS`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from ..errors import FabricError
+
+USAGE = """usage:
+  %llfabric attach [ADDRESS] [--session NAME] [--notebook PATH]
+  %llfabric status
+  %llfabric detach
+  %llfabric interrupt            (a cell of the session still running from an earlier kernel)
+  %llfabric checkout VERSION"""
+
+
+def _options(words: list[str], names: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """Split `--name value` options from positional words."""
+    positional, options = [], {}
+    while words:
+        word = words.pop(0)
+        if word.startswith("--"):
+            name = word[2:]
+            if name not in names or not words:
+                raise UsageError(f"bad option {word!r}\n{USAGE}")
+            options[name] = words.pop(0)
+        else:
+            positional.append(word)
+    return positional, options
+
+
+@magics_class
+class FabricMagics(Magics):
+    @line_magic
+    def llfabric(self, line: str) -> None:
+        """Attach this kernel to an llfabric server, or manage the attachment."""
+        from . import attach, current, detach
+
+        words = shlex.split(line)
+        command = words.pop(0) if words else "status"
+        if command == "attach":
+            positional, options = _options(words, ("session", "notebook"))
+            if len(positional) > 1:
+                raise UsageError(USAGE)
+            attach(self.shell, positional[0] if positional else None, **options)
+        elif command == "detach" and not words:
+            if detach(self.shell):
+                print("llfabric: detached; cells run in this kernel again")
+        elif command == "status" and not words:
+            attachment = current(self.shell)
+            if attachment is None:
+                print("llfabric: not attached; cells run in this kernel")
+                return
+            try:
+                print(describe(attachment.client.call("status"), attachment.session))
+            except FabricError as exc:
+                print(f"llfabric: {exc.message}", file=sys.stderr)
+        elif command == "interrupt" and not words:
+            attachment = current(self.shell)
+            if attachment is None:
+                raise UsageError("not attached: `%llfabric attach` first")
+            try:
+                stopped = attachment.call("interrupt")["interrupted"]
+            except FabricError as exc:
+                print(f"llfabric: {exc.message}", file=sys.stderr)
+                return
+            print("llfabric: " + ("interrupted the running cell" if stopped
+                                  else "no cell of the session was running"))
+        elif command == "checkout" and len(words) == 1 and words[0].isdigit():
+            attachment = current(self.shell)
+            if attachment is None:
+                raise UsageError("not attached: `%llfabric attach` first")
+            try:
+                reply = attachment.call("checkout", version=int(words[0]))
+            except FabricError as exc:
+                print(f"llfabric: {exc.message}", file=sys.stderr)
+                return
+            self.shell.execution_count = int(reply.get("execution_count", 0)) + 1
+            print(f"llfabric: session {attachment.session} is back at version {words[0]}")
+        else:
+            raise UsageError(USAGE)
+
+    @cell_magic
+    def local(self, line: str, cell: str) -> None:
+        """Run this cell in the kernel itself, not on the fabric (attached kernels route
+        `%%local` cells here before this magic is reached)."""
+        self.shell.run_cell(cell)
+
+
+def load_ipython_extension(shell: object) -> None:
+    shell.register_magics(FabricMagics)
+
+
+def describe(status: dict, session: str) -> str:
+    """`%llfabric status`: the session's tier, lease time, savings against pinning, bytes."""
+    mine = next((s for s in status.get("sessions", []) if s.get("session") == session), None)
+    if mine is None:
+        return f"llfabric: the server at {status.get('address')} has no session {session!r} open"
+    leases = status.get("leases", {})
+    held = float(mine.get("lease_seconds", 0.0))
+    pinned = max(time.time() - float(mine.get("opened", time.time())), held)
+    saved = (pinned - held) / 3600
+    share = f" ({100 * (pinned - held) / pinned:.0f}%)" if pinned > 0 else ""
+    lines = [
+        f"llfabric session {session} on {status.get('address')}: version {mine.get('version')}",
+        f"tier: {leases.get('kind')} ({leases.get('slots')} slots, {leases.get('held')} held, "
+        f"{leases.get('queued')} queued)",
+        f"lease time so far: {held:.1f} s of {pinned:.0f} s open; "
+        f"{leases.get('kind')}-hours saved vs pinned: {saved:.4f}{share}",
+        f"stored: {mine.get('bytes', 0)} bytes in {mine.get('variables', 0)} variables",
+    ]
+    if mine.get("pinned"):
+        lines.append("pinned: a worker is kept alive for state that cannot be saved")
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""The relay between an ipykernel and a fabric session: cells go out, outputs come back.
+
+Outputs arrive as nbformat output dicts and are re-published on the kernel's IOPub channel with
+the request's parent header, so frontends cannot tell them from the kernel's own. The kernel's
+namespace is never used: what a cell defines lives in the session's store.
+
+While a cell runs the relay waits in one-second ticks: a Jupyter interrupt (SIGINT, delivered as
+KeyboardInterrupt in the kernel's main thread) becomes an `interrupt` request, a lease wait
+shows a message that counts the seconds, and a server that stops answering is noticed by a
+ping after ten seconds of silence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from IPython.core.error import StdinNotImplementedError
+from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+
+from ..client import Client
+from ..errors import FabricError, RemoteError, Unreachable
+from .notebook_file import next_cell_source
+
+log = logging.getLogger(__name__)
+
+TICK = 1.0  # seconds between updates of a lease-wait message
+SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
+CALL_TIMEOUT = 10.0
+OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
+                          "error", "clear_output"})
+# Cells the kernel runs itself: `%%local` ones and those that manage the attachment.
+LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b)")
+
+
+class RemoteCellError(Exception):
+    """Stands, in the kernel's execute_reply, for what the cell raised in its worker."""
+
+
+def _remote_error(ename: str, evalue: str) -> RemoteCellError:
+    name = ename if ename.isidentifier() else "RemoteCellError"
+    return type(name, (RemoteCellError,), {})(evalue)
+
+
+def is_local(source: str) -> bool:
+    return LOCAL.match(source) is not None
+
+
+class Attachment:
+    """One kernel attached to one session of the fabric at `address`."""
+
+    def __init__(self, shell: InteractiveShell, address: str, session: str,
+                 notebook: Path | None) -> None:
+        self.shell = shell
+        self.kernel = shell.kernel
+        self.address = address
+        self.session = session
+        self.notebook = notebook
+        self.client = Client(address, timeout=CALL_TIMEOUT)
+        self.opened = False
+
+    def close(self, forget: bool = True) -> None:
+        """Detach; with `forget`, the server also retires the session's workers (the store
+        keeps its state)."""
+        if forget and self.opened:
+            try:
+                self.client.call("close", session=self.session, timeout=2.0)
+            except FabricError as exc:
+                print(f"llfabric: detached, but the server did not close the session: "
+                      f"{exc.message}", file=sys.stderr)
+        self.client.close()
+
+    def open(self) -> dict:
+        """Open (or rejoin) the session; the kernel's prompt numbers continue the session's."""
+        if not self.client.ping(timeout=2.0):
+            raise Unreachable(f"no llfabric server answers at {self.address}",
+                              address=self.address)
+        reply = self.client.call("open", session=self.session, cwd=os.getcwd())
+        self.opened = True
+        self.shell.execution_count = int(reply.get("execution_count", 0)) + 1
+        return reply
+
+    def call(self, op: str, **fields: Any) -> dict:
+        return self.client.call(op, session=self.session, **fields)
+
+    # cells
+    def run(self, source: str, cell_id: str | None = None) -> ExecutionResult:
+        """Run one cell on the fabric, publishing its outputs; the result ipykernel replies with."""
+        result = ExecutionResult(ExecutionInfo(source, True, False, True, cell_id))
+        try:
+            if not self.opened:
+                self.open()
+            try:
+                reply = self._execute(source, result)
+            except RemoteError as exc:
+                if exc.kind != "unknown_session":
+                    raise
+                self.open()  # the server restarted: the session continues from the store
+                reply = self._execute(source, result)
+        except FabricError as exc:
+            self._fail(result, exc)
+            return result
+        except KeyboardInterrupt:  # before the cell reached the server: it did not run
+            self._fail(result, FabricError("interrupted before the cell started"))
+            return result
+        count = int(reply.get("execution_count", self.shell.execution_count))
+        result.execution_count = count
+        self.shell.execution_count = count + 1
+        if reply.get("status") == "error" and result.error_in_exec is None:
+            result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")
+        self._draft_next(cell_id)
+        return result
+
+    def _execute(self, source: str, result: ExecutionResult) -> dict:
+        waiting = {self.client.send("execute", session=self.session, source=source, stdin=True)}
+        heard, ping, pinged, wait = time.monotonic(), None, 0.0, None
+        while True:
+            try:
+                message = self.client.receive(waiting, TICK)
+                now = time.monotonic()
+                if message is None:
+                    if wait is not None:
+                        wait.tick(now)
+                    if ping is None and now - heard > SILENCE:
+                        ping, pinged = self.client.send("ping"), now
+                        waiting.add(ping)
+                    elif ping is not None and now - pinged > SILENCE:
+                        raise Unreachable(
+                            f"the llfabric server at {self.address} stopped answering while "
+                            "the cell ran", address=self.address)
+                    continue
+                heard = now
+                if message["msg_id"] == ping:
+                    waiting.discard(ping)
+                    ping = None
+                elif message["type"] == "reply":
+                    return message
+                elif message.get("event") == "output":
+                    self._publish_output(message.get("output"), result)
+                elif message.get("event") == "queued":
+                    wait = _LeaseWait(self, message)
+                elif message.get("event") == "leased" and wait is not None:
+                    wait.done(message)
+                    wait = None
+                elif message.get("event") == "input_request":
+                    self._answer(message)
+            except KeyboardInterrupt:  # Jupyter's interrupt: the cell's worker gets it
+                self.client.send("interrupt", session=self.session)
+
+    def _answer(self, request: dict) -> None:
+        """Ask the frontend through the kernel's stdin channel, as the cell's own input() would."""
+        prompt = str(request.get("prompt", ""))
+        try:
+            if request.get("password"):
+                value = self.kernel.getpass(prompt)
+            else:
+                value = self.kernel.raw_input(prompt)
+        except StdinNotImplementedError as exc:
+            self.client.send("input", session=self.session, error=str(exc))
+            return
+        self.client.send("input", session=self.session, value=str(value))
+
+    # publishing
+    def publish(self, msg_type: str, content: dict) -> None:
+        """Send on IOPub as the kernel does for the execute request being handled."""
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # what the kernel itself printed comes first
+        kernel = self.kernel
+        kernel.session.send(kernel.iopub_socket, msg_type, content,
+                            parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type))
+
+    def _publish_output(self, output: object, result: ExecutionResult) -> None:
+        if not isinstance(output, dict) or output.get("output_type") not in OUTPUT_TYPES:
+            log.warning("ignoring a malformed output from the server: %r", output)
+            return
+        kind = output["output_type"]
+        content = {k: v for k, v in output.items() if k != "output_type"}
+        if kind == "error":
+            traceback = content.get("traceback")
+            self.shell._last_traceback = traceback if isinstance(traceback, list) else []
+            result.error_in_exec = _remote_error(str(content.get("ename", "Error")),
+                                                 str(content.get("evalue", "")))
+        self.publish(kind, content)
+
+    def _fail(self, result: ExecutionResult, exc: FabricError) -> None:
+        """The fabric could not run the cell: say so in the cell, as its error."""
+        if isinstance(exc, Unreachable):
+            text = (f"{exc.message}. If the cell had started, the session keeps the state of the "
+                    "cells before it. Start a server with `llfabric serve`, then run the cell "
+                    "again; `%%local` runs a cell in this kernel instead.")
+        elif exc.kind == "busy":
+            text = (f"{exc.message} (perhaps from before a kernel restart). Wait for it, or "
+                    "stop it with `%llfabric interrupt`; this cell did not run.")
+        else:
+            text = f"llfabric could not run the cell: {exc.message}"
+        error = {"ename": "LLFabricError", "evalue": text, "traceback": [f"llfabric: {text}"]}
+        self._publish_output({"output_type": "error", **error}, result)
+
+    # drafts
+    def draft(self, source: str) -> None:
+        """Have the fabric prepare a worker for `source` (the next cell, or one being edited)."""
+        if is_local(source) or not self.opened:
+            return
+        try:
+            self.call("draft", source=source, timeout=CALL_TIMEOUT)
+        except FabricError as exc:  # a draft only saves time: the cell runs without it
+            log.info("draft not sent: %s", exc.message)
+
+    def _draft_next(self, cell_id: str | None) -> None:
+        if cell_id and self.notebook is not None:
+            source = next_cell_source(self.notebook, cell_id)
+            if source is not None and source.strip():
+                self.draft(source)
+
+
+class _LeaseWait:
+    """A message in the cell while it waits in the lease queue, counting the seconds."""
+
+    def __init__(self, attachment: Attachment, event: dict) -> None:
+        self.attachment = attachment
+        self.started = time.monotonic()
+        self.display_id = f"llfabric-lease-{uuid.uuid4().hex}"
+        self.ahead = int(event.get("ahead", 0))
+        self._show("display_data", "waiting for an execution slot")
+
+    def _show(self, msg_type: str, text: str) -> None:
+        self.attachment.publish(msg_type, {"data": {"text/plain": f"llfabric: {text}"},
+                                           "metadata": {},
+                                           "transient": {"display_id": self.display_id}})
+
+    def tick(self, now: float) -> None:
+        ahead = f", {self.ahead} cells of other sessions ahead" if self.ahead else ""
+        self._show("update_display_data", f"waiting for an execution slot: "
+                   f"{now - self.started:.0f} s so far{ahead}")
+
+    def done(self, event: dict) -> None:
+        waited = float(event.get("waited", time.monotonic() - self.started))
+        self._show("update_display_data", f"waited {waited:.1f} s for an execution slot")

@@ -1,0 +1,77 @@
+"""Corpus differential through an attached kernel: each dev-corpus notebook, executed by nbclient
+in the "Python 3 (llfabric)" kernel, must give the outputs of a plain ipykernel.
+
+Same notebooks, masks and server as tests/test_corpus.py; only the llfabric side differs: a
+Jupyter frontend drives a kernel whose cells run on the fabric, instead of `llfabric run`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+from attached import KERNEL_NAME, install_test_kernelspec, kernel_env
+from helpers import RunningServer
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+from nbclient import NotebookClient
+from notebook_compare import (
+    CELL_TIMEOUT_S,
+    VOLATILE_CELLS,
+    compare,
+    fresh_copy,
+    notebook_env,
+    run_plain,
+)
+from test_corpus import (
+    NOTEBOOKS,
+    PLAIN_ERRORS_ALLOWED,
+    TEST_TIMEOUT_S,
+    _nb_id,
+    _plain_error_cells,
+)
+from test_corpus import fabric_server as fabric_server  # the module's server fixture
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
+    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
+
+
+def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
+                 workdir: Path) -> nbformat.NotebookNode:
+    """Execute a fresh copy of `nb_path` with nbclient in an attached kernel."""
+    nb_copy = fresh_copy(nb_path, workdir)
+    nb = nbformat.read(nb_copy, as_version=4)
+    session = f"attached-{uuid.uuid4().hex[:10]}"
+    env = kernel_env(server.address, session, base=notebook_env())
+    client = NotebookClient(
+        nb,
+        km=KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs),
+        timeout=CELL_TIMEOUT_S,
+        allow_errors=True,
+        resources={"metadata": {"path": str(workdir)}},
+    )
+    client.execute(env=env, cwd=str(workdir))
+    # A kernel that failed to attach runs cells itself: the session proves they ran on the fabric.
+    with server.client() as fabric:
+        sessions = {s["session"]: s for s in fabric.call("status")["sessions"]}
+    ran = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
+    assert sessions.get(session, {}).get("version") == ran, "cells did not run on the fabric"
+    return nb
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
+def test_attached_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
+                                         specs: KernelSpecManager, tmp_path: Path) -> None:
+    plain = run_plain(nb_path, tmp_path / "plain")
+    unexpected = {i: e for i, e in _plain_error_cells(plain).items()
+                  if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), set())}
+    assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
+    attached = run_attached(fabric_server, specs, nb_path, tmp_path / "attached")
+    diffs = compare(plain, attached, VOLATILE_CELLS.get(_nb_id(nb_path), {}))
+    assert diffs == [], "attached kernel output differs from plain:\n" + "\n".join(diffs)
