@@ -26,10 +26,11 @@ from traitlets import Type
 
 Sink = Callable[..., None]
 
-# IPython's own bookkeeping in the user namespace: never session state.
+# IPython's and the interpreter's bookkeeping in the user namespace: never session state.
 HIDDEN = frozenset({"In", "Out", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii",
                     "get_ipython", "exit", "quit", "open", "__builtin__", "__builtins__",
-                    "__name__", "__doc__", "__package__", "__loader__", "__spec__"})
+                    "__name__", "__doc__", "__package__", "__loader__", "__spec__",
+                    "__warningregistry__"})  # the warnings module keeps its "once" memory here
 
 
 def _jsonable(bundle: dict) -> dict:
