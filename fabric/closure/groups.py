@@ -27,6 +27,7 @@ _ATOMS = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleT
           types.BuiltinFunctionType, types.CodeType, range, type(Ellipsis))
 
 _ATOM_TYPES = frozenset(_ATOMS)  # exact-type test first: cheap on lists of a million floats
+_CONTAINER_TYPES = frozenset({list, tuple, dict, set, frozenset})
 
 DEFAULT_BUDGET = 2_000_000  # objects visited in one grouping; past it, everything is one group
 
@@ -129,6 +130,13 @@ class _Walker:
         stack = [root]
         while stack:
             obj = stack.pop()
+            kind = type(obj)
+            if kind in _CONTAINER_TYPES:  # the common case, first and without probing
+                if self._claim(name, obj, id(obj)):
+                    _push_referents(stack, obj)
+                elif self.budget < 0:
+                    return None
+                continue
             if isinstance(obj, type):
                 if id(obj) not in seen_types:
                     seen_types.add(id(obj))
@@ -142,26 +150,30 @@ class _Walker:
             if callable(obj) and not isinstance(obj, types.FunctionType) and _is_global(obj):
                 self._note_package(obj)
                 continue  # likewise a library's callable object (np.sum, np.add)
-            key = _buffer_key(obj) or id(obj)
-            other = self.owner.get(key)
-            if other is not None:
-                self.union(name, other)
-                if other == name or self.find(other) == self.find(name):
-                    continue
-            self.owner[key] = name
-            self.size += _nbytes(obj, key)
-            self.budget -= 1
-            if self.budget < 0:
-                return None
+            if not self._claim(name, obj, _buffer_key(obj) or id(obj)):
+                if self.budget < 0:
+                    return None
+                continue
             if isinstance(obj, types.FunctionType):
                 refs |= code_globals(obj.__code__)
                 stack.extend(c.cell_contents for c in obj.__closure__ or () if _has_value(c))
                 stack.extend((obj.__defaults__, obj.__kwdefaults__, obj.__dict__))
                 continue
-            stack.append(type(obj))
-            stack.extend([r for r in gc.get_referents(obj) if type(r) not in _ATOM_TYPES])
+            stack.append(kind)
+            _push_referents(stack, obj)
         return refs
 
+    def _claim(self, name: str, obj: Any, key: Any) -> bool:
+        """Record that `name` reaches the node `key`; True if the walk must go on through it."""
+        other = self.owner.get(key)
+        if other is not None:
+            self.union(name, other)
+            if other == name or self.find(other) == self.find(name):
+                return False
+        self.owner[key] = name
+        self.size += _nbytes(obj, key)
+        self.budget -= 1
+        return self.budget >= 0
 
     def _note_type(self, cls: type, refs: set[str]) -> None:
         if cls.__module__ == "__main__":
@@ -174,6 +186,17 @@ class _Walker:
     def _note_package(self, obj: Any) -> None:
         if (package := _package(getattr(obj, "__module__", None))) is not None:
             self.packages.add(package)
+
+
+def _push_referents(stack: list, obj: Any) -> None:
+    """Push what `obj` refers to, but atoms; type sets are counted at C speed, so a list of a
+    million floats costs one pass, not a million pushes."""
+    referents = gc.get_referents(obj)
+    kinds = set(map(type, referents))
+    if kinds.isdisjoint(_ATOM_TYPES):
+        stack.extend(referents)
+    elif not kinds <= _ATOM_TYPES:
+        stack.extend([r for r in referents if type(r) not in _ATOM_TYPES])
 
 
 def _is_global(obj: Any) -> bool:
