@@ -43,26 +43,24 @@ from .snapshot import Group, Manifest, ambient, codec
 
 
 class RecordingNamespace(dict):
-    """A namespace that notes the names looked up in it while `reads` is a set.
+    """A namespace that notes the names the cell's code looks up in it.
 
     CPython looks globals up through `__getitem__` when the globals dict is not exactly a dict,
-    so this sees the cell's own lookups and those of every notebook function it calls. A lookup
-    of a name the cell has already bound is not a need; a function's `global x; x = ...` binds
-    without passing here, so its later reads still count (an over-report, never a hidden miss).
+    so this sees the cell's own lookups and those of every notebook function it calls. Only
+    lookups while `active` count (IPython's own, such as its prefilter probing the first word of
+    a line, are not the cell's). A lookup of a name the cell has already bound is not a need; a
+    function's `global x; x = ...` binds without passing here, so its later reads still count
+    (an over-report, never a hidden miss).
     """
 
-    reads: set[str] | None = None
-    bound: set[str] = set()
+    active = False
 
     def start(self) -> None:
-        self.reads, self.bound = set(), set()
-
-    def stop(self) -> set[str]:
-        reads, self.reads = self.reads or set(), None
-        return reads
+        self.reads: set[str] = set()
+        self.bound: set[str] = set()
 
     def _note(self, key: str) -> None:
-        if self.reads is not None and key not in self.bound:
+        if self.active and key not in self.bound:
             self.reads.add(key)
 
     def __getitem__(self, key: str) -> Any:
@@ -74,13 +72,14 @@ class RecordingNamespace(dict):
         return super().get(key, default)
 
     def __setitem__(self, key: str, value: Any) -> None:
-        if self.reads is not None:
+        if self.active:
             self.bound.add(key)
         super().__setitem__(key, value)
 
     def __delitem__(self, key: str) -> None:
         self._note(key)
-        self.bound.discard(key)
+        if self.active:
+            self.bound.discard(key)
         super().__delitem__(key)
 
 
@@ -138,6 +137,17 @@ class Auditor:
             {"output_type": kind, **fields})
         self.streams = [OutStream("stdout", self.shell), OutStream("stderr", self.shell)]
         self.verify = verify
+        self.namespace.start()
+        run_code = self.shell.run_code
+
+        async def recording_run_code(*args: Any, **kwargs: Any) -> Any:
+            self.namespace.active = True  # the cell's code, not IPython's handling of it
+            try:
+                return await run_code(*args, **kwargs)
+            finally:
+                self.namespace.active = False
+
+        self.shell.run_code = recording_run_code
         _single_threaded_torch()
 
     def run(self, sources: list[str], on_cell: Any = None) -> list[CellAudit]:
@@ -165,7 +175,7 @@ class Auditor:
         child = self._fork_closure_run(cl, source) if self.verify else None
         ns.start()
         status, outputs = self._run(source)
-        touched_names = ns.stop()
+        touched_names = ns.reads
         session = set(manifest.variables()) | set(manifest.imports)
         touched = sorted(touched_names & session)
         variables = manifest.variables()
