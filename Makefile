@@ -4,7 +4,7 @@ PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
 
-.PHONY: demo test test-fast lint criu sysdeps clean
+.PHONY: demo test test-fast test-corpus-full lint criu sysdeps clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 test: $(STAMP) $(CRIU) sysdeps lint
 	$(VENV)/bin/pytest -m "not gpu" -q
+
+# Every corpus differential on every notebook, the heavy ones included (about an hour here).
+test-corpus-full: $(STAMP) $(CRIU) sysdeps
+	LLFABRIC_CORPUS=full $(VENV)/bin/pytest -m slow -q
 
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -m "not gpu and not slow" -q

@@ -23,15 +23,8 @@ from notebook_compare import (
     compare,
     fresh_copy,
     notebook_env,
-    run_plain,
 )
-from test_corpus import (
-    NOTEBOOKS,
-    PLAIN_ERRORS_ALLOWED,
-    TEST_TIMEOUT_S,
-    _nb_id,
-    _plain_error_cells,
-)
+from test_corpus import NOTEBOOKS, TEST_TIMEOUT_S, _nb_id, plain_run, skip_heavy_unless_full
 from test_corpus import fabric_server as fabric_server  # the module's server fixture
 
 
@@ -68,10 +61,8 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
 def test_attached_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
                                          specs: KernelSpecManager, tmp_path: Path) -> None:
-    plain = run_plain(nb_path, tmp_path / "plain")
-    unexpected = {i: e for i, e in _plain_error_cells(plain).items()
-                  if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), set())}
-    assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
+    skip_heavy_unless_full(nb_path)
+    plain = plain_run(nb_path, tmp_path / "plain")
     attached = run_attached(fabric_server, specs, nb_path, tmp_path / "attached")
     diffs = compare(plain, attached, VOLATILE_CELLS.get(_nb_id(nb_path), {}))
     assert diffs == [], "attached kernel output differs from plain:\n" + "\n".join(diffs)

@@ -115,16 +115,53 @@ def _plain_error_cells(nb: nbformat.NotebookNode) -> dict[int, list[str]]:
             if any(o.get("output_type") == "error" for o in c.outputs)}
 
 
+_PLAIN_RUNS: dict[Path, nbformat.NotebookNode] = {}
+
+
+def plain_run(nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
+    """The notebook run in a plain ipykernel, checked clean; once per test session, since every
+    fabric front end (llfabric run, an attached kernel) is compared with the same run."""
+    if nb_path not in _PLAIN_RUNS:
+        plain = run_plain(nb_path, workdir)
+        unexpected = {i: e for i, e in _plain_error_cells(plain).items()
+                      if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), set())}
+        assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
+        _PLAIN_RUNS[nb_path] = plain
+    return _PLAIN_RUNS[nb_path]
+
+
+# Notebooks that take 20 s or more to run once (training loops, %timeit): every one of them runs
+# plain and through `llfabric run` in CI; the further differentials (an attached kernel, each
+# cell on its closure) run on them with LLFABRIC_CORPUS=full (`make test-corpus-full`), to keep
+# CI within its time.
+HEAVY = {
+    "PythonDataScienceHandbook/02.04-Computation-on-arrays-aggregates",
+    "PythonDataScienceHandbook/02.07-Fancy-Indexing",
+    "PythonDataScienceHandbook/05.03-Hyperparameters-and-Model-Validation",
+    "PythonDataScienceHandbook/05.11-K-Means",
+    "PythonDataScienceHandbook/05.13-Kernel-Density-Estimation",
+    "micrograd/demo",
+    "nn-zero-to-hero/makemore_part2_mlp",
+    "nn-zero-to-hero/makemore_part3_bn",
+    "nn-zero-to-hero/makemore_part4_backprop",
+    "nn-zero-to-hero/makemore_part5_cnn1",
+    "pytorch-deep-learning/02_pytorch_classification",
+    "pytorch-deep-learning/02_pytorch_classification_exercise_solutions",
+}
+FULL_CORPUS = os.environ.get("LLFABRIC_CORPUS") == "full"
+
+
+def skip_heavy_unless_full(nb_path: Path) -> None:
+    if _nb_id(nb_path) in HEAVY and not FULL_CORPUS:
+        pytest.skip("heavy notebook: this differential runs on it with LLFABRIC_CORPUS=full")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
 def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
                                 tmp_path: Path) -> None:
-    plain = run_plain(nb_path, tmp_path / "plain")
-    unexpected = {i: e for i, e in _plain_error_cells(plain).items()
-                  if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), set())}
-    assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
-
+    plain = plain_run(nb_path, tmp_path / "plain")
     fabric = run_fabric(fabric_server, nb_path, tmp_path / "fabric")
     # Cells printing unseeded random values are compared with numbers masked.
     diffs = compare(plain, fabric, VOLATILE_CELLS.get(_nb_id(nb_path), {}))
@@ -134,6 +171,10 @@ def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
 def test_corpus_present() -> None:
     # Guard against a silently empty parametrization (wrong corpus path).
     assert len(NOTEBOOKS) >= 39, f"expected the 39-notebook dev corpus under {CORPUS}"
+
+
+def test_heavy_notebooks_are_in_the_corpus() -> None:
+    assert {_nb_id(p) for p in NOTEBOOKS} >= HEAVY
 
 
 def test_volatile_cells_name_real_code_cells() -> None:
