@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import click
 import nbformat
 
+from fabric import audit as fabric_audit
 from fabric import config as fabric_config
 from fabric.client import Client
 from fabric.embedded import EmbeddedServer
@@ -122,6 +125,32 @@ def run(notebook: Path, connect: str | None, store: str | None, think_time: floa
     """Execute NOTEBOOK's code cells in order on a fabric server."""
     ok = _run(notebook, connect, store, think_time, output, cwd, allow_errors, session)
     sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.argument("notebook", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--verify", is_flag=True,
+              help="Also run each cell on its closure alone and compare outputs and variables.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write every cell's audit here.")
+def audit(notebook: Path, verify: bool, json_out: Path | None) -> None:
+    """Check llfabric's closures on NOTEBOOK: run it here, in a copy of its folder, recording
+    what each cell looks up. Exits 1 if a cell needed something outside its closure."""
+    try:
+        read_notebook(notebook)  # a clear error for a file that is not a notebook
+    except NotebookError as exc:
+        raise click.ClickException(exc.message) from exc
+    with tempfile.TemporaryDirectory(prefix="llfabric-audit-") as workdir:
+        log = Path(workdir) / "audit.log"
+        try:
+            cells = fabric_audit.audit_notebook(notebook.resolve(), Path(workdir), verify,
+                                                log=log)
+        except subprocess.CalledProcessError as exc:
+            raise click.ClickException(f"the audit failed:\n{log.read_text()[-4000:]}") from exc
+    if json_out is not None:
+        json_out.write_text(json.dumps(cells))
+    click.echo(fabric_audit.report(cells))
+    sys.exit(1 if any(c["misses"] or c["variable_diffs"] for c in cells) else 0)
 
 
 @main.command()

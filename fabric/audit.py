@@ -447,6 +447,25 @@ def audit_notebook(notebook: Path, workdir: Path, verify: bool = False,
     return json.loads(result.read_text())
 
 
+def report(cells: list[dict]) -> str:
+    """A table of the audit, one row per cell, then what went wrong."""
+    lines = [f"{'cell':>4}  {'closure/session vars':>20}  {'closure/session MB':>20}  "
+             f"{'touched':>7}  first line"]
+    for c in cells:
+        whole = "*" if c["whole"] else " "
+        lines.append(
+            f"{c['index']:>4}  {c['closure_variables']:>9}/{c['session_variables']:<9}{whole}  "
+            f"{c['closure_bytes'] / 1e6:>9.2f}/{c['session_bytes'] / 1e6:<10.2f}  "
+            f"{len(c['touched']):>7}  {c['head'][:40]}")
+    lines.append("(* the cell defeats static analysis: its closure is the whole session)")
+    for c in cells:
+        for name in c["misses"]:
+            lines.append(f"MISS cell {c['index']}: looked up {name!r} outside its closure")
+        for diff in c["variable_diffs"]:
+            lines.append(f"DIFF cell {c['index']}: {diff}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """python -m fabric.audit NOTEBOOK RESULT.json [--verify]: audit in this directory."""
     args = sys.argv[1:] if argv is None else argv

@@ -79,3 +79,16 @@ def test_status_shows_the_server(server) -> None:
     result = _run("status", "--connect", server.address)
     assert result.returncode == 0, result.stderr
     assert "slots" in result.stdout and "zygote" in result.stdout
+
+
+
+def test_audit_reports_each_cell_and_refuses_a_non_notebook(tmp_path: Path) -> None:
+    path = _notebook(tmp_path / "small.ipynb", "a = [1]\nb = 2", "a.append(b)")
+    result = _run("audit", str(path), "--verify", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:3]]
+    assert rows[1][:2] == ["1", "2/2"]  # the second cell's closure: a and b, of two variables
+    (tmp_path / "notes.txt").write_text("not a notebook")
+    bad = _run("audit", str(tmp_path / "notes.txt"), cwd=tmp_path)
+    assert bad.returncode != 0
+    assert "not a valid notebook" in bad.stderr
