@@ -3,8 +3,9 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
+INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-fast lint criu sysdeps clean
+.PHONY: demo test test-fast lint criu native sysdeps clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,6 +17,12 @@ $(CRIU): scripts/provision-criu.sh $(STAMP)
 
 criu: $(CRIU)
 
+# The pid-1 init of template workers (native/); make rebuilds it only when its source changed.
+$(INIT): native/init.c native/Makefile
+	$(MAKE) -C native
+
+native: $(INIT)
+
 sysdeps:
 	bash scripts/provision-sysdeps.sh
 
@@ -25,10 +32,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(CRIU) sysdeps lint
+test: $(STAMP) $(CRIU) $(INIT) sysdeps lint
 	$(VENV)/bin/pytest -m "not gpu" -q
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(INIT)
 	$(VENV)/bin/pytest -m "not gpu and not slow" -q
 
 clean:
