@@ -32,8 +32,11 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.store = Store(config.store)
-        self.pool = Pool(config.store, max_zygotes=config.max_zygotes)
         self.leases = Leases(config.slots)
+        source = config.worker_source
+        if source == "auto":
+            source = "template" if self.leases.kind == "gpu" else "zygote"
+        self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source)
         self.sessions: dict[str, Session] = {}
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()

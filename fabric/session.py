@@ -81,7 +81,7 @@ class Session:
     # preparation
     def _prepare(self, cl: Closure) -> Preparation:
         async def prepare() -> WorkerHandle:
-            worker = await self.pool.fork_worker(frozenset(self.manifest.modules))
+            worker = await self.pool.new_worker(frozenset(self.manifest.modules))
             try:
                 await self._load(worker, list(cl.groups), cl.imports, first=True)
             except BaseException:
@@ -247,6 +247,7 @@ class Session:
             "execution_count": count,
             "unsaved": unsaved,
             "path": path,
+            "source": worker.source,
             "closure": self._describe(cl),
             "timings": {
                 "prepare": prep.seconds,

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +24,8 @@ import zmq.asyncio
 
 from .. import protocol
 from ..errors import FabricError, WorkerDied
-from . import control
+from . import control, criu
+from .templates import Template, Templates
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +100,22 @@ class ZygoteHandle:
 
 
 class WorkerHandle:
-    """One worker process, as seen by the server: its socket, its pid, its death."""
+    """One worker process, as seen by the server: its socket, its pid, its death.
 
-    def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle) -> None:
+    A worker forked by a zygote is that zygote's child, which reports its exit. A worker
+    restored from a template is the child of an init (pid 1 of its namespace) that is a child
+    of this process: `pid` is the init's, which forwards signals and exits with the worker's
+    status; its exit is watched through a pidfd.
+    """
+
+    def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle | None,
+                 path: Path | None = None) -> None:
         self.pool = pool
         self.id = ident
         self.zygote = zygote
+        self.source = "zygote" if zygote is not None else "template"
         self.pid = 0
-        self.path = pool.socket_dir / f"w{ident}.sock"
+        self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
         self.socket.linger = 0
         self.socket.bind(f"ipc://{self.path}")
@@ -131,6 +141,28 @@ class WorkerHandle:
             raise WorkerDied(self.death_reason(), pid=self.pid)
         raise WorkerDied(f"worker {self.pid} did not answer in {timeout} s", pid=self.pid)
 
+    def watch(self, pid: int) -> None:
+        """Report the exit of `pid`, our own child, to the pool."""
+        self.pid = pid
+        self.pool.workers[pid] = self
+        pidfd = os.pidfd_open(pid)
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                self.pool.child_exited(pid, None)
+                return
+            code = os.waitstatus_to_exitcode(status)
+            if code > 128:  # the init's way of saying "killed by signal code - 128"
+                status = code - 128
+            self.pool.child_exited(pid, status)
+
+        loop.add_reader(pidfd, exited)
+
     def death_reason(self) -> str:
         status = self.exit_status
         if status is None:
@@ -147,9 +179,12 @@ class WorkerHandle:
     async def close(self) -> None:
         """Retire the worker: ask it to exit, kill it if it does not."""
         if self.pid and not self.died.done():
-            try:
+            async def ask() -> None:  # a send blocks while no worker is connected
                 await self.send({"op": "exit"})
-                await asyncio.wait_for(asyncio.shield(self.died), 5.0)
+                await asyncio.shield(self.died)
+
+            try:
+                await asyncio.wait_for(ask(), 5.0)
             except (TimeoutError, zmq.ZMQError):
                 os.kill(self.pid, signal.SIGKILL)
         self.socket.close()
@@ -158,11 +193,19 @@ class WorkerHandle:
 
 
 class Pool:
-    def __init__(self, store_root: Path, max_zygotes: int = 4) -> None:
+    def __init__(self, store_root: Path, max_zygotes: int = 4,
+                 worker_source: str = "zygote") -> None:
+        if worker_source not in ("zygote", "template"):
+            raise FabricError(f"worker_source must be zygote or template, not {worker_source!r}")
+        if worker_source == "template" and (why := criu.unavailable()):
+            log.warning("workers fork from zygotes: templates cannot work here (%s)", why)
+            worker_source = "zygote"
         self.store_root = store_root
         self.max_zygotes = max_zygotes
+        self.worker_source = worker_source
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
+        self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
         self.zygotes: dict[frozenset[str], ZygoteHandle] = {}
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
@@ -207,11 +250,28 @@ class Pool:
 
     def _evict(self) -> None:
         """Drop least recently used families; never one with live workers (they die with it)."""
-        busy = {w.zygote.pid for w in self.workers.values()}
+        busy = {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
         families = sorted((z.last_used, f) for f, z in self.zygotes.items() if f)
         for _, family in families[: max(0, len(families) - self.max_zygotes)]:
             if self.zygotes[family].pid not in busy:
                 self.zygotes.pop(family).stop()
+
+    async def new_worker(self, modules: frozenset[str]) -> WorkerHandle:
+        """A fresh worker with `modules` imported, from the cheapest source ready now.
+
+        With templates, a restore of the family's template once it is built (until then, and
+        should a restore fail, a zygote fork); otherwise a zygote fork.
+        """
+        if self.worker_source == "template":
+            template = self.templates.ready(modules)
+            if template is None:
+                self.templates.build_soon(modules)
+            else:
+                try:
+                    return await self.restore_worker(template)
+                except (criu.CheckpointError, WorkerDied) as exc:
+                    log.warning("template restore failed, forking instead: %s", exc)
+        return await self.fork_worker(modules)
 
     async def fork_worker(self, modules: frozenset[str]) -> WorkerHandle:
         zygote = await self.zygote_for(modules)
@@ -221,15 +281,32 @@ class Pool:
                                              "store": str(self.store_root)})
             worker.pid = reply["pid"]
             self.workers[worker.pid] = worker
-            hello = await worker.recv(timeout=HELLO_TIMEOUT)
-            if hello.get("op") != "hello":
-                raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+            await self._hello(worker)
         except BaseException:
             await worker.close()
             raise
         return worker
 
-    def child_exited(self, pid: int, status: int) -> None:
+    async def restore_worker(self, template: Template) -> WorkerHandle:
+        """Restore a copy of `template`, wake it, and wait until it has connected."""
+        pid = await self.templates.restore(template)
+        worker = WorkerHandle(self, next(self._ids), None,
+                              path=control.restored_socket(self.socket_dir, pid))
+        try:
+            worker.watch(pid)
+            os.kill(pid, control.WAKE)  # the init forwards it to the dormant worker
+            await self._hello(worker)
+        except BaseException:
+            await worker.close()
+            raise
+        return worker
+
+    async def _hello(self, worker: WorkerHandle) -> None:
+        hello = await worker.recv(timeout=HELLO_TIMEOUT)
+        if hello.get("op") != "hello":
+            raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+
+    def child_exited(self, pid: int, status: int | None) -> None:
         worker = self.workers.get(pid)
         if worker is not None and not worker.died.done():
             worker.exit_status = status
@@ -250,19 +327,22 @@ class Pool:
             worker.socket.close()
         for zygote in self.zygotes.values():
             zygote.stop()
+        await self.templates.stop()
         if self._base_proc is not None:
             try:
                 self._base_proc.wait(5)
             except subprocess.TimeoutExpired:
                 self._base_proc.kill()
         self.context.term()
-        for path in self.socket_dir.iterdir():
-            path.unlink(missing_ok=True)
-        self.socket_dir.rmdir()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def status(self) -> dict:
         return {
             "zygotes": [{"pid": z.pid, "modules": sorted(f), "ready": z.ready.done()}
                         for f, z in self.zygotes.items()],
-            "workers": [{"pid": w.pid, "zygote": w.zygote.pid} for w in self.workers.values()],
+            "workers": [{"pid": w.pid, "source": w.source,
+                         "zygote": w.zygote.pid if w.zygote is not None else None}
+                        for w in self.workers.values()],
+            "worker_source": self.worker_source,
+            "templates": self.templates.status(),
         }

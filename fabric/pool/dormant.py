@@ -1,0 +1,75 @@
+"""A dormant worker: a zygote's state (shell, imported family) with no sockets, waiting to wake.
+
+This is the process that a template's images hold. It is started by the server under
+`llfabric-init --pidns` (so it is pid 2 of its own PID namespace), imports its family, reports
+`ready` on its control socket, closes it and blocks in `sigwait` for `WAKE`. The server then
+dumps the namespace with CRIU, once, and restores it as often as it needs workers. A restored
+copy is woken by `WAKE` (sent to its init, which forwards it); it connects to the endpoint
+named after its init's pid as the server sees it, and from there on is a worker like any
+forked one.
+
+    python -m fabric.pool.dormant CTRL_FD SOCKET_DIR STORE LOG [MODULE...]
+
+Until it sleeps, its stdout and stderr go to LOG; then to /dev/null, since CRIU refuses to
+restore a regular file that has changed size since the dump.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+from . import worker
+from .control import WAKE, restored_socket
+from .zygote import Zygote, detach_from_cwd
+
+
+def _init_pid() -> int:
+    """Our parent's pid in the server's namespace: /proc is the host's, so it shows host pids."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    raise RuntimeError("no PPid in /proc/self/status")
+
+
+def sleep_until_woken() -> None:
+    """Block until `WAKE` arrives; it never runs a handler, so user code never sees it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {WAKE})
+    signal.sigwait({WAKE})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {WAKE})
+
+
+def _redirect_output(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main() -> None:
+    ctrl = socket.socket(fileno=int(sys.argv[1]))
+    socket_dir, store, log = Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    _redirect_output(log)
+    detach_from_cwd()
+    zygote = Zygote(ctrl)
+    zygote.import_modules(sys.argv[5:])
+    ctrl.close()  # nothing outside the namespace may stay open across the dump
+    _redirect_output(os.devnull)
+    sleep_until_woken()
+    code = 0
+    try:
+        worker.main(zygote.shell, f"ipc://{restored_socket(socket_dir, _init_pid())}", store)
+    except BaseException:
+        traceback.print_exc(file=sys.__stderr__)
+        code = 1
+    finally:
+        os._exit(code)  # as a forked worker: no interpreter teardown, no atexit of the shell
+
+
+if __name__ == "__main__":
+    main()
