@@ -4,8 +4,8 @@ This is the process that a template's images hold. It is started by the server u
 `llfabric-init --pidns` (so it is pid 2 of its own PID namespace), imports its family, reports
 `ready` on its control socket, closes it and blocks in `sigwait` for `WAKE`. The server then
 dumps the namespace with CRIU, once, and restores it as often as it needs workers. A restored
-copy is woken by `WAKE` (sent to its init, which forwards it); it connects to the endpoint
-named after its init's pid as the server sees it, and from there on is a worker like any
+copy is woken by `WAKE` (sent to its init, which forwards it) and connects to the endpoint
+named after its pid as the server sees it (see `wake`); from there on it is a worker like any
 forked one.
 
     python -m fabric.pool.dormant CTRL_FD SOCKET_DIR STORE LOG [MODULE...]
@@ -17,31 +17,13 @@ restore a regular file that has changed size since the dump.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import traceback
 from pathlib import Path
 
-from . import worker
-from .control import WAKE, restored_socket
+from . import wake, worker
 from .zygote import Zygote, detach_from_cwd
-
-
-def _init_pid() -> int:
-    """Our parent's pid in the server's namespace: /proc is the host's, so it shows host pids."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("PPid:"):
-                return int(line.split()[1])
-    raise RuntimeError("no PPid in /proc/self/status")
-
-
-def sleep_until_woken() -> None:
-    """Block until `WAKE` arrives; it never runs a handler, so user code never sees it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {WAKE})
-    signal.sigwait({WAKE})
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {WAKE})
 
 
 def _redirect_output(path: str) -> None:
@@ -60,10 +42,10 @@ def main() -> None:
     zygote.import_modules(sys.argv[5:])
     ctrl.close()  # nothing outside the namespace may stay open across the dump
     _redirect_output(os.devnull)
-    sleep_until_woken()
+    endpoint = wake.sleep(socket_dir)
     code = 0
     try:
-        worker.main(zygote.shell, f"ipc://{restored_socket(socket_dir, _init_pid())}", store)
+        worker.main(zygote.shell, endpoint, store)
     except BaseException:
         traceback.print_exc(file=sys.__stderr__)
         code = 1

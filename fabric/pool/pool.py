@@ -24,8 +24,8 @@ import zmq.asyncio
 
 from .. import protocol
 from ..errors import FabricError, WorkerDied
-from . import control, criu
-from .templates import Template, Templates
+from . import control, criu, wake
+from .templates import Template, Templates, worker_of
 
 log = logging.getLogger(__name__)
 
@@ -102,18 +102,19 @@ class ZygoteHandle:
 class WorkerHandle:
     """One worker process, as seen by the server: its socket, its pid, its death.
 
-    A worker forked by a zygote is that zygote's child, which reports its exit. A worker
-    restored from a template is the child of an init (pid 1 of its namespace) that is a child
-    of this process: `pid` is the init's, which forwards signals and exits with the worker's
-    status; its exit is watched through a pidfd.
+    A worker forked by a zygote is that zygote's child, which reports its exit. A restored
+    worker (from a template or a cool image) is a child of this process, its exit watched
+    through a pidfd; when it runs under an init (pid 1 of its own namespace), `pid` is the
+    init's, which forwards signals and exits with the worker's status.
     """
 
     def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle | None,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, source: str = "zygote") -> None:
         self.pool = pool
         self.id = ident
         self.zygote = zygote
-        self.source = "zygote" if zygote is not None else "template"
+        self.source = source
+        self.init = False  # `pid` is an llfabric-init's, the worker its only child
         self.pid = 0
         self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
@@ -141,9 +142,9 @@ class WorkerHandle:
             raise WorkerDied(self.death_reason(), pid=self.pid)
         raise WorkerDied(f"worker {self.pid} did not answer in {timeout} s", pid=self.pid)
 
-    def watch(self, pid: int) -> None:
-        """Report the exit of `pid`, our own child, to the pool."""
-        self.pid = pid
+    def watch(self, pid: int, init: bool) -> None:
+        """Report the exit of `pid`, our own child (an init if `init`), to the pool."""
+        self.pid, self.init = pid, init
         self.pool.workers[pid] = self
         pidfd = os.pidfd_open(pid)
         loop = asyncio.get_running_loop()
@@ -157,7 +158,7 @@ class WorkerHandle:
                 self.pool.child_exited(pid, None)
                 return
             code = os.waitstatus_to_exitcode(status)
-            if code > 128:  # the init's way of saying "killed by signal code - 128"
+            if init and code > 128:  # the init's way of saying "killed by signal code - 128"
                 status = code - 128
             self.pool.child_exited(pid, status)
 
@@ -289,12 +290,21 @@ class Pool:
 
     async def restore_worker(self, template: Template) -> WorkerHandle:
         """Restore a copy of `template`, wake it, and wait until it has connected."""
-        pid = await self.templates.restore(template)
-        worker = WorkerHandle(self, next(self._ids), None,
-                              path=control.restored_socket(self.socket_dir, pid))
+        return await self.wake_restored(await self.templates.restore(template), True, "template")
+
+    async def wake_restored(self, root: int, init: bool, source: str) -> WorkerHandle:
+        """Wake the worker restored as `root` (or as its init's child) and await its hello."""
         try:
-            worker.watch(pid)
-            os.kill(pid, control.WAKE)  # the init forwards it to the dormant worker
+            pid = worker_of(root) if init else root
+        except BaseException:
+            os.kill(root, signal.SIGKILL)
+            os.waitpid(root, 0)
+            raise
+        worker = WorkerHandle(self, next(self._ids), None,
+                              path=wake.restored_socket(self.socket_dir, pid), source=source)
+        try:
+            worker.watch(root, init)
+            os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
             await self._hello(worker)
         except BaseException:
             await worker.close()

@@ -3,8 +3,8 @@
 A template is built once per family: `llfabric-init --pidns python -m fabric.pool.dormant`
 imports the family (on a GPU host the worker would also create its CUDA context here), reports
 ready and closes its control socket; CRIU dumps the namespace rooted at the init. Each restore
-brings back a copy in a new PID namespace as a child of the server, whose init pid names the
-endpoint the copy connects to once woken (see `dormant`).
+brings back a copy in a new PID namespace as a child of the server; woken, the copy connects to
+the endpoint named after its pid (see `wake`).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Templates:
                     f"{template.images / 'process.log'}")
             ready = control.decode(data)
             template.failed_imports = dict(ready.get("failed", {}))
-            root = _only_child(launcher.pid)
+            root = worker_of(launcher.pid)
             await asyncio.to_thread(criu.dump, root, template.images)
         except BaseException:
             if root is not None:  # killing a namespace's init ends everything in it
@@ -143,10 +143,10 @@ class Templates:
         return [t.status() for t in self.by_family.values()]
 
 
-def _only_child(pid: int) -> int:
-    """The init the launcher forked into the new namespace (its one child)."""
+def worker_of(pid: int) -> int:
+    """The one child of an llfabric-init (or of the launcher that made the namespace)."""
     with open(f"/proc/{pid}/task/{pid}/children") as children:
         found = children.read().split()
     if len(found) != 1:
-        raise criu.CheckpointError(f"the template launcher {pid} has children {found}")
+        raise criu.CheckpointError(f"llfabric-init {pid} has children {found}, not one")
     return int(found[0])

@@ -106,6 +106,7 @@ class Zygote:
             code = 0
             try:
                 _die_with_parent()
+                os.setsid()  # its own session, so that CRIU can dump it (no "shell job")
                 self._child_hygiene()
                 worker.main(self.shell, message["endpoint"], message["store"])
             except BaseException:

@@ -1,0 +1,46 @@
+"""Sleeping through a CRIU dump and waking after a restore, as the worker and server agree.
+
+A process that is about to be dumped closes every socket to the outside, then waits for `WAKE`.
+A restored copy (a template's, or a cooled session's worker) cannot be told anything before it
+reconnects, since every copy holds the same memory; what does differ is its pid as the server
+sees it, so the copy connects to the endpoint named after that pid, which the server binds
+before sending `WAKE`.
+
+`WAKE` stays blocked in every thread of a worker (threads inherit the mask), so it is only ever
+taken by `sigwait`: it can arrive before the sleeper waits and is not lost, and it never
+reaches user code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from pathlib import Path
+
+WAKE = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1
+
+
+def restored_socket(socket_dir: Path, host_pid: int) -> Path:
+    """Where the server waits for the restored worker whose pid, as the server sees it, is this."""
+    return socket_dir / f"r{host_pid}.sock"
+
+
+def host_pid() -> int:
+    """Our pid as the server sees it: /proc is the host's even inside a PID namespace."""
+    return int(os.readlink("/proc/self"))
+
+
+def block() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {WAKE})
+
+
+def sleep(socket_dir: Path) -> str:
+    """Wait for `WAKE`; return the endpoint to connect to now."""
+    block()
+    signal.sigwait({WAKE})
+    # A restored tree's root is the restorer's child: a parent-death signal inherited from
+    # before the dump would now fire when one of the server's threads ends.
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, 0)
+    return f"ipc://{restored_socket(socket_dir, host_pid())}"
