@@ -30,6 +30,7 @@ class Config:
     # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates
     # on GPU hosts (a fork cannot carry a CUDA context), zygotes elsewhere
     worker_source: str = "auto"
+    cool_after: int = 600  # seconds a session's kept worker idles before it is dumped to disk
     max_frame: int = 16 * 1024 * 1024
 
     @property

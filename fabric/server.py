@@ -36,7 +36,8 @@ class Server:
         source = config.worker_source
         if source == "auto":
             source = "template" if self.leases.kind == "gpu" else "zygote"
-        self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source)
+        self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source,
+                         cool_after=config.cool_after)
         self.sessions: dict[str, Session] = {}
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()

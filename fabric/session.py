@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from .closure import Closure, closure
 from .closure.static import analyze
 from .errors import FabricError, SessionBusy, StoreError, WorkerDied
-from .pool import Leases, Pool, WorkerHandle
+from .pool import Leases, Pool, WorkerHandle, parking
+from .pool.parking import CoolImage
 from .snapshot import Group, Manifest, Store
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Preparation:
     unsaved: list[str] = field(default_factory=list)  # kept after a cell: what only it holds
     started: float = field(default_factory=time.monotonic)
     ready_at: float | None = None
+    cooled: CoolImage | None = None  # the kept worker, dumped to disk until `demand` is set
+    demand: asyncio.Event | None = None
 
     @property
     def seconds(self) -> float:
@@ -145,6 +148,9 @@ class Session:
     def _discard(self, prep: Preparation | None) -> None:
         if prep is None:
             return
+        if prep.demand is not None and not prep.demand.is_set():
+            prep.task.cancel()  # a cool worker nobody needs: drop its image, never restore it
+            return
 
         async def retire() -> None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -156,6 +162,7 @@ class Session:
     def draft(self, source: str) -> dict:
         """Prepare a worker for `source` now, while the user is still editing it."""
         cl = closure(source, self.manifest)
+        self._thaw(self.prepared)
         if self._usable(self.prepared):
             self._extend(self.prepared, cl)
         else:
@@ -182,6 +189,7 @@ class Session:
             self.interrupted = False
             cl = closure(source, self.manifest)
             prep, self.prepared = self.prepared, None
+            self._thaw(prep)
             if self._usable(prep):
                 path = ("pinned" if prep.unsaved else "draft")
                 path += "+load" if self._extend(prep, cl) else ""
@@ -266,6 +274,38 @@ class Session:
         future.set_result(worker)
         self.prepared = Preparation(self.head, future, holds=owned, unsaved=unsaved)
         self.prepared.ready_at = self.prepared.started
+        if self.pool.cool_after:
+            self._spawn(self._cool_when_idle(self.prepared))
+
+    async def _cool_when_idle(self, prep: Preparation) -> None:
+        """Dump the kept worker to disk once the session has been idle for a while (cool tier).
+
+        From then on `prep.task` ends with the worker restored, once a draft or an execute
+        sets `demand`; if the dump or the restore fails, it ends in the error and the session
+        goes on from the store, telling the user what only that worker held.
+        """
+        await asyncio.sleep(self.pool.cool_after)
+        if self.prepared is not prep or self.lock.locked() or not prep.task.done() \
+                or not self._usable(prep):
+            return
+        worker, demand = prep.task.result(), asyncio.Event()
+
+        async def cooled() -> WorkerHandle:
+            image = prep.cooled = await parking.cool(self.pool, worker)
+            try:
+                await demand.wait()
+            finally:
+                prep.cooled = None
+                if not demand.is_set():
+                    parking.discard(image)
+            return await parking.thaw(self.pool, image)
+
+        prep.demand = demand
+        prep.task = asyncio.ensure_future(cooled())
+
+    def _thaw(self, prep: Preparation | None) -> None:
+        if prep is not None and prep.demand is not None:
+            prep.demand.set()
 
     def _commit(self, done: dict, source: str, count: int) -> None:
         """Fold the worker's report into a new manifest and move the head to it."""
@@ -310,6 +350,18 @@ class Session:
             return prep.task.result().pid
         return None
 
+    def _tier(self) -> dict:
+        """hot (running a cell), warm (a live worker kept), cool (on disk) or cold (store only),
+        and the bytes that tier holds."""
+        if self.running is not None:
+            return {"tier": "hot", "memory": self.pool.memory(self.running)}
+        prep = self.prepared
+        if prep is not None and prep.cooled is not None:
+            return {"tier": "cool", "memory": prep.cooled.size}
+        if prep is not None and self._worker_pid() is not None:
+            return {"tier": "warm", "memory": self.pool.memory(prep.task.result())}
+        return {"tier": "cold", "memory": 0}
+
     def interrupt(self) -> bool:
         if self.running is not None:
             self.running.interrupt()
@@ -332,4 +384,5 @@ class Session:
                                and self._usable(self.prepared)),
                 "worker": self._worker_pid(),
                 "prepared": self.prepared is not None,
+                **self._tier(),
                 "lease_seconds": self.leases.seconds.get(self.name, 0.0)}

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import zmq
 import zmq.asyncio
 
@@ -195,7 +196,7 @@ class WorkerHandle:
 
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
-                 worker_source: str = "zygote") -> None:
+                 worker_source: str = "zygote", cool_after: float = 0.0) -> None:
         if worker_source not in ("zygote", "template"):
             raise FabricError(f"worker_source must be zygote or template, not {worker_source!r}")
         if worker_source == "template" and (why := criu.unavailable()):
@@ -204,6 +205,8 @@ class Pool:
         self.store_root = store_root
         self.max_zygotes = max_zygotes
         self.worker_source = worker_source
+        # seconds a kept worker idles before it is dumped to disk; 0: never
+        self.cool_after = cool_after if cool_after > 0 and not criu.unavailable() else 0.0
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
@@ -315,6 +318,14 @@ class Pool:
         hello = await worker.recv(timeout=HELLO_TIMEOUT)
         if hello.get("op") != "hello":
             raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+
+    def memory(self, worker: WorkerHandle) -> int:
+        """Resident bytes of the worker's processes (with its init, if it has one)."""
+        try:
+            process = psutil.Process(worker.pid)
+            return sum(p.memory_info().rss for p in (process, *process.children(recursive=True)))
+        except psutil.Error:
+            return 0
 
     def child_exited(self, pid: int, status: int | None) -> None:
         worker = self.workers.get(pid)
