@@ -189,7 +189,11 @@ class Session:
             self.interrupted = False
             cl = closure(source, self.manifest)
             prep, self.prepared = self.prepared, None
-            self._thaw(prep)
+            if self._thaw(prep):
+                try:
+                    await asyncio.shield(prep.task)
+                except parking.ParkFailed as exc:  # unusable now: the cold path below tells
+                    log.warning("session %s: %s", self.name, exc.message)
             if self._usable(prep):
                 path = ("pinned" if prep.unsaved else "draft")
                 path += "+load" if self._extend(prep, cl) else ""
@@ -303,9 +307,12 @@ class Session:
         prep.demand = demand
         prep.task = asyncio.ensure_future(cooled())
 
-    def _thaw(self, prep: Preparation | None) -> None:
-        if prep is not None and prep.demand is not None:
-            prep.demand.set()
+    def _thaw(self, prep: Preparation | None) -> bool:
+        """Ask for the cool worker of `prep` back, if it has one."""
+        if prep is None or prep.demand is None:
+            return False
+        prep.demand.set()
+        return True
 
     def _commit(self, done: dict, source: str, count: int) -> None:
         """Fold the worker's report into a new manifest and move the head to it."""

@@ -7,6 +7,7 @@ Runs inside the server's asyncio loop. Each zygote's control socket is watched w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -181,14 +182,13 @@ class WorkerHandle:
     async def close(self) -> None:
         """Retire the worker: ask it to exit, kill it if it does not."""
         if self.pid and not self.died.done():
-            async def ask() -> None:  # a send blocks while no worker is connected
-                await self.send({"op": "exit"})
-                await asyncio.shield(self.died)
-
+            with contextlib.suppress(zmq.ZMQError):  # zmq.Again: no worker connected to ask
+                await self.socket.send(protocol.pack({"op": "exit"}), flags=zmq.NOBLOCK)
             try:
-                await asyncio.wait_for(ask(), 5.0)
-            except (TimeoutError, zmq.ZMQError):
-                os.kill(self.pid, signal.SIGKILL)
+                await asyncio.wait_for(asyncio.shield(self.died), 5.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
         self.socket.close()
         self.path.unlink(missing_ok=True)
         self.pool.workers.pop(self.pid, None)

@@ -78,3 +78,36 @@ def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
         finally:
             server.stop()
     assert server.process.returncode == 0, server.log.read_text()
+
+
+def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) -> None:
+    # An established TCP connection is state CRIU will not dump (without tcp_established):
+    # cooling fails, the worker is gone, and the session goes on from its committed version,
+    # telling the user what only that worker held.
+    env = {**os.environ, "LLFABRIC_COOL_AFTER": "1", "LLFABRIC_WORKER_SOURCE": "zygote"}
+    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
+        server = start_server(tmp_path / "store", Path(sockdir), env)
+        try:
+            with server.client() as client:
+                session = f"t-{uuid.uuid4().hex[:8]}"
+                client.call("open", session=session, cwd=str(tmp_path))
+                reply, outputs = execute(client, session, (
+                    "import socket\nkept = 'committed'\n"
+                    "srv = socket.create_server(('127.0.0.1', 0))\n"
+                    "conn = socket.create_connection(srv.getsockname())\n"
+                    "peer, _ = srv.accept()"))
+                assert {"conn", "peer", "srv"} <= set(reply["unsaved"]), outputs
+                worker = _session_status(client, session)["worker"]
+                deadline = time.monotonic() + 30
+                while _session_status(client, session)["worker"] == worker or \
+                        _session_status(client, session)["tier"] != "cold":
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                reply, outputs = execute(client, session, "print(kept)")
+                assert reply["status"] == "ok" and reply["path"] == "cold"
+                assert "llfabric: the worker that held" in text(outputs)
+                assert text(outputs).endswith("committed\n")
+                assert not any(Path(sockdir).glob("**/cool/*"))  # no image left behind
+        finally:
+            server.stop()
+    assert server.process.returncode == 0, server.log.read_text()
