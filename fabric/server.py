@@ -32,7 +32,7 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.store = Store(config.store)
-        self.leases = Leases(config.slots)
+        self.leases = Leases.for_host(config.slots)
         source = config.worker_source
         if source == "auto":
             source = "template" if self.leases.kind == "gpu" else "zygote"
@@ -148,8 +148,7 @@ class Server:
             "uptime": time.time() - self.started,
             "address": self.config.address,
             "store": str(self.config.store),
-            "leases": {"kind": self.leases.kind, "slots": self.leases.slots,
-                       "held": len(self.leases.held), "queued": self.leases.queued},
+            "leases": self.leases.status(),
             **self.pool.status(),
             "sessions": [s.status() for s in self.sessions.values()],
         }

@@ -223,7 +223,8 @@ class Session:
             if self.interrupted:
                 raise FabricError("the cell was interrupted before it started", session=self.name)
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
-            await worker.send({"op": "run", "source": source, "execution_count": count})
+            await worker.send({"op": "run", "source": source, "execution_count": count,
+                               "device": lease.device})
             started = received
             while True:
                 message = await worker.recv()

@@ -134,6 +134,8 @@ class Worker:
         return {"op": "loaded", "seconds": time.monotonic() - start}
 
     def run(self, message: dict) -> dict:
+        if message.get("device"):  # the leased GPU; CUDA reads it when it first initializes
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(message["device"])
         self.shell.execution_count = int(message.get("execution_count", 1))
         started = time.monotonic()
         self.channel.send({"op": "started", "t": started})
