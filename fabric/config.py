@@ -27,6 +27,7 @@ class Config:
     bind: str = ""  # empty: ipc:// socket in runtime_dir
     slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
     max_zygotes: int = 4  # import-family zygotes kept, least recently used evicted
+    zygote_memory: int = 0  # bytes those zygotes may hold, LRU evicted past it; 0: 1/4 of RAM
     # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates
     # on GPU hosts (a fork cannot carry a CUDA context), zygotes elsewhere
     worker_source: str = "auto"

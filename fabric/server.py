@@ -37,7 +37,7 @@ class Server:
         if source == "auto":
             source = "template" if self.leases.kind == "gpu" else "zygote"
         self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source,
-                         cool_after=config.cool_after)
+                         cool_after=config.cool_after, zygote_memory=config.zygote_memory)
         self.sessions: dict[str, Session] = {}
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()

@@ -196,7 +196,8 @@ class WorkerHandle:
 
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
-                 worker_source: str = "zygote", cool_after: float = 0.0) -> None:
+                 worker_source: str = "zygote", cool_after: float = 0.0,
+                 zygote_memory: int = 0) -> None:
         if worker_source not in ("zygote", "template"):
             raise FabricError(f"worker_source must be zygote or template, not {worker_source!r}")
         if worker_source == "template" and (why := criu.unavailable()):
@@ -204,6 +205,8 @@ class Pool:
             worker_source = "zygote"
         self.store_root = store_root
         self.max_zygotes = max_zygotes
+        # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
+        self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4
         self.worker_source = worker_source
         # seconds a kept worker idles before it is dumped to disk; 0: never
         self.cool_after = cool_after if cool_after > 0 and not criu.unavailable() else 0.0
@@ -253,12 +256,19 @@ class Pool:
             self._building.pop(modules, None)
 
     def _evict(self) -> None:
-        """Drop least recently used families; never one with live workers (they die with it)."""
+        """Drop least recently used families while there are more than `max_zygotes` or they
+        hold more than `zygote_memory`; never the newest, nor one with live workers (they die
+        with it)."""
         busy = {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
-        families = sorted((z.last_used, f) for f, z in self.zygotes.items() if f)
-        for _, family in families[: max(0, len(families) - self.max_zygotes)]:
+        families = sorted((f for f in self.zygotes if f), key=lambda f: self.zygotes[f].last_used)
+        memory = {f: _unique_memory(self.zygotes[f].pid) for f in families}
+        count, total = len(families), sum(memory.values())
+        for family in families[:-1]:
+            if count <= self.max_zygotes and total <= self.zygote_memory:
+                return
             if self.zygotes[family].pid not in busy:
                 self.zygotes.pop(family).stop()
+                count, total = count - 1, total - memory[family]
 
     async def new_worker(self, modules: frozenset[str]) -> WorkerHandle:
         """A fresh worker with `modules` imported, from the cheapest source ready now.
@@ -359,11 +369,20 @@ class Pool:
 
     def status(self) -> dict:
         return {
-            "zygotes": [{"pid": z.pid, "modules": sorted(f), "ready": z.ready.done()}
-                        for f, z in self.zygotes.items()],
+            "zygotes": [{"pid": z.pid, "modules": sorted(f), "ready": z.ready.done(),
+                         "memory": _unique_memory(z.pid)} for f, z in self.zygotes.items()],
             "workers": [{"pid": w.pid, "source": w.source,
                          "zygote": w.zygote.pid if w.zygote is not None else None}
                         for w in self.workers.values()],
             "worker_source": self.worker_source,
             "templates": self.templates.status(),
         }
+
+
+def _unique_memory(pid: int) -> int:
+    """Bytes only this process holds (USS): what evicting it frees; pages shared with the
+    zygote it was forked from are not counted."""
+    try:
+        return psutil.Process(pid).memory_full_info().uss
+    except psutil.Error:
+        return 0
