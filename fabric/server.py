@@ -21,7 +21,7 @@ import zmq.asyncio
 from . import protocol
 from .config import Config
 from .errors import FabricError, ProtocolError, UnknownSession
-from .pool import Leases, Pool
+from .pool import Leases, Pool, cuda
 from .session import Session
 from .snapshot import Store
 
@@ -38,6 +38,10 @@ class Server:
             source = "template" if self.leases.kind == "gpu" else "zygote"
         self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source,
                          cool_after=config.cool_after, zygote_memory=config.zygote_memory)
+        if self.leases.kind == "gpu":
+            self.pool.cuda = cuda.find_driver()
+            if self.pool.cuda is None:
+                log.warning("no CUDA checkpoint driver: kept workers stay on their GPU")
         self.sessions: dict[str, Session] = {}
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()

@@ -222,6 +222,12 @@ class Session:
         try:
             if self.interrupted:
                 raise FabricError("the cell was interrupted before it started", session=self.name)
+            try:
+                await self.pool.unpark(worker)
+            except parking.ParkFailed as exc:
+                await worker.close()
+                raise WorkerDied(f"the kept worker could not be put back on the GPU "
+                                 f"({exc.message})") from exc
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
             await worker.send({"op": "run", "source": source, "execution_count": count,
                                "device": lease.device})
@@ -238,6 +244,7 @@ class Session:
             committed = time.monotonic()
             self._commit(message, source, count)
             done = time.monotonic()
+            unsaved = await self._park(worker, sorted(message.get("unsaved") or {}), emit)
         except WorkerDied as exc:
             raise WorkerDied(f"{exc.message}; the session stays at version "
                              f"{self.manifest.version}", session=self.name,
@@ -245,7 +252,6 @@ class Session:
         finally:
             self.running = None
             self.leases.release(lease)
-        unsaved = sorted(message.get("unsaved") or {})
         if unsaved:
             if unsaved != prep.unsaved:
                 reasons = "; ".join(f"{n}: {why}" for n, why in message["unsaved"].items())
@@ -271,6 +277,21 @@ class Session:
                 "lease_held": lease.held,
             },
         }, bool(unsaved)
+
+    async def _park(self, worker: WorkerHandle, unsaved: list[str], emit: Emit) -> list[str]:
+        """Take a worker that will be kept off the GPU before its lease ends; if that fails,
+        what only it holds is lost (the worker is retired): return what is still kept."""
+        if not unsaved:
+            return unsaved
+        try:
+            await self.pool.park(worker)
+        except parking.ParkFailed as exc:
+            emit({"output_type": "stream", "name": "stderr", "text": (
+                f"llfabric: the worker could not be taken off the GPU ({exc.message}); "
+                f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "
+                f"on from version {self.manifest.version}\n")})
+            return []
+        return unsaved
 
     def _pin(self, worker: WorkerHandle, owned: set[str], unsaved: list[str]) -> None:
         """Keep the worker as the session's next: it alone holds what could not be saved."""

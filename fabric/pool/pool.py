@@ -26,7 +26,7 @@ import zmq.asyncio
 
 from .. import protocol
 from ..errors import FabricError, WorkerDied
-from . import control, criu, wake
+from . import control, criu, cuda, parking, wake
 from .templates import Template, Templates, worker_of
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,8 @@ class WorkerHandle:
         self.source = source
         self.init = False  # `pid` is an llfabric-init's, the worker its only child
         self.pid = 0
+        self.process = 0  # the worker's own pid (the init's child, when it has an init)
+        self.parked = False  # its CUDA state is checkpointed off the GPU
         self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
         self.socket.linger = 0
@@ -213,6 +215,7 @@ class Pool:
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
+        self.cuda: cuda.Driver | None = None  # the checkpoint driver, on GPU hosts
         self.zygotes: dict[frozenset[str], ZygoteHandle] = {}
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
@@ -293,7 +296,7 @@ class Pool:
         try:
             reply, _ = await zygote.request({"op": "fork_worker", "endpoint": worker.endpoint,
                                              "store": str(self.store_root)})
-            worker.pid = reply["pid"]
+            worker.pid = worker.process = reply["pid"]
             self.workers[worker.pid] = worker
             await self._hello(worker)
         except BaseException:
@@ -315,6 +318,8 @@ class Pool:
             raise
         worker = WorkerHandle(self, next(self._ids), None,
                               path=wake.restored_socket(self.socket_dir, pid), source=source)
+        worker.process = pid
+        worker.parked = source == "cool" and self.cuda is not None  # dumped while parked
         try:
             worker.watch(root, init)
             os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
@@ -328,6 +333,18 @@ class Pool:
         hello = await worker.recv(timeout=HELLO_TIMEOUT)
         if hello.get("op") != "hello":
             raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+
+    async def park(self, worker: WorkerHandle) -> None:
+        """Checkpoint the worker's CUDA state off the GPU (nothing to do on CPU hosts)."""
+        if self.cuda is not None and not worker.parked:
+            await asyncio.to_thread(parking.suspend, self.cuda, worker.process)
+            worker.parked = True
+
+    async def unpark(self, worker: WorkerHandle) -> None:
+        """Put a parked worker's CUDA state back on the GPU."""
+        if self.cuda is not None and worker.parked:
+            await asyncio.to_thread(parking.resume, self.cuda, worker.process)
+            worker.parked = False
 
     def memory(self, worker: WorkerHandle) -> int:
         """Resident bytes of the worker's processes (with its init, if it has one)."""
