@@ -32,6 +32,7 @@ class Config:
     # on GPU hosts (a fork cannot carry a CUDA context), zygotes elsewhere
     worker_source: str = "auto"
     cool_after: int = 600  # seconds a session's kept worker idles before it is dumped to disk
+    memory_pressure: int = 90  # percent of host memory in use past which it is dumped at once
     max_frame: int = 16 * 1024 * 1024
 
     @property

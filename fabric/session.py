@@ -304,13 +304,16 @@ class Session:
             self._spawn(self._cool_when_idle(self.prepared))
 
     async def _cool_when_idle(self, prep: Preparation) -> None:
-        """Dump the kept worker to disk once the session has been idle for a while (cool tier).
+        """Dump the kept worker to disk once the session has been idle for a while, or sooner
+        when the host runs short of memory (cool tier).
 
         From then on `prep.task` ends with the worker restored, once a draft or an execute
         sets `demand`; if the dump or the restore fails, it ends in the error and the session
         goes on from the store, telling the user what only that worker held.
         """
-        await asyncio.sleep(self.pool.cool_after)
+        deadline = time.monotonic() + self.pool.cool_after
+        while (left := deadline - time.monotonic()) > 0 and not self.pool.memory_pressure():
+            await asyncio.sleep(min(left, 1.0))
         if self.prepared is not prep or self.lock.locked() or not prep.task.done() \
                 or not self._usable(prep):
             return

@@ -199,7 +199,7 @@ class WorkerHandle:
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
                  worker_source: str = "zygote", cool_after: float = 0.0,
-                 zygote_memory: int = 0) -> None:
+                 zygote_memory: int = 0, pressure_percent: int = 90) -> None:
         if worker_source not in ("zygote", "template"):
             raise FabricError(f"worker_source must be zygote or template, not {worker_source!r}")
         if worker_source == "template" and (why := criu.unavailable()):
@@ -212,6 +212,7 @@ class Pool:
         self.worker_source = worker_source
         # seconds a kept worker idles before it is dumped to disk; 0: never
         self.cool_after = cool_after if cool_after > 0 and not criu.unavailable() else 0.0
+        self.pressure_percent = pressure_percent  # host memory in use that makes kept workers cool
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
@@ -345,6 +346,9 @@ class Pool:
         if self.cuda is not None and worker.parked:
             await asyncio.to_thread(parking.resume, self.cuda, worker.process)
             worker.parked = False
+
+    def memory_pressure(self) -> bool:
+        return psutil.virtual_memory().percent >= self.pressure_percent
 
     def memory(self, worker: WorkerHandle) -> int:
         """Resident bytes of the worker's processes (with its init, if it has one)."""

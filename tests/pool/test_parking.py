@@ -111,3 +111,22 @@ def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) 
         finally:
             server.stop()
     assert server.process.returncode == 0, server.log.read_text()
+
+
+def test_memory_pressure_cools_a_kept_worker_before_its_idle_time(tmp_path: Path) -> None:
+    # Pressure from 1% of memory in use on: always, here. The idle time alone would be an hour.
+    env = {**os.environ, "LLFABRIC_COOL_AFTER": "3600", "LLFABRIC_MEMORY_PRESSURE": "1",
+           "LLFABRIC_WORKER_SOURCE": "zygote"}
+    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
+        server = start_server(tmp_path / "store", Path(sockdir), env)
+        try:
+            with server.client() as client:
+                session = f"t-{uuid.uuid4().hex[:8]}"
+                client.call("open", session=session, cwd=str(tmp_path))
+                execute(client, session, "g = (i for i in range(10))")
+                _wait_tier(client, session, "cool")
+                reply, outputs = execute(client, session, "next(g)")
+                assert text(outputs) == "0\n" and reply["source"] == "cool"
+        finally:
+            server.stop()
+    assert server.process.returncode == 0, server.log.read_text()
