@@ -5,6 +5,8 @@ Prints, for an import family (default: torch), the median time to
   fork:      a worker forked from a zygote that has imported the family, until it says hello,
   template:  a worker restored by CRIU from the family's template, until it says hello,
   N at once: N template restores started together, until all have said hello (per worker),
+  cool:      a parked worker that was CRIU-dumped to disk, restored until it says hello again
+             (on a GPU host a warm resume adds the CUDA restore; on this CPU path warm is free),
 and each one's ratio against the cold start. Templates need root, CRIU and llfabric-init;
 without them their rows say why. Usage:
   python bench/worker_start.py [--modules torch,numpy] [-n 10] [--concurrent 4]
@@ -21,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fabric.pool import Pool, criu
+from fabric.pool import Pool, criu, parking
 
 
 def cold(modules: list[str], n: int) -> list[float]:
@@ -71,9 +73,23 @@ async def warm(modules: list[str], n: int, concurrent: int) -> dict[str, object]
             results["concurrent"] = [(time.perf_counter() - start) / concurrent]
             for worker in workers:
                 await worker.close()
+            results["cool"] = await _cool_resumes(pool, family, n)
         finally:
             await pool.stop()
     return results
+
+
+async def _cool_resumes(pool: Pool, family: frozenset[str], n: int) -> list[float]:
+    """Dump one worker to disk and restore it, n times over (the resume half is timed)."""
+    worker = await pool.fork_worker(family)
+    times = []
+    for _ in range(n):
+        image = await parking.cool(pool, worker)
+        start = time.perf_counter()
+        worker = await parking.thaw(pool, image)
+        times.append(time.perf_counter() - start)
+    await worker.close()
+    return times
 
 
 def main() -> None:
@@ -96,7 +112,8 @@ def main() -> None:
     rows = [("cold interpreter + imports", cold_times),
             ("fork from family zygote (hello)", results["fork"]),
             ("template restore (hello)", results.get("template")),
-            (f"{args.concurrent} template restores at once, per worker", results.get("concurrent"))]
+            (f"{args.concurrent} template restores at once, per worker", results.get("concurrent")),
+            ("cool resume of a dumped worker (hello)", results.get("cool"))]
     for name, times in rows:
         if times is None:
             why = results.get("template error") or criu.unavailable()

@@ -15,6 +15,10 @@
  *
  * Outside a namespace of its own (no --pidns, not pid 1) it makes itself a child subreaper, so
  * that orphans of PROGRAM are still reaped here.
+ *
+ * It keeps no descriptor beyond stdio once PROGRAM is started (PROGRAM inherits them all): a
+ * descriptor it held would keep a peer waiting for EOF and would be dumped with it. It dies
+ * with its parent (PR_SET_PDEATHSIG), so a server that goes away takes its workers along.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -76,6 +80,7 @@ static pid_t spawn(char **argv, const sigset_t *old)
 /* Wait for `child`, reaping everything else, forwarding signals; return its status code. */
 static int supervise(pid_t child, const sigset_t *set)
 {
+	closefrom(3);
 	for (;;) {
 		siginfo_t info;
 		int sig = sigwaitinfo(set, &info);
@@ -112,6 +117,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: llfabric-init [--pidns] PROGRAM [ARGS...]\n");
 		return 2;
 	}
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+		die("prctl(PR_SET_PDEATHSIG)");
 	blocked_set(&set);
 	if (sigprocmask(SIG_BLOCK, &set, &old) < 0)
 		die("sigprocmask");
@@ -126,6 +133,8 @@ int main(int argc, char **argv)
 			die("fork");
 		if (init > 0)
 			return supervise(init, &set);
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+			die("prctl(PR_SET_PDEATHSIG)");
 		if (setsid() < 0)
 			die("setsid");
 	}

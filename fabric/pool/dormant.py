@@ -36,12 +36,13 @@ def _redirect_output(path: str) -> None:
 def main() -> None:
     ctrl = socket.socket(fileno=int(sys.argv[1]))
     socket_dir, store, log = Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    wake.block()  # first: the dump may catch it anywhere after `ready`, and the wake must wait
     _redirect_output(log)
     detach_from_cwd()
     zygote = Zygote(ctrl)
     zygote.import_modules(sys.argv[5:])
-    ctrl.close()  # nothing outside the namespace may stay open across the dump
     _redirect_output(os.devnull)
+    ctrl.close()  # the server dumps once it sees this close: nothing outside may stay open
     endpoint = wake.sleep(socket_dir)
     code = 0
     try:

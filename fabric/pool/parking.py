@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import FabricError
-from . import criu
+from . import criu, wake
 from .cuda import CudaError, Driver, State
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ async def cool(pool: Pool, worker: WorkerHandle) -> CoolImage:
         reply = await worker.recv(timeout=SLEEP_TIMEOUT)
         if reply.get("op") != "sleeping":
             raise ParkFailed(f"worker {worker.pid} answered {reply.get('op')!r} to sleep")
+        await wake.until_asleep(worker.process, SLEEP_TIMEOUT)
         await asyncio.to_thread(criu.dump, worker.pid, images)
         await asyncio.wait_for(asyncio.shield(worker.died), SLEEP_TIMEOUT)
     except (FabricError, TimeoutError) as exc:

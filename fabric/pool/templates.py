@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import control, criu
+from . import control, criu, wake
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +102,18 @@ class Templates:
         root = None
         try:
             with mine:
-                data = await asyncio.get_running_loop().sock_recv(mine, control.PACKET)
-            if not data:
-                raise criu.CheckpointError(
-                    f"the template process exited before it was ready; see "
-                    f"{template.images / 'process.log'}")
-            ready = control.decode(data)
-            template.failed_imports = dict(ready.get("failed", {}))
+                loop = asyncio.get_running_loop()
+                data = await loop.sock_recv(mine, control.PACKET)
+                if not data:
+                    raise criu.CheckpointError(
+                        f"the template process exited before it was ready; see "
+                        f"{template.images / 'process.log'}")
+                ready = control.decode(data)
+                template.failed_imports = dict(ready.get("failed", {}))
+                if await loop.sock_recv(mine, control.PACKET):  # then EOF: it is going to sleep
+                    raise criu.CheckpointError("the template process sent more than ready")
             root = worker_of(launcher.pid)
+            await wake.until_asleep(worker_of(root), BUILD_TIMEOUT)
             await asyncio.to_thread(criu.dump, root, template.images)
         except BaseException:
             if root is not None:  # killing a namespace's init ends everything in it

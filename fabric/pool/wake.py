@@ -13,13 +13,17 @@ reaches user code.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
+import platform
 import signal
+import time
 from pathlib import Path
 
 WAKE = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
+_RT_SIGTIMEDWAIT = {"x86_64": "128", "aarch64": "137"}  # where /proc/PID/wchan shows nothing
 
 
 def restored_socket(socket_dir: Path, host_pid: int) -> Path:
@@ -30,6 +34,26 @@ def restored_socket(socket_dir: Path, host_pid: int) -> Path:
 def host_pid() -> int:
     """Our pid as the server sees it: /proc is the host's even inside a PID namespace."""
     return int(os.readlink("/proc/self"))
+
+
+def asleep(pid: int) -> bool:
+    """Whether the main thread of `pid` waits in sigwait: it has closed its sockets."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        syscall = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return False
+    return wchan.startswith("do_sigtimedwait") or syscall == _RT_SIGTIMEDWAIT.get(
+        platform.machine())
+
+
+async def until_asleep(pid: int, timeout: float) -> None:
+    """Return once `pid` sleeps (a dump now catches it holding nothing outside); TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while not asleep(pid):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} did not go to sleep in {timeout} s")
+        await asyncio.sleep(0.002)
 
 
 def block() -> None:
