@@ -69,3 +69,20 @@ def test_usage_error_without_a_program(init: str) -> None:
     result = subprocess.run([init, "--pidns"], capture_output=True, text=True)
     assert result.returncode == 2
     assert "usage" in result.stderr
+
+
+def test_keeps_no_inherited_descriptor_once_the_program_runs(init: str) -> None:
+    # The program closes the pipe it inherited; the reader must see EOF while the program still
+    # runs, so neither the init nor the process that made the namespace holds a copy.
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([init, "--pidns", "sh", "-c", f"exec {write_end}>&-; sleep 5"],
+                            pass_fds=[write_end])
+    os.close(write_end)
+    try:
+        start = time.monotonic()
+        assert os.read(read_end, 1) == b""
+        assert time.monotonic() - start < 4 and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)
