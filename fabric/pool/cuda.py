@@ -38,6 +38,7 @@ class CudaError(FabricError):
 
 
 class Driver(Protocol):
+    def holds(self, pid: int) -> bool: ...
     def state(self, pid: int) -> State: ...
     def lock(self, pid: int, timeout_ms: int) -> None: ...
     def checkpoint(self, pid: int) -> None: ...
@@ -45,8 +46,20 @@ class Driver(Protocol):
     def unlock(self, pid: int) -> None: ...
 
 
+def has_cuda_state(pid: int) -> bool:
+    """Whether `pid` maps an NVIDIA device (it has created a CUDA context): only such a
+    process has anything to checkpoint, and the driver refuses the others."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return any("/dev/nvidia" in line for line in maps)
+    except OSError:
+        return False
+
+
 class BindingsDriver:
     """cuCheckpointProcess* through cuda-python."""
+
+    holds = staticmethod(has_cuda_state)
 
     def __init__(self) -> None:
         from cuda.bindings import driver
@@ -88,6 +101,8 @@ class BindingsDriver:
 
 class BinaryDriver:
     """The same steps through the `cuda-checkpoint` utility."""
+
+    holds = staticmethod(has_cuda_state)
 
     def __init__(self, binary: str) -> None:
         self.binary = binary

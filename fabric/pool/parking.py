@@ -37,11 +37,15 @@ class ParkFailed(FabricError):
     kind = "park"
 
 
-def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> None:
-    """RUNNING -> LOCKED -> CHECKPOINTED: the worker's device memory is in host memory."""
+def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> bool:
+    """RUNNING -> LOCKED -> CHECKPOINTED: the worker's device memory is in host memory.
+
+    False when the worker never touched CUDA: it holds no GPU, there is nothing to move."""
+    if not driver.holds(pid):
+        return False
     state = driver.state(pid)
     if state is State.CHECKPOINTED:
-        return
+        return True
     if state is not State.RUNNING:
         raise ParkFailed(f"cannot park worker {pid}: its CUDA state is {state.name}", pid=pid)
     try:
@@ -55,6 +59,7 @@ def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> None
         raise ParkFailed(f"cannot checkpoint worker {pid}: {exc.message}", pid=pid) from exc
     if (state := driver.state(pid)) is not State.CHECKPOINTED:
         raise ParkFailed(f"worker {pid} is {state.name} after its checkpoint", pid=pid)
+    return True
 
 
 def resume(driver: Driver, pid: int) -> None:

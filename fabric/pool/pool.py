@@ -320,7 +320,9 @@ class Pool:
         worker = WorkerHandle(self, next(self._ids), None,
                               path=wake.restored_socket(self.socket_dir, pid), source=source)
         worker.process = pid
-        worker.parked = source == "cool" and self.cuda is not None  # dumped while parked
+        # dumped while parked: its CUDA state is still checkpointed
+        worker.parked = source == "cool" and self.cuda is not None \
+            and cuda.has_cuda_state(pid)
         try:
             worker.watch(root, init)
             os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
@@ -338,8 +340,7 @@ class Pool:
     async def park(self, worker: WorkerHandle) -> None:
         """Checkpoint the worker's CUDA state off the GPU (nothing to do on CPU hosts)."""
         if self.cuda is not None and not worker.parked:
-            await asyncio.to_thread(parking.suspend, self.cuda, worker.process)
-            worker.parked = True
+            worker.parked = await asyncio.to_thread(parking.suspend, self.cuda, worker.process)
 
     async def unpark(self, worker: WorkerHandle) -> None:
         """Put a parked worker's CUDA state back on the GPU."""

@@ -22,6 +22,10 @@ class FakeDriver:
         self.states: dict[int, State] = {}
         self.fail: dict[str, tuple[str, State | None]] = {}
         self.calls: list[tuple[str, int]] = []
+        self.without_cuda: set[int] = set()  # processes that never created a CUDA context
+
+    def holds(self, pid: int) -> bool:
+        return pid not in self.without_cuda
 
     def state(self, pid: int) -> State:
         self.calls.append(("state", pid))

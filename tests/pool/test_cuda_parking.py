@@ -21,11 +21,18 @@ def steps(driver: FakeDriver) -> list[str]:
 
 def test_suspend_locks_then_checkpoints_and_resume_reverses_it() -> None:
     driver = FakeDriver()
-    suspend(driver, PID)
+    assert suspend(driver, PID) is True
     assert driver.states[PID] is State.CHECKPOINTED
     resume(driver, PID)
     assert driver.states[PID] is State.RUNNING
     assert steps(driver) == ["lock", "checkpoint", "restore", "unlock"]
+
+
+def test_a_worker_without_cuda_state_is_left_alone() -> None:
+    driver = FakeDriver()
+    driver.without_cuda.add(PID)
+    assert suspend(driver, PID) is False
+    assert driver.calls == []
 
 
 def test_suspend_and_resume_are_idempotent() -> None:
