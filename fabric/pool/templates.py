@@ -47,7 +47,8 @@ class Template:
 
     def status(self) -> dict:
         return {"modules": sorted(self.modules), "state": self.state, "error": self.error,
-                "bytes": self.size, "built_in": self.built_in, "restores": self.restores}
+                "bytes": self.size, "built_in": self.built_in, "restores": self.restores,
+                "failed_imports": self.failed_imports}
 
 
 class Templates:
