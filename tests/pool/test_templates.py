@@ -79,6 +79,31 @@ def test_copies_restore_concurrently_with_distinct_pids_and_identical_state(
     assert {f[3] for f in fields} == {"None"}  # one copy's change is not seen by another
 
 
+def test_copies_of_one_template_draw_different_random_numbers(tmp_path: Path) -> None:
+    # Identical memory means identical RNG state: a fresh session's first load reseeds it.
+    family = frozenset({"random"})
+
+    async def scenario() -> set[str]:
+        pool = Pool(tmp_path, worker_source="template")
+        await pool.start()
+        try:
+            pool.templates.build_soon(family)
+            assert (await pool.templates.wait(family)).state == "ready"
+            draws = set()
+            for _ in range(3):
+                worker = await pool.new_worker(family)
+                await worker.send({"op": "load", "cwd": str(tmp_path), "ambient": None})
+                assert "error" not in await worker.recv(timeout=30)
+                out, _ = await _run(worker, "import random\nprint(random.random())")
+                draws.add(out)
+                await worker.close()
+            return draws
+        finally:
+            await pool.stop()
+
+    assert len(asyncio.run(scenario())) == 3
+
+
 def test_a_restored_worker_runs_cells_through_a_real_server(tmp_path: Path) -> None:
     env = {**os.environ, "LLFABRIC_WORKER_SOURCE": "template"}
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
