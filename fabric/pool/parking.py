@@ -89,6 +89,7 @@ def _unlock_if_locked(driver: Driver, pid: int) -> None:
 class CoolImage:
     images: Path
     init: bool  # the dumped tree is rooted at an llfabric-init (a template's copy)
+    parked: bool  # dumped with its CUDA state checkpointed off the GPU
 
     @property
     def size(self) -> int:
@@ -115,7 +116,7 @@ async def cool(pool: Pool, worker: WorkerHandle) -> CoolImage:
             raise
         raise ParkFailed(f"cannot cool worker {worker.pid}: {exc}", pid=worker.pid) from exc
     await worker.close()
-    return CoolImage(images, worker.init)
+    return CoolImage(images, worker.init, worker.parked)
 
 
 def discard(image: CoolImage) -> None:
@@ -126,7 +127,7 @@ async def thaw(pool: Pool, image: CoolImage) -> WorkerHandle:
     """Restore a cool worker as a child of the server, wake it and await its hello."""
     try:
         root = await asyncio.to_thread(criu.restore, image.images, "restore.log")
-        return await pool.wake_restored(root, image.init, "cool")
+        return await pool.wake_restored(root, image.init, "cool", parked=image.parked)
     except FabricError as exc:
         if isinstance(exc, ParkFailed):
             raise

@@ -216,7 +216,6 @@ class Pool:
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
-        self.cuda: cuda.Driver | None = None  # the checkpoint driver, on GPU hosts
         self.zygotes: dict[frozenset[str], ZygoteHandle] = {}
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
@@ -307,10 +306,15 @@ class Pool:
 
     async def restore_worker(self, template: Template) -> WorkerHandle:
         """Restore a copy of `template`, wake it, and wait until it has connected."""
-        return await self.wake_restored(await self.templates.restore(template), True, "template")
+        root = await self.templates.restore(template)
+        return await self.wake_restored(root, True, "template", parked=template.cuda)
 
-    async def wake_restored(self, root: int, init: bool, source: str) -> WorkerHandle:
-        """Wake the worker restored as `root` (or as its init's child) and await its hello."""
+    async def wake_restored(self, root: int, init: bool, source: str,
+                            parked: bool) -> WorkerHandle:
+        """Wake the worker restored as `root` (or as its init's child) and await its hello.
+
+        `parked`: it was dumped with its CUDA state checkpointed, which stays so until its
+        first cell's lease (`unpark`) puts it on the leased GPU."""
         try:
             pid = worker_of(root) if init else root
         except BaseException:
@@ -320,9 +324,7 @@ class Pool:
         worker = WorkerHandle(self, next(self._ids), None,
                               path=wake.restored_socket(self.socket_dir, pid), source=source)
         worker.process = pid
-        # dumped while parked: its CUDA state is still checkpointed
-        worker.parked = source == "cool" and self.cuda is not None \
-            and cuda.has_cuda_state(pid)
+        worker.parked = parked
         try:
             worker.watch(root, init)
             os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
@@ -336,6 +338,15 @@ class Pool:
         hello = await worker.recv(timeout=HELLO_TIMEOUT)
         if hello.get("op") != "hello":
             raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+
+    @property
+    def cuda(self) -> cuda.Driver | None:
+        """The CUDA checkpoint driver, on GPU hosts (templates use it too)."""
+        return self.templates.cuda
+
+    @cuda.setter
+    def cuda(self, driver: cuda.Driver | None) -> None:
+        self.templates.cuda = driver
 
     async def park(self, worker: WorkerHandle) -> None:
         """Checkpoint the worker's CUDA state off the GPU (nothing to do on CPU hosts)."""

@@ -1,10 +1,11 @@
 """Templates: CRIU images of dormant workers, one per import family, restored many times.
 
 A template is built once per family: `llfabric-init --pidns python -m fabric.pool.dormant`
-imports the family (on a GPU host the worker would also create its CUDA context here), reports
-ready and closes its control socket; CRIU dumps the namespace rooted at the init. Each restore
-brings back a copy in a new PID namespace as a child of the server; woken, the copy connects to
-the endpoint named after its pid (see `wake`).
+imports the family (on a GPU host it also creates its CUDA context, which the server then
+checkpoints off the GPU), reports ready and closes its control socket; CRIU dumps the
+namespace rooted at the init. Each restore brings back a copy in a new PID namespace as a child
+of the server; woken, the copy connects to the endpoint named after its pid (see `wake`). A
+copy's CUDA state goes back onto a GPU under its first cell's lease.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import control, criu, wake
+from . import control, criu, parking, wake
+from .cuda import Driver
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class Template:
     built_in: float = 0.0
     restores: int = 0
     failed_imports: dict[str, str] = field(default_factory=dict)
+    cuda: bool = False  # dumped with a CUDA context, checkpointed off the GPU
 
     @property
     def size(self) -> int:
@@ -59,6 +62,7 @@ class Templates:
         self.by_family: dict[frozenset[str], Template] = {}
         self._tasks: dict[frozenset[str], asyncio.Task] = {}
         self._restores = itertools.count()
+        self.cuda: Driver | None = None  # on GPU hosts: templates carry a CUDA context
 
     def ready(self, modules: frozenset[str]) -> Template | None:
         """The smallest ready template whose family covers `modules`."""
@@ -98,7 +102,8 @@ class Templates:
              str(theirs.fileno()), str(self.socket_dir), str(self.store_root),
              str(template.images / "process.log"), *sorted(template.modules)],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, cwd="/", start_new_session=True)
+            stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
+            env={**os.environ, **({wake.CUDA_CONTEXT: "1"} if self.cuda is not None else {})})
         theirs.close()
         root = None
         try:
@@ -114,7 +119,10 @@ class Templates:
                 if await loop.sock_recv(mine, control.PACKET):  # then EOF: it is going to sleep
                     raise criu.CheckpointError("the template process sent more than ready")
             root = worker_of(launcher.pid)
-            await wake.until_asleep(worker_of(root), BUILD_TIMEOUT)
+            dormant = worker_of(root)
+            await wake.until_asleep(dormant, BUILD_TIMEOUT)
+            if self.cuda is not None:  # CRIU cannot dump live device state
+                template.cuda = await asyncio.to_thread(parking.suspend, self.cuda, dormant)
             await asyncio.to_thread(criu.dump, root, template.images)
         except BaseException:
             if root is not None:  # killing a namespace's init ends everything in it

@@ -23,6 +23,7 @@ class FakeDriver:
         self.fail: dict[str, tuple[str, State | None]] = {}
         self.calls: list[tuple[str, int]] = []
         self.without_cuda: set[int] = set()  # processes that never created a CUDA context
+        self.default = State.RUNNING  # the state of a process first seen (a restored copy's)
 
     def holds(self, pid: int) -> bool:
         return pid not in self.without_cuda
@@ -31,12 +32,12 @@ class FakeDriver:
         self.calls.append(("state", pid))
         if "state" in self.fail:
             raise CudaError(self.fail.pop("state")[0], error="fake")
-        return self.states.setdefault(pid, State.RUNNING)
+        return self.states.setdefault(pid, self.default)
 
     def _step(self, step: str, pid: int) -> None:
         self.calls.append((step, pid))
         needs, leaves = _MOVES[step]
-        current = self.states.setdefault(pid, State.RUNNING)
+        current = self.states.setdefault(pid, self.default)
         if step in self.fail:
             error, left = self.fail.pop(step)
             self.states[pid] = left or current

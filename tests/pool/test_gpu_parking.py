@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -17,15 +18,16 @@ from helpers import execute, text
 from fabric.client import Client
 from fabric.config import Config
 from fabric.errors import RemoteError
+from fabric.pool import criu
 from fabric.pool.cuda import State
 from fabric.server import Server
 
 
-def _with_server(tmp_path: Path, driver: FakeDriver, scenario) -> None:
+def _with_server(tmp_path: Path, driver: FakeDriver, scenario, source: str = "zygote") -> None:
     """Run `scenario(client, server)` in a thread against a server in this thread's loop."""
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
         config = Config(store=tmp_path / "store", runtime_dir=Path(sockdir),
-                        bind=f"ipc://{sockdir}/s.sock", cool_after=0)
+                        bind=f"ipc://{sockdir}/s.sock", cool_after=0, worker_source=source)
 
         async def main() -> None:
             server = Server(config)
@@ -99,3 +101,30 @@ def test_a_worker_that_cannot_be_resumed_fails_its_cell_not_the_session(tmp_path
         assert reply["status"] == "ok" and text(outputs) == "1\n"
 
     _with_server(tmp_path, driver, scenario)
+
+
+def test_a_template_is_dumped_off_the_gpu_and_its_copies_resume_under_a_lease(
+        tmp_path: Path) -> None:
+    if why := criu.unavailable():
+        pytest.skip(f"templates cannot work here: {why}")
+    driver = FakeDriver()
+
+    def scenario(client: Client, server: Server) -> None:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        execute(client, session, "x = 1")  # the family's template builds meanwhile
+        deadline = time.monotonic() + 60
+        while not (built := client.call("status")["templates"]) or built[0]["state"] == "building":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert built[0]["state"] == "ready", built
+        dumped = [pid for step, pid in driver.calls if step == "checkpoint"]
+        assert len(dumped) == 1  # the dormant worker, checkpointed before its dump
+        driver.default = State.CHECKPOINTED  # as every copy comes back
+        reply, outputs = execute(client, session, "print(x + 1)")
+        assert (reply["source"], text(outputs)) == ("template", "2\n")
+        resumed = [pid for step, pid in driver.calls if step in ("restore", "unlock")]
+        assert len(set(resumed)) == 1 and resumed[0] != dumped[0]  # the copy, not the original
+        assert driver.states[resumed[0]] is State.RUNNING
+
+    _with_server(tmp_path, driver, scenario, source="template")
