@@ -3,8 +3,9 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
+INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-fast test-corpus-full lint criu sysdeps clean
+.PHONY: demo test test-fast test-corpus-full lint criu native sysdeps clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,6 +17,12 @@ $(CRIU): scripts/provision-criu.sh $(STAMP)
 
 criu: $(CRIU)
 
+# The pid-1 init of template workers (native/); make rebuilds it only when its source changed.
+$(INIT): native/init.c native/Makefile
+	$(MAKE) -C native
+
+native: $(INIT)
+
 sysdeps:
 	bash scripts/provision-sysdeps.sh
 
@@ -25,14 +32,14 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(CRIU) sysdeps lint
+test: $(STAMP) $(CRIU) $(INIT) sysdeps lint
 	$(VENV)/bin/pytest -m "not gpu" -q
 
 # Every corpus differential on every notebook, the heavy ones included (about an hour here).
-test-corpus-full: $(STAMP) $(CRIU) sysdeps
+test-corpus-full: $(STAMP) $(CRIU) $(INIT) sysdeps
 	LLFABRIC_CORPUS=full $(VENV)/bin/pytest -m slow -q
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(INIT)
 	$(VENV)/bin/pytest -m "not gpu and not slow" -q
 
 clean:

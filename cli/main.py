@@ -182,13 +182,29 @@ def status(connect: str | None, as_json: bool) -> None:
     click.echo(f"server pid {info['pid']} on {info['address']}, store {info['store']}")
     click.echo(f"{leases['kind']} slots {leases['slots']}: {leases['held']} held, "
                f"{leases['queued']} queued")
+    for slot in leases["leases"]:
+        gpu = (f" {slot['name']} {slot['uuid']}, {_mib(slot.get('memory_used', 0))}/"
+               f"{_mib(slot.get('memory_total', 0))} MiB, {slot.get('utilization', 0)}% busy"
+               if "uuid" in slot else "")
+        held = f": {slot['session']} for {slot['held']:.1f} s" if "session" in slot else ": free"
+        click.echo(f"  slot {slot['slot']}{gpu}{held}")
+    for waiter in leases["queue"]:
+        click.echo(f"  queued {waiter['session']} for {waiter['waiting']:.1f} s")
     for z in info["zygotes"]:
         click.echo(f"zygote {z['pid']}: {', '.join(z['modules']) or '(base)'}")
-    click.echo(f"workers: {len(info['workers'])}")
+    click.echo(f"workers ({info['worker_source']}): {len(info['workers'])}")
+    for t in info["templates"]:
+        click.echo(f"template {', '.join(t['modules']) or '(base)'}: {t['state']}, "
+                   f"{_mib(t['bytes'])} MiB, {t['restores']} restores {t['error']}".rstrip())
     for s in info["sessions"]:
         flags = "".join(f", {flag}" for flag in ("running", "pinned", "prepared") if s[flag])
         click.echo(f"session {s['session']}: version {s['version']}, {s['variables']} variables, "
-                   f"{s['bytes']} bytes, lease {s['lease_seconds']:.1f} s{flags}")
+                   f"{s['bytes']} bytes, {s['tier']} ({_mib(s['memory'])} MiB), "
+                   f"lease {s['lease_seconds']:.1f} s{flags}")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.0f}"
 
 
 @main.command()

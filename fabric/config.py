@@ -27,6 +27,12 @@ class Config:
     bind: str = ""  # empty: ipc:// socket in runtime_dir
     slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
     max_zygotes: int = 4  # import-family zygotes kept, least recently used evicted
+    zygote_memory: int = 0  # bytes those zygotes may hold, LRU evicted past it; 0: 1/4 of RAM
+    # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates
+    # on GPU hosts (a fork cannot carry a CUDA context), zygotes elsewhere
+    worker_source: str = "auto"
+    cool_after: int = 600  # seconds a session's kept worker idles before it is dumped to disk
+    memory_pressure: int = 90  # percent of host memory in use past which it is dumped at once
     max_frame: int = 16 * 1024 * 1024
 
     @property

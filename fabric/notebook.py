@@ -127,21 +127,23 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
 
 
 def timings_table(run: NotebookRun) -> str:
-    """Per cell: path, prepare, visible delay, run, save, lease held; totals vs a pinned session."""
-    head = f"{'cell':>4} {'path':<11} {'prepare':>8} {'visible':>8} {'run':>8} {'save':>7} " \
-           f"{'lease':>8}  status"
+    """Per cell: path and worker source, prepare, visible delay, run, save, lease held; totals
+    vs a pinned session."""
+    head = f"{'cell':>4} {'path':<11} {'source':<8} {'prepare':>8} {'visible':>8} {'run':>8} " \
+           f"{'save':>7} {'lease':>8}  status"
     lines = [head, "-" * len(head)]
     lease_total = 0.0
     delays = []
     for cell in run.cells:
         if cell.reply is None:
-            lines.append(f"{cell.index:>4} {'-':<11} {'':>8} {'':>8} {'':>8} {'':>7} {'':>8}  "
-                         f"failed: {cell.failure.message if cell.failure else '?'}")
+            lines.append(f"{cell.index:>4} {'-':<11} {'':<8} {'':>8} {'':>8} {'':>8} {'':>7} "
+                         f"{'':>8}  failed: {cell.failure.message if cell.failure else '?'}")
             continue
         t = cell.reply["timings"]
         lease_total += t["lease_held"]
         delays.append(t["visible_delay"])
-        lines.append(f"{cell.index:>4} {cell.reply['path']:<11} {t['prepare']:>8.3f} "
+        lines.append(f"{cell.index:>4} {cell.reply['path']:<11} "
+                     f"{cell.reply.get('source', '-'):<8} {t['prepare']:>8.3f} "
                      f"{t['visible_delay']:>8.3f} {t['run']:>8.3f} {t['save']:>7.3f} "
                      f"{t['lease_held']:>8.3f}  {cell.reply['status']}")
     lines.append("-" * len(head))

@@ -21,7 +21,7 @@ import zmq.asyncio
 from . import protocol
 from .config import Config
 from .errors import FabricError, ProtocolError, UnknownSession, Unsupported
-from .pool import Leases, Pool
+from .pool import Leases, Pool, cuda
 from .session import Session
 from .snapshot import Store
 
@@ -32,8 +32,17 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.store = Store(config.store)
-        self.pool = Pool(config.store, max_zygotes=config.max_zygotes)
-        self.leases = Leases(config.slots)
+        self.leases = Leases.for_host(config.slots)
+        source = config.worker_source
+        if source == "auto":
+            source = "template" if self.leases.kind == "gpu" else "zygote"
+        self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source,
+                         cool_after=config.cool_after, zygote_memory=config.zygote_memory,
+                         pressure_percent=config.memory_pressure)
+        if self.leases.kind == "gpu":
+            self.pool.cuda = cuda.find_driver()
+            if self.pool.cuda is None:
+                log.warning("no CUDA checkpoint driver: kept workers stay on their GPU")
         self.sessions: dict[str, Session] = {}
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
@@ -153,8 +162,7 @@ class Server:
             "uptime": time.time() - self.started,
             "address": self.config.address,
             "store": str(self.config.store),
-            "leases": {"kind": self.leases.kind, "slots": self.leases.slots,
-                       "held": len(self.leases.held), "queued": self.leases.queued},
+            "leases": self.leases.status(),
             **self.pool.status(),
             "sessions": [s.status() for s in self.sessions.values()],
         }

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from .closure import Closure, closure
 from .closure.static import analyze
 from .errors import FabricError, SessionBusy, StoreError, WorkerDied
-from .pool import Leases, Pool, WorkerHandle
+from .pool import Leases, Pool, WorkerHandle, parking
+from .pool.parking import CoolImage
 from .snapshot import Group, Manifest, Store
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Preparation:
     unsaved: list[str] = field(default_factory=list)  # kept after a cell: what only it holds
     started: float = field(default_factory=time.monotonic)
     ready_at: float | None = None
+    cooled: CoolImage | None = None  # the kept worker, dumped to disk until `demand` is set
+    demand: asyncio.Event | None = None
 
     @property
     def seconds(self) -> float:
@@ -83,7 +86,7 @@ class Session:
     # preparation
     def _prepare(self, cl: Closure) -> Preparation:
         async def prepare() -> WorkerHandle:
-            worker = await self.pool.fork_worker(cl.modules, frozenset(self.manifest.modules))
+            worker = await self.pool.new_worker(cl.modules, frozenset(self.manifest.modules))
             try:
                 await self._load(worker, list(cl.groups), cl.imports, first=True)
             except BaseException:
@@ -147,6 +150,9 @@ class Session:
     def _discard(self, prep: Preparation | None) -> None:
         if prep is None:
             return
+        if prep.demand is not None and not prep.demand.is_set():
+            prep.task.cancel()  # a cool worker nobody needs: drop its image, never restore it
+            return
 
         async def retire() -> None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -158,6 +164,7 @@ class Session:
     def draft(self, source: str) -> dict:
         """Prepare a worker for `source` now, while the user is still editing it."""
         cl = closure(source, self.manifest)
+        self._thaw(self.prepared)
         if self._usable(self.prepared):
             self._extend(self.prepared, cl)
         else:
@@ -184,6 +191,11 @@ class Session:
             self.interrupted = False
             cl = closure(source, self.manifest)
             prep, self.prepared = self.prepared, None
+            if self._thaw(prep):
+                try:
+                    await asyncio.shield(prep.task)
+                except parking.ParkFailed as exc:  # unusable now: the cold path below tells
+                    log.warning("session %s: %s", self.name, exc.message)
             if self._usable(prep):
                 path = ("pinned" if prep.unsaved else "draft")
                 path += "+load" if self._extend(prep, cl) else ""
@@ -218,8 +230,15 @@ class Session:
         try:
             if self.interrupted:
                 raise FabricError("the cell was interrupted before it started", session=self.name)
+            try:
+                await self.pool.unpark(worker)
+            except parking.ParkFailed as exc:
+                await worker.close()
+                raise WorkerDied(f"the kept worker could not be put back on the GPU "
+                                 f"({exc.message})") from exc
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
-            await worker.send({"op": "run", "source": source, "execution_count": count})
+            await worker.send({"op": "run", "source": source, "execution_count": count,
+                               "device": lease.device})
             started = received
             while True:
                 message = await worker.recv()
@@ -237,6 +256,7 @@ class Session:
             committed = time.monotonic()
             self._commit(message, source, count)
             done = time.monotonic()
+            unsaved = await self._park(worker, sorted(message.get("unsaved") or {}), emit)
         except WorkerDied as exc:
             raise WorkerDied(f"{exc.message}; the session stays at version "
                              f"{self.manifest.version}", session=self.name,
@@ -244,7 +264,6 @@ class Session:
         finally:
             self.running = None
             self.leases.release(lease)
-        unsaved = sorted(message.get("unsaved") or {})
         if unsaved:
             if unsaved != prep.unsaved:
                 reasons = "; ".join(f"{n}: {why}" for n, why in message["unsaved"].items())
@@ -259,6 +278,7 @@ class Session:
             "execution_count": count,
             "unsaved": unsaved,
             "path": path,
+            "source": worker.source,
             "closure": self._describe(cl),
             "timings": {
                 "prepare": prep.seconds,
@@ -295,6 +315,21 @@ class Session:
         self._answer.set_result({"error": error} if error is not None else {"value": value or ""})
         return {"answered": True}
 
+    async def _park(self, worker: WorkerHandle, unsaved: list[str], emit: Emit) -> list[str]:
+        """Take a worker that will be kept off the GPU before its lease ends; if that fails,
+        what only it holds is lost (the worker is retired): return what is still kept."""
+        if not unsaved:
+            return unsaved
+        try:
+            await self.pool.park(worker)
+        except parking.ParkFailed as exc:
+            emit({"output_type": "stream", "name": "stderr", "text": (
+                f"llfabric: the worker could not be taken off the GPU ({exc.message}); "
+                f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "
+                f"on from version {self.manifest.version}\n")})
+            return []
+        return unsaved
+
     def _pin(self, worker: WorkerHandle, owned: set[str], unsaved: list[str]) -> None:
         """Keep the worker as the session's next: it alone holds what could not be saved."""
         self._discard(self.prepared)  # a draft sent while the cell ran was made for the old head
@@ -302,6 +337,44 @@ class Session:
         future.set_result(worker)
         self.prepared = Preparation(self.head, future, holds=owned, unsaved=unsaved)
         self.prepared.ready_at = self.prepared.started
+        if self.pool.cool_after:
+            self._spawn(self._cool_when_idle(self.prepared))
+
+    async def _cool_when_idle(self, prep: Preparation) -> None:
+        """Dump the kept worker to disk once the session has been idle for a while, or sooner
+        when the host runs short of memory (cool tier).
+
+        From then on `prep.task` ends with the worker restored, once a draft or an execute
+        sets `demand`; if the dump or the restore fails, it ends in the error and the session
+        goes on from the store, telling the user what only that worker held.
+        """
+        deadline = time.monotonic() + self.pool.cool_after
+        while (left := deadline - time.monotonic()) > 0 and not self.pool.memory_pressure():
+            await asyncio.sleep(min(left, 1.0))
+        if self.prepared is not prep or self.lock.locked() or not prep.task.done() \
+                or not self._usable(prep):
+            return
+        worker, demand = prep.task.result(), asyncio.Event()
+
+        async def cooled() -> WorkerHandle:
+            image = prep.cooled = await parking.cool(self.pool, worker)
+            try:
+                await demand.wait()
+            finally:
+                prep.cooled = None
+                if not demand.is_set():
+                    parking.discard(image)
+            return await parking.thaw(self.pool, image)
+
+        prep.demand = demand
+        prep.task = asyncio.ensure_future(cooled())
+
+    def _thaw(self, prep: Preparation | None) -> bool:
+        """Ask for the cool worker of `prep` back, if it has one."""
+        if prep is None or prep.demand is None:
+            return False
+        prep.demand.set()
+        return True
 
     def _commit(self, done: dict, source: str, count: int) -> None:
         """Fold the worker's report into a new manifest and move the head to it."""
@@ -348,6 +421,18 @@ class Session:
             return prep.task.result().pid
         return None
 
+    def _tier(self) -> dict:
+        """hot (running a cell), warm (a live worker kept), cool (on disk) or cold (store only),
+        and the bytes that tier holds."""
+        if self.running is not None:
+            return {"tier": "hot", "memory": self.pool.memory(self.running)}
+        prep = self.prepared
+        if prep is not None and prep.cooled is not None:
+            return {"tier": "cool", "memory": prep.cooled.size}
+        if prep is not None and self._worker_pid() is not None:
+            return {"tier": "warm", "memory": self.pool.memory(prep.task.result())}
+        return {"tier": "cold", "memory": 0}
+
     def interrupt(self) -> bool:
         if self.running is not None:
             if self._answer is not None and not self._answer.done():
@@ -374,4 +459,5 @@ class Session:
                                and self._usable(self.prepared)),
                 "worker": self._worker_pid(),
                 "prepared": self.prepared is not None,
+                **self._tier(),
                 "lease_seconds": self.leases.seconds.get(self.name, 0.0)}

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+from helpers import execute
 from nbformat.v4 import new_code_cell, new_notebook
 
 LLFABRIC = [sys.executable, "-m", "cli.main"]
@@ -80,6 +81,16 @@ def test_status_shows_the_server(server) -> None:
     assert result.returncode == 0, result.stderr
     assert "slots" in result.stdout and "zygote" in result.stdout
 
+
+def test_status_shows_slots_and_each_sessions_tier(server, client, session) -> None:
+    reply, _ = execute(client, session, "g = (i for i in range(3))")  # pinned: kept warm
+    assert reply["unsaved"] == ["g"]
+    result = _run("status", "--connect", server.address)
+    assert result.returncode == 0, result.stderr
+    assert "  slot 0: free" in result.stdout
+    assert "workers (zygote)" in result.stdout
+    line = next(x for x in result.stdout.splitlines() if x.startswith(f"session {session}:"))
+    assert ", warm (" in line and ", pinned" in line
 
 
 def test_audit_reports_each_cell_and_refuses_a_non_notebook(tmp_path: Path) -> None:

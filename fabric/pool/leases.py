@@ -1,7 +1,8 @@
 """Leases: exclusive use of one execution slot for the duration of one cell.
 
-On hosts without GPUs the slots are CPU slots, one per core unless configured. Waiters are
-served first come, first served, so no session starves; the wait is reported as part of the
+A slot is a GPU (from NVML) on hosts that have them, else a CPU slot (one per core unless
+configured); both go through this one interface. More sessions than slots is normal: waiters
+are served first come, first served, so no session starves; the wait is reported as part of the
 cell's visible delay and lease-seconds are accounted per session.
 """
 
@@ -13,6 +14,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from . import gpus
+
 
 @dataclass
 class Lease:
@@ -20,6 +23,7 @@ class Lease:
     slot: int
     acquired: float
     waited: float
+    device: str | None = None  # the GPU's UUID, for CUDA_VISIBLE_DEVICES; None for a CPU slot
     released: float | None = None
 
     @property
@@ -28,36 +32,52 @@ class Lease:
 
 
 @dataclass
+class _Waiter:
+    session: str
+    since: float
+    future: asyncio.Future
+
+
+@dataclass
 class Leases:
     slots: int = 0
     kind: str = "cpu"
+    devices: list[gpus.Gpu] = field(default_factory=list)
     _free: list[int] = field(default_factory=list)
-    _waiters: list[asyncio.Future] = field(default_factory=list)
+    _waiters: list[_Waiter] = field(default_factory=list)
     held: dict[int, Lease] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def __post_init__(self) -> None:
+        if self.devices:
+            self.kind, self.slots = "gpu", len(self.devices)
         self.slots = self.slots or os.cpu_count() or 1
         self._free = list(range(self.slots))
+
+    @classmethod
+    def for_host(cls, cpu_slots: int = 0) -> Leases:
+        """One lease per GPU where NVML finds any, else `cpu_slots` CPU slots (0: per core)."""
+        return cls(cpu_slots, devices=gpus.discover())
 
     async def acquire(self, session: str) -> Lease:
         start = time.monotonic()
         if not self._free or self._waiters:
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = _Waiter(session, start, asyncio.get_running_loop().create_future())
             self._waiters.append(waiter)
             try:
-                await waiter
+                await waiter.future
             except asyncio.CancelledError:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-                elif waiter.done() and not waiter.cancelled():
-                    self._free.append(waiter.result())  # handed a slot while being cancelled
+                elif waiter.future.done() and not waiter.future.cancelled():
+                    self._give(waiter.future.result())  # handed a slot while being cancelled
                 raise
-            slot = waiter.result()
+            slot = waiter.future.result()
         else:
             slot = self._free.pop(0)
         now = time.monotonic()
-        lease = Lease(session, slot, now, now - start)
+        device = self.devices[slot].uuid if self.devices else None
+        lease = Lease(session, slot, now, now - start, device)
         self.held[slot] = lease
         return lease
 
@@ -67,13 +87,33 @@ class Leases:
         lease.released = time.monotonic()
         self.seconds[lease.session] += lease.held
         del self.held[lease.slot]
+        self._give(lease.slot)
+
+    def _give(self, slot: int) -> None:
+        """Hand `slot` to the longest waiter, or put it back."""
         while self._waiters:
             waiter = self._waiters.pop(0)
-            if not waiter.done():
-                waiter.set_result(lease.slot)
+            if not waiter.future.done():
+                waiter.future.set_result(slot)
                 return
-        self._free.append(lease.slot)
+        self._free.append(slot)
 
     @property
     def queued(self) -> int:
         return len(self._waiters)
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        slots = []
+        for slot in range(self.slots):
+            entry: dict = {"slot": slot}
+            if self.devices:
+                gpu = self.devices[slot]
+                entry |= {"uuid": gpu.uuid, "name": gpu.name, **gpus.usage(gpu)}
+            if (lease := self.held.get(slot)) is not None:
+                entry |= {"session": lease.session, "held": lease.held}
+            slots.append(entry)
+        return {"kind": self.kind, "slots": self.slots, "held": len(self.held),
+                "queued": self.queued, "leases": slots,
+                "queue": [{"session": w.session, "waiting": now - w.since}
+                          for w in self._waiters]}

@@ -7,9 +7,11 @@ Runs inside the server's asyncio loop. Each zygote's control socket is watched w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,12 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import zmq
 import zmq.asyncio
 
 from .. import protocol
 from ..errors import FabricError, WorkerDied
-from . import control
+from . import control, criu, cuda, parking, wake
+from .templates import Template, Templates, worker_of
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +102,25 @@ class ZygoteHandle:
 
 
 class WorkerHandle:
-    """One worker process, as seen by the server: its socket, its pid, its death."""
+    """One worker process, as seen by the server: its socket, its pid, its death.
 
-    def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle) -> None:
+    A worker forked by a zygote is that zygote's child, which reports its exit. A restored
+    worker (from a template or a cool image) is a child of this process, its exit watched
+    through a pidfd; when it runs under an init (pid 1 of its own namespace), `pid` is the
+    init's, which forwards signals and exits with the worker's status.
+    """
+
+    def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle | None,
+                 path: Path | None = None, source: str = "zygote") -> None:
         self.pool = pool
         self.id = ident
         self.zygote = zygote
+        self.source = source
+        self.init = False  # `pid` is an llfabric-init's, the worker its only child
         self.pid = 0
-        self.path = pool.socket_dir / f"w{ident}.sock"
+        self.process = 0  # the worker's own pid (the init's child, when it has an init)
+        self.parked = False  # its CUDA state is checkpointed off the GPU
+        self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
         self.socket.linger = 0
         self.socket.bind(f"ipc://{self.path}")
@@ -131,6 +146,28 @@ class WorkerHandle:
             raise WorkerDied(self.death_reason(), pid=self.pid)
         raise WorkerDied(f"worker {self.pid} did not answer in {timeout} s", pid=self.pid)
 
+    def watch(self, pid: int, init: bool) -> None:
+        """Report the exit of `pid`, our own child (an init if `init`), to the pool."""
+        self.pid, self.init = pid, init
+        self.pool.workers[pid] = self
+        pidfd = os.pidfd_open(pid)
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                self.pool.child_exited(pid, None)
+                return
+            code = os.waitstatus_to_exitcode(status)
+            if init and code > 128:  # the init's way of saying "killed by signal code - 128"
+                status = code - 128
+            self.pool.child_exited(pid, status)
+
+        loop.add_reader(pidfd, exited)
+
     def death_reason(self) -> str:
         status = self.exit_status
         if status is None:
@@ -147,22 +184,38 @@ class WorkerHandle:
     async def close(self) -> None:
         """Retire the worker: ask it to exit, kill it if it does not."""
         if self.pid and not self.died.done():
+            with contextlib.suppress(zmq.ZMQError):  # zmq.Again: no worker connected to ask
+                await self.socket.send(protocol.pack({"op": "exit"}), flags=zmq.NOBLOCK)
             try:
-                await self.send({"op": "exit"})
                 await asyncio.wait_for(asyncio.shield(self.died), 5.0)
-            except (TimeoutError, zmq.ZMQError):
-                os.kill(self.pid, signal.SIGKILL)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
         self.socket.close()
         self.path.unlink(missing_ok=True)
         self.pool.workers.pop(self.pid, None)
 
 
 class Pool:
-    def __init__(self, store_root: Path, max_zygotes: int = 4) -> None:
+    def __init__(self, store_root: Path, max_zygotes: int = 4,
+                 worker_source: str = "zygote", cool_after: float = 0.0,
+                 zygote_memory: int = 0, pressure_percent: int = 90) -> None:
+        if worker_source not in ("zygote", "template"):
+            raise FabricError(f"worker_source must be zygote or template, not {worker_source!r}")
+        if worker_source == "template" and (why := criu.unavailable()):
+            log.warning("workers fork from zygotes: templates cannot work here (%s)", why)
+            worker_source = "zygote"
         self.store_root = store_root
         self.max_zygotes = max_zygotes
+        # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
+        self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4
+        self.worker_source = worker_source
+        # seconds a kept worker idles before it is dumped to disk; 0: never
+        self.cool_after = cool_after if cool_after > 0 and not criu.unavailable() else 0.0
+        self.pressure_percent = pressure_percent  # host memory in use that makes kept workers cool
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
+        self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
         self.zygotes: dict[frozenset[str], ZygoteHandle] = {}
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
@@ -210,12 +263,39 @@ class Pool:
             self._building.pop(modules, None)
 
     def _evict(self) -> None:
-        """Drop least recently used families; never one with live workers (they die with it)."""
-        busy = {w.zygote.pid for w in self.workers.values()}
-        families = sorted((z.last_used, f) for f, z in self.zygotes.items() if f)
-        for _, family in families[: max(0, len(families) - self.max_zygotes)]:
+        """Drop least recently used families while there are more than `max_zygotes` or they
+        hold more than `zygote_memory`; never the newest, nor one with live workers (they die
+        with it)."""
+        busy = {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
+        families = sorted((f for f in self.zygotes if f), key=lambda f: self.zygotes[f].last_used)
+        memory = {f: _unique_memory(self.zygotes[f].pid) for f in families}
+        count, total = len(families), sum(memory.values())
+        for family in families[:-1]:
+            if count <= self.max_zygotes and total <= self.zygote_memory:
+                return
             if self.zygotes[family].pid not in busy:
                 self.zygotes.pop(family).stop()
+                count, total = count - 1, total - memory[family]
+
+    async def new_worker(self, needs: frozenset[str],
+                         family: frozenset[str] | None = None) -> WorkerHandle:
+        """A fresh worker with `needs` imported, from the cheapest source ready now.
+
+        With templates, a restore of a template covering `needs` once one is built (until then,
+        and should a restore fail, a zygote fork); otherwise a zygote fork. What is built for
+        later is `family`, a superset of `needs` such as all the session imports.
+        """
+        modules = needs if family is None else family | needs
+        if self.worker_source == "template":
+            template = self.templates.ready(needs)
+            if template is None:
+                self.templates.build_soon(modules)
+            else:
+                try:
+                    return await self.restore_worker(template)
+                except (criu.CheckpointError, WorkerDied) as exc:
+                    log.warning("template restore failed, forking instead: %s", exc)
+        return await self.fork_worker(needs, family)
 
     async def fork_worker(self, needs: frozenset[str],
                           family: frozenset[str] | None = None) -> WorkerHandle:
@@ -224,17 +304,81 @@ class Pool:
         try:
             reply, _ = await zygote.request({"op": "fork_worker", "endpoint": worker.endpoint,
                                              "store": str(self.store_root)})
-            worker.pid = reply["pid"]
+            worker.pid = worker.process = reply["pid"]
             self.workers[worker.pid] = worker
-            hello = await worker.recv(timeout=HELLO_TIMEOUT)
-            if hello.get("op") != "hello":
-                raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+            await self._hello(worker)
         except BaseException:
             await worker.close()
             raise
         return worker
 
-    def child_exited(self, pid: int, status: int) -> None:
+    async def restore_worker(self, template: Template) -> WorkerHandle:
+        """Restore a copy of `template`, wake it, and wait until it has connected."""
+        root = await self.templates.restore(template)
+        return await self.wake_restored(root, True, "template", parked=template.cuda)
+
+    async def wake_restored(self, root: int, init: bool, source: str,
+                            parked: bool) -> WorkerHandle:
+        """Wake the worker restored as `root` (or as its init's child) and await its hello.
+
+        `parked`: it was dumped with its CUDA state checkpointed, which stays so until its
+        first cell's lease (`unpark`) puts it on the leased GPU."""
+        try:
+            pid = worker_of(root) if init else root
+        except BaseException:
+            os.kill(root, signal.SIGKILL)
+            os.waitpid(root, 0)
+            raise
+        worker = WorkerHandle(self, next(self._ids), None,
+                              path=wake.restored_socket(self.socket_dir, pid), source=source)
+        worker.process = pid
+        worker.parked = parked
+        try:
+            worker.watch(root, init)
+            os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
+            await self._hello(worker)
+        except BaseException:
+            await worker.close()
+            raise
+        return worker
+
+    async def _hello(self, worker: WorkerHandle) -> None:
+        hello = await worker.recv(timeout=HELLO_TIMEOUT)
+        if hello.get("op") != "hello":
+            raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+
+    @property
+    def cuda(self) -> cuda.Driver | None:
+        """The CUDA checkpoint driver, on GPU hosts (templates use it too)."""
+        return self.templates.cuda
+
+    @cuda.setter
+    def cuda(self, driver: cuda.Driver | None) -> None:
+        self.templates.cuda = driver
+
+    async def park(self, worker: WorkerHandle) -> None:
+        """Checkpoint the worker's CUDA state off the GPU (nothing to do on CPU hosts)."""
+        if self.cuda is not None and not worker.parked:
+            worker.parked = await asyncio.to_thread(parking.suspend, self.cuda, worker.process)
+
+    async def unpark(self, worker: WorkerHandle) -> None:
+        """Put a parked worker's CUDA state back on the GPU."""
+        if self.cuda is not None and worker.parked:
+            await asyncio.to_thread(parking.resume, self.cuda, worker.process)
+            worker.parked = False
+
+    def memory_pressure(self) -> bool:
+        return psutil.virtual_memory().percent >= self.pressure_percent
+
+    def memory(self, worker: WorkerHandle) -> int:
+        """Resident bytes of the worker's processes (with its init, if it has one)."""
+        try:
+            process = psutil.Process(worker.pid)
+            return sum(p.memory_info().rss for p in (process, *process.children(recursive=True)))
+        except psutil.Error:
+            return 0
+
+    def child_exited(self, pid: int, status: int | None) -> None:
         worker = self.workers.get(pid)
         if worker is not None and not worker.died.done():
             worker.exit_status = status
@@ -255,19 +399,31 @@ class Pool:
             worker.socket.close()
         for zygote in self.zygotes.values():
             zygote.stop()
+        await self.templates.stop()
         if self._base_proc is not None:
             try:
                 self._base_proc.wait(5)
             except subprocess.TimeoutExpired:
                 self._base_proc.kill()
         self.context.term()
-        for path in self.socket_dir.iterdir():
-            path.unlink(missing_ok=True)
-        self.socket_dir.rmdir()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def status(self) -> dict:
         return {
-            "zygotes": [{"pid": z.pid, "modules": sorted(f), "ready": z.ready.done()}
-                        for f, z in self.zygotes.items()],
-            "workers": [{"pid": w.pid, "zygote": w.zygote.pid} for w in self.workers.values()],
+            "zygotes": [{"pid": z.pid, "modules": sorted(f), "ready": z.ready.done(),
+                         "memory": _unique_memory(z.pid)} for f, z in self.zygotes.items()],
+            "workers": [{"pid": w.pid, "source": w.source,
+                         "zygote": w.zygote.pid if w.zygote is not None else None}
+                        for w in self.workers.values()],
+            "worker_source": self.worker_source,
+            "templates": self.templates.status(),
         }
+
+
+def _unique_memory(pid: int) -> int:
+    """Bytes only this process holds (USS): what evicting it frees; pages shared with the
+    zygote it was forked from are not counted."""
+    try:
+        return psutil.Process(pid).memory_full_info().uss
+    except psutil.Error:
+        return 0

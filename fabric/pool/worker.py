@@ -1,11 +1,13 @@
 """The worker runtime: the code a forked worker runs, talking to the server over one PAIR socket.
 
 Messages from the server: ``load`` (groups, imports and ambient state to put in the namespace),
-``run`` (a cell), ``exit``. The worker answers ``hello`` once connected, ``loaded`` after a load,
-``output`` frames while a cell runs, ``started`` when user code starts and ``done`` after it has
-saved the state the cell may have changed. A cell's input() or getpass() sends ``input`` and
-waits for the server's ``input_reply`` (``value``, or ``error``). Blobs go straight to the
-store; the server alone commits manifests.
+``run`` (a cell), ``sleep`` (close the socket and wait to be dumped; see `wake`), ``exit``.
+The worker answers ``hello`` once connected, ``loaded`` after a load, ``output`` frames while a
+cell runs, ``started`` when user code starts and ``done`` after it has saved the state the cell
+may have changed; ``sleeping`` before it sleeps and ``hello`` again once woken on its new
+endpoint. A cell's input() or getpass() sends ``input`` and waits for the server's
+``input_reply`` (``value``, or ``error``). Blobs go straight to the store; the server alone
+commits manifests.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .. import protocol
 from ..closure.groups import group_variables
 from ..snapshot import ambient, codec
 from ..snapshot.store import Store
+from . import wake
 from .fdcapture import FdCapture
 from .shell import OutStream, ZMQInteractiveShell
 
@@ -39,11 +42,15 @@ class _Channel:
     """The worker's socket, shared by the cell's thread and the stream flusher."""
 
     def __init__(self, endpoint: str) -> None:
+        self._lock = threading.Lock()
+        self._connect(endpoint)
+
+    def _connect(self, endpoint: str) -> None:
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.PAIR)
         self.socket.linger = 2000
         self.socket.connect(endpoint)
-        self._lock = threading.Lock()
+        self.endpoint = endpoint
 
     def send(self, message: dict) -> None:
         with self._lock:
@@ -54,7 +61,16 @@ class _Channel:
 
     def close(self) -> None:
         self.socket.close()
-        self.context.term()
+        self.context.term()  # waits (linger) until what was sent has left
+
+    def sleep(self) -> None:
+        """Close the socket, sleep through a dump, connect to the endpoint given on waking.
+
+        Other threads' sends wait on the lock meanwhile and go to the new socket.
+        """
+        with self._lock:
+            self.close()
+            self._connect(wake.sleep(Path(self.endpoint[len("ipc://"):]).parent))
 
 
 class Worker:
@@ -109,9 +125,14 @@ class Worker:
             op = message.get("op")
             if op == "exit":
                 return
-            handler = {"load": self.load, "run": self.run}.get(op)
+            handler = {"load": self.load, "run": self.run, "sleep": self.sleep}.get(op)
             reply = handler(message) if handler else {"op": "error", "message": f"bad op {op!r}"}
             self.channel.send(reply)
+
+    def sleep(self, message: dict) -> dict:
+        self.channel.send({"op": "sleeping", "pid": os.getpid()})
+        self.channel.sleep()
+        return {"op": "hello", "pid": os.getpid()}
 
     def load(self, message: dict) -> dict:
         start = time.monotonic()
@@ -140,6 +161,8 @@ class Worker:
         return {"op": "loaded", "seconds": time.monotonic() - start}
 
     def run(self, message: dict) -> dict:
+        if message.get("device"):  # the leased GPU; CUDA reads it when it first initializes
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(message["device"])
         self.shell.execution_count = int(message.get("execution_count", 1))
         started = time.monotonic()
         self.channel.send({"op": "started", "t": started})
@@ -212,6 +235,7 @@ class Worker:
 def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
     """Entry point in the freshly forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wake.block()  # before any thread starts, so that every thread inherits it blocked
     channel = _Channel(endpoint)
     try:
         Worker(shell, channel, Store(Path(store_root))).serve()

@@ -106,6 +106,7 @@ class Zygote:
             code = 0
             try:
                 _die_with_parent()
+                os.setsid()  # its own session, so that CRIU can dump it (no "shell job")
                 self._child_hygiene()
                 worker.main(self.shell, message["endpoint"], message["store"])
             except BaseException:
@@ -140,11 +141,17 @@ class Zygote:
         mine.close()
 
 
+def detach_from_cwd() -> None:
+    """Run from `/`, without the starting directory on sys.path: a session sets its own."""
+    start = os.getcwd()
+    os.chdir("/")
+    sys.path[:] = [p for p in sys.path if p not in ("", start)]
+
+
 def main() -> None:
     ctrl = socket.socket(fileno=int(sys.argv[1]))
     _die_with_parent()
-    os.chdir("/")
-    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+    detach_from_cwd()
     zygote = Zygote(ctrl)
     zygote.import_modules(sys.argv[2:])
     zygote.serve()

@@ -1,0 +1,77 @@
+"""A dormant worker: a zygote's state (shell, imported family) with no sockets, waiting to wake.
+
+This is the process that a template's images hold. It is started by the server under
+`llfabric-init --pidns` (so it is pid 2 of its own PID namespace), imports its family, reports
+`ready` on its control socket, closes it and blocks in `sigwait` for `WAKE`. The server then
+dumps the namespace with CRIU, once, and restores it as often as it needs workers. A restored
+copy is woken by `WAKE` (sent to its init, which forwards it) and connects to the endpoint
+named after its pid as the server sees it (see `wake`); from there on it is a worker like any
+forked one.
+
+    python -m fabric.pool.dormant CTRL_FD SOCKET_DIR STORE LOG [MODULE...]
+
+Until it sleeps, its stdout and stderr go to LOG; then to /dev/null, since CRIU refuses to
+restore a regular file that has changed size since the dump.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+from . import wake, worker
+from .zygote import Zygote, detach_from_cwd
+
+
+def _redirect_output(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _create_cuda_context() -> None:
+    """Pay CUDA's initialization once, here, rather than in every worker; the server
+    checkpoints the context off the GPU before the dump. Without it copies still work: they
+    initialize CUDA on first use, as the log says."""
+    try:
+        if "torch" in sys.modules:
+            sys.modules["torch"].empty(1, device="cuda")  # the context torch's cells will use
+        else:
+            from cuda.bindings import driver
+
+            driver.cuInit(0)
+            _, device = driver.cuDeviceGet(0)
+            driver.cuDevicePrimaryCtxRetain(device)
+    except Exception:  # logged; the template is then made without a context
+        traceback.print_exc()
+
+
+def main() -> None:
+    ctrl = socket.socket(fileno=int(sys.argv[1]))
+    socket_dir, store, log = Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    wake.block()  # first: the dump may catch it anywhere after `ready`, and the wake must wait
+    _redirect_output(log)
+    detach_from_cwd()
+    zygote = Zygote(ctrl)
+    zygote.import_modules(sys.argv[5:])
+    if os.environ.pop(wake.CUDA_CONTEXT, None):
+        _create_cuda_context()
+    _redirect_output(os.devnull)
+    ctrl.close()  # the server dumps once it sees this close: nothing outside may stay open
+    endpoint = wake.sleep(socket_dir)
+    code = 0
+    try:
+        worker.main(zygote.shell, endpoint, store)
+    except BaseException:
+        traceback.print_exc(file=sys.__stderr__)
+        code = 1
+    finally:
+        os._exit(code)  # as a forked worker: no interpreter teardown, no atexit of the shell
+
+
+if __name__ == "__main__":
+    main()

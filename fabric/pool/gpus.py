@@ -1,0 +1,57 @@
+"""The host's GPUs, as NVML (nvidia-ml-py) reports them: count, UUID, memory, utilization.
+
+Only the server asks NVML; workers never do (a CUDA checkpoint cannot carry NVML handles).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+
+
+def discover() -> list[Gpu]:
+    """Every GPU NVML sees; none on a host without the NVIDIA driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        log.info("no GPUs: %s", exc)
+        return []
+    gpus = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        gpus.append(Gpu(index, _text(pynvml.nvmlDeviceGetUUID(handle)),
+                        _text(pynvml.nvmlDeviceGetName(handle)),
+                        int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
+    return gpus
+
+
+def usage(gpu: Gpu) -> dict:
+    """Memory in use and utilization of one GPU now (for status)."""
+    import pynvml
+
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    except pynvml.NVMLError as exc:
+        return {"error": str(exc)}
+    return {"memory_used": int(memory.used), "memory_total": int(memory.total),
+            "utilization": int(rates.gpu)}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,165 @@
+"""Templates: CRIU images of dormant workers, one per import family, restored many times.
+
+A template is built once per family: `llfabric-init --pidns python -m fabric.pool.dormant`
+imports the family (on a GPU host it also creates its CUDA context, which the server then
+checkpoints off the GPU), reports ready and closes its control socket; CRIU dumps the
+namespace rooted at the init. Each restore brings back a copy in a new PID namespace as a child
+of the server; woken, the copy connects to the endpoint named after its pid (see `wake`). A
+copy's CUDA state goes back onto a GPU under its first cell's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import control, criu, parking, wake
+from .cuda import Driver
+
+log = logging.getLogger(__name__)
+
+BUILD_TIMEOUT = 300.0
+
+
+@dataclass
+class Template:
+    modules: frozenset[str]
+    images: Path
+    state: str = "building"  # building, ready, failed
+    error: str = ""
+    built_in: float = 0.0
+    restores: int = 0
+    failed_imports: dict[str, str] = field(default_factory=dict)
+    cuda: bool = False  # dumped with a CUDA context, checkpointed off the GPU
+
+    @property
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.images.glob("*.img")) if self.images.exists() \
+            else 0
+
+    def status(self) -> dict:
+        return {"modules": sorted(self.modules), "state": self.state, "error": self.error,
+                "bytes": self.size, "built_in": self.built_in, "restores": self.restores,
+                "failed_imports": self.failed_imports}
+
+
+class Templates:
+    def __init__(self, root: Path, socket_dir: Path, store_root: Path) -> None:
+        self.root = root
+        self.socket_dir = socket_dir
+        self.store_root = store_root
+        self.by_family: dict[frozenset[str], Template] = {}
+        self._tasks: dict[frozenset[str], asyncio.Task] = {}
+        self._restores = itertools.count()
+        self.cuda: Driver | None = None  # on GPU hosts: templates carry a CUDA context
+
+    def ready(self, modules: frozenset[str]) -> Template | None:
+        """The smallest ready template whose family covers `modules`."""
+        found = [t for f, t in self.by_family.items() if f >= modules and t.state == "ready"]
+        return min(found, key=lambda t: len(t.modules), default=None)
+
+    def build_soon(self, modules: frozenset[str]) -> None:
+        """Start building the family's template unless it exists, is under way or failed."""
+        if modules not in self.by_family:
+            name = hashlib.sha256("\0".join(sorted(modules)).encode()).hexdigest()[:16]
+            template = Template(modules, self.root / name)
+            self.by_family[modules] = template
+            self._tasks[modules] = asyncio.ensure_future(self.build(template))
+
+    async def wait(self, modules: frozenset[str]) -> Template:
+        """The family's template once its build has ended, ready or failed."""
+        return await asyncio.shield(self._tasks[modules])
+
+    async def build(self, template: Template) -> Template:
+        start = time.monotonic()
+        try:
+            await asyncio.wait_for(self._build(template), BUILD_TIMEOUT)
+        except Exception as exc:  # recorded and shown by status; workers fork from zygotes
+            template.state, template.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.warning("template for %s failed: %s", sorted(template.modules), template.error)
+            criu.remove(template.images)
+        else:
+            template.state, template.built_in = "ready", time.monotonic() - start
+        return template
+
+    async def _build(self, template: Template) -> None:
+        template.images.mkdir(parents=True, exist_ok=True)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine.setblocking(False)
+        launcher = subprocess.Popen(
+            [str(criu.init_binary()), "--pidns", sys.executable, "-m", "fabric.pool.dormant",
+             str(theirs.fileno()), str(self.socket_dir), str(self.store_root),
+             str(template.images / "process.log"), *sorted(template.modules)],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
+            env={**os.environ, **({wake.CUDA_CONTEXT: "1"} if self.cuda is not None else {})})
+        theirs.close()
+        root = None
+        try:
+            with mine:
+                loop = asyncio.get_running_loop()
+                data = await loop.sock_recv(mine, control.PACKET)
+                if not data:
+                    raise criu.CheckpointError(
+                        f"the template process exited before it was ready; see "
+                        f"{template.images / 'process.log'}")
+                ready = control.decode(data)
+                template.failed_imports = dict(ready.get("failed", {}))
+                if await loop.sock_recv(mine, control.PACKET):  # then EOF: it is going to sleep
+                    raise criu.CheckpointError("the template process sent more than ready")
+            root = worker_of(launcher.pid)
+            dormant = worker_of(root)
+            await wake.until_asleep(dormant, BUILD_TIMEOUT)
+            if self.cuda is not None:  # CRIU cannot dump live device state
+                template.cuda = await asyncio.to_thread(parking.suspend, self.cuda, dormant)
+            await asyncio.to_thread(criu.dump, root, template.images)
+        except BaseException:
+            if root is not None:  # killing a namespace's init ends everything in it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(root, signal.SIGKILL)
+            launcher.kill()
+            raise
+        finally:
+            await asyncio.to_thread(launcher.wait)
+
+    async def restore(self, template: Template) -> int:
+        """Restore a copy of `template`; return its init's pid (a child of this process)."""
+        log_name = f"restore-{next(self._restores)}.log"
+        try:
+            pid = await asyncio.to_thread(criu.restore, template.images, log_name)
+        except criu.CheckpointError:
+            template.state, template.error = "failed", "restore failed"
+            raise
+        (template.images / log_name).unlink(missing_ok=True)
+        template.restores += 1
+        return pid
+
+    async def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for template in self.by_family.values():
+            criu.remove(template.images)
+
+    def status(self) -> list[dict]:
+        return [t.status() for t in self.by_family.values()]
+
+
+def worker_of(pid: int) -> int:
+    """The one child of an llfabric-init (or of the launcher that made the namespace)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        found = children.read().split()
+    if len(found) != 1:
+        raise criu.CheckpointError(f"llfabric-init {pid} has children {found}, not one")
+    return int(found[0])

@@ -1,0 +1,71 @@
+"""Sleeping through a CRIU dump and waking after a restore, as the worker and server agree.
+
+A process that is about to be dumped closes every socket to the outside, then waits for `WAKE`.
+A restored copy (a template's, or a cooled session's worker) cannot be told anything before it
+reconnects, since every copy holds the same memory; what does differ is its pid as the server
+sees it, so the copy connects to the endpoint named after that pid, which the server binds
+before sending `WAKE`.
+
+`WAKE` stays blocked in every thread of a worker (threads inherit the mask), so it is only ever
+taken by `sigwait`: it can arrive before the sleeper waits and is not lost, and it never
+reaches user code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import platform
+import signal
+import time
+from pathlib import Path
+
+WAKE = signal.SIGUSR1
+CUDA_CONTEXT = "LLFABRIC_TEMPLATE_CUDA"  # set for a dormant worker that creates a CUDA context
+_PR_SET_PDEATHSIG = 1
+_RT_SIGTIMEDWAIT = {"x86_64": "128", "aarch64": "137"}  # where /proc/PID/wchan shows nothing
+
+
+def restored_socket(socket_dir: Path, host_pid: int) -> Path:
+    """Where the server waits for the restored worker whose pid, as the server sees it, is this."""
+    return socket_dir / f"r{host_pid}.sock"
+
+
+def host_pid() -> int:
+    """Our pid as the server sees it: /proc is the host's even inside a PID namespace."""
+    return int(os.readlink("/proc/self"))
+
+
+def asleep(pid: int) -> bool:
+    """Whether the main thread of `pid` waits in sigwait: it has closed its sockets."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        syscall = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return False
+    return wchan.startswith("do_sigtimedwait") or syscall == _RT_SIGTIMEDWAIT.get(
+        platform.machine())
+
+
+async def until_asleep(pid: int, timeout: float) -> None:
+    """Return once `pid` sleeps (a dump now catches it holding nothing outside); TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while not asleep(pid):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} did not go to sleep in {timeout} s")
+        await asyncio.sleep(0.002)
+
+
+def block() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {WAKE})
+
+
+def sleep(socket_dir: Path) -> str:
+    """Wait for `WAKE`; return the endpoint to connect to now."""
+    block()
+    signal.sigwait({WAKE})
+    # A restored tree's root is the restorer's child: a parent-death signal inherited from
+    # before the dump would now fire when one of the server's threads ends.
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, 0)
+    return f"ipc://{restored_socket(socket_dir, host_pid())}"

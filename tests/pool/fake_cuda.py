@@ -1,0 +1,60 @@
+"""A fake CUDA checkpoint driver: the driver's per-process state machine, with failures on demand.
+
+`fail[step] = (error, state)` makes the next call of `step` raise CudaError(error) and leave the
+process in `state` (None: where it was), as the real driver does on a lock timeout (RUNNING)
+or a broken checkpoint (FAILED).
+"""
+
+from __future__ import annotations
+
+from fabric.pool.cuda import CudaError, State
+
+_MOVES = {  # step: (the state it needs, the state it leaves)
+    "lock": (State.RUNNING, State.LOCKED),
+    "checkpoint": (State.LOCKED, State.CHECKPOINTED),
+    "restore": (State.CHECKPOINTED, State.LOCKED),
+    "unlock": (State.LOCKED, State.RUNNING),
+}
+
+
+class FakeDriver:
+    def __init__(self) -> None:
+        self.states: dict[int, State] = {}
+        self.fail: dict[str, tuple[str, State | None]] = {}
+        self.calls: list[tuple[str, int]] = []
+        self.without_cuda: set[int] = set()  # processes that never created a CUDA context
+        self.default = State.RUNNING  # the state of a process first seen (a restored copy's)
+
+    def holds(self, pid: int) -> bool:
+        return pid not in self.without_cuda
+
+    def state(self, pid: int) -> State:
+        self.calls.append(("state", pid))
+        if "state" in self.fail:
+            raise CudaError(self.fail.pop("state")[0], error="fake")
+        return self.states.setdefault(pid, self.default)
+
+    def _step(self, step: str, pid: int) -> None:
+        self.calls.append((step, pid))
+        needs, leaves = _MOVES[step]
+        current = self.states.setdefault(pid, self.default)
+        if step in self.fail:
+            error, left = self.fail.pop(step)
+            self.states[pid] = left or current
+            raise CudaError(f"{step} failed: {error}", error=error)
+        if current is not needs:
+            raise CudaError(f"{step} needs {needs.name}, process is {current.name}",
+                            error="CUDA_ERROR_ILLEGAL_STATE")
+        self.states[pid] = leaves
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        self._step("lock", pid)
+
+    def checkpoint(self, pid: int) -> None:
+        self._step("checkpoint", pid)
+
+    def restore(self, pid: int) -> None:
+        self._step("restore", pid)
+
+    def unlock(self, pid: int) -> None:
+        self._step("unlock", pid)

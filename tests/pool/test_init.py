@@ -1,0 +1,88 @@
+"""llfabric-init (native/init.c) as pid 1: exit status, signal forwarding, reaping orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from fabric.pool import criu
+
+
+@pytest.fixture(scope="module")
+def init() -> str:
+    binary = criu.init_binary()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("llfabric-init is not built; `make native` builds it", pytrace=False)
+        pytest.skip("llfabric-init is not built; run `make native`")
+    return str(binary)
+
+
+def test_passes_on_the_exit_code_and_the_killing_signal(init: str) -> None:
+    assert subprocess.run([init, "--pidns", "sh", "-c", "exit 7"]).returncode == 7
+    assert subprocess.run([init, "--pidns", "sh", "-c", "kill -9 $$"]).returncode == 128 + 9
+
+
+def test_the_program_is_pid_2_of_a_new_namespace(init: str) -> None:
+    out = subprocess.run([init, "--pidns", "sh", "-c", "echo $$ $PPID; readlink /proc/self"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[:2] == ["2", "1"]
+    assert int(out[2]) != 2  # /proc is the host's, so it names the process by its host pid
+
+
+def test_forwards_signals_to_the_program(init: str) -> None:
+    script = "trap 'echo got-term; exit 3' TERM; echo up; while :; do sleep 0.05; done"
+    proc = subprocess.Popen([init, "--pidns", "sh", "-c", script], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "up\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 3
+    assert proc.stdout.read() == "got-term\n"
+
+
+def test_reaps_orphans_and_exits_when_the_program_does(init: str) -> None:
+    # The program leaves an orphan behind (reparented to the init) and exits; the init reaps
+    # the program's status, and the namespace's end takes the orphan with it.
+    start = time.monotonic()
+    result = subprocess.run([init, "--pidns", "sh", "-c", "(sleep 30 &) ; exit 5"], timeout=20)
+    assert result.returncode == 5
+    assert time.monotonic() - start < 20
+
+
+def test_without_a_namespace_it_is_a_subreaper(init: str) -> None:
+    # An orphan of the program is reparented to the init (not to the host's init), and the
+    # init reaps it when it exits: no zombie is left among the init's children.
+    script = ("(sleep 0.3 &); sleep 0.1; ps -o comm= --ppid $PPID | sort | tr '\\n' ' '; echo; "
+              "sleep 0.5; ps -o stat= --ppid $PPID | grep -c Z || true")
+    out = subprocess.run([init, "sh", "-c", script], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    children, zombies = out.stdout.splitlines()
+    assert children.split() == ["sh", "sleep"]  # the program and the orphan
+    assert zombies == "0"
+
+
+def test_usage_error_without_a_program(init: str) -> None:
+    result = subprocess.run([init, "--pidns"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "usage" in result.stderr
+
+
+def test_keeps_no_inherited_descriptor_once_the_program_runs(init: str) -> None:
+    # The program closes the pipe it inherited; the reader must see EOF while the program still
+    # runs, so neither the init nor the process that made the namespace holds a copy.
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([init, "--pidns", "sh", "-c", f"exec {write_end}>&-; sleep 5"],
+                            pass_fds=[write_end])
+    os.close(write_end)
+    try:
+        start = time.monotonic()
+        assert os.read(read_end, 1) == b""
+        assert time.monotonic() - start < 4 and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)
