@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 
 from .closure import Closure, closure
+from .closure.groups import package_of
 from .closure.static import analyze
 from .errors import FabricError, SessionBusy, StoreError, WorkerDied
 from .pool import Leases, Pool, WorkerHandle, parking
@@ -403,7 +404,8 @@ class Session:
             refs={n: r for n, r in parent.refs.items() if n not in owned} | refs,
             packages={n: p for n, p in parent.packages.items() if n not in owned} | packages,
             ambient=done["ambient"],
-            modules=tuple(sorted(set(parent.modules) | analyze(source).imports)),
+            modules=tuple(sorted(set(parent.modules) | {
+                m for m in analyze(source).imports if package_of(m) is not None})),
             cell={"execution_count": count, "status": done["status"],
                   "source": source, "time": time.time()},
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..snapshot.manifest import Group, Manifest
+from .groups import package_of
 from .static import CODE_DYNAMIC, analyze
 
 
@@ -16,7 +17,8 @@ class Closure:
     names: frozenset[str]  # session variables and aliases the cell may read
     groups: tuple[Group, ...]
     imports: dict[str, str]  # alias -> module, re-imported rather than unpickled
-    modules: frozenset[str]  # the import closure: what the worker's zygote must have imported
+    modules: frozenset[str]  # the import closure (the standard library aside, which any worker
+    # imports in milliseconds): what the worker's zygote or template must have imported
     whole: bool  # static analysis could not bound the cell: the whole session is loaded
     exact: bool  # False when the source did not parse (a draft being edited)
 
@@ -31,7 +33,7 @@ def closure(source: str, manifest: Manifest) -> Closure:
         whole, needed = True, set(session)  # session code that evals or reads globals()
     groups = {(g.blob, g.names): g for name in needed if (g := variables.get(name)) is not None}
     imports = {a: m for a, m in manifest.imports.items() if a in needed}
-    modules = set(cell.imports) | set(imports.values())
+    modules = {m for m in (*cell.imports, *imports.values()) if package_of(m) is not None}
     for name in needed:
         modules.update(manifest.packages.get(name, ()))
     return Closure(frozenset(needed), tuple(groups.values()), imports, frozenset(modules), whole,

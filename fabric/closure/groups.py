@@ -59,7 +59,8 @@ def code_globals(code: types.CodeType) -> frozenset[str]:
     return frozenset(names)
 
 
-def _package(module: object) -> str | None:
+def package_of(module: object) -> str | None:
+    """The top-level package of a module name; None for the standard library and builtins."""
     if not isinstance(module, str):
         return None
     top = module.partition(".")[0]
@@ -184,7 +185,7 @@ class _Walker:
             self._note_package(cls)
 
     def _note_package(self, obj: Any) -> None:
-        if (package := _package(getattr(obj, "__module__", None))) is not None:
+        if (package := package_of(getattr(obj, "__module__", None))) is not None:
             self.packages.add(package)
 
 
