@@ -239,25 +239,21 @@ class Auditor:
     def _keep_only(self, cl: Closure) -> None:
         """Trim the namespace to the closure, rebuilt from pickles as a worker loads it.
 
-        Variables that cannot be pickled stay live, as the session's pinned worker keeps them.
+        If part of the closure cannot be pickled, the session is pinned to its live worker, which
+        keeps what it holds: the namespace stays as it is (objects that cannot be pickled, such
+        as an autograd graph, may hold others in ways no walk sees).
         """
         ns = self.namespace
-        blobs = []
-        for group in cl.groups:
-            values = {n: ns[n] for n in group.names}
-            try:
-                blobs.append(codec.dumps(values, ns))
-            except Exception:
-                blobs.append(None)
-        pinned = {n for g, b in zip(cl.groups, blobs, strict=True) if b is None for n in g.names}
+        try:
+            blobs = [codec.dumps({n: ns[n] for n in g.names}, ns) for g in cl.groups]
+        except Exception:
+            return
         for name in self.shell.user_variables():
-            if name not in pinned:
-                del ns[name]
+            del ns[name]
         for alias, module in cl.imports.items():
             ns[alias] = importlib.import_module(module)
         for blob in blobs:
-            if blob is not None:
-                ns.update(codec.loads(blob, ns))
+            ns.update(codec.loads(blob, ns))
 
     def _compare(self, audit: CellAudit, child: tuple[int, Path, Path],
                  before: dict[str, int]) -> None:
@@ -308,7 +304,9 @@ class Fingerprint:
     budget = 2_000_000  # objects; past it the value is summarised by its type alone
 
     def __init__(self) -> None:
-        self.memo: dict[int, str] = {}
+        # id -> (object, digest): holding the object keeps its id from being reused by a
+        # temporary made later in the walk (a __getstate__ copy)
+        self.memo: dict[int, tuple[Any, str]] = {}
         self.path: set[int] = set()
         self.left = self.budget
 
@@ -331,7 +329,7 @@ class Fingerprint:
                 digests = sorted(digests)
             kind = type(obj)
             digest = _hash(f"{kind.__module__}.{kind.__qualname__}", [*prefix, *digests])
-            self.memo[id(obj)] = digest
+            self.memo[id(obj)] = (obj, digest)
             (stack[-1][4] if stack else result).append(digest)
         return result[0] if self.left >= 0 else f"too large: {type(root).__qualname__}"
 
@@ -342,7 +340,7 @@ class Fingerprint:
         if kind in _ATOM_TYPES:
             out.append(f"{kind.__name__}:{obj!r}")
         elif key in self.memo:
-            out.append(self.memo[key])
+            out.append(self.memo[key][1])
         elif key in self.path:
             out.append(f"cycle:{kind.__qualname__}")
         else:
@@ -371,6 +369,12 @@ def _expand(obj: Any) -> tuple[list[str], list, str]:
                 [obj.__defaults__, obj.__kwdefaults__, *cells], "ordered")
     if (memory := _memory_of(obj)) is not None:
         return memory, [], "ordered"
+    getstate = getattr(type(obj), "__getstate__", None)
+    if getstate is not None and getstate is not object.__getstate__:
+        try:  # what the object itself calls its state (caches left out)
+            return [], [obj.__getstate__()], "ordered"
+        except Exception:
+            pass
     state = getattr(obj, "__dict__", None)
     slots = [getattr(obj, n, None) for c in type(obj).__mro__
              for n in getattr(c, "__slots__", ()) if isinstance(n, str)]
