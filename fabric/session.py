@@ -153,8 +153,18 @@ class Session:
 
         self._spawn(retire())
 
+    def _follow_head(self) -> None:
+        """Pick up a head moved outside this server (`llfabric store checkout`): the next cell
+        runs on that version, and a worker prepared for the old head is no longer usable."""
+        head = self.store.head(self.name)
+        if head != self.head:
+            self.manifest = (Manifest.decode(self.store.get_manifest(head)) if head
+                             else Manifest(session=self.name))
+            self.head = head
+
     def draft(self, source: str) -> dict:
         """Prepare a worker for `source` now, while the user is still editing it."""
+        self._follow_head()
         cl = closure(source, self.manifest)
         if self._usable(self.prepared):
             self._extend(self.prepared, cl)
@@ -180,6 +190,7 @@ class Session:
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
         async with self.lock:
             self.interrupted = False
+            self._follow_head()
             cl = closure(source, self.manifest)
             prep, self.prepared = self.prepared, None
             if self._usable(prep):

@@ -25,6 +25,7 @@ import zmq
 
 from .. import protocol
 from ..closure.groups import group_variables
+from ..closure.static import analyze
 from ..snapshot import ambient, codec
 from ..snapshot.store import Store
 from .fdcapture import FdCapture
@@ -59,6 +60,8 @@ class Worker:
         self.channel = channel
         self.store = store
         self.loaded: set[str] = set()  # names this worker took from the session
+        # group members -> the object holding them as last loaded or saved: its fingerprint
+        self.objects: dict[frozenset[str], tuple[str, int]] = {}
         self.restored_ambient = False
         self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
         shell.sink = self._sink
@@ -98,10 +101,12 @@ class Worker:
                 ns[alias] = importlib.import_module(module)
                 self.loaded.add(alias)
             for blob, names in message.get("groups", []):
-                values = codec.loads(self.store.get(blob), ns)
+                encoded = self.store.get_object(blob, self._progress("loading"))
+                values = codec.loads(encoded, ns)
                 for name in names:
                     ns[name] = values[name]
                 self.loaded.update(names)
+                self.objects[frozenset(names)] = (blob, encoded.nbytes)
             if message.get("ambient") and not self.restored_ambient:
                 ambient.restore(pickle.loads(self.store.get(message["ambient"])))
                 self.restored_ambient = True
@@ -126,7 +131,7 @@ class Worker:
                 stream.flush()
         ran = time.monotonic()
         error = result.error_in_exec or result.error_before_exec
-        report = self.save()
+        report = self.save(message["source"])
         for stream in self._streams:
             stream.flush()
         return {
@@ -139,30 +144,60 @@ class Worker:
             **report,
         }
 
+    def _progress(self, doing: str) -> Any:
+        def report(done: int, total: int) -> None:
+            self.channel.send({"op": "output", "output": {
+                "output_type": "stream", "name": "stderr",
+                "text": f"llfabric: {doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB\n"}})
+        return report
+
     def _put(self, names: list[str], groups: list[list], unsaved: dict[str, str]) -> bool:
-        """Pickle `names` as one group into the store; on failure record why, per name."""
+        """Save `names` as one group into the store; on failure record why, per name."""
         ns = self.shell.user_ns
+        key = frozenset(names)
+        known = self.objects.get(key)
         try:
-            data = codec.dumps({n: ns[n] for n in names}, ns)
+            encoded = codec.dumps({n: ns[n] for n in names}, ns)
+            blob = self.store.put_object(encoded, known and known[0], self._progress("saving"))
         except Exception as exc:  # user objects may fail in any way; the server tells the user
             unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
             return False
         for name in names:
             unsaved.pop(name, None)
-        groups.append([self.store.put(data), names, len(data)])
+        self.objects[key] = (blob, encoded.nbytes)
+        groups.append([blob, names, encoded.nbytes])
         return True
 
-    def save(self) -> dict:
-        """Write every group of the namespace to the store; unchanged ones dedup by hash."""
+    def _touched(self, source: str, names: list[str], refs: dict[str, set[str]]) -> set[str]:
+        """The names `source` may have changed: what it writes or reads (a read may mutate), and
+        whatever the code it reads reads in turn."""
+        cell = analyze(source)
+        if cell.dynamic or not cell.parsed:
+            return set(names)
+        touched, todo = set(), list(cell.reads | cell.writes)
+        while todo:
+            name = todo.pop()
+            if name not in touched:
+                touched.add(name)
+                todo.extend(refs.get(name, ()))
+        return touched
+
+    def save(self, source: str) -> dict:
+        """Write the groups the cell may have changed; a group it cannot have touched, or whose
+        fingerprint is unchanged, keeps its object with no I/O."""
         ns = self.shell.user_ns
         names = self.shell.user_variables()
         imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
         state = [n for n in names if n not in imports]
         grouping = group_variables(ns, state)
+        touched = self._touched(source, state, grouping.refs)
         groups: list[list] = []
         unsaved: dict[str, str] = {}
         for members in grouping.groups:
-            if not self._put(members, groups, unsaved) and len(members) > 1:
+            known = self.objects.get(frozenset(members))
+            if known is not None and touched.isdisjoint(members):
+                groups.append([known[0], members, known[1]])
+            elif not self._put(members, groups, unsaved) and len(members) > 1:
                 # Saved member by member instead, so that one generator costs only itself.
                 for name in members:
                     self._put([name], groups, unsaved)
