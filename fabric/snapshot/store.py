@@ -94,8 +94,9 @@ def _load_key(path: Path) -> bytes:
 class Store:
     """Blobs, objects, signed manifests and session heads, behind a memory cache."""
 
-    def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES) -> None:
+    def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK) -> None:
         self.root = Path(root)
+        self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.disk = DiskTier(self.root / "blobs")
@@ -157,13 +158,13 @@ class Store:
                 buffers.append(bytes(view))
                 continue
             ids = []
-            for start in range(0, view.nbytes, CHUNK):
-                part = view[start:start + CHUNK]
+            for start in range(0, view.nbytes, self.chunk):
+                part = view[start:start + self.chunk]
                 ids.append(blob_id(part))
                 chunks.append((ids[-1], part))
             buffers.append([view.nbytes, ids])
-        index = _OBJECT + msgpack.packb({"stream": encoded.stream, "buffers": buffers},
-                                        use_bin_type=True)
+        index = _OBJECT + msgpack.packb(
+            {"stream": encoded.stream, "chunk": self.chunk, "buffers": buffers}, use_bin_type=True)
         return blob_id(index), index, chunks
 
     def put_object(self, encoded: Encoded, known: str | None = None,
@@ -186,30 +187,31 @@ class Store:
         self._put(ident, index)
         return ident
 
-    def object_index(self, ident: str) -> tuple[bytes, list]:
-        """An object's pickle stream and buffer list, validated as input from outside."""
+    def object_index(self, ident: str) -> tuple[bytes, int, list]:
+        """An object's pickle stream, chunk size and buffers, validated as input from outside."""
         data = self.get(ident)
         try:
             if not data.startswith(_OBJECT):
                 raise ValueError("not an object index")
             raw = msgpack.unpackb(data[len(_OBJECT):], raw=False)
-            stream, buffers = raw["stream"], raw["buffers"]
-            if not isinstance(stream, bytes) or not isinstance(buffers, list):
+            stream, chunk, buffers = raw["stream"], raw["chunk"], raw["buffers"]
+            if not isinstance(stream, bytes) or not isinstance(buffers, list) or \
+                    not isinstance(chunk, int) or chunk <= 0:
                 raise ValueError("bad fields")
             for buf in buffers:
                 if isinstance(buf, bytes):
                     continue
                 nbytes, ids = buf
                 if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(ids, list) or \
-                        len(ids) != -(-nbytes // CHUNK) or not all(map(_valid_id, ids)):
+                        len(ids) != -(-nbytes // chunk) or not all(map(_valid_id, ids)):
                     raise ValueError("bad buffer entry")
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             raise StoreError(f"object {ident} is malformed: {exc}", blob=ident) from exc
-        return stream, buffers
+        return stream, chunk, buffers
 
     def get_object(self, ident: str, progress: Progress | None = None) -> Encoded:
         """Read an object into fresh writable buffers, every chunk verified."""
-        stream, entries = self.object_index(ident)
+        stream, chunk, entries = self.object_index(ident)
         buffers: list[memoryview] = []
         reads: list[tuple[str, memoryview]] = []
         for entry in entries:
@@ -219,7 +221,7 @@ class Store:
             nbytes, ids = entry
             view = memoryview(bytearray(nbytes))
             buffers.append(view)
-            reads += [(cid, view[i * CHUNK:(i + 1) * CHUNK]) for i, cid in enumerate(ids)]
+            reads += [(cid, view[i * chunk:(i + 1) * chunk]) for i, cid in enumerate(ids)]
         reporter = _Reporter(progress, sum(part.nbytes for _, part in reads))
 
         def read(chunk: tuple[str, memoryview]) -> None:
@@ -229,8 +231,15 @@ class Store:
         _parallel(read, reads)
         return Encoded(stream, buffers)
 
+    def is_object(self, ident: str) -> bool:
+        """Whether a blob on disk starts as an object index does (a cheap peek, unverified)."""
+        if not _valid_id(ident):
+            return False
+        with open(self.disk.path(ident), "rb") as f:
+            return f.read(len(_OBJECT)) == _OBJECT
+
     def object_chunks(self, ident: str) -> list[str]:
-        return [cid for entry in self.object_index(ident)[1] if not isinstance(entry, bytes)
+        return [cid for entry in self.object_index(ident)[2] if not isinstance(entry, bytes)
                 for cid in entry[1]]
 
     # manifests

@@ -105,12 +105,14 @@ class DiskTier:
     def remove(self, ident: str) -> None:
         self.path(ident).unlink(missing_ok=True)
 
-    def idents(self) -> Iterator[str]:
+    def files(self) -> Iterator[Path]:
+        """Every file under the tier: blobs, and temp files a crash may have left."""
         for shard in sorted(self.root.iterdir()):
             if shard.is_dir() and len(shard.name) == 2:
-                for p in sorted(shard.iterdir()):
-                    if not p.name.startswith("."):
-                        yield p.name
+                yield from sorted(shard.iterdir())
+
+    def idents(self) -> Iterator[str]:
+        return (p.name for p in self.files() if not p.name.startswith("."))
 
 
 class MemoryTier:
