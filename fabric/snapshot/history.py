@@ -12,6 +12,7 @@ object are kept with it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -127,10 +128,13 @@ def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
     live: set[str] = set()
     for session in store.sessions():
         _mark(store, session, live)
-    files = list(store.disk.files()) + list((store.root / "manifests").iterdir())
-    stats = {p: p.stat() for p in files}
+    stats = {}
+    for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
+        with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
+            stats[path] = path.stat()
     for path, stat in stats.items():
-        if stat.st_mtime >= young and store.is_object(path.name):
+        if stat.st_mtime >= young and path.parent.parent == store.disk.root \
+                and store.is_object(path.name):
             live.update(store.object_chunks(path.name))  # a save in flight: keep its chunks
     result = Collected()
     for path, stat in stats.items():
