@@ -280,7 +280,7 @@ class Session:
     def _commit(self, done: dict, source: str, count: int) -> None:
         """Fold the worker's report into a new manifest and move the head to it."""
         try:
-            owned = set(done["owned"])
+            owned = set(done["owned"]) - set(done.get("kept", ()))  # kept: stay as committed
             new_groups = [Group(str(b), tuple(map(str, names)), int(size))
                           for b, names, size in done["groups"]]
             imports = {str(k): str(v) for k, v in done["imports"].items()}

@@ -24,9 +24,8 @@ from typing import Any
 import zmq
 
 from .. import protocol
-from ..closure.groups import group_variables
-from ..closure.static import analyze
 from ..snapshot import ambient, codec
+from ..snapshot.delta import DeltaSaver, reached_by
 from ..snapshot.store import Store
 from .fdcapture import FdCapture
 from .shell import OutStream, ZMQInteractiveShell
@@ -60,8 +59,7 @@ class Worker:
         self.channel = channel
         self.store = store
         self.loaded: set[str] = set()  # names this worker took from the session
-        # group members -> the object holding them as last loaded or saved: its fingerprint
-        self.objects: dict[frozenset[str], tuple[str, int]] = {}
+        self.saver = DeltaSaver(store)
         self.restored_ambient = False
         self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
         shell.sink = self._sink
@@ -106,7 +104,7 @@ class Worker:
                 for name in names:
                     ns[name] = values[name]
                 self.loaded.update(names)
-                self.objects[frozenset(names)] = (blob, encoded.nbytes)
+                self.saver.loaded(names, blob, encoded.nbytes)
             if message.get("ambient") and not self.restored_ambient:
                 ambient.restore(pickle.loads(self.store.get(message["ambient"])))
                 self.restored_ambient = True
@@ -151,64 +149,22 @@ class Worker:
                 "text": f"llfabric: {doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB\n"}})
         return report
 
-    def _put(self, names: list[str], groups: list[list], unsaved: dict[str, str]) -> bool:
-        """Save `names` as one group into the store; on failure record why, per name."""
-        ns = self.shell.user_ns
-        key = frozenset(names)
-        known = self.objects.get(key)
-        try:
-            encoded = codec.dumps({n: ns[n] for n in names}, ns)
-            blob = self.store.put_object(encoded, known and known[0], self._progress("saving"))
-        except Exception as exc:  # user objects may fail in any way; the server tells the user
-            unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
-            return False
-        for name in names:
-            unsaved.pop(name, None)
-        self.objects[key] = (blob, encoded.nbytes)
-        groups.append([blob, names, encoded.nbytes])
-        return True
-
-    def _touched(self, source: str, names: list[str], refs: dict[str, set[str]]) -> set[str]:
-        """The names `source` may have changed: what it writes or reads (a read may mutate), and
-        whatever the code it reads reads in turn."""
-        cell = analyze(source)
-        if cell.dynamic or not cell.parsed:
-            return set(names)
-        touched, todo = set(), list(cell.reads | cell.writes)
-        while todo:
-            name = todo.pop()
-            if name not in touched:
-                touched.add(name)
-                todo.extend(refs.get(name, ()))
-        return touched
-
     def save(self, source: str) -> dict:
-        """Write the groups the cell may have changed; a group it cannot have touched, or whose
-        fingerprint is unchanged, keeps its object with no I/O."""
+        """Write the groups the cell may have changed (see `snapshot.delta`)."""
         ns = self.shell.user_ns
         names = self.shell.user_variables()
         imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
         state = [n for n in names if n not in imports]
-        grouping = group_variables(ns, state)
-        touched = self._touched(source, state, grouping.refs)
-        groups: list[list] = []
-        unsaved: dict[str, str] = {}
-        for members in grouping.groups:
-            known = self.objects.get(frozenset(members))
-            if known is not None and touched.isdisjoint(members):
-                groups.append([known[0], members, known[1]])
-            elif not self._put(members, groups, unsaved) and len(members) > 1:
-                # Saved member by member instead, so that one generator costs only itself.
-                for name in members:
-                    self._put([name], groups, unsaved)
+        saved = self.saver.save(ns, state, reached_by(source), self._progress("saving"))
         return {
-            "groups": groups,
+            "groups": saved.groups,
+            "kept": saved.kept,
             "imports": imports,
-            "refs": {n: sorted(r) for n, r in grouping.refs.items() if r},
+            "refs": saved.refs,
             "ambient": self.store.put(pickle.dumps(ambient.capture())),
             "owned": sorted(self.loaded | set(names)),
-            "unsaved": unsaved,
-            "bounded": grouping.bounded,
+            "unsaved": saved.unsaved,
+            "bounded": saved.bounded,
         }
 
 

@@ -1,0 +1,261 @@
+"""Snapshot store throughput on a mixed notebook state, against the disk itself, in one run.
+
+The state (about --size GB): numpy arrays, torch tensors, a small torch model with its Adam
+optimizer, a pandas DataFrame and many small Python objects. Measured on the same disk, in the
+same run, each with an fsync where it writes:
+
+  raw disk      one file of the state's size: write+fsync, and read back
+  memcpy        one copy of the state's bytes in memory
+  llfabric      save (group, pickle out of band, chunk, hash, write) and load (read, verify,
+                unpickle), and delta saves (as a worker makes them) after a cell that touched
+                nothing, one that read everything and changed nothing (every group fingerprinted),
+                and one that changed one tensor
+  dill          dill.dump_module / load_module of a module holding the state (dump_session)
+  torch.save    torch.save / torch.load of the same dict
+  Kishu         its checkpoint and checkout, when `kishu` is importable
+
+Reads come after evicting the files from the page cache (posix_fadvise DONTNEED), so they hit the
+disk as a new worker's would. Usage: python bench/store.py [--size 0.5] [--dir DIR] [--no-dill]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fabric.snapshot import Store, dumps, loads
+from fabric.snapshot.delta import DeltaSaver
+
+
+def make_state(size: float) -> dict:
+    """About `size` GB: 40% numpy, 40% torch, 10% pandas, a model, small objects."""
+    total = int(size * 1e9)
+    rng = np.random.default_rng(0)
+    state: dict = {}
+    for i in range(4):
+        state[f"arr{i}"] = rng.random(total // 10 // 8)
+    for i in range(3):
+        state[f"ten{i}"] = torch.randn(total // 10 // 4)
+    state["half"] = torch.randn(total // 10 // 2).to(torch.bfloat16)
+    state["df"] = pd.DataFrame({c: rng.random(total // 10 // 8 // 4) for c in "abcd"})
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(32, 512)).sum().backward()
+    optimizer.step()
+    state["model"], state["optimizer"] = model, optimizer
+    state["records"] = [{"id": i, "name": f"row{i}", "score": i * 0.5} for i in range(100_000)]
+    state["vocab"] = {f"word{i}": i for i in range(100_000)}
+    return state
+
+
+def nbytes(state: dict) -> int:
+    out = 0
+    for v in state.values():
+        if isinstance(v, np.ndarray):
+            out += v.nbytes
+        elif isinstance(v, torch.Tensor):
+            out += v.untyped_storage().nbytes()
+        elif isinstance(v, pd.DataFrame):
+            out += int(v.memory_usage(index=True).sum())
+    return out
+
+
+def evict(root: Path) -> None:
+    """Drop `root`'s files from the page cache, so the next read comes from the disk."""
+    paths = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    gc.collect()
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def raw_disk(work: Path, size: int, repeat: int) -> tuple[float, float]:
+    data = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+    path = work / "raw"
+
+    def write() -> None:
+        with open(path, "wb", buffering=0) as f:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view):]
+            os.fsync(f.fileno())
+
+    def read() -> None:
+        out = bytearray(size)
+        with open(path, "rb", buffering=0) as f:
+            f.readinto(out)
+
+    writes, reads = [], []
+    for _ in range(repeat):
+        writes.append(timed(write)[0])
+        evict(path)
+        reads.append(timed(read)[0])
+        path.unlink()
+    return statistics.median(writes), statistics.median(reads)
+
+
+def memcpy(size: int) -> float:
+    src = np.ones(size, dtype=np.uint8)
+    dst = np.empty_like(src)
+    t, _ = timed(lambda: np.copyto(dst, src))
+    return t
+
+
+def llfabric_once(root: Path, state: dict) -> dict[str, float]:
+    ns = {"__name__": "__main__", **state}
+    names = list(state)
+    saver = DeltaSaver(Store(root / "all"))  # what a worker holds between the cells it runs
+    out = {}
+    out["save"], first = timed(lambda: saver.save(ns, names, None))
+    evict(root)
+    fresh = Store(root / "all")
+    out["load"], _ = timed(lambda: [loads(fresh.get_object(b), {}) for b, _, _ in first.groups])
+    out["delta: cell touched nothing"], _ = timed(lambda: saver.save(ns, names, set()))
+    out["delta: read all, changed nothing"], _ = timed(lambda: saver.save(ns, names, None))
+    state["ten0"][:1000] += 1
+    out["delta: one tensor changed"], _ = timed(lambda: saver.save(ns, names, {"ten0"}))
+    # the large buffers alone: the codec and the store, without grouping and small objects
+    store = Store(root / "large")
+    large = [n for n in names if isinstance(state[n], np.ndarray | torch.Tensor)]
+    out["large save"], ids = timed(lambda: [store.put_object(dumps({n: state[n]}, {}))
+                                            for n in large])
+    evict(root)
+    fresh = Store(root / "large")
+    out["large load"], _ = timed(lambda: [loads(fresh.get_object(b), {}) for b in ids])
+    shutil.rmtree(root)
+    return out
+
+
+def llfabric(work: Path, state: dict, repeat: int) -> dict[str, float]:
+    runs = [llfabric_once(work / f"store{i}", state) for i in range(repeat)]
+    return {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+
+
+def dill_session(work: Path, state: dict) -> tuple[float, float]:
+    import dill
+
+    # dump_session saves __main__, as a notebook's namespace is: put the state there. dill cannot
+    # pickle a torch optimizer (a typing sentinel in its hooks): it gets the state_dict instead.
+    state = {**state, "optimizer": state["optimizer"].state_dict()}
+    main = sys.modules["__main__"]
+    main.__dict__.update(state)
+    path = work / "session.dill"
+
+    def dump() -> None:
+        with open(path, "wb") as f:
+            dill.dump_module(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    try:
+        save, _ = timed(dump)
+        evict(path)
+        load, _ = timed(lambda: dill.load_module(str(path)))
+    finally:
+        for name in state:
+            main.__dict__.pop(name, None)
+        path.unlink(missing_ok=True)
+    return save, load
+
+
+def torch_save(work: Path, state: dict) -> tuple[float, float]:
+    path = work / "state.pt"
+
+    def dump() -> None:
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    save, _ = timed(dump)
+    evict(path)
+    load, _ = timed(lambda: torch.load(path, weights_only=False))
+    path.unlink()
+    return save, load
+
+
+def kishu_status() -> str | None:
+    """Why Kishu is not in the table, or None when it can be measured."""
+    try:
+        import kishu  # noqa: F401
+    except ImportError as exc:
+        return (f"Kishu not measured: {exc}. Kishu checkpoints a live Jupyter kernel it attaches "
+                "to; install it with `pip install kishu` (it pulls no torch) to compare.")
+    return ("Kishu is installed but not measured: its checkpoint/checkout run only inside a "
+            "Jupyter kernel it has initialised (`%load_ext kishu`), not on a plain namespace.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=float, default=0.5, help="GB of state (default 0.5)")
+    parser.add_argument("--dir", type=Path, default=None, help="Where to write (default: $TMPDIR)")
+    parser.add_argument("--no-dill", action="store_true", help="Skip dill (slow at large sizes)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="Runs of the raw disk and llfabric measurements (medians shown)")
+    args = parser.parse_args()
+
+    state = make_state(args.size)
+    size = nbytes(state)
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="llf-bench-") as tmp:
+        work = Path(tmp)
+        raw_w, raw_r = raw_disk(work, size, args.repeat)
+        copy = memcpy(size)
+        ours = llfabric(work, state, args.repeat)
+        large = sum(nbytes({n: v}) for n, v in state.items()
+                    if isinstance(v, np.ndarray | torch.Tensor))
+        lw, lr = raw_disk(work, large, args.repeat)
+        rows = [("raw disk (fsync'd)", raw_w, raw_r), ("memcpy", copy, copy),
+                ("llfabric", ours["save"], ours["load"]),
+                ("torch.save / torch.load", *torch_save(work, state))]
+        if not args.no_dill:
+            rows.append(("dill dump/load_session (*)", *dill_session(work, state)))
+
+    gb = size / 1e9
+    print(f"state: {gb:.2f} GB in buffers, {len(state)} variables "
+          f"(+ a model, its optimizer, 200k small objects)\n")
+    print(f"{'':34} {'save s':>8} {'GB/s':>6} {'load s':>8} {'GB/s':>6}"
+          f" {'llfabric save x':>16} {'load x':>7}")
+    for name, save, load in rows:
+        print(f"{name:34} {save:8.3f} {gb / save:6.2f} {load:8.3f} {gb / load:6.2f}"
+              f" {save / ours['save']:16.2f} {load / ours['load']:7.2f}")
+    print(f"\nwhole state: llfabric save at {raw_w / ours['save']:.0%} of raw disk write "
+          f"bandwidth, load at {raw_r / ours['load']:.0%} of raw read")
+    lgb = large / 1e9
+    print(f"large buffers alone ({lgb:.2f} GB): save {lgb / ours['large save']:.2f} GB/s = "
+          f"{lw / ours['large save']:.0%} of raw write, load {lgb / ours['large load']:.2f} GB/s"
+          f" = {lr / ours['large load']:.0%} of raw read")
+    for key in ("delta: cell touched nothing", "delta: read all, changed nothing",
+                "delta: one tensor changed"):
+        print(f"{key:34} {ours[key]:8.4f} s")
+    if not args.no_dill:
+        print("(*) dill cannot pickle the Adam optimizer: it saved the optimizer's state_dict")
+    note = kishu_status()
+    if note:
+        print("\n" + note, file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
