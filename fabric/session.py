@@ -123,6 +123,9 @@ class Session:
             message |= {"cwd": self.cwd, "ambient": self.manifest.ambient}
         await worker.send(message)
         reply = await worker.recv()
+        while reply.get("op") == "output":  # progress of a long load, before any cell runs
+            log.info("session %s: %s", self.name, reply["output"].get("text", "").strip())
+            reply = await worker.recv()
         if reply.get("error"):
             raise LoadFailed(f"could not load the session's state: {reply['error']}",
                              session=self.name, version=self.manifest.version,

@@ -120,7 +120,7 @@ class Store:
             self.disk.touch(ident)
             return
         for tier in self.tiers:
-            tier.write(ident, data)
+            tier.write(ident, data)  # the memory tier takes only small blobs
 
     def has(self, ident: str) -> bool:
         """Whether the blob is durable (a memory tier does not count)."""

@@ -116,12 +116,17 @@ class DiskTier:
 
 
 class MemoryTier:
-    """A least-recently-used cache of blobs up to `capacity` bytes, shared by threads."""
+    """A least-recently-used cache of blobs up to `capacity` bytes, shared by threads.
+
+    It holds indexes, manifests and small groups; a large chunk is not copied in (the copy would
+    cost as much as the read it saves, and the page cache already holds it).
+    """
 
     durable = False
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, largest: int = 1 << 20) -> None:
         self.capacity = capacity
+        self.largest = min(largest, capacity // 4)
         self.used = 0
         self._blobs: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
@@ -147,7 +152,7 @@ class MemoryTier:
 
     def write(self, ident: str, data: Buffer) -> None:
         size = memoryview(data).nbytes
-        if size > self.capacity // 4:  # one huge blob must not flush everything else
+        if size > self.largest:
             return
         blob = bytes(data)
         with self._lock:

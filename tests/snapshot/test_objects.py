@@ -179,3 +179,16 @@ def test_memory_tier_serves_reads_and_stays_bounded(tmp_path: Path) -> None:
     for i in range(10):
         tier.write(f"{i:032x}", bytes(200))
     assert tier.used <= 1000 and tier.has(f"{9:032x}") and not tier.has(f"{0:032x}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CPU build of torch)")
+def test_cuda_tensors_come_back_on_their_device_sharing_storage(tmp_path: Path) -> None:
+    device = torch.cuda.device_count() - 1
+    base = torch.randn(1000, 300, device=f"cuda:{device}").to(torch.bfloat16)
+    values = {"base": base, "view": base[:, ::3], "param": torch.nn.Parameter(base[0].clone())}
+    back = _round_trip(tmp_path, values)
+    assert back["base"].device == base.device and back["base"].dtype == torch.bfloat16
+    assert torch.equal(back["view"], values["view"])
+    assert back["view"].untyped_storage().data_ptr() == back["base"].untyped_storage().data_ptr()
+    assert back["param"].requires_grad and back["param"].device == base.device
