@@ -92,7 +92,8 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def raw_disk(work: Path, size: int, repeat: int) -> tuple[float, float]:
+def raw_disk(work: Path, size: int) -> tuple[float, float]:
+    """One fsync'd write of `size` bytes and one read of them from the disk."""
     data = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
     path = work / "raw"
 
@@ -108,18 +109,17 @@ def raw_disk(work: Path, size: int, repeat: int) -> tuple[float, float]:
         with open(path, "rb", buffering=0) as f:
             f.readinto(out)
 
-    writes, reads = [], []
-    for _ in range(repeat):
-        writes.append(timed(write)[0])
-        evict(path)
-        reads.append(timed(read)[0])
-        path.unlink()
-    return statistics.median(writes), statistics.median(reads)
+    write_s = timed(write)[0]
+    evict(path)
+    read_s = timed(read)[0]
+    path.unlink()
+    return write_s, read_s
 
 
 def memcpy(size: int) -> float:
     src = np.ones(size, dtype=np.uint8)
-    dst = np.empty_like(src)
+    dst = np.zeros_like(src)
+    np.copyto(dst, src)  # the pages are mapped now: time the copy, not the page faults
     t, _ = timed(lambda: np.copyto(dst, src))
     return t
 
@@ -137,21 +137,42 @@ def llfabric_once(root: Path, state: dict) -> dict[str, float]:
     out["delta: read all, changed nothing"], _ = timed(lambda: saver.save(ns, names, None))
     state["ten0"][:1000] += 1
     out["delta: one tensor changed"], _ = timed(lambda: saver.save(ns, names, {"ten0"}))
-    # the large buffers alone: the codec and the store, without grouping and small objects
-    store = Store(root / "large")
-    large = [n for n in names if isinstance(state[n], np.ndarray | torch.Tensor)]
-    out["large save"], ids = timed(lambda: [store.put_object(dumps({n: state[n]}, {}))
-                                            for n in large])
-    evict(root)
-    fresh = Store(root / "large")
-    out["large load"], _ = timed(lambda: [loads(fresh.get_object(b), {}) for b in ids])
     shutil.rmtree(root)
     return out
 
 
+def large_only(root: Path, state: dict) -> tuple[float, float]:
+    """The large buffers alone: the codec and the store, without grouping and small objects."""
+    store = Store(root)
+    large = [n for n, v in state.items() if isinstance(v, np.ndarray | torch.Tensor)]
+    save, ids = timed(lambda: [store.put_object(dumps({n: state[n]}, {})) for n in large])
+    evict(root)
+    fresh = Store(root)
+    load, _ = timed(lambda: [loads(fresh.get_object(b), {}) for b in ids])
+    shutil.rmtree(root)
+    return save, load
+
+
 def llfabric(work: Path, state: dict, repeat: int) -> dict[str, float]:
-    runs = [llfabric_once(work / f"store{i}", state) for i in range(repeat)]
-    return {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+    """Medians over `repeat` rounds; each round measures the raw disk right before llfabric on
+    the same bytes, and the ratios are taken within a round (this disk's speed drifts)."""
+    size = nbytes(state)
+    large = nbytes({n: v for n, v in state.items() if isinstance(v, np.ndarray | torch.Tensor)})
+    runs = []
+    for i in range(repeat):
+        run = dict(zip(("raw write", "raw read"), raw_disk(work, size), strict=True))
+        ours = llfabric_once(work / f"store{i}", state)
+        run |= ours
+        run |= dict(zip(("raw large write", "raw large read"), raw_disk(work, large),
+                        strict=True))
+        large_save, large_load = large_only(work / f"large{i}", state)
+        run |= {"large save": large_save, "large load": large_load}
+        run |= {"save/raw": run["raw write"] / run["save"],
+                "load/raw": run["raw read"] / run["load"],
+                "large save/raw": run["raw large write"] / large_save,
+                "large load/raw": run["raw large read"] / large_load}
+        runs.append(run)
+    return {k: statistics.median(run[k] for run in runs) for k in runs[0]} | {"large": large}
 
 
 def dill_session(work: Path, state: dict) -> tuple[float, float]:
@@ -222,32 +243,27 @@ def main() -> None:
     size = nbytes(state)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="llf-bench-") as tmp:
         work = Path(tmp)
-        raw_w, raw_r = raw_disk(work, size, args.repeat)
-        copy = memcpy(size)
         ours = llfabric(work, state, args.repeat)
-        large = sum(nbytes({n: v}) for n, v in state.items()
-                    if isinstance(v, np.ndarray | torch.Tensor))
-        lw, lr = raw_disk(work, large, args.repeat)
-        rows = [("raw disk (fsync'd)", raw_w, raw_r), ("memcpy", copy, copy),
-                ("llfabric", ours["save"], ours["load"]),
+        copy = memcpy(size)
+        rows = [("raw disk (fsync'd)", ours["raw write"], ours["raw read"]),
+                ("memcpy", copy, copy), ("llfabric", ours["save"], ours["load"]),
                 ("torch.save / torch.load", *torch_save(work, state))]
         if not args.no_dill:
             rows.append(("dill dump/load_session (*)", *dill_session(work, state)))
 
-    gb = size / 1e9
+    gb, lgb = size / 1e9, ours["large"] / 1e9
     print(f"state: {gb:.2f} GB in buffers, {len(state)} variables "
-          f"(+ a model, its optimizer, 200k small objects)\n")
+          f"(+ a model, its optimizer, 200k small objects); medians of {args.repeat} rounds\n")
     print(f"{'':34} {'save s':>8} {'GB/s':>6} {'load s':>8} {'GB/s':>6}"
-          f" {'llfabric save x':>16} {'load x':>7}")
+          f" {'save / llfabric':>16} {'load / llfabric':>16}")
     for name, save, load in rows:
         print(f"{name:34} {save:8.3f} {gb / save:6.2f} {load:8.3f} {gb / load:6.2f}"
-              f" {save / ours['save']:16.2f} {load / ours['load']:7.2f}")
-    print(f"\nwhole state: llfabric save at {raw_w / ours['save']:.0%} of raw disk write "
-          f"bandwidth, load at {raw_r / ours['load']:.0%} of raw read")
-    lgb = large / 1e9
+              f" {save / ours['save']:16.2f} {load / ours['load']:16.2f}")
+    print(f"\nwhole state: llfabric save at {ours['save/raw']:.0%} of raw disk write bandwidth, "
+          f"load at {ours['load/raw']:.0%} of raw read (ratios within each round)")
     print(f"large buffers alone ({lgb:.2f} GB): save {lgb / ours['large save']:.2f} GB/s = "
-          f"{lw / ours['large save']:.0%} of raw write, load {lgb / ours['large load']:.2f} GB/s"
-          f" = {lr / ours['large load']:.0%} of raw read")
+          f"{ours['large save/raw']:.0%} of raw write, load {lgb / ours['large load']:.2f} GB/s"
+          f" = {ours['large load/raw']:.0%} of raw read")
     for key in ("delta: cell touched nothing", "delta: read all, changed nothing",
                 "delta: one tensor changed"):
         print(f"{key:34} {ours[key]:8.4f} s")
