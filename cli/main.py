@@ -206,7 +206,9 @@ def _what(manifest: Manifest) -> str:
     if "checkout" in manifest.cell:
         return f"checkout of version {manifest.cell['checkout']}"
     lines = str(manifest.cell.get("source") or "").strip().splitlines()
-    return lines[0][:60] if lines else ""
+    unsaved = manifest.cell.get("unsaved")
+    return (lines[0][:60] if lines else "") + (f"  [unsaved: {', '.join(unsaved)}]"
+                                               if unsaved else "")
 
 
 @store.command("checkout")

@@ -18,7 +18,7 @@ from .closure import Closure, closure
 from .closure.static import analyze
 from .errors import FabricError, SessionBusy, StoreError, WorkerDied
 from .pool import Leases, Pool, WorkerHandle
-from .snapshot import Group, Manifest, Store
+from .snapshot import Group, Manifest, Store, history
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,8 @@ class Session:
                 emit({"output_type": "stream", "name": "stderr", "text": (
                     f"llfabric: the worker that held {', '.join(self.lost)} (which could not be "
                     f"saved) is gone; continuing from version {self.manifest.version} of the "
-                    "store without them\n")})
+                    f"store without them{history.recompute_hint(self.store, self.name, self.lost)}"
+                    "\n")})
                 self.lost = []
             worker = await prep.task
             keep = False
@@ -288,6 +289,7 @@ class Session:
                           for b, names, size in done["groups"]]
             imports = {str(k): str(v) for k, v in done["imports"].items()}
             refs = {str(k): tuple(map(str, v)) for k, v in done["refs"].items()}
+            unsaved = sorted(map(str, done.get("unsaved") or {}))  # lineage for a cold restore
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"the worker sent a malformed save report: {exc}") from exc
         blobs = [g.blob for g in new_groups] + [done.get("ambient")]
@@ -307,7 +309,7 @@ class Session:
             ambient=done["ambient"],
             modules=tuple(sorted(set(parent.modules) | analyze(source).imports)),
             cell={"execution_count": count, "status": done["status"],
-                  "source": source, "time": time.time()},
+                  "source": source, "time": time.time(), "unsaved": unsaved},
         )
         ident = self.store.put_manifest(manifest.encode())
         self.store.set_head(self.name, ident)

@@ -17,6 +17,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from ..closure.static import analyze
 from ..errors import StoreError
 from .manifest import Manifest
 from .store import Store, blob_id
@@ -36,6 +37,33 @@ def log(store: Store, session: str) -> list[tuple[str, Manifest]]:
         versions.append((ident, manifest))
         ident = manifest.parent
     return versions
+
+
+def lineage(store: Store, session: str, names: list[str]) -> list[int]:
+    """The cells (execution counts) that made `names`, state that could not be saved, as it was:
+    for each name, the last cell that left it unsaved after writing it, and every later cell that
+    reached it. Re-running them in order recomputes it."""
+    cells: set[int] = set()
+    for name in names:
+        reached = []
+        for _, manifest in log(store, session):
+            cell = manifest.cell
+            analysis = analyze(str(cell.get("source") or ""))
+            if name in analysis.reads | analysis.writes or not analysis.parsed:
+                reached.append(int(cell.get("execution_count", 0)))
+            if name in analysis.writes and name in cell.get("unsaved", ()):
+                cells.update(reached)
+                break
+    return sorted(cells)
+
+
+def recompute_hint(store: Store, session: str, names: list[str]) -> str:
+    """A clause telling the user which cells to re-run to recompute lost `names`."""
+    cells = lineage(store, session, names)
+    if not cells:
+        return ""
+    return f" (re-run cell{'s' if len(cells) > 1 else ''} {', '.join(map(str, cells))} to " \
+        "recompute them)"
 
 
 def size(manifest: Manifest) -> int:

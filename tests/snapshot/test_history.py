@@ -109,3 +109,19 @@ def test_verify_reports_corrupt_blobs_and_unsigned_manifests(tmp_path) -> None:
     problems = history.verify(store).problems
     assert any(chunk in p and "corrupt" in p for p in problems)
     assert any(ident in p for p in problems)
+
+
+def test_lineage_names_the_cells_that_made_unsaved_state(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    head = None
+    cells = [("x = [1, 2]", []), ("gen = iter(x)", ["gen"]), ("y = 1", ["gen"]),
+             ("first = next(gen)", ["gen"])]
+    for count, (source, unsaved) in enumerate(cells, 1):
+        manifest = Manifest(session="s", version=count, parent=head,
+                            cell={"execution_count": count, "source": source,
+                                  "unsaved": unsaved})
+        head = store.put_manifest(manifest.encode())
+        store.set_head("s", head)
+    assert history.lineage(store, "s", ["gen"]) == [2, 4]
+    assert history.recompute_hint(store, "s", ["gen"]) == " (re-run cells 2, 4 to recompute them)"
+    assert history.recompute_hint(store, "s", ["never"]) == ""
