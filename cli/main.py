@@ -1,4 +1,5 @@
-"""`llfabric`: serve, run, status, demo, attach, kernelspec."""
+"""`llfabric`: serve, run, status, demo, audit, attach, kernelspec, and the store's history
+and upkeep."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from fabric.client import Client
 from fabric.embedded import EmbeddedServer
 from fabric.errors import FabricError, NotebookError, Unreachable
 from fabric.notebook import read_notebook, run_notebook, timings_table
+from fabric.snapshot import Manifest
+from fabric.snapshot.history import GRACE_SECONDS
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_tiny_mlp.ipynb"
 
@@ -242,6 +245,99 @@ def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
     path = install_kernelspec(name, connect, user=not sys_prefix,
                               prefix=sys.prefix if sys_prefix else prefix)
     click.echo(f"installed kernelspec {name} in {path}")
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+def _store(path: str | None):
+    from fabric.snapshot import Store
+
+    return Store(_config(path).store)
+
+
+@main.group()
+def store() -> None:
+    """A store's history and upkeep: log, checkout, verify, gc."""
+
+
+_store_option = click.option("--store", "path",
+                             help="Store directory (default: the configured one).")
+
+
+@store.command("log")
+@click.argument("session")
+@_store_option
+def store_log(session: str, path: str | None) -> None:
+    """List SESSION's versions, newest first, with their sizes."""
+    from fabric.snapshot import history
+
+    try:
+        versions = history.log(_store(path), session)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    if not versions:
+        raise click.ClickException(f"no session {session!r} in the store")
+    for ident, m in versions:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.cell.get("time", 0)))
+        click.echo(f"{m.version:>5}  {ident[:12]}  {when}  {_mb(history.size(m)):>10}  "
+                   f"{len(m.variables()):>4} vars  {m.cell.get('status', '-'):<5}  {_what(m)}")
+
+
+def _what(manifest: Manifest) -> str:
+    if "checkout" in manifest.cell:
+        return f"checkout of version {manifest.cell['checkout']}"
+    lines = str(manifest.cell.get("source") or "").strip().splitlines()
+    unsaved = manifest.cell.get("unsaved")
+    return (lines[0][:60] if lines else "") + (f"  [unsaved: {', '.join(unsaved)}]"
+                                               if unsaved else "")
+
+
+@store.command("checkout")
+@click.argument("session")
+@click.argument("version", type=int)
+@_store_option
+def store_checkout(session: str, version: int, path: str | None) -> None:
+    """Make VERSION's state SESSION's next one: the next cell runs on it."""
+    from fabric.snapshot import history
+
+    try:
+        m = history.checkout(_store(path), session, version)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"session {session} is at version {m.version}, the state of version {version} "
+               f"({len(m.variables())} variables, {_mb(history.size(m))})")
+
+
+@store.command("verify")
+@_store_option
+def store_verify(path: str | None) -> None:
+    """Check every manifest's signature, every blob's hash, every session's history."""
+    from fabric.snapshot import history
+
+    result = history.verify(_store(path))
+    for problem in result.problems:
+        click.echo(problem, err=True)
+    click.echo(f"{result.manifests} manifests, {result.blobs} blobs ({_mb(result.bytes)}): "
+               f"{len(result.problems)} problems")
+    sys.exit(1 if result.problems else 0)
+
+
+@store.command("gc")
+@_store_option
+@click.option("--grace", type=float, default=GRACE_SECONDS, show_default=True,
+              help="Keep unreferenced files younger than this many seconds (saves in flight).")
+def store_gc(path: str | None, grace: float) -> None:
+    """Remove what no session's history names; safe while servers run."""
+    from fabric.snapshot import history
+
+    try:
+        result = history.gc(_store(path), grace)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"removed {result.removed} files ({_mb(result.freed)}), kept {result.kept} "
+               f"({_mb(result.kept_bytes)})")
 
 
 if __name__ == "__main__":

@@ -49,12 +49,6 @@ class WorkerDied(FabricError):
     kind = "worker_died"
 
 
-class Unsupported(FabricError):
-    """The server does not implement what was asked (yet)."""
-
-    kind = "unsupported"
-
-
 class NotebookError(FabricError):
     """A notebook file that is not valid nbformat."""
 

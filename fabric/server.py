@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from . import protocol
 from .config import Config
-from .errors import FabricError, ProtocolError, UnknownSession, Unsupported
+from .errors import FabricError, ProtocolError, UnknownSession
 from .pool import Leases, Pool, cuda
 from .session import Session
 from .snapshot import Store
@@ -148,8 +148,7 @@ class Server:
         if op == "input":
             return session.answer(message.get("value"), message.get("error"))
         if op == "checkout":
-            raise Unsupported("this server cannot check out an earlier version of a session yet",
-                              session=name, version=message["version"])
+            return session.checkout(message["version"])
         if op == "close":
             await session.close()
             del self.sessions[name]

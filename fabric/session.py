@@ -20,7 +20,7 @@ from .closure.static import analyze
 from .errors import FabricError, SessionBusy, StoreError, WorkerDied
 from .pool import Leases, Pool, WorkerHandle, parking
 from .pool.parking import CoolImage
-from .snapshot import Group, Manifest, Store
+from .snapshot import Group, Manifest, Store, history
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,9 @@ class Session:
             message |= {"cwd": self.cwd, "ambient": self.manifest.ambient}
         await worker.send(message)
         reply = await worker.recv()
+        while reply.get("op") == "output":  # progress of a long load, before any cell runs
+            log.info("session %s: %s", self.name, reply["output"].get("text", "").strip())
+            reply = await worker.recv()
         if reply.get("error"):
             raise LoadFailed(f"could not load the session's state: {reply['error']}",
                              session=self.name, version=self.manifest.version,
@@ -162,8 +165,28 @@ class Session:
 
         self._spawn(retire())
 
+    def _follow_head(self) -> None:
+        """Pick up a head moved outside this server (`llfabric store checkout`): the next cell
+        runs on that version, and a worker prepared for the old head is no longer usable."""
+        head = self.store.head(self.name)
+        if head != self.head:
+            self.manifest = (Manifest.decode(self.store.get_manifest(head)) if head
+                             else Manifest(session=self.name))
+            self.head = head
+
+    def checkout(self, version: int) -> dict:
+        """Go back to `version`'s state: the next cell runs on it. The checkout is a new version,
+        so history stays linear and the versions after `version` stay reachable."""
+        if self.lock.locked():
+            raise SessionBusy(f"session {self.name} is running a cell", session=self.name)
+        manifest = history.checkout(self.store, self.name, int(version))
+        self._follow_head()
+        return {"version": manifest.version, "checked_out": int(version),
+                "execution_count": int(manifest.cell.get("execution_count", 0))}
+
     def draft(self, source: str) -> dict:
         """Prepare a worker for `source` now, while the user is still editing it."""
+        self._follow_head()
         cl = closure(source, self.manifest)
         self._thaw(self.prepared)
         if self._usable(self.prepared):
@@ -190,6 +213,7 @@ class Session:
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
         async with self.lock:
             self.interrupted = False
+            self._follow_head()
             cl = closure(source, self.manifest)
             prep, self.prepared = self.prepared, None
             if self._thaw(prep):
@@ -206,7 +230,8 @@ class Session:
                 emit({"output_type": "stream", "name": "stderr", "text": (
                     f"llfabric: the worker that held {', '.join(self.lost)} (which could not be "
                     f"saved) is gone; continuing from version {self.manifest.version} of the "
-                    "store without them\n")})
+                    f"store without them{history.recompute_hint(self.store, self.name, self.lost)}"
+                    "\n")})
                 self.lost = []
             worker = await prep.task
             keep = False
@@ -380,12 +405,13 @@ class Session:
     def _commit(self, done: dict, source: str, count: int) -> None:
         """Fold the worker's report into a new manifest and move the head to it."""
         try:
-            owned = set(done["owned"])
+            owned = set(done["owned"]) - set(done.get("kept", ()))  # kept: stay as committed
             new_groups = [Group(str(b), tuple(map(str, names)), int(size))
                           for b, names, size in done["groups"]]
             imports = {str(k): str(v) for k, v in done["imports"].items()}
             refs = {str(k): tuple(map(str, v)) for k, v in done["refs"].items()}
             packages = {str(k): tuple(map(str, v)) for k, v in done["packages"].items()}
+            unsaved = sorted(map(str, done.get("unsaved") or {}))  # lineage for a cold restore
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"the worker sent a malformed save report: {exc}") from exc
         blobs = [g.blob for g in new_groups] + [done.get("ambient")]
@@ -407,7 +433,7 @@ class Session:
             modules=tuple(sorted(set(parent.modules) | {
                 m for m in analyze(source).imports if package_of(m) is not None})),
             cell={"execution_count": count, "status": done["status"],
-                  "source": source, "time": time.time()},
+                  "source": source, "time": time.time(), "unsaved": unsaved},
         )
         ident = self.store.put_manifest(manifest.encode())
         self.store.set_head(self.name, ident)

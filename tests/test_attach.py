@@ -181,8 +181,11 @@ def test_status_and_checkout_magics(kernel: Kernel) -> None:
     status = text_of(outputs)
     assert "version 1" in status and "lease time so far" in status and "stored:" in status
     assert "hours saved vs pinned" in status
+    kernel.execute("data = []")
     _, outputs = kernel.execute("%llfabric checkout 1")
-    assert "cannot check out" in text_of(outputs, "stderr")
+    assert "back at version 1" in text_of(outputs)
+    _, outputs = kernel.execute("len(data)")  # the state of version 1 again
+    assert _results(outputs)[0]["data"]["text/plain"] == "1000"
     _, outputs = kernel.execute("%llfabric detach")
     assert "detached" in text_of(outputs)
     _, outputs = kernel.execute("'data' in globals()")  # runs locally now
@@ -290,15 +293,15 @@ def test_an_interrupt_while_input_waits(kernel: Kernel) -> None:
     assert _results(outputs)[0]["data"]["text/plain"] == "1"
 
 
-def test_the_server_refuses_stray_answers_and_checkouts(server: RunningServer) -> None:
+def test_the_server_refuses_stray_answers_and_impossible_checkouts(server: RunningServer) -> None:
     name = f"s-{uuid.uuid4().hex[:8]}"
     with server.client() as client:
         client.call("open", session=name, cwd=tempfile.gettempdir())
         with pytest.raises(RemoteError, match=r"no cell of session .* is waiting for input"):
             client.call("input", session=name, value="x")
-        with pytest.raises(RemoteError, match="cannot check out") as caught:
+        with pytest.raises(RemoteError, match="has no versions") as caught:
             client.call("checkout", session=name, version=1)
-        assert caught.value.kind == "unsupported"
+        assert caught.value.kind == "store"
         # A client that did not offer stdin (llfabric run) gets an error in the cell, not a hang.
         reply, outputs = execute(client, name, "input('? ')")
         assert reply["status"] == "error"

@@ -292,6 +292,7 @@ def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session:
     reply, outputs = execute(client, session, "print(kept, 'gen' in dir())")
     assert reply["path"] == "cold"
     assert "llfabric: the worker that held gen" in text(outputs)
+    assert "(re-run cell 1 to recompute them)" in text(outputs)  # its lineage
     assert text(outputs).endswith("1 False\n")
 
 

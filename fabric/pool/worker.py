@@ -30,8 +30,8 @@ import zmq
 from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
-from ..closure.groups import group_variables
 from ..snapshot import ambient, codec
+from ..snapshot.delta import DeltaSaver, reached_by
 from ..snapshot.store import Store
 from . import wake
 from .fdcapture import FdCapture
@@ -79,6 +79,7 @@ class Worker:
         self.channel = channel
         self.store = store
         self.loaded: set[str] = set()  # names this worker took from the session
+        self.saver = DeltaSaver(store)
         self.restored_ambient = False
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
         self.base_environ = dict(os.environ)
@@ -145,10 +146,12 @@ class Worker:
                 ns[alias] = importlib.import_module(module)
                 self.loaded.add(alias)
             for blob, names in message.get("groups", []):
-                values = codec.loads(self.store.get(blob), ns)
+                encoded = self.store.get_object(blob, self._progress("loading"))
+                values = codec.loads(encoded, ns)
                 for name in names:
                     ns[name] = values[name]
                 self.loaded.update(names)
+                self.saver.loaded(names, blob, encoded.nbytes)
             if not self.restored_ambient:
                 ambient.reseed()  # then the session's state, where it has one, overrides it
                 if message.get("ambient"):
@@ -175,7 +178,7 @@ class Worker:
                 stream.flush()
         ran = time.monotonic()
         error = result.error_in_exec or result.error_before_exec
-        report = self.save()
+        report = self.save(message["source"])
         for stream in self._streams:
             stream.flush()
         return {
@@ -188,44 +191,31 @@ class Worker:
             **report,
         }
 
-    def _put(self, names: list[str], groups: list[list], unsaved: dict[str, str]) -> bool:
-        """Pickle `names` as one group into the store; on failure record why, per name."""
-        ns = self.shell.user_ns
-        try:
-            data = codec.dumps({n: ns[n] for n in names}, ns)
-        except Exception as exc:  # user objects may fail in any way; the server tells the user
-            unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
-            return False
-        for name in names:
-            unsaved.pop(name, None)
-        groups.append([self.store.put(data), names, len(data)])
-        return True
+    def _progress(self, doing: str) -> Any:
+        def report(done: int, total: int) -> None:
+            self.channel.send({"op": "output", "output": {
+                "output_type": "stream", "name": "stderr",
+                "text": f"llfabric: {doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB\n"}})
+        return report
 
-    def save(self) -> dict:
-        """Write every group of the namespace to the store; unchanged ones dedup by hash."""
+    def save(self, source: str) -> dict:
+        """Write the groups the cell may have changed (see `snapshot.delta`)."""
         ns = self.shell.user_ns
         names = self.shell.user_variables()
         imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
         state = [n for n in names if n not in imports]
-        grouping = group_variables(ns, state)
-        groups: list[list] = []
-        unsaved: dict[str, str] = {}
-        for members in grouping.groups:
-            if not self._put(members, groups, unsaved) and len(members) > 1:
-                # Saved member by member instead, so that one generator costs only itself.
-                for name in members:
-                    self._put([name], groups, unsaved)
+        saved = self.saver.save(ns, state, reached_by(source), self._progress("saving"))
         return {
-            "groups": groups,
+            "groups": saved.groups,
+            "kept": saved.kept,
             "imports": imports,
-            "refs": {n: sorted(r) for n, r in grouping.refs.items() if r},
-            "packages": {n: sorted(p) for n, p in grouping.packages.items() if p},
+            "refs": saved.refs,
+            "packages": saved.packages,
             "ambient": self.store.put(pickle.dumps(self._capture_ambient())),
             "owned": sorted(self.loaded | set(names)),
-            "unsaved": unsaved,
-            "bounded": grouping.bounded,
+            "unsaved": saved.unsaved,
+            "bounded": saved.bounded,
         }
-
 
     def _capture_ambient(self) -> dict[str, Any]:
         self.ambient = ambient.capture(self.ambient, self.base_environ)

@@ -1,7 +1,8 @@
 """Snapshots: the codec, the content-addressed store and manifests (the source of truth)."""
 
-from .codec import dumps, loads
+from . import history
+from .codec import Encoded, dumps, loads
 from .manifest import Group, Manifest
 from .store import Store, blob_id
 
-__all__ = ["Group", "Manifest", "Store", "blob_id", "dumps", "loads"]
+__all__ = ["Encoded", "Group", "Manifest", "Store", "blob_id", "dumps", "history", "loads"]

@@ -10,6 +10,11 @@ the namespace being loaded into.
 Memory shared by several arrays or tensors must stay shared: a view written in a later cell has
 to change its base. Each block of CPU memory is pickled once, and every numpy array and CPU
 tensor on it is rebuilt on that one copy.
+
+Array memory never enters the pickle stream: protocol 5 hands each block out of band as a buffer,
+which the store hashes and writes straight from the object's own memory (no copy), and which a
+load reads from disk into the one writable buffer the arrays are then rebuilt on. CUDA tensors are
+staged through pinned host memory and go back to the same device index.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ import os
 import pickle
 import sys
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -73,14 +78,30 @@ class _Memory:
         self.data = data  # a uint8 numpy array over the block
 
     def __reduce__(self) -> tuple:
-        # a writable PickleBuffer comes back as a bytearray: writable memory, one copy
+        # out of band: the stream holds only the buffer's place, the store holds its bytes
         return _loaded_memory, (pickle.PickleBuffer(self.data),)
 
 
-def _loaded_memory(data: bytearray) -> Any:
+def _loaded_memory(data: Any) -> Any:
     import numpy as np
 
     return np.frombuffer(data, dtype=np.uint8)
+
+
+class _DeviceMemory:
+    """A CUDA storage, staged once through pinned host memory however many tensors view it."""
+
+    def __init__(self, host: _Memory, device: int) -> None:
+        self.host, self.device = host, device
+
+    def __reduce__(self) -> tuple:
+        return _device_storage, (self.host, self.device)
+
+
+def _device_storage(host: Any, device: int) -> Any:
+    import torch
+
+    return torch.from_numpy(host).to(f"cuda:{device}").untyped_storage()
 
 
 def _ndarray_on(memory: Any, dtype: Any, shape: tuple, strides: tuple, offset: int,
@@ -100,12 +121,27 @@ def _array_root(arr: Any) -> Any:
     return root
 
 
+def _host_bytes(tensor: Any, storage: Any) -> Any:
+    """The bytes of `tensor`'s storage as a uint8 numpy array; CUDA memory is copied to host."""
+    import torch
+
+    flat = tensor.new_empty(0, dtype=torch.uint8).set_(storage)
+    if flat.device.type == "cuda":
+        # pinned memory: the device-to-host copy runs by DMA at full bus speed
+        host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=True)
+        host.copy_(flat)
+        flat = host
+    return flat.numpy()
+
+
 def _rebuild_tensor(memory: Any, dtype: Any, offset: int, size: tuple, stride: tuple,
                     requires_grad: bool, grad: Any) -> Any:
     import torch
 
-    storage = torch.from_numpy(memory).untyped_storage()
-    tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+    # a CUDA tensor's memory arrives as its device storage, a CPU tensor's as a uint8 array
+    storage = memory if isinstance(memory, torch.UntypedStorage) else \
+        torch.from_numpy(memory).untyped_storage()
+    tensor = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
     if requires_grad:
         tensor.requires_grad_(True)
     if grad is not None:
@@ -148,9 +184,11 @@ _FILE_TYPES = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.Buffer
 
 class _Pickler(cloudpickle.Pickler):
     def __init__(self, file: io.BytesIO, namespace: dict) -> None:
-        super().__init__(file, protocol=5)
+        self.buffers: list[pickle.PickleBuffer] = []
+        super().__init__(file, protocol=5, buffer_callback=self.buffers.append)
         self._namespace = namespace
         self._memory: dict[tuple[int, int], _Memory] = {}
+        self._device: dict[int, _DeviceMemory] = {}
         np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
         self._ndarray = np.ndarray if np is not None else None
         self._tensor = torch.Tensor if torch is not None else None
@@ -179,13 +217,14 @@ class _Pickler(cloudpickle.Pickler):
             raise pickle.PicklingError(f"a tensor in an autograd graph "
                                        f"(grad_fn={type(tensor.grad_fn).__name__}) cannot be "
                                        "saved apart from the process that built it")
-        if (tensor.layout is not self._torch_strided or tensor.device.type != "cpu"
+        if (tensor.layout is not self._torch_strided or tensor.device.type not in ("cpu", "cuda")
                 or tensor.is_quantized or tensor.is_nested):
             return NotImplemented
         storage = tensor.untyped_storage()
-        uint8 = sys.modules["torch"].uint8
-        memory = self._memory_for(storage.data_ptr(), storage.nbytes(),
-                                  lambda: tensor.new_empty(0, dtype=uint8).set_(storage).numpy())
+        memory: Any = self._memory_for(storage.data_ptr(), storage.nbytes(),
+                                       lambda: _host_bytes(tensor, storage))
+        if tensor.device.type == "cuda":
+            memory = self._device.setdefault(id(memory), _DeviceMemory(memory, tensor.device.index))
         grad = tensor.grad if tensor.is_leaf or tensor.retains_grad else None
         return _rebuild_tensor, (memory, tensor.dtype, tensor.storage_offset(),
                                  tuple(tensor.size()), tensor.stride(), tensor.requires_grad, grad)
@@ -226,19 +265,36 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-def dumps(values: dict[str, Any], namespace: dict) -> bytes:
-    """Pickle a group's variables; functions of `namespace` are kept bound to it by name."""
+class Encoded(NamedTuple):
+    """A pickled group: the stream, and the memory blocks it refers to out of band, in order."""
+
+    stream: bytes
+    buffers: list[memoryview]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.stream) + sum(b.nbytes for b in self.buffers)
+
+
+def dumps(values: dict[str, Any], namespace: dict) -> Encoded:
+    """Pickle a group's variables; functions of `namespace` are kept bound to it by name.
+
+    The buffers are views of the live objects' memory, valid until the objects change.
+    """
     buf = io.BytesIO()
-    _Pickler(buf, namespace).dump(values)
-    return buf.getvalue()
+    pickler = _Pickler(buf, namespace)
+    pickler.dump(values)
+    return Encoded(buf.getvalue(), [b.raw() for b in pickler.buffers])
 
 
-def loads(data: bytes, namespace: dict) -> dict[str, Any]:
+def loads(data: Encoded | bytes, namespace: dict, buffers: Sequence[Any] = ()) -> dict[str, Any]:
     """Unpickle a group; notebook functions come back bound to `namespace`."""
     global _loading_into
+    if isinstance(data, Encoded):
+        data, buffers = data.stream, data.buffers
     previous, _loading_into = _loading_into, namespace
     try:
-        values = pickle.loads(data)
+        values = pickle.loads(data, buffers=buffers)
     finally:
         _loading_into = previous
     if not isinstance(values, dict):

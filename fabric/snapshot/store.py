@@ -2,96 +2,253 @@
 
 Layout under the store root::
 
-    blobs/ab/<xxh3-128 hex>      immutable bytes, named by their hash
-    manifests/<hex>              msgpack manifests, named by the hash of their bytes
+    key                          this store's secret: manifests are signed with it
+    blobs/ab/<xxh3-128 hex>      immutable bytes, named by their hash: chunks, object indexes, ...
+    manifests/<hex>              signed msgpack manifests, named by the hash of their bytes
     sessions/<name>/head         the id of the session's latest committed manifest
 
+A group of variables is stored as an *object*: an index blob holding the pickle stream, small
+buffers inline and, for each large buffer, the ids of its chunks (CHUNK bytes each). Chunks are
+written and read in parallel, shared by every object that holds the same bytes, and the index's
+id is the group's fingerprint: it is computed by hashing the buffers, without writing anything.
+
 Every write goes to a temporary file, is fsync'd, renamed into place and the directory fsync'd,
-so a crash leaves either the old or the new file, never a torn one. A manifest is written only
-after all its blobs are durable, and the head moves only after its manifest is: a committed head
-never points at missing data.
+so a crash leaves either the old or the new file, never a torn one. Chunks are durable before
+their index, the index before a manifest names it, the manifest before the head moves: a committed
+head never points at missing data. Everything read is checked against its hash, and manifests
+against their signature, before anyone unpickles it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import mmap
 import os
 import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgpack
 import xxhash
 
 from ..errors import StoreError
+from .codec import Encoded
+from .tiers import Buffer, DiskTier, MemoryTier, Tier, write_atomic
+
+CHUNK = 16 << 20  # large enough for full-speed sequential I/O, small enough to dedup parts
+INLINE = 64 << 10  # buffers below this stay in the index: a file each would cost more than bytes
+THREADS = 4
+CACHE_BYTES = 256 << 20
+_OBJECT = b"LLFO\x01"
+_MANIFEST = b"LLFM\x01"
+_TAG = hashlib.sha256().digest_size
+
+Progress = Callable[[int, int], None]  # bytes done, bytes in all
 
 
-def blob_id(data: bytes | memoryview) -> str:
+def blob_id(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
 def _valid_id(ident: str) -> bool:
-    return len(ident) == 32 and all(c in "0123456789abcdef" for c in ident)
+    return isinstance(ident, str) and len(ident) == 32 and \
+        all(c in "0123456789abcdef" for c in ident)
 
 
-def _read_verified(path: Path, ident: str, what: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise StoreError(f"{what} {ident} is missing from {path.parent}", **{what: ident}) from exc
-    if blob_id(data) != ident:
-        raise StoreError(f"{what} {ident} is corrupt (hash mismatch)", **{what: ident})
-    return data
+class _Reporter:
+    """Calls `progress` once a transfer has run for a second, then about every second."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+        self.started = self.last = time.monotonic()
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if self.progress is not None and now - self.started >= 1 and \
+                (now - self.last >= 1 or self.done == self.total):
+            self.last = now
+            self.progress(self.done, self.total)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` durably: temp file, fsync, rename, directory fsync."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def _load_key(path: Path) -> bytes:
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-key-")
+        try:
+            os.write(fd, os.urandom(32))
+            os.fsync(fd)
+            os.close(fd)
+            os.link(tmp, path)  # atomic and exclusive: two first users agree on one key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    key = path.read_bytes()
+    if len(key) != 32:
+        raise StoreError(f"the store key {path} is damaged")
+    return key
 
 
 class Store:
-    """Blobs, manifests and session heads on local disk."""
+    """Blobs, objects, signed manifests and session heads, behind a memory cache."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK) -> None:
         self.root = Path(root)
+        self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.disk = DiskTier(self.root / "blobs")
+        self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
+        self._key = _load_key(self.root / "key")
 
     # blobs
-    def _blob_path(self, ident: str) -> Path:
+    def _checked(self, ident: str) -> str:
         if not _valid_id(ident):
             raise StoreError(f"invalid blob id {ident!r}")
-        return self.root / "blobs" / ident[:2] / ident
-
-    def put(self, data: bytes) -> str:
-        """Store `data` under its hash; return the hash. Existing blobs are not rewritten."""
-        ident = blob_id(data)
-        path = self._blob_path(ident)
-        if not path.exists():
-            write_atomic(path, data)
         return ident
 
+    def put(self, data: Buffer) -> str:
+        """Store `data` under its hash; return the hash. Existing blobs are not rewritten."""
+        ident = blob_id(data)
+        self._put(ident, data)
+        return ident
+
+    def _put(self, ident: str, data: Buffer) -> None:
+        if self.disk.has(ident):
+            self.disk.touch(ident)
+            return
+        for tier in self.tiers:
+            tier.write(ident, data)  # the memory tier takes only small blobs
+
     def has(self, ident: str) -> bool:
-        return self._blob_path(ident).exists()
+        """Whether the blob is durable (a memory tier does not count)."""
+        return self.disk.has(self._checked(ident))
 
     def get(self, ident: str) -> bytes:
         """Read a blob and check it against its name before anyone unpickles it."""
-        return _read_verified(self._blob_path(ident), ident, "blob")
+        for tier in self.tiers:
+            size = tier.size(self._checked(ident))
+            if size is not None:
+                out = bytearray(size)
+                self._read_into(ident, memoryview(out))
+                return bytes(out)
+        raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
+
+    def _read_into(self, ident: str, out: memoryview) -> None:
+        for i, tier in enumerate(self.tiers):
+            size = tier.read_into(ident, out)
+            if size is None:
+                continue
+            if size != len(out) or blob_id(out) != ident:
+                raise StoreError(f"blob {ident} is corrupt (hash mismatch)", blob=ident)
+            for upper in self.tiers[:i]:
+                upper.write(ident, out)
+            return
+        raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
+
+    # objects: a pickled group, its buffers chunked
+    def fingerprint(self, encoded: Encoded) -> tuple[str, bytes, list[tuple[str, memoryview]]]:
+        """The object's id, its index and its chunks, from hashing alone (no I/O)."""
+        chunks: list[tuple[str, memoryview]] = []
+        buffers: list = []
+        for view in encoded.buffers:  # flat byte views (PickleBuffer.raw)
+            if view.nbytes < INLINE:
+                buffers.append(bytes(view))
+                continue
+            ids = []
+            for start in range(0, view.nbytes, self.chunk):
+                part = view[start:start + self.chunk]
+                ids.append(blob_id(part))
+                chunks.append((ids[-1], part))
+            buffers.append([view.nbytes, ids])
+        index = _OBJECT + msgpack.packb(
+            {"stream": encoded.stream, "chunk": self.chunk, "buffers": buffers}, use_bin_type=True)
+        return blob_id(index), index, chunks
+
+    def put_object(self, encoded: Encoded, known: str | None = None,
+                   progress: Progress | None = None) -> str:
+        """Store a pickled group durably; return its id. Nothing is written if it equals `known`
+        (the group as last loaded or saved), and only missing chunks are written otherwise."""
+        ident, index, chunks = self.fingerprint(encoded)
+        if ident == known:
+            return ident
+        if self.disk.has(ident):
+            self.disk.touch(ident)
+            return ident
+        reporter = _Reporter(progress, sum(part.nbytes for _, part in chunks))
+
+        def put_chunk(chunk: tuple[str, memoryview]) -> None:
+            self._put(*chunk)
+            reporter.add(chunk[1].nbytes)
+
+        _parallel(put_chunk, chunks)
+        self._put(ident, index)
+        return ident
+
+    def object_index(self, ident: str) -> tuple[bytes, int, list]:
+        """An object's pickle stream, chunk size and buffers, validated as input from outside."""
+        data = self.get(ident)
+        try:
+            if not data.startswith(_OBJECT):
+                raise ValueError("not an object index")
+            raw = msgpack.unpackb(data[len(_OBJECT):], raw=False)
+            stream, chunk, buffers = raw["stream"], raw["chunk"], raw["buffers"]
+            if not isinstance(stream, bytes) or not isinstance(buffers, list) or \
+                    not isinstance(chunk, int) or chunk <= 0:
+                raise ValueError("bad fields")
+            for buf in buffers:
+                if isinstance(buf, bytes):
+                    continue
+                nbytes, ids = buf
+                if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(ids, list) or \
+                        len(ids) != -(-nbytes // chunk) or not all(map(_valid_id, ids)):
+                    raise ValueError("bad buffer entry")
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+            raise StoreError(f"object {ident} is malformed: {exc}", blob=ident) from exc
+        return stream, chunk, buffers
+
+    def get_object(self, ident: str, progress: Progress | None = None) -> Encoded:
+        """Read an object into fresh writable buffers, every chunk verified."""
+        stream, chunk, entries = self.object_index(ident)
+        buffers: list[memoryview] = []
+        reads: list[tuple[str, memoryview]] = []
+        for entry in entries:
+            if isinstance(entry, bytes):
+                buffers.append(memoryview(bytearray(entry)))
+                continue
+            nbytes, ids = entry
+            view = _allocate(nbytes)
+            buffers.append(view)
+            reads += [(cid, view[i * chunk:(i + 1) * chunk]) for i, cid in enumerate(ids)]
+        reporter = _Reporter(progress, sum(part.nbytes for _, part in reads))
+
+        def read(chunk: tuple[str, memoryview]) -> None:
+            self._read_into(*chunk)
+            reporter.add(chunk[1].nbytes)
+
+        _parallel(read, reads)
+        return Encoded(stream, buffers)
+
+    def is_object(self, ident: str) -> bool:
+        """Whether a blob on disk starts as an object index does (a cheap peek, unverified)."""
+        if not _valid_id(ident):
+            return False
+        with open(self.disk.path(ident), "rb") as f:
+            return f.read(len(_OBJECT)) == _OBJECT
+
+    def object_chunks(self, ident: str) -> list[str]:
+        return [cid for entry in self.object_index(ident)[2] if not isinstance(entry, bytes)
+                for cid in entry[1]]
 
     # manifests
-    def put_manifest(self, data: bytes) -> str:
+    def _sign(self, body: bytes) -> bytes:
+        return hmac.new(self._key, body, hashlib.sha256).digest()
+
+    def put_manifest(self, body: bytes) -> str:
+        data = _MANIFEST + self._sign(body) + body
         ident = blob_id(data)
         path = self.root / "manifests" / ident
         if not path.exists():
@@ -99,9 +256,27 @@ class Store:
         return ident
 
     def get_manifest(self, ident: str) -> bytes:
+        """A manifest's body, once its hash and its signature by this store's key both check."""
         if not _valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
-        return _read_verified(self.root / "manifests" / ident, ident, "manifest")
+        path = self.root / "manifests" / ident
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError as exc:
+            raise StoreError(f"manifest {ident} is missing from {path.parent}",
+                             manifest=ident) from exc
+        if blob_id(data) != ident:
+            raise StoreError(f"manifest {ident} is corrupt (hash mismatch)", manifest=ident)
+        head, tag, body = data[:len(_MANIFEST)], data[len(_MANIFEST):len(_MANIFEST) + _TAG], \
+            data[len(_MANIFEST) + _TAG:]
+        if head != _MANIFEST or not hmac.compare_digest(tag, self._sign(body)):
+            raise StoreError(f"manifest {ident} is not signed by this store's key",
+                             manifest=ident)
+        return body
+
+    def manifests(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "manifests").iterdir()
+                      if _valid_id(p.name))
 
     # session heads
     def _head_path(self, session: str) -> Path:
@@ -127,3 +302,24 @@ class Store:
 
     def sessions(self) -> list[str]:
         return sorted(p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists())
+
+
+def _allocate(nbytes: int) -> memoryview:
+    """Writable memory for a large buffer, its pages mapped up front: faulting them in one by one
+    while reading costs as much as the read."""
+    if nbytes == 0:
+        return memoryview(bytearray())
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return memoryview(mmap.mmap(-1, nbytes, flags=flags))
+
+
+def _parallel(fn: Callable, items: Iterable) -> None:
+    """Run `fn` on every item on a few threads (I/O, fsync and hashing release the GIL)."""
+    items = list(items)
+    if len(items) <= 1:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(min(THREADS, len(items))) as pool:
+        for _ in pool.map(fn, items):
+            pass

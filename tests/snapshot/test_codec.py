@@ -231,7 +231,7 @@ def test_notebook_function_outside_loads_is_rejected() -> None:
     ns = _notebook("def f():\n    return 1\n")
     blob = dumps({"f": ns["f"]}, ns)
     with pytest.raises(pickle.UnpicklingError):
-        pickle.loads(blob)
+        pickle.loads(blob.stream)
 
 
 def test_loads_restores_state_after_a_failure() -> None:

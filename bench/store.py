@@ -1,0 +1,316 @@
+"""Snapshot store throughput on a mixed notebook state, against the disk itself, in one run.
+
+The state (about --size GB): numpy arrays, torch tensors, a small torch model with its Adam
+optimizer, a pandas DataFrame and many small Python objects. Measured on the same disk, in the
+same run, each with an fsync where it writes:
+
+  raw disk      one file of the state's size: write+fsync, and read back; and the same bytes
+                as 16 MiB files written (each fsync'd) and read 4 at a time, as the store does
+  memcpy        one copy of the state's bytes in memory
+  llfabric      save (group, pickle out of band, chunk, hash, write) and load (read, verify,
+                unpickle), and delta saves (as a worker makes them) after a cell that touched
+                nothing, one that read everything and changed nothing (every group fingerprinted),
+                and one that changed one tensor
+  dill          dill.dump_module / load_module of a module holding the state (dump_session)
+  torch.save    torch.save / torch.load of the same dict
+  Kishu         not driven: the run says why
+
+Reads come after evicting the files from the page cache (posix_fadvise DONTNEED), so they hit the
+disk as a new worker's would. Usage: python bench/store.py [--size 0.5] [--dir DIR] [--no-dill]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fabric.snapshot import Store, dumps, loads
+from fabric.snapshot.delta import DeltaSaver
+from fabric.snapshot.store import CHUNK, THREADS
+
+
+def make_state(size: float) -> dict:
+    """About `size` GB: 40% numpy, 40% torch, 10% pandas, a model, small objects."""
+    total = int(size * 1e9)
+    rng = np.random.default_rng(0)
+    state: dict = {}
+    for i in range(4):
+        state[f"arr{i}"] = rng.random(total // 10 // 8)
+    for i in range(3):
+        state[f"ten{i}"] = torch.randn(total // 10 // 4)
+    state["half"] = torch.randn(total // 10 // 2).to(torch.bfloat16)
+    state["df"] = pd.DataFrame({c: rng.random(total // 10 // 8 // 4) for c in "abcd"})
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(32, 512)).sum().backward()
+    optimizer.step()
+    state["model"], state["optimizer"] = model, optimizer
+    state["records"] = [{"id": i, "name": f"row{i}", "score": i * 0.5} for i in range(100_000)]
+    state["vocab"] = {f"word{i}": i for i in range(100_000)}
+    return state
+
+
+def nbytes(state: dict) -> int:
+    out = 0
+    for v in state.values():
+        if isinstance(v, np.ndarray):
+            out += v.nbytes
+        elif isinstance(v, torch.Tensor):
+            out += v.untyped_storage().nbytes()
+        elif isinstance(v, pd.DataFrame):
+            out += int(v.memory_usage(index=True).sum())
+    return out
+
+
+def evict(root: Path) -> None:
+    """Drop `root`'s files from the page cache, so the next read comes from the disk."""
+    paths = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    gc.collect()
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def raw_disk(work: Path, size: int) -> tuple[float, float]:
+    """One fsync'd write of `size` bytes and one read of them from the disk."""
+    data = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+    path = work / "raw"
+
+    def write() -> None:
+        with open(path, "wb", buffering=0) as f:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view):]
+            os.fsync(f.fileno())
+
+    def read() -> None:
+        out = bytearray(size)
+        with open(path, "rb", buffering=0) as f:
+            f.readinto(out)
+
+    write_s = timed(write)[0]
+    evict(path)
+    read_s = timed(read)[0]
+    path.unlink()
+    return write_s, read_s
+
+
+def raw_disk_parallel(work: Path, size: int) -> tuple[float, float]:
+    """The disk at the store's own access pattern: 16 MiB files, each fsync'd, 4 at a time."""
+    data = np.random.default_rng(2).integers(0, 255, size, dtype=np.uint8)
+    pieces = [(work / f"raw{i}", memoryview(data)[start:start + CHUNK])
+              for i, start in enumerate(range(0, size, CHUNK))]
+
+    def write(piece: tuple[Path, memoryview]) -> None:
+        with open(piece[0], "wb", buffering=0) as f:
+            view = piece[1]
+            while view:
+                view = view[f.write(view):]
+            os.fsync(f.fileno())
+
+    def read(piece: tuple[Path, memoryview]) -> None:
+        with open(piece[0], "rb", buffering=0) as f:
+            f.readinto(bytearray(len(piece[1])))
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        write_s = timed(lambda: list(pool.map(write, pieces)))[0]
+        for path, _ in pieces:
+            evict(path)
+        read_s = timed(lambda: list(pool.map(read, pieces)))[0]
+    for path, _ in pieces:
+        path.unlink()
+    return write_s, read_s
+
+
+def memcpy(size: int) -> float:
+    src = np.ones(size, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    np.copyto(dst, src)  # the pages are mapped now: time the copy, not the page faults
+    t, _ = timed(lambda: np.copyto(dst, src))
+    return t
+
+
+def llfabric_once(root: Path, state: dict) -> dict[str, float]:
+    ns = {"__name__": "__main__", **state}
+    names = list(state)
+    saver = DeltaSaver(Store(root / "all"))  # what a worker holds between the cells it runs
+    out = {}
+    out["save"], first = timed(lambda: saver.save(ns, names, None))
+    evict(root)
+    fresh = Store(root / "all")
+    out["load"], _ = timed(lambda: [loads(fresh.get_object(b), {}) for b, _, _ in first.groups])
+    out["delta: cell touched nothing"], _ = timed(lambda: saver.save(ns, names, set()))
+    out["delta: read all, changed nothing"], _ = timed(lambda: saver.save(ns, names, None))
+    state["ten0"][:1000] += 1
+    out["delta: one tensor changed"], _ = timed(lambda: saver.save(ns, names, {"ten0"}))
+    shutil.rmtree(root)
+    return out
+
+
+def large_only(root: Path, state: dict) -> tuple[float, float]:
+    """The large buffers alone: the codec and the store, without grouping and small objects."""
+    store = Store(root)
+    large = [n for n, v in state.items() if isinstance(v, np.ndarray | torch.Tensor)]
+    save, ids = timed(lambda: [store.put_object(dumps({n: state[n]}, {})) for n in large])
+    evict(root)
+    fresh = Store(root)
+    load, _ = timed(lambda: [loads(fresh.get_object(b), {}) for b in ids])
+    shutil.rmtree(root)
+    return save, load
+
+
+def llfabric(work: Path, state: dict, repeat: int) -> dict[str, float]:
+    """Medians over `repeat` rounds; each round measures the raw disk right before llfabric on
+    the same bytes, and the ratios are taken within a round (this disk's speed drifts)."""
+    size = nbytes(state)
+    large = nbytes({n: v for n, v in state.items() if isinstance(v, np.ndarray | torch.Tensor)})
+    runs = []
+    for i in range(repeat):
+        run = dict(zip(("raw write", "raw read"), raw_disk(work, size), strict=True))
+        run |= dict(zip(("par write", "par read"), raw_disk_parallel(work, size), strict=True))
+        ours = llfabric_once(work / f"store{i}", state)
+        run |= ours
+        run |= dict(zip(("raw large write", "raw large read"), raw_disk(work, large),
+                        strict=True))
+        run |= dict(zip(("par large write", "par large read"), raw_disk_parallel(work, large),
+                        strict=True))
+        large_save, large_load = large_only(work / f"large{i}", state)
+        run |= {"large save": large_save, "large load": large_load}
+        run |= {"save/par": run["par write"] / run["save"],
+                "load/par": run["par read"] / run["load"],
+                "save/raw": run["raw write"] / run["save"],
+                "load/raw": run["raw read"] / run["load"],
+                "large save/par": run["par large write"] / large_save,
+                "large load/par": run["par large read"] / large_load,
+                "large save/raw": run["raw large write"] / large_save,
+                "large load/raw": run["raw large read"] / large_load}
+        runs.append(run)
+    return {k: statistics.median(run[k] for run in runs) for k in runs[0]} | {"large": large}
+
+
+def dill_session(work: Path, state: dict) -> tuple[float, float]:
+    import dill
+
+    # dump_session saves __main__, as a notebook's namespace is: put the state there. dill cannot
+    # pickle a torch optimizer (a typing sentinel in its hooks): it gets the state_dict instead.
+    state = {**state, "optimizer": state["optimizer"].state_dict()}
+    main = sys.modules["__main__"]
+    main.__dict__.update(state)
+    path = work / "session.dill"
+
+    def dump() -> None:
+        with open(path, "wb") as f:
+            dill.dump_module(f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    try:
+        save, _ = timed(dump)
+        evict(path)
+        load, _ = timed(lambda: dill.load_module(str(path)))
+    finally:
+        for name in state:
+            main.__dict__.pop(name, None)
+        path.unlink(missing_ok=True)
+    return save, load
+
+
+def torch_save(work: Path, state: dict) -> tuple[float, float]:
+    path = work / "state.pt"
+
+    def dump() -> None:
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    save, _ = timed(dump)
+    evict(path)
+    load, _ = timed(lambda: torch.load(path, weights_only=False))
+    path.unlink()
+    return save, load
+
+
+def kishu_status() -> str:
+    """Why Kishu is not in the table."""
+    try:
+        import kishu  # noqa: F401
+    except ImportError:
+        return ("Kishu: not measured, not installed here (`pip install kishu` installs it "
+                "without pulling torch).")
+    return ("Kishu: installed but not measured: it checkpoints a notebook's kernel after "
+            "`kishu init NOTEBOOK` attaches it through a running Jupyter server, which this "
+            "bench does not drive.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=float, default=0.5, help="GB of state (default 0.5)")
+    parser.add_argument("--dir", type=Path, default=None, help="Where to write (default: $TMPDIR)")
+    parser.add_argument("--no-dill", action="store_true", help="Skip dill (slow at large sizes)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="Runs of the raw disk and llfabric measurements (medians shown)")
+    args = parser.parse_args()
+
+    state = make_state(args.size)
+    size = nbytes(state)
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="llf-bench-") as tmp:
+        work = Path(tmp)
+        ours = llfabric(work, state, args.repeat)
+        copy = memcpy(size)
+        rows = [("raw disk, one file (fsync'd)", ours["raw write"], ours["raw read"]),
+                ("raw disk, 16 MiB files x4 (fsync'd)", ours["par write"], ours["par read"]),
+                ("memcpy", copy, copy), ("llfabric", ours["save"], ours["load"]),
+                ("torch.save / torch.load", *torch_save(work, state))]
+        if not args.no_dill:
+            rows.append(("dill dump/load_session (*)", *dill_session(work, state)))
+
+    gb, lgb = size / 1e9, ours["large"] / 1e9
+    print(f"state: {gb:.2f} GB in buffers, {len(state)} variables "
+          f"(+ a model, its optimizer, 200k small objects); medians of {args.repeat} rounds\n")
+    print(f"{'':36} {'save s':>8} {'GB/s':>6} {'load s':>8} {'GB/s':>6}"
+          f" {'save / llfabric':>16} {'load / llfabric':>16}")
+    for name, save, load in rows:
+        print(f"{name:36} {save:8.3f} {gb / save:6.2f} {load:8.3f} {gb / load:6.2f}"
+              f" {save / ours['save']:16.2f} {load / ours['load']:16.2f}")
+    print(f"\nwhole state: llfabric save at {ours['save/raw']:.0%} of one-file raw write, "
+          f"{ours['save/par']:.0%} of chunked raw write; load at {ours['load/raw']:.0%} and "
+          f"{ours['load/par']:.0%} of those reads (ratios within each round)")
+    print(f"large buffers alone ({lgb:.2f} GB): save {lgb / ours['large save']:.2f} GB/s = "
+          f"{ours['large save/raw']:.0%} of one-file, {ours['large save/par']:.0%} of chunked raw "
+          f"write; load {lgb / ours['large load']:.2f} GB/s = {ours['large load/raw']:.0%} and "
+          f"{ours['large load/par']:.0%} of those reads")
+    for key in ("delta: cell touched nothing", "delta: read all, changed nothing",
+                "delta: one tensor changed"):
+        print(f"{key:36} {ours[key]:8.4f} s")
+    if not args.no_dill:
+        print("(*) dill cannot pickle the Adam optimizer: it saved the optimizer's state_dict")
+    print("\n" + kishu_status())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Delta saves: after a cell, write only the groups it may have changed.
+
+A worker remembers, for each group it loaded or saved, the object that holds it. After a cell:
+
+- a group the cell cannot have reached is *kept*: it is not regrouped, pickled or hashed, and the
+  manifest keeps naming its object. A cell reaches what it reads or writes (a read may mutate), and
+  what the code it reaches reads in turn; to reach an object another way it must have read a name
+  bound to it, so grouping by shared objects makes "reached" a property of whole groups. Only
+  groups this worker has grouped itself are kept, since only for them does it know what their
+  code reads;
+- every other group is pickled with its buffers out of band and fingerprinted by hashing them;
+  one whose fingerprint matches the object it came from costs no I/O (`Store.put_object`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..closure.groups import group_variables
+from ..closure.static import analyze
+from . import codec
+from .store import Progress, Store
+
+
+@dataclass
+class Saved:
+    groups: list[list] = field(default_factory=list)  # [object id, names, bytes]
+    kept: list[str] = field(default_factory=list)  # names whose groups stay as committed
+    refs: dict[str, list[str]] = field(default_factory=dict)  # of the regrouped names only
+    packages: dict[str, list[str]] = field(default_factory=dict)  # likewise
+    unsaved: dict[str, str] = field(default_factory=dict)  # name -> why it could not be saved
+    bounded: bool = False
+
+
+def reached_by(source: str) -> set[str] | None:
+    """The names a cell reads or writes; None when it can reach the whole namespace."""
+    cell = analyze(source)
+    if cell.dynamic or not cell.parsed:
+        return None
+    return set(cell.reads | cell.writes)
+
+
+class DeltaSaver:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.objects: dict[frozenset[str], tuple[str, int]] = {}  # group -> (object, bytes)
+        self.refs: dict[str, set[str]] = {}  # names grouped here -> globals their code reads
+
+    def loaded(self, names: Iterable[str], blob: str, nbytes: int) -> None:
+        self.objects[frozenset(names)] = (blob, nbytes)
+
+    def _closure(self, names: set[str]) -> set[str]:
+        todo, out = list(names), set()
+        while todo:
+            name = todo.pop()
+            if name not in out:
+                out.add(name)
+                todo.extend(self.refs.get(name, ()))
+        return out
+
+    def save(self, ns: dict, state: list[str], reached: set[str] | None,
+             progress: Progress | None = None) -> Saved:
+        """Save `state` (names in `ns`) after a cell that reached `reached` (None: anything)."""
+        present = set(state)
+        touched = present if reached is None else set(reached)
+        while True:
+            touched = self._closure(touched)
+            kept = [key for key in self.objects if key <= present and touched.isdisjoint(key)
+                    and all(n in self.refs for n in key)]
+            keep = set().union(*kept)
+            rest = [n for n in state if n not in keep]
+            grouping = group_variables(ns, rest)
+            if not grouping.bounded:  # a bounded walk did not learn what code reads
+                self.refs.update(grouping.refs)
+            also = {m for n in rest for m in grouping.refs.get(n, ()) if m in keep}
+            if not also:
+                break
+            touched |= also  # code regrouped now reads into a kept group: that group may change
+        saved = Saved(kept=sorted(keep), bounded=grouping.bounded,
+                      refs={n: sorted(r) for n, r in grouping.refs.items() if r},
+                      packages={n: sorted(p) for n, p in grouping.packages.items() if p})
+        for members in grouping.groups:
+            if not self._put(ns, members, saved, progress) and len(members) > 1:
+                # Saved member by member instead, so that one generator costs only itself.
+                for name in members:
+                    self._put(ns, [name], saved, progress)
+        return saved
+
+    def _put(self, ns: dict, names: list[str], saved: Saved, progress: Progress | None) -> bool:
+        """Save `names` as one group; on failure record why, per name."""
+        key = frozenset(names)
+        known = self.objects.get(key)
+        try:
+            encoded = codec.dumps({n: ns[n] for n in names}, ns)
+            blob = self.store.put_object(encoded, known and known[0], progress)
+        except Exception as exc:  # user objects may fail in any way; the server tells the user
+            saved.unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
+            return False
+        for name in names:
+            saved.unsaved.pop(name, None)
+        self.objects[key] = (blob, encoded.nbytes)
+        saved.groups.append([blob, names, encoded.nbytes])
+        return True

@@ -1,0 +1,165 @@
+"""Where blob bytes live: a bounded memory cache in front of the local disk.
+
+A tier stores opaque bytes under an id and knows nothing of hashes or formats; the store verifies
+what any tier returns. A peer-host or remote-storage tier implements the same four methods.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Tier(Protocol):
+    durable: bool  # a commit may only name blobs that a durable tier holds
+
+    def has(self, ident: str) -> bool: ...
+
+    def read_into(self, ident: str, out: memoryview) -> int | None:
+        """Fill `out` with the blob; its true size (checked by the caller), None if absent."""
+        ...
+
+    def size(self, ident: str) -> int | None: ...
+
+    def write(self, ident: str, data: Buffer) -> None: ...
+
+
+def fsync_dir(path: Path) -> None:
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_atomic(path: Path, data: Buffer, sync_dir: bool = True) -> None:
+    """Write `data` to `path` durably: temp file, fsync, rename, directory fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with open(fd, "wb", buffering=0) as f:
+            view = memoryview(data).cast("B")
+            while view:  # a raw write may be short
+                view = view[f.write(view):]
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+class DiskTier:
+    """Blobs as files ``<root>/ab/<id>``, written atomically and durably."""
+
+    durable = True
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, ident: str) -> Path:
+        return self.root / ident[:2] / ident
+
+    def has(self, ident: str) -> bool:
+        return self.path(ident).is_file()
+
+    def size(self, ident: str) -> int | None:
+        try:
+            return self.path(ident).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def read_into(self, ident: str, out: memoryview) -> int | None:
+        try:
+            f = open(self.path(ident), "rb", buffering=0)  # noqa: SIM115
+        except FileNotFoundError:
+            return None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size != len(out):
+                return size
+            got = 0
+            while got < size:
+                n = f.readinto(out[got:])
+                if not n:
+                    return got  # shrank under us
+                got += n
+        return size
+
+    def write(self, ident: str, data: Buffer) -> None:
+        write_atomic(self.path(ident), data)
+
+    def touch(self, ident: str) -> None:
+        """Mark a blob as just reused, so a concurrent gc's grace period covers it."""
+        os.utime(self.path(ident))
+
+    def remove(self, ident: str) -> None:
+        self.path(ident).unlink(missing_ok=True)
+
+    def files(self) -> Iterator[Path]:
+        """Every file under the tier: blobs, and temp files a crash may have left."""
+        for shard in sorted(self.root.iterdir()):
+            if shard.is_dir() and len(shard.name) == 2:
+                yield from sorted(shard.iterdir())
+
+    def idents(self) -> Iterator[str]:
+        return (p.name for p in self.files() if not p.name.startswith("."))
+
+
+class MemoryTier:
+    """A least-recently-used cache of blobs up to `capacity` bytes, shared by threads.
+
+    It holds indexes, manifests and small groups; a large chunk is not copied in (the copy would
+    cost as much as the read it saves, and the page cache already holds it).
+    """
+
+    durable = False
+
+    def __init__(self, capacity: int, largest: int = 1 << 20) -> None:
+        self.capacity = capacity
+        self.largest = min(largest, capacity // 4)
+        self.used = 0
+        self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def has(self, ident: str) -> bool:
+        with self._lock:
+            return ident in self._blobs
+
+    def size(self, ident: str) -> int | None:
+        with self._lock:
+            data = self._blobs.get(ident)
+        return None if data is None else len(data)
+
+    def read_into(self, ident: str, out: memoryview) -> int | None:
+        with self._lock:
+            data = self._blobs.get(ident)
+            if data is None:
+                return None
+            self._blobs.move_to_end(ident)
+        if len(data) == len(out):
+            out[:] = data
+        return len(data)
+
+    def write(self, ident: str, data: Buffer) -> None:
+        size = memoryview(data).nbytes
+        if size > self.largest:
+            return
+        blob = bytes(data)
+        with self._lock:
+            if ident in self._blobs:
+                return
+            self._blobs[ident] = blob
+            self.used += size
+            while self.used > self.capacity:
+                _, old = self._blobs.popitem(last=False)
+                self.used -= len(old)

@@ -1,0 +1,90 @@
+"""Delta saves: what a cell cannot have changed is kept, what it may have changed is checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fabric.snapshot import Store, loads
+from fabric.snapshot.delta import DeltaSaver, reached_by
+
+
+class _Notebook:
+    """A namespace that runs cells and saves after each, as a worker does."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = Store(root, chunk=1 << 16)
+        self.saver = DeltaSaver(self.store)
+        self.ns: dict = {"__name__": "__main__"}
+
+    def run(self, source: str):
+        exec(compile(source, "<cell>", "exec"), self.ns)
+        state = [n for n in self.ns if not n.startswith("__")]
+        return self.saver.save(self.ns, state, reached_by(source))
+
+    def files(self) -> dict[Path, int]:
+        return {p: p.stat().st_mtime_ns for p in (self.store.root / "blobs").rglob("*")
+                if p.is_file()}
+
+
+def _blob(saved, name: str) -> str:
+    return next(b for b, names, _ in saved.groups if name in names)
+
+
+def test_a_group_the_cell_cannot_reach_is_kept_without_io(tmp_path: Path) -> None:
+    nb = _Notebook(tmp_path)
+    first = nb.run("import numpy as np\nbig = np.arange(100_000.0)\nsmall = 1")
+    before = nb.files()
+    saved = nb.run("small = small + 1")
+    assert "big" in saved.kept and "small" not in saved.kept
+    assert [names for _, names, _ in saved.groups] == [["small"]]
+    assert nb.files().keys() - before.keys() == {nb.store.disk.path(_blob(saved, "small"))}
+    assert all(nb.files()[p] == t for p, t in before.items())
+    assert _blob(first, "big") in nb.store.disk.idents()
+
+
+def test_a_read_group_that_did_not_change_costs_no_io(tmp_path: Path) -> None:
+    nb = _Notebook(tmp_path)
+    first = nb.run("import numpy as np\nbig = np.arange(100_000.0)")
+    before = nb.files()
+    saved = nb.run("total = float(big.sum())")
+    assert _blob(saved, "big") == _blob(first, "big")
+    assert {p: t for p, t in nb.files().items() if p in before} == before  # not even touched
+
+
+def test_mutation_through_a_notebook_function_is_saved(tmp_path: Path) -> None:
+    nb = _Notebook(tmp_path)
+    nb.run("data = [1]\ndef grow():\n    data.append(len(data) + 1)\nother = 5")
+    saved = nb.run("grow()")  # reads only `grow`; grow reads `data`
+    assert "data" not in saved.kept and "other" in saved.kept
+    assert loads(nb.store.get_object(_blob(saved, "data")), {})["data"] == [1, 2]
+
+
+def test_a_new_function_reaching_a_kept_group_regroups_it(tmp_path: Path) -> None:
+    nb = _Notebook(tmp_path)
+    nb.run("data = [1]\nother = 5")
+    saved = nb.run("def push():\n    data.append(9)\npush()")
+    assert "data" not in saved.kept
+    assert loads(nb.store.get_object(_blob(saved, "data")), {})["data"] == [1, 9]
+
+
+def test_a_dynamic_cell_keeps_nothing(tmp_path: Path) -> None:
+    nb = _Notebook(tmp_path)
+    nb.run("x = [1]\ny = [2]")
+    saved = nb.run("globals()['x'].append(3)")
+    assert saved.kept == []
+    assert loads(nb.store.get_object(_blob(saved, "x")), {})["x"] == [1, 3]
+
+
+def test_loaded_groups_are_fingerprinted_not_kept(tmp_path: Path) -> None:
+    # a fresh worker does not know what loaded code reads, so it cannot rule out a mutation
+    nb = _Notebook(tmp_path)
+    first = nb.run("data = np_data = list(range(5))")
+    blob = _blob(first, "data")
+    fresh = _Notebook(tmp_path)
+    fresh.ns.update(loads(fresh.store.get_object(blob), fresh.ns))
+    fresh.saver.loaded(["data", "np_data"], blob, 0)
+    saved = fresh.run("n = 1")
+    assert saved.kept == [] and _blob(saved, "data") == blob
+    assert np.array_equal(loads(fresh.store.get_object(blob), {})["np_data"], list(range(5)))

@@ -1,0 +1,127 @@
+"""History and upkeep on a real store: log, checkout, verify, gc."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fabric.errors import StoreError
+from fabric.snapshot import Group, Manifest, Store, dumps, history, loads
+
+CHUNK = 1 << 16
+
+
+def _commit(store: Store, session: str, **values: object) -> str:
+    """Commit a version holding `values` (each its own group) on top of the session's head."""
+    head = store.head(session)
+    parent = Manifest.decode(store.get_manifest(head)) if head else None
+    groups = tuple(Group(store.put_object(dumps({k: v}, {})), (k,), 1) for k, v in values.items())
+    manifest = Manifest(session=session, version=parent.version + 1 if parent else 1,
+                        parent=head, groups=groups, ambient=store.put(b"ambient"),
+                        cell={"execution_count": 1, "status": "ok", "source": "x"})
+    ident = store.put_manifest(manifest.encode())
+    store.set_head(session, ident)
+    return ident
+
+
+def _age(path: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
+def _age_all(root: Path, seconds: float) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            _age(path, seconds)
+
+
+def test_log_lists_versions_newest_first_and_checkout_appends_the_old_state(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    _commit(store, "s", x=1)
+    _commit(store, "s", x=2)
+    assert [m.version for _, m in history.log(store, "s")] == [2, 1]
+    new = history.checkout(store, "s", 1)
+    assert new.version == 3 and new.cell["checkout"] == 1
+    versions = history.log(store, "s")
+    assert [m.version for _, m in versions] == [3, 2, 1]  # the future stays in the history
+    blob = versions[0][1].variables()["x"].blob
+    assert loads(store.get_object(blob), {}) == {"x": 1}
+    with pytest.raises(StoreError, match="no version 9"):
+        history.checkout(store, "s", 9)
+
+
+def test_gc_keeps_every_blob_a_history_names_and_removes_the_rest(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    _commit(store, "s", a=np.arange(50_000.0), b="small")
+    _commit(store, "s", a=np.arange(50_000.0) + 1)
+    live = {p for p in (tmp_path / "blobs").rglob("*") if p.is_file()}
+    noise = np.random.default_rng(0).random(40_000)
+    orphan = store.put_object(dumps({"o": noise}, {}))  # a save never committed
+    orphans = {store.disk.path(i) for i in [orphan, *store.object_chunks(orphan)]}
+    _age_all(tmp_path, 2 * history.GRACE_SECONDS)
+    result = history.gc(store)
+    assert result.removed == len(orphans) and result.freed > 40_000 * 8
+    assert all(p.exists() for p in live)  # both versions stay checkable out
+    assert not any(p.exists() for p in orphans)
+    assert not history.verify(store).problems
+
+
+def test_gc_spares_a_save_in_flight_with_its_reused_chunks(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    data = np.arange(50_000.0)
+    old = store.put_object(dumps({"a": data}, {}))
+    _age_all(tmp_path, 2 * history.GRACE_SECONDS)
+    # a worker saving now reuses the old chunks and writes a new index; nothing committed yet
+    fresh = store.put_object(dumps({"a": data, "b": 1}, {}))
+    assert history.gc(store).removed == 1  # only the old, unreferenced index
+    assert not store.disk.has(old)
+    assert loads(store.get_object(fresh), {})["b"] == 1
+
+
+def test_gc_refuses_when_a_history_is_incomplete(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    _commit(store, "s", a=np.arange(50_000.0))
+    blob = history.log(store, "s")[0][1].groups[0].blob
+    store.disk.path(store.object_chunks(blob)[0]).unlink()
+    _age_all(tmp_path, 2 * history.GRACE_SECONDS)
+    with pytest.raises(StoreError, match="missing"):
+        history.gc(store)
+    assert store.disk.has(blob)
+
+
+def test_verify_reports_corrupt_blobs_and_unsigned_manifests(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    ident = _commit(store, "s", a=np.arange(50_000.0))
+    assert history.verify(store).problems == []
+    chunk = store.object_chunks(history.log(store, "s")[0][1].groups[0].blob)[2]
+    path = store.disk.path(chunk)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    manifest = tmp_path / "manifests" / ident
+    data = bytearray(manifest.read_bytes())
+    data[10] ^= 1
+    manifest.write_bytes(bytes(data))
+    problems = history.verify(store).problems
+    assert any(chunk in p and "corrupt" in p for p in problems)
+    assert any(ident in p for p in problems)
+
+
+def test_lineage_names_the_cells_that_made_unsaved_state(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    head = None
+    cells = [("x = [1, 2]", []), ("gen = iter(x)", ["gen"]), ("y = 1", ["gen"]),
+             ("first = next(gen)", ["gen"])]
+    for count, (source, unsaved) in enumerate(cells, 1):
+        manifest = Manifest(session="s", version=count, parent=head,
+                            cell={"execution_count": count, "source": source,
+                                  "unsaved": unsaved})
+        head = store.put_manifest(manifest.encode())
+        store.set_head("s", head)
+    assert history.lineage(store, "s", ["gen"]) == [2, 4]
+    assert history.recompute_hint(store, "s", ["gen"]) == " (re-run cells 2, 4 to recompute them)"
+    assert history.recompute_hint(store, "s", ["never"]) == ""
