@@ -252,8 +252,8 @@ class Auditor:
             del ns[name]
         for alias, module in cl.imports.items():
             ns[alias] = importlib.import_module(module)
-        for blob in blobs:
-            ns.update(codec.loads(blob, ns))
+        for blob in blobs:  # private memory, as a worker's read from the store gives it
+            ns.update(codec.loads(blob.stream, ns, [bytearray(b) for b in blob.buffers]))
 
     def _compare(self, audit: CellAudit, child: tuple[int, Path, Path],
                  before: dict[str, int]) -> None:
@@ -381,9 +381,13 @@ def _expand(obj: Any) -> tuple[list[str], list, str]:
     if state is not None or slots:
         return [], [state, *slots], "ordered"
     try:
-        return [xxhash.xxh3_64_hexdigest(codec.dumps({"value": obj}, {}))], [], "ordered"
+        encoded = codec.dumps({"value": obj}, {})
     except Exception:
         return [repr(type(obj))], [], "ordered"
+    digest = xxhash.xxh3_64(encoded.stream)
+    for buffer in encoded.buffers:
+        digest.update(buffer)
+    return [digest.hexdigest()], [], "ordered"
 
 
 _ATOM_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, range,
