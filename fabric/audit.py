@@ -30,6 +30,7 @@ import tempfile
 import time
 import traceback
 import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,7 +370,15 @@ def _expand(obj: Any) -> tuple[list[str], list, str]:
                 [obj.__defaults__, obj.__kwdefaults__, *cells], "ordered")
     if (memory := _memory_of(obj)) is not None:
         return memory, [], "ordered"
-    getstate = getattr(type(obj), "__getstate__", None)
+    kind = type(obj)
+    if kind.__reduce_ex__ is not object.__reduce_ex__ or kind.__reduce__ is not object.__reduce__:
+        try:  # how the object pickles itself: its value, without its caches
+            made, *rest = obj.__reduce_ex__(4)
+            parts = [list(x) if isinstance(x, Iterator) else x for x in rest]
+            return [getattr(made, "__qualname__", repr(made))], parts, "ordered"
+        except Exception:
+            pass
+    getstate = getattr(kind, "__getstate__", None)
     if getstate is not None and getstate is not object.__getstate__:
         try:  # what the object itself calls its state (caches left out)
             return [], [obj.__getstate__()], "ordered"
