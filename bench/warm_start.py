@@ -9,7 +9,7 @@ Prints, for an import family (default: torch), the median time to
              (on a GPU host a warm resume adds the CUDA restore; on this CPU path warm is free),
 and each one's ratio against the cold start. Templates need root, CRIU and llfabric-init;
 without them their rows say why. Usage:
-  python bench/worker_start.py [--modules torch,numpy] [-n 10] [--concurrent 4]
+  python bench/warm_start.py [--modules torch,numpy] [-n 10] [--concurrent 4]
 """
 
 from __future__ import annotations
