@@ -127,6 +127,12 @@ class Session:
                    "imports": imports}
         if first:
             message |= {"cwd": self.cwd, "ambient": self.manifest.ambient}
+        if worker.parked:  # its CUDA calls would block until the lease unparks it: load then
+            worker.deferred.append(message)
+            return
+        await self._send_load(worker, message)
+
+    async def _send_load(self, worker: WorkerHandle, message: dict) -> None:
         await worker.send(message)
         reply = await worker.recv()
         while reply.get("op") == "output":  # progress of a long load, before any cell runs
@@ -262,6 +268,8 @@ class Session:
                 await worker.close()
                 raise WorkerDied(f"the kept worker could not be put back on the GPU "
                                  f"({exc.message})") from exc
+            while worker.deferred:  # under the lease, back on the GPU
+                await self._send_load(worker, worker.deferred.pop(0))
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
             await worker.send({"op": "run", "source": source, "execution_count": count,
                                "device": lease.device})

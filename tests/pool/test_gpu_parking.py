@@ -67,6 +67,23 @@ def test_a_kept_worker_is_checkpointed_between_cells(tmp_path: Path) -> None:
     _with_server(tmp_path, driver, scenario)
 
 
+def _built_template(client: Client) -> list[dict]:
+    """The server's templates once the first build has ended."""
+    deadline = time.monotonic() + 60
+    while not (built := client.call("status")["templates"]) or built[0]["state"] == "building":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return built
+
+
+def _wait_prepared(client: Client, session: str) -> None:
+    deadline = time.monotonic() + 60
+    while not next(s for s in client.call("status")["sessions"]
+                   if s["session"] == session)["worker"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_a_worker_that_cannot_be_parked_is_retired_and_the_session_goes_on(
         tmp_path: Path) -> None:
     driver = FakeDriver()
@@ -113,11 +130,8 @@ def test_a_template_is_dumped_off_the_gpu_and_its_copies_resume_under_a_lease(
         session = f"t-{uuid.uuid4().hex[:8]}"
         client.call("open", session=session, cwd=str(tmp_path))
         execute(client, session, "x = 1")  # the family's template builds meanwhile
-        deadline = time.monotonic() + 60
-        while not (built := client.call("status")["templates"]) or built[0]["state"] == "building":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert built[0]["state"] == "ready", built
+        built = _built_template(client)
+        assert built[0]["state"] == "ready" and built[0]["cuda"] is True, built
         dumped = [pid for step, pid in driver.calls if step == "checkpoint"]
         assert len(dumped) == 1  # the dormant worker, checkpointed before its dump
         driver.default = State.CHECKPOINTED  # as every copy comes back
@@ -126,5 +140,33 @@ def test_a_template_is_dumped_off_the_gpu_and_its_copies_resume_under_a_lease(
         resumed = [pid for step, pid in driver.calls if step in ("restore", "unlock")]
         assert len(set(resumed)) == 1 and resumed[0] != dumped[0]  # the copy, not the original
         assert driver.states[resumed[0]] is State.RUNNING
+
+    _with_server(tmp_path, driver, scenario, source="template")
+
+
+def test_a_parked_copy_loads_the_session_state_only_under_its_lease(tmp_path: Path) -> None:
+    """Unpickling a CUDA tensor (or seeding torch's CUDA RNG) in a copy whose CUDA state is
+    still checkpointed would block in the driver: the copy is prepared, its load waits."""
+    if why := criu.unavailable():
+        pytest.skip(f"templates cannot work here: {why}")
+    driver = FakeDriver()
+    probe = tmp_path / "unpickled"
+    cell = "print(open(p.path).read())"
+
+    def scenario(client: Client, server: Server) -> None:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        execute(client, session, (  # an object that says when it is unpickled
+            "class Probe:\n    def __setstate__(self, state):\n"
+            "        open(state['path'], 'a').write('loaded\\n')\n"
+            f"        self.__dict__.update(state)\np = Probe()\np.path = {str(probe)!r}"))
+        assert _built_template(client)[0]["state"] == "ready"
+        driver.default = State.CHECKPOINTED  # as every copy comes back
+        client.call("draft", session=session, source=cell)
+        _wait_prepared(client, session)
+        assert not probe.exists()  # restored and woken, but nothing loaded while parked
+        reply, outputs = execute(client, session, cell)
+        assert (reply["path"], reply["source"]) == ("draft", "template")
+        assert text(outputs) == "loaded\n\n"
 
     _with_server(tmp_path, driver, scenario, source="template")
