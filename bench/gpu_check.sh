@@ -11,7 +11,7 @@ set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$(realpath -m "${1:-gpu_check.txt}")"
-cd "$root"
+cd "$root" || exit 1
 if [[ -z "${PYTHON:-}" ]]; then
     PYTHON=python3
     [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
