@@ -117,7 +117,9 @@ project() {
     .venv/bin/pip install -q --disable-pip-version-check -U pip
     # PyTorch's CUDA build (not the CPU wheel the CI machines pin), then the project
     .venv/bin/pip install -q --disable-pip-version-check "torch==$torch" --index-url "$TORCH_INDEX"
-    .venv/bin/pip install -q --disable-pip-version-check numpy 'protobuf>=4' -e '.[test,gpu]'
+    # what the test modules import (pytest collects them all to select -m gpu), torch excepted
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[test,gpu]' \
+        -r <(grep -v '^torch==' requirements-dev.txt)
     .venv/bin/python -c 'import torch; assert torch.cuda.is_available(), "torch sees no GPU"
 print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))'
     bash scripts/provision-criu.sh  # links pycriu into the venv and runs `criu check`
