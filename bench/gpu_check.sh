@@ -4,7 +4,7 @@
 #
 #   bench/gpu_check.sh [RESULTS_FILE]      (default: gpu_check.txt)
 #
-# Runs `pytest -m gpu` (at most 300 s) and bench/gpu.py (at most 150 s). Without a GPU it
+# Runs `pytest -m gpu` (at most 240 s) and bench/gpu.py (at most 200 s). Without a GPU it
 # writes why it skipped and exits 0; otherwise it exits with the test suite's status.
 # PYTHON overrides the interpreter (default: .venv/bin/python, else python3).
 set -uo pipefail
@@ -51,15 +51,15 @@ fi
 
 say ""
 say "== pytest -m gpu =="
-timeout -k 10 300 "$PYTHON" -m pytest -m gpu -v -rs -p no:cacheprovider 2>&1 | tee -a "$out"
+timeout -k 10 240 "$PYTHON" -u -m pytest -m gpu -v -rs -p no:cacheprovider 2>&1 | tee -a "$out"
 tests=${PIPESTATUS[0]}
-[[ $tests == 124 ]] && say "the GPU suite ran past its 300 s"
+[[ $tests == 124 ]] && say "the GPU suite ran past its 240 s"
 
 say ""
 say "== bench/gpu.py =="
-timeout -k 10 150 "$PYTHON" bench/gpu.py 2>&1 | tee -a "$out"
+timeout -k 10 200 "$PYTHON" -u bench/gpu.py 2>&1 | tee -a "$out"
 bench=${PIPESTATUS[0]}
-[[ $bench == 124 ]] && say "the benchmark ran past its 150 s"
+[[ $bench == 124 ]] && say "the benchmark ran past its 200 s"
 
 say ""
 say "tests: exit $tests, benchmark: exit $bench; results in $out"
