@@ -51,7 +51,7 @@ fi
 
 say ""
 say "== pytest -m gpu =="
-timeout -k 10 240 "$PYTHON" -u -m pytest -m gpu -v -rs -p no:cacheprovider 2>&1 | tee -a "$out"
+timeout -k 10 240 "$PYTHON" -u -m pytest -m gpu -v -rsP -p no:cacheprovider 2>&1 | tee -a "$out"
 tests=${PIPESTATUS[0]}
 [[ $tests == 124 ]] && say "the GPU suite ran past its 240 s"
 
