@@ -35,7 +35,8 @@ class LoadFailed(FabricError):
 
 @dataclass
 class Preparation:
-    """A worker being readied for cells: forked, imports done, closure loaded.
+    """A worker being readied for cells: forked, imports done, closure loaded (into a parked
+    worker only once its cell's lease has put it back on the GPU: see `Session._load`).
 
     `holds` names what the worker has (or will have, once `task` completes): loaded variables
     and aliases, or, for a worker kept after its cell, everything it owns. A later draft with
