@@ -35,7 +35,8 @@ class LoadFailed(FabricError):
 
 @dataclass
 class Preparation:
-    """A worker being readied for cells: forked, imports done, closure loaded.
+    """A worker being readied for cells: forked, imports done, closure loaded (into a parked
+    worker only once its cell's lease has put it back on the GPU: see `Session._load`).
 
     `holds` names what the worker has (or will have, once `task` completes): loaded variables
     and aliases, or, for a worker kept after its cell, everything it owns. A later draft with
@@ -127,6 +128,12 @@ class Session:
                    "imports": imports}
         if first:
             message |= {"cwd": self.cwd, "ambient": self.manifest.ambient}
+        if worker.parked:  # its CUDA calls would block until the lease unparks it: load then
+            worker.deferred.append(message)
+            return
+        await self._send_load(worker, message)
+
+    async def _send_load(self, worker: WorkerHandle, message: dict) -> None:
         await worker.send(message)
         reply = await worker.recv()
         while reply.get("op") == "output":  # progress of a long load, before any cell runs
@@ -262,6 +269,8 @@ class Session:
                 await worker.close()
                 raise WorkerDied(f"the kept worker could not be put back on the GPU "
                                  f"({exc.message})") from exc
+            while worker.deferred:  # under the lease, back on the GPU
+                await self._send_load(worker, worker.deferred.pop(0))
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
             await worker.send({"op": "run", "source": source, "execution_count": count,
                                "device": lease.device})

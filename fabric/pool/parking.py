@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,6 +90,7 @@ class CoolImage:
     images: Path
     init: bool  # the dumped tree is rooted at an llfabric-init (a template's copy)
     parked: bool  # dumped with its CUDA state checkpointed off the GPU
+    deferred: list[dict] = field(default_factory=list)  # its loads held back while parked
 
     @property
     def size(self) -> int:
@@ -116,7 +117,7 @@ async def cool(pool: Pool, worker: WorkerHandle) -> CoolImage:
             raise
         raise ParkFailed(f"cannot cool worker {worker.pid}: {exc}", pid=worker.pid) from exc
     await worker.close()
-    return CoolImage(images, worker.init, worker.parked)
+    return CoolImage(images, worker.init, worker.parked, worker.deferred)
 
 
 def discard(image: CoolImage) -> None:
@@ -127,7 +128,9 @@ async def thaw(pool: Pool, image: CoolImage) -> WorkerHandle:
     """Restore a cool worker as a child of the server, wake it and await its hello."""
     try:
         root = await asyncio.to_thread(criu.restore, image.images, "restore.log")
-        return await pool.wake_restored(root, image.init, "cool", parked=image.parked)
+        worker = await pool.wake_restored(root, image.init, "cool", parked=image.parked)
+        worker.deferred = image.deferred
+        return worker
     except FabricError as exc:
         if isinstance(exc, ParkFailed):
             raise

@@ -120,6 +120,9 @@ class WorkerHandle:
         self.pid = 0
         self.process = 0  # the worker's own pid (the init's child, when it has an init)
         self.parked = False  # its CUDA state is checkpointed off the GPU
+        # loads held back while parked: unpickling CUDA tensors, or seeding torch's CUDA RNG,
+        # would block in the driver until the worker is back on a GPU (see Session._load)
+        self.deferred: list[dict] = []
         self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
         self.socket.linger = 0

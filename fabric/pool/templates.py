@@ -51,7 +51,7 @@ class Template:
     def status(self) -> dict:
         return {"modules": sorted(self.modules), "state": self.state, "error": self.error,
                 "bytes": self.size, "built_in": self.built_in, "restores": self.restores,
-                "failed_imports": self.failed_imports}
+                "failed_imports": self.failed_imports, "cuda": self.cuda}
 
 
 class Templates:

@@ -1,0 +1,232 @@
+"""The GPU path, against baselines measured on the same GPU in the same run.
+
+  start     cold `python -c "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"`
+            vs a worker restored from the torch family's template (its CUDA context came with
+            it) and put back on the GPU (CUDA restore + unlock), until it has said hello
+  park      per GPU memory size held by a process: checkpoint off the GPU (lock + checkpoint)
+            and resume (restore + unlock), vs a pinned device-to-host and host-to-device copy
+            of the same bytes; the process checks its memory is intact afterwards
+  store     saving CUDA tensors to the store (device to pinned host, hash, chunk, write) and
+            loading them back onto the GPU, vs the same pinned copies
+
+Needs an NVIDIA GPU and a CUDA build of torch; templates also need CRIU and llfabric-init, and
+templates and parking a CUDA checkpoint driver (cuda-python with driver >= 570, or
+`cuda-checkpoint`); a row that cannot run says why. Without a GPU it says so and exits 0.
+Usage: python bench/gpu.py [-n 3] [--sizes 0.25,1,4,16] [--store-gb 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from fabric.pool import Pool, criu, gpus
+from fabric.pool.cuda import Driver, find_driver
+from fabric.pool.parking import resume, suspend
+
+GIB = 1 << 30
+COLD = "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"
+
+# Holds `size` bytes of device memory filled with a pattern; checks it after each stdin line.
+HOLDER = r"""
+import sys, torch
+size = int(sys.argv[1])
+x = torch.full((size,), 7, dtype=torch.uint8, device="cuda")
+x[::4096] = 1  # a pattern, not what fresh or zeroed memory would hold
+expected = int(x.sum(dtype=torch.int64))
+torch.cuda.synchronize()
+print("ready", flush=True)
+for _ in sys.stdin:
+    print("intact" if int(x.sum(dtype=torch.int64)) == expected else "corrupt", flush=True)
+"""
+
+
+def why_not() -> str | None:
+    """Why this host cannot run the GPU benchmark, or None."""
+    if not gpus.discover():
+        return "no NVIDIA GPU (NVML finds none)"
+    import torch
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU build"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def copies(nbytes: int, n: int) -> tuple[float, float]:
+    """Median seconds of a pinned device-to-host and host-to-device copy of `nbytes`."""
+    import torch
+
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def copy(dst: torch.Tensor, src: torch.Tensor) -> float:
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    down = statistics.median(copy(host, device) for _ in range(n))
+    up = statistics.median(copy(device, host) for _ in range(n))
+    del device, host
+    torch.cuda.empty_cache()
+    return down, up
+
+
+def cold_starts(n: int) -> list[float]:
+    return [timed(lambda: subprocess.run([sys.executable, "-c", COLD], check=True))
+            for _ in range(n)]
+
+
+async def template_starts(driver: Driver | None, n: int) -> list[float] | str:
+    """Restore + put back on the GPU + hello, n times; or why it cannot be measured."""
+    if why := criu.unavailable():
+        return why
+    if driver is None:
+        return "no CUDA checkpoint driver: a CUDA context cannot be dumped"
+    family = frozenset({"torch"})
+    with tempfile.TemporaryDirectory() as store:
+        pool = Pool(Path(store), worker_source="template")
+        pool.cuda = driver
+        await pool.start()
+        try:
+            pool.templates.build_soon(family)
+            template = await pool.templates.wait(family)
+            if template.state != "ready":
+                return f"template build failed: {template.error}"
+            if not template.cuda:
+                return "the template holds no CUDA context (see its process.log)"
+            times = []
+            for _ in range(n):
+                start = time.perf_counter()
+                worker = await pool.restore_worker(template)
+                await pool.unpark(worker)
+                times.append(time.perf_counter() - start)
+                await worker.close()
+            return times
+        finally:
+            await pool.stop()
+
+
+def park_resume(driver: Driver, nbytes: int, n: int) -> tuple[float, float]:
+    """Median seconds to park and to resume a process holding `nbytes` of device memory."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(nbytes)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        if child.stdout.readline() != "ready\n":
+            raise RuntimeError(f"the process holding {nbytes} bytes did not start")
+        parks, resumes = [], []
+        for _ in range(n):
+            parks.append(timed(lambda: suspend(driver, child.pid)))
+            resumes.append(timed(lambda: resume(driver, child.pid)))
+            child.stdin.write("check\n")
+            child.stdin.flush()
+            if (answer := child.stdout.readline()) != "intact\n":
+                raise RuntimeError(f"device memory after resume: {answer.strip() or 'gone'}")
+        return statistics.median(parks), statistics.median(resumes)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def store_round_trip(nbytes: int, n: int) -> tuple[float, float]:
+    """Median seconds to save CUDA tensors of `nbytes` to a store and load them onto the GPU."""
+    import torch
+
+    from fabric.snapshot import Store, dumps, loads
+
+    tensors = {f"t{i}": torch.randn(nbytes // 4 // 4, device="cuda") for i in range(4)}
+    saves, loads_ = [], []
+    with tempfile.TemporaryDirectory() as root:
+        for i in range(n):
+            store = Store(Path(root) / f"s{i}")
+            start = time.perf_counter()
+            ident = store.put_object(dumps(tensors, {}))
+            saves.append(time.perf_counter() - start)
+            fresh = Store(Path(root) / f"s{i}")
+            start = time.perf_counter()
+            back = loads(fresh.get_object(ident), {})
+            torch.cuda.synchronize()
+            loads_.append(time.perf_counter() - start)
+            if not all(torch.equal(back[k], v) for k, v in tensors.items()):
+                raise RuntimeError("the tensors came back different")
+            del back
+    return statistics.median(saves), statistics.median(loads_)
+
+
+def fits(sizes: list[float]) -> list[int]:
+    """The sizes (GiB) that leave room on the GPU and in host memory (a checkpoint's copy)."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    host = psutil.virtual_memory().available
+    return [int(s * GIB) for s in sizes if s * GIB < 0.8 * free and s * GIB < 0.5 * host]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=3)
+    parser.add_argument("--sizes", default="0.25,1,4,16", help="GiB of device memory to park")
+    parser.add_argument("--store-gb", type=float, default=1.0)
+    args = parser.parse_args()
+    if why := why_not():
+        print(f"skipped: {why}")
+        return
+    import torch
+
+    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__} "
+          f"(CUDA {torch.version.cuda})")
+    driver = find_driver()
+    print(f"checkpoint driver: {type(driver).__name__ if driver else 'none'}")
+
+    print(f"\n{'start':<48} {'median s':>9} {'min s':>8} {'vs cold':>8}")
+    cold = cold_starts(args.n)
+    print(f"{'cold: import torch, CUDA init, first tensor':<48} {statistics.median(cold):>9.3f}"
+          f" {min(cold):>8.3f} {'1.0x':>8}")
+    warm = asyncio.run(template_starts(driver, args.n))
+    name = "template restore + CUDA back on the GPU"
+    if isinstance(warm, str):
+        print(f"{name:<48} {'-':>9} {'-':>8} {'-':>8}  ({warm})")
+    else:
+        ratio = statistics.median(cold) / statistics.median(warm)
+        print(f"{name:<48} {statistics.median(warm):>9.3f} {min(warm):>8.3f} {ratio:>7.1f}x")
+
+    print(f"\n{'park / resume':<12} {'park s':>8} {'D2H copy':>9} {'ratio':>6} "
+          f"{'resume s':>9} {'H2D copy':>9} {'ratio':>6}")
+    sizes = fits([float(s) for s in args.sizes.split(",")])
+    if driver is None:
+        print("(no CUDA checkpoint driver: nothing to park)")
+    for nbytes in sizes if driver is not None else []:
+        down, up = copies(nbytes, args.n)
+        park, back = park_resume(driver, nbytes, args.n)
+        print(f"{nbytes / GIB:>8.2f} GiB {park:>8.3f} {down:>9.3f} {park / down:>5.1f}x "
+              f"{back:>9.3f} {up:>9.3f} {back / up:>5.1f}x")
+
+    nbytes = int(args.store_gb * GIB)
+    down, up = copies(nbytes, args.n)
+    save, load = store_round_trip(nbytes, args.n)
+    print(f"\n{'store, CUDA tensors':<24} {'GB/s':>7} {'copy GB/s':>10} {'of copy':>8}")
+    for what, ours, copy in (("save (D2H, hash, write)", save, down),
+                             ("load (read, verify, H2D)", load, up)):
+        print(f"{what:<24} {nbytes / ours / 1e9:>7.2f} {nbytes / copy / 1e9:>10.2f} "
+              f"{copy / ours:>7.0%}")
+
+
+if __name__ == "__main__":
+    main()
