@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import nbformat
+
 from fabric.audit import audit_notebook
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,6 +113,30 @@ def summarise(results: dict[str, list[dict]]) -> list[tuple[str, str]]:
     return rows
 
 
+def analysis_alone(notebooks: list[Path]) -> list[tuple[str, str]]:
+    """Static analysis of every cell and of its drafts in this quiet process, best of 3: the
+    audit's figures also carry the noise of a notebook running beside them."""
+    from fabric.closure.static import analyze
+
+    sources = [cell.source for nb in notebooks for cell in nbformat.read(nb, as_version=4).cells
+               if cell.cell_type == "code"]
+
+    def best(text: str) -> float:
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            analyze.__wrapped__(text)
+            runs.append((time.perf_counter() - start) * 1000)
+        return min(runs)
+
+    full = [best(s) for s in sources]
+    drafts = [best(s[: len(s) * k // 4]) for s in sources for k in (1, 2, 3) if len(s) > 4]
+    return [(f"analysis alone, {len(full)} cells, ms: median / p99 / max",
+             f"{statistics.median(full):.2f} / {quantile(full, 0.99):.2f} / {max(full):.2f}"),
+            ("drafts alone (1/4, 1/2, 3/4 typed), ms: median / p99 / max",
+             f"{statistics.median(drafts):.2f} / {quantile(drafts, 0.99):.2f} / {max(drafts):.2f}")]
+
+
 def big_states() -> list[tuple[str, str]]:
     """The grouping walk on big states, against pickling them (what a save costs anyway)."""
     import torch
@@ -148,7 +174,7 @@ def main() -> None:
         results = audit_all(notebooks, Path(workdir))
     if args.json:
         args.json.write_text(json.dumps(results))
-    rows = summarise(results) + big_states()
+    rows = summarise(results) + analysis_alone(notebooks) + big_states()
     width = max(len(k) for k, _ in rows)
     print(f"\n{'closure analysis on ' + str(len(results)) + ' notebooks':<{width}}  value")
     for key, value in rows:
