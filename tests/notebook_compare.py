@@ -106,6 +106,12 @@ MASKS: list[tuple[re.Pattern[str], str, str]] = [
         "%time / %%time report measured durations",
     ),
     (
+        re.compile(r"The slowest run took [\d.]+ times longer than the fastest\. This could "
+                   r"mean that an intermediate result is being cached\.\n"),
+        "",
+        "%timeit warns so when its runs happen to vary, a matter of timing",
+    ),
+    (
         re.compile(r"^[\d.]+ [nµμm]?s ± [\d.]+ [nµμm]?s per loop \(mean ± std\. dev\. of "
                    r"\d+ runs?, [\d,]+ loops? each\)$", re.MULTILINE),
         "<%timeit>",

@@ -16,11 +16,20 @@ TIMEOUT_S = 1500
 
 # Variables whose value differs between two runs of the same code in two processes, with why.
 # (Outputs that do are masked as in the plain-vs-llfabric differential: VOLATILE_CELLS.)
-_MATPLOTLIB = {"fig", "ax", "ax1", "ax2", "main_ax", "x_hist", "y_hist"}
+_MATPLOTLIB = {"fig", "ax", "axi", "ax1", "ax2", "main_ax", "x_hist", "y_hist"}
 VOLATILE_VARIABLES: dict[str, set[str]] = {
-    # figures and axes hold callback registries and transform caches, not values
+    # an unseeded np.random.default_rng() draws its seed from the OS
+    "PythonDataScienceHandbook/02.04-Computation-on-arrays-aggregates": {"rng"},
+    # np.add.at(counts, ...) under %timeit: as many additions as timeit chose loops
+    "PythonDataScienceHandbook/02.07-Fancy-Indexing": {"counts"},
+    # figures, axes and artists (plt.hist's patches) hold callback registries and transform
+    # caches, not values; a fitted GridSearchCV keeps its fit and score times
     "PythonDataScienceHandbook/04.08-Multiple-Subplots": _MATPLOTLIB,
     "PythonDataScienceHandbook/04.12-Three-Dimensional-Plotting": _MATPLOTLIB,
+    "PythonDataScienceHandbook/05.03-Hyperparameters-and-Model-Validation": _MATPLOTLIB | {"grid"},
+    "PythonDataScienceHandbook/05.11-K-Means": _MATPLOTLIB,
+    "PythonDataScienceHandbook/05.13-Kernel-Density-Estimation":
+        _MATPLOTLIB | {"hist", "patches", "grid"},
     # the graphviz source names each node by id() of the Value it draws
     "micrograd/trace_graph": {"dot"},
     # Value._prev is a set ordered by id(): a topological order, and gradient sums, follow
