@@ -34,6 +34,7 @@ VOLATILE_VARIABLES: dict[str, set[str]] = {
     "micrograd/trace_graph": {"dot"},
     # Value._prev is a set ordered by id(): a topological order, and gradient sums, follow
     # object addresses
+    "micrograd/demo": {"model", "p", "total_loss", "fig"},
     "nn-zero-to-hero/micrograd_lecture_first_half_roughly": {"topo"},
     "nn-zero-to-hero/micrograd_lecture_second_half_roughly": {"loss", "n", "p", "ypred"},
     # torch seeds its default generator from the OS at import: an unseeded torch.rand
