@@ -106,6 +106,12 @@ MASKS: list[tuple[re.Pattern[str], str, str]] = [
         "%time / %%time report measured durations",
     ),
     (
+        re.compile(r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} +"
+                   r"(?:\d{2}:\d{2}|\d{4})\b"),
+        "<mtime>",
+        "`ls -l` prints when each file was written: the runs write theirs minutes apart",
+    ),
+    (
         re.compile(r"The slowest run took [\d.]+ times longer than the fastest\. This could "
                    r"mean that an intermediate result is being cached\.\n"),
         "",
