@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from fabric.client import Client
 from fabric.config import Config
 from fabric.embedded import EmbeddedServer
+from fabric.pool import criu
 
 
 def execute(client: Client, session: str, source: str) -> tuple[dict, list[dict]]:
@@ -56,3 +60,11 @@ def start_server(store: Path, sockdir: Path, env: dict[str, str] | None = None) 
     server = RunningServer(config, env)
     server.start()
     return server
+
+
+def require_criu(what: str) -> None:
+    """Skip when CRIU cannot run here; under CI, which provisions it, fail instead."""
+    if why := criu.unavailable():
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} cannot work here: {why}", pytrace=False)
+        pytest.skip(f"{what} cannot work here: {why}")

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RunningServer, execute, start_server, text
+from helpers import RunningServer, execute, require_criu, start_server, text
 
 from fabric.client import Client
-from fabric.pool import criu, gpus
+from fabric.pool import gpus
 from fabric.pool.cuda import find_driver
 
 pytestmark = pytest.mark.gpu
@@ -204,8 +204,7 @@ def ready_template(client: Client) -> dict:
 
 def test_a_template_copy_carries_its_cuda_context_and_a_prepared_cell_runs_at_once(
         server: RunningServer, client: Client, tmp_path: Path) -> None:
-    if why := criu.unavailable():
-        pytest.skip(f"templates need CRIU: {why}")
+    require_criu("templates")
     if find_driver() is None:
         pytest.skip(NO_DRIVER)
     session = open_session(client, tmp_path)

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 from fake_cuda import FakeDriver
-from helpers import execute, text
+from helpers import execute, require_criu, text
 
 from fabric.client import Client
 from fabric.config import Config
 from fabric.errors import RemoteError
-from fabric.pool import criu
 from fabric.pool.cuda import State
 from fabric.server import Server
 
@@ -124,8 +123,7 @@ def test_a_worker_that_cannot_be_resumed_fails_its_cell_not_the_session(tmp_path
 
 def test_a_template_is_dumped_off_the_gpu_and_its_copies_resume_under_a_lease(
         tmp_path: Path) -> None:
-    if why := criu.unavailable():
-        pytest.skip(f"templates cannot work here: {why}")
+    require_criu("templates")
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
@@ -149,8 +147,7 @@ def test_a_template_is_dumped_off_the_gpu_and_its_copies_resume_under_a_lease(
 def test_a_parked_copy_loads_the_session_state_only_under_its_lease(tmp_path: Path) -> None:
     """Unpickling a CUDA tensor (or seeding torch's CUDA RNG) in a copy whose CUDA state is
     still checkpointed would block in the driver: the copy is prepared, its load waits."""
-    if why := criu.unavailable():
-        pytest.skip(f"templates cannot work here: {why}")
+    require_criu("templates")
     driver = FakeDriver()
     probe = tmp_path / "unpickled"
     cell = "print(open(p.path).read())"
@@ -176,8 +173,7 @@ def test_a_parked_copy_loads_the_session_state_only_under_its_lease(tmp_path: Pa
 
 def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
         tmp_path: Path) -> None:
-    if why := criu.unavailable():
-        pytest.skip(f"cool workers cannot work here: {why}")
+    require_criu("cool workers")
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:

@@ -13,19 +13,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import execute, start_server, text
-
-from fabric.pool import criu
+from helpers import execute, require_criu, start_server, text
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(autouse=True)
 def _needs_criu() -> None:
-    if why := criu.unavailable():
-        if os.environ.get("CI"):
-            pytest.fail(f"the cool tier cannot work here: {why}", pytrace=False)
-        pytest.skip(f"the cool tier cannot work here: {why}")
+    require_criu("the cool tier")
 
 
 def _session_status(client, session: str) -> dict:

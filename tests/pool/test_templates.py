@@ -15,20 +15,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import execute, start_server, text
+from helpers import execute, require_criu, start_server, text
 
 from fabric.errors import RemoteError
-from fabric.pool import Pool, WorkerHandle, criu
+from fabric.pool import Pool, WorkerHandle
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(autouse=True)
 def _needs_criu() -> None:
-    if why := criu.unavailable():
-        if os.environ.get("CI"):
-            pytest.fail(f"templates cannot work here: {why}", pytrace=False)
-        pytest.skip(f"templates cannot work here: {why}")
+    require_criu("templates")
 
 
 async def _run(worker: WorkerHandle, source: str) -> tuple[str, dict]:
