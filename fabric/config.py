@@ -31,8 +31,12 @@ class Config:
     # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates
     # on GPU hosts (a fork cannot carry a CUDA context), zygotes elsewhere
     worker_source: str = "auto"
-    cool_after: int = 600  # seconds a session's kept worker idles before it is dumped to disk
-    memory_pressure: int = 90  # percent of host memory in use past which it is dumped at once
+    # seconds a session's worker stays warm (parked off the GPU) after its cell, so the next
+    # runs on it with no load; 0: every cell starts on a fresh worker loaded with its closure
+    keep_warm: int = 300
+    cool_after: int = 600  # seconds a pinned worker idles before it is dumped to disk
+    # percent of host memory in use past which warm workers retire and pinned ones are dumped
+    memory_pressure: int = 90
     max_frame: int = 16 * 1024 * 1024
 
     @property

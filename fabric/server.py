@@ -37,7 +37,8 @@ class Server:
         if source == "auto":
             source = "template" if self.leases.kind == "gpu" else "zygote"
         self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source,
-                         cool_after=config.cool_after, zygote_memory=config.zygote_memory,
+                         keep_warm=config.keep_warm, cool_after=config.cool_after,
+                         zygote_memory=config.zygote_memory,
                          pressure_percent=config.memory_pressure)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()

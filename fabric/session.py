@@ -1,8 +1,9 @@
 """One notebook session on this server: its head version, its draft worker, its running cell.
 
 The store holds the session; this object only caches the head manifest and owns the processes
-working for it. A cell runs as: closure -> worker (prepared by a draft, or forked now) -> lease
--> run -> save -> commit -> release -> retire the worker.
+working for it. A cell runs as: closure -> worker (the session's warm one, prepared by a draft,
+or forked now) -> lease -> run -> save -> commit -> park -> release. The worker stays warm for
+the next cell (`keep_warm` seconds; pinned while it alone holds state that could not be saved).
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ class Preparation:
     base: str | None  # the head manifest the worker's state matches
     task: asyncio.Future
     holds: set[str] = field(default_factory=set)
-    unsaved: list[str] = field(default_factory=list)  # kept after a cell: what only it holds
+    kept: bool = False  # the worker of the session's last cell, kept after it
+    unsaved: list[str] = field(default_factory=list)  # kept: what only it holds
     started: float = field(default_factory=time.monotonic)
+    touched: float = field(default_factory=time.monotonic)  # its last draft: idle since then
     ready_at: float | None = None
     cooled: CoolImage | None = None  # the kept worker, dumped to disk until `demand` is set
     demand: asyncio.Event | None = None
@@ -107,6 +110,7 @@ class Session:
         if not groups and not imports:
             return False
         previous = prep.task
+        prep.touched = time.monotonic()
 
         async def extend() -> WorkerHandle:
             worker = await previous
@@ -229,7 +233,7 @@ class Session:
                 except parking.ParkFailed as exc:  # unusable now: the cold path below tells
                     log.warning("session %s: %s", self.name, exc.message)
             if self._usable(prep):
-                path = ("pinned" if prep.unsaved else "draft")
+                path = "pinned" if prep.unsaved else "warm" if prep.kept else "draft"
                 path += "+load" if self._extend(prep, cl) else ""
             else:
                 prep, path = self._replace(prep, cl), "cold"
@@ -240,15 +244,27 @@ class Session:
                     f"store without them{history.recompute_hint(self.store, self.name, self.lost)}"
                     "\n")})
                 self.lost = []
-            worker = await prep.task
-            keep = False
+            run = (source, emit, received, cl, stdin)
             try:
-                reply, keep = await self._run(worker, source, emit, received, prep, cl, path,
-                                              stdin)
-                return reply
-            finally:
-                if not keep:
-                    self._spawn(worker.close())
+                return await self._run_on(prep, path, *run)
+            except WorkerDied as exc:
+                if exc.fields.get("started") or not prep.kept or prep.unsaved:
+                    raise
+                log.warning("session %s: its warm worker died before the cell began (%s); "
+                            "starting it on a fresh one", self.name, exc.message)
+                return await self._run_on(self._replace(prep, cl), "cold", *run)
+
+    async def _run_on(self, prep: Preparation, path: str, source: str, emit: Emit,
+                      received: float, cl: Closure, stdin: bool) -> dict:
+        """Run the cell on `prep`'s worker; retire the worker after it unless it is kept."""
+        worker = await prep.task
+        keep = False
+        try:
+            reply, keep = await self._run(worker, source, emit, received, prep, cl, path, stdin)
+            return reply
+        finally:
+            if not keep:
+                self._spawn(worker.close())
 
     async def _run(self, worker: WorkerHandle, source: str, emit: Emit, received: float,
                    prep: Preparation, cl: Closure, path: str, stdin: bool) -> tuple[dict, bool]:
@@ -256,15 +272,15 @@ class Session:
         queued = self.leases.queued > 0 or len(self.leases.held) >= self.leases.slots
         if queued:  # the client tells the user why nothing happens yet
             emit({"ahead": self.leases.queued, "slots": self.leases.slots}, "queued")
-        lease = await self.leases.acquire(self.name)
+        lease = await self.leases.acquire(self.name, prefer=worker.device)
         if queued:
             emit({"waited": lease.waited}, "leased")
-        self.running = worker
+        self.running, began = worker, False
         try:
             if self.interrupted:
                 raise FabricError("the cell was interrupted before it started", session=self.name)
             try:
-                await self.pool.unpark(worker)
+                await self.pool.unpark(worker, lease.device)
             except parking.ParkFailed as exc:
                 await worker.close()
                 raise WorkerDied(f"the kept worker could not be put back on the GPU "
@@ -281,7 +297,7 @@ class Session:
                 if op == "output":
                     emit(message["output"])
                 elif op == "started":
-                    started = float(message["t"])
+                    started, began = float(message["t"]), True
                 elif op == "input":
                     answer = await self._ask(worker, message, emit, stdin)
                     if answer is not None:  # None: interrupted; the worker stopped waiting
@@ -291,21 +307,23 @@ class Session:
             committed = time.monotonic()
             self._commit(message, source, count)
             done = time.monotonic()
-            unsaved = await self._park(worker, sorted(message.get("unsaved") or {}), emit)
+            unsaved = sorted(message.get("unsaved") or {})
+            kept = await self._park(worker, unsaved, emit, lease.device)
         except WorkerDied as exc:
             raise WorkerDied(f"{exc.message}; the session stays at version "
                              f"{self.manifest.version}", session=self.name,
-                             version=self.manifest.version) from exc
+                             version=self.manifest.version, started=began) from exc
         finally:
             self.running = None
             self.leases.release(lease)
-        if unsaved:
-            if unsaved != prep.unsaved:
-                reasons = "; ".join(f"{n}: {why}" for n, why in message["unsaved"].items())
-                emit({"output_type": "stream", "name": "stderr", "text": (
-                    f"llfabric: {', '.join(unsaved)} cannot be saved ({reasons}); the session "
-                    "keeps its worker alive to hold them\n")})
-            self._pin(worker, set(message["owned"]), unsaved)
+        unsaved = unsaved if kept else []
+        if unsaved and unsaved != prep.unsaved:
+            reasons = "; ".join(f"{n}: {why}" for n, why in message["unsaved"].items())
+            emit({"output_type": "stream", "name": "stderr", "text": (
+                f"llfabric: {', '.join(unsaved)} cannot be saved ({reasons}); the session "
+                "keeps its worker alive to hold them\n")})
+        if kept:
+            self._keep(worker, set(message["owned"]), unsaved)
         return {
             "status": message["status"],
             "ename": message.get("ename"),
@@ -323,7 +341,7 @@ class Session:
                 "save": float(message["save"]) + (done - committed),
                 "lease_held": lease.held,
             },
-        }, bool(unsaved)
+        }, kept
 
     async def _ask(self, worker: WorkerHandle, request: dict, emit: Emit,
                    stdin: bool) -> dict | None:
@@ -350,44 +368,60 @@ class Session:
         self._answer.set_result({"error": error} if error is not None else {"value": value or ""})
         return {"answered": True}
 
-    async def _park(self, worker: WorkerHandle, unsaved: list[str], emit: Emit) -> list[str]:
-        """Take a worker that will be kept off the GPU before its lease ends; if that fails,
-        what only it holds is lost (the worker is retired): return what is still kept."""
-        if not unsaved:
-            return unsaved
+    async def _park(self, worker: WorkerHandle, unsaved: list[str], emit: Emit,
+                    device: str | None) -> bool:
+        """Take the worker off the GPU before its lease ends if it is to be kept: warm for the
+        next cell, or pinned because it alone holds `unsaved`. False: it is retired; if parking
+        failed, what only it held is lost and the session goes on from the store."""
+        if not unsaved and not self.pool.keep_warm:
+            return False
         try:
-            await self.pool.park(worker)
+            await self.pool.park(worker, device)
         except parking.ParkFailed as exc:
+            if not unsaved:  # the store holds all it had: the next cell starts fresh
+                log.warning("session %s: retiring its warm worker: %s", self.name, exc.message)
+                return False
             emit({"output_type": "stream", "name": "stderr", "text": (
                 f"llfabric: the worker could not be taken off the GPU ({exc.message}); "
                 f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "
                 f"on from version {self.manifest.version}\n")})
-            return []
-        return unsaved
+            return False
+        return True
 
-    def _pin(self, worker: WorkerHandle, owned: set[str], unsaved: list[str]) -> None:
-        """Keep the worker as the session's next: it alone holds what could not be saved."""
+    def _keep(self, worker: WorkerHandle, owned: set[str], unsaved: list[str]) -> None:
+        """Keep the worker as the session's next: it holds the state the head names, so the
+        next cell needs no load (and, pinned, it alone holds what could not be saved)."""
         self._discard(self.prepared)  # a draft sent while the cell ran was made for the old head
         future = asyncio.get_running_loop().create_future()
         future.set_result(worker)
-        self.prepared = Preparation(self.head, future, holds=owned, unsaved=unsaved)
+        self.prepared = Preparation(self.head, future, kept=True, holds=owned, unsaved=unsaved)
         self.prepared.ready_at = self.prepared.started
-        if self.pool.cool_after:
-            self._spawn(self._cool_when_idle(self.prepared))
+        self._spawn(self._when_idle(self.prepared))
 
-    async def _cool_when_idle(self, prep: Preparation) -> None:
-        """Dump the kept worker to disk once the session has been idle for a while, or sooner
-        when the host runs short of memory (cool tier).
+    async def _when_idle(self, prep: Preparation) -> None:
+        """Free a kept worker's memory once the session has idled, or at once when the host
+        runs short of memory: a warm one is retired after `keep_warm` seconds (the store holds
+        all it has), a pinned one is dumped to disk after `cool_after` (cool tier).
 
-        From then on `prep.task` ends with the worker restored, once a draft or an execute
-        sets `demand`; if the dump or the restore fails, it ends in the error and the session
-        goes on from the store, telling the user what only that worker held.
+        From then on a cool `prep.task` ends with the worker restored, once a draft or an
+        execute sets `demand`; if the dump or the restore fails, it ends in the error and the
+        session goes on from the store, telling the user what only that worker held.
         """
-        deadline = time.monotonic() + self.pool.cool_after
-        while (left := deadline - time.monotonic()) > 0 and not self.pool.memory_pressure():
-            await asyncio.sleep(min(left, 1.0))
-        if self.prepared is not prep or self.lock.locked() or not prep.task.done() \
-                or not self._usable(prep):
+        idle = self.pool.cool_after if prep.unsaved else self.pool.keep_warm
+        if not idle:
+            return
+        while self.prepared is prep:  # a draft's load in flight postpones it
+            left = prep.touched + idle - time.monotonic()
+            if prep.task.done() and (left <= 0 or self.pool.memory_pressure()):
+                break
+            await asyncio.sleep(min(max(left, 0.05), 1.0))
+        else:
+            return
+        if self.lock.locked() or not self._usable(prep):
+            return
+        if not prep.unsaved:
+            self.prepared = None
+            self._discard(prep)
             return
         worker, demand = prep.task.result(), asyncio.Event()
 

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import RunningServer, start_server
+from helpers import RunningServer, serving
 
 from fabric.client import Client
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    store = tmp_path_factory.mktemp("store")
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:  # ipc paths must stay short
-        running = start_server(store, Path(sockdir))
+    # Every cell on a fresh worker loaded with its closure (no warm worker kept between cells):
+    # each cell's state makes the round trip through the store. tests/test_warm.py tests warm.
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=0) as running:
         yield running
-        running.stop()
-        assert running.process.returncode == 0, running.log.read_text()
 
 
 @pytest.fixture

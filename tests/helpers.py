@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,6 +63,23 @@ def start_server(store: Path, sockdir: Path, env: dict[str, str] | None = None) 
     server = RunningServer(config, env)
     server.start()
     return server
+
+
+@contextlib.contextmanager
+def serving(store: Path, env: dict[str, str] | None = None,
+            **settings: object) -> Iterator[RunningServer]:
+    """A real server on `store` for the block, which must exit cleanly after it. `settings` are
+    configuration keys (keep_warm=0 sets LLFABRIC_KEEP_WARM=0) on top of `env` (default: this
+    process's). Its socket sits in a short private dir: ipc:// paths must fit in sun_path."""
+    env = {**(os.environ if env is None else env),
+           **{f"LLFABRIC_{key.upper()}": str(value) for key, value in settings.items()}}
+    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
+        server = start_server(store, Path(sockdir), env)
+        try:
+            yield server
+        finally:
+            server.stop()
+    assert server.process.returncode == 0, server.log.read_text()
 
 
 def require_criu(what: str) -> None:

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from attached import Kernel, install_test_kernelspec, kernel_env, text_of
 from click.testing import CliRunner
-from helpers import RunningServer, execute, start_server
+from helpers import RunningServer, execute, serving, start_server
 from jupyter_client.kernelspec import KernelSpecManager
 
 from cli.main import main as cli
@@ -27,12 +27,10 @@ from fabric.errors import RemoteError
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    # One execution slot, so that a cell of another session makes a kernel's cell queue.
-    store = tmp_path_factory.mktemp("store")
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        running = start_server(store, Path(sockdir), env={**os.environ, "LLFABRIC_SLOTS": "1"})
+    # One execution slot, so that a cell of another session makes a kernel's cell queue; no
+    # worker kept warm after a cell, so that a prepared worker shows that a draft arrived.
+    with serving(tmp_path_factory.mktemp("store"), slots=1, keep_warm=0) as running:
         yield running
-        running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -373,8 +371,7 @@ def test_a_kernel_shut_down_closes_its_session(server: RunningServer, specs: Ker
 def test_a_server_that_stops_answering_mid_cell_is_reported(specs: KernelSpecManager,
                                                             session: str,
                                                             tmp_path: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        frozen = start_server(tmp_path / "store", Path(sockdir))
+    with serving(tmp_path / "store") as frozen:
         started = Kernel.start(specs, kernel_env(frozen.address, session), tmp_path)
         try:
             # The kernel's patience, shortened in the kernel itself (a local cell).
@@ -393,4 +390,3 @@ def test_a_server_that_stops_answering_mid_cell_is_reported(specs: KernelSpecMan
         finally:
             os.kill(frozen.process.pid, signal.SIGCONT)
             started.stop()
-            frozen.stop()

@@ -1,19 +1,22 @@
 """Corpus differential through an attached kernel: each dev-corpus notebook, executed by nbclient
 in the "Python 3 (llfabric)" kernel, must give the outputs of a plain ipykernel.
 
-Same notebooks, masks and server as tests/test_corpus.py; only the llfabric side differs: a
-Jupyter frontend drives a kernel whose cells run on the fabric, instead of `llfabric run`.
+Same notebooks and masks as tests/test_corpus.py; the llfabric side differs: a Jupyter frontend
+drives a kernel whose cells run on the fabric, instead of `llfabric run`, and the server keeps
+each session's worker warm between cells, as it does by default (test_corpus.py starts every
+cell on a fresh worker loaded with its closure).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
 from attached import KERNEL_NAME, install_test_kernelspec, kernel_env
-from helpers import RunningServer
+from helpers import RunningServer, serving
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
@@ -25,7 +28,12 @@ from notebook_compare import (
     notebook_env,
 )
 from test_corpus import NOTEBOOKS, TEST_TIMEOUT_S, _nb_id, plain_run, skip_heavy_unless_full
-from test_corpus import fabric_server as fabric_server  # the module's server fixture
+
+
+@pytest.fixture(scope="module")
+def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(tmp_path_factory.mktemp("fabric-store"), notebook_env()) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +48,17 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
     nb = nbformat.read(nb_copy, as_version=4)
     session = f"attached-{uuid.uuid4().hex[:10]}"
     env = kernel_env(server.address, session, base=notebook_env())
-    client = NotebookClient(
-        nb,
-        km=KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs),
-        timeout=CELL_TIMEOUT_S,
-        allow_errors=True,
-        resources={"metadata": {"path": str(workdir)}},
-    )
-    client.execute(env=env, cwd=str(workdir))
+    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
+    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, allow_errors=True,
+                            resources={"metadata": {"path": str(workdir)}})
+    try:
+        client.execute(env=env, cwd=str(workdir))
+        with server.client() as fabric:
+            sessions = {s["session"]: s for s in fabric.call("status")["sessions"]}
+    finally:  # nbclient leaves a kernel it did not start running; its exit closes the session
+        if km.has_kernel:
+            km.shutdown_kernel()
     # A kernel that failed to attach runs cells itself: the session proves they ran on the fabric.
-    with server.client() as fabric:
-        sessions = {s["session"]: s for s in fabric.call("status")["sessions"]}
     ran = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
     assert sessions.get(session, {}).get("version") == ran, "cells did not run on the fabric"
     return nb

@@ -12,13 +12,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import RunningServer, start_server
+from helpers import RunningServer, serving
 from notebook_compare import (
     VOLATILE_CELLS,
     compare,
@@ -69,12 +68,10 @@ def _tail(path: Path, n: int = 40) -> str:
 
 @pytest.fixture(scope="module")
 def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    store = tmp_path_factory.mktemp("fabric-store")
-    # ipc:// paths must fit in sun_path (~107 bytes): a short private dir of its own
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        server = start_server(store, Path(sockdir), env=notebook_env())
+    # Every cell on a fresh worker holding only its closure, loaded from the store: the
+    # strictest test of closures (tests/test_attach_corpus.py runs warm workers, the default).
+    with serving(tmp_path_factory.mktemp("fabric-store"), notebook_env(), keep_warm=0) as server:
         yield server
-        server.stop()
 
 
 def _check_alive(server: RunningServer) -> None:

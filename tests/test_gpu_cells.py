@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RunningServer, execute, require_criu, start_server, text
+from helpers import RunningServer, execute, require_criu, serving, text
 
 from fabric.client import Client
 from fabric.pool import gpus
@@ -102,11 +101,10 @@ def devices() -> list[gpus.Gpu]:
 
 @pytest.fixture(scope="module")
 def server(devices, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    store = tmp_path_factory.mktemp("store")
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        running = start_server(store, Path(sockdir), {**os.environ, **ENV})
+    # keep_warm=0: a session's worker is kept only while it holds unsaved state (pinned), so
+    # the other cells start on fresh workers or template copies and load from the store
+    with serving(tmp_path_factory.mktemp("store"), {**os.environ, **ENV}, keep_warm=0) as running:
         yield running
-        running.stop()
 
 
 @pytest.fixture

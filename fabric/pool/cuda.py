@@ -7,6 +7,9 @@ restore (back onto a GPU) and unlock. The driver tracks each process's state:
     RUNNING --lock--> LOCKED --checkpoint--> CHECKPOINTED --restore--> LOCKED --unlock--> RUNNING
                                                            any step may leave FAILED
 
+A restore may move the process onto other GPUs of the same chip (`moves`: old UUID -> new UUID,
+as NVML names them), so a parked worker resumes on whichever GPU its next lease is for.
+
 Two implementations: cuda-python's `cuda.bindings.driver` (driver 570 or newer), and the
 `cuda-checkpoint` binary when the bindings are absent. The server calls them, never a worker.
 Tests use a fake with the same interface (tests/pool/fake_cuda.py).
@@ -17,7 +20,9 @@ from __future__ import annotations
 import enum
 import shutil
 import subprocess
-from typing import Protocol
+import uuid
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from ..errors import FabricError
 
@@ -42,7 +47,7 @@ class Driver(Protocol):
     def state(self, pid: int) -> State: ...
     def lock(self, pid: int, timeout_ms: int) -> None: ...
     def checkpoint(self, pid: int) -> None: ...
-    def restore(self, pid: int) -> None: ...
+    def restore(self, pid: int, moves: Mapping[str, str] | None = None) -> None: ...
     def unlock(self, pid: int) -> None: ...
 
 
@@ -92,8 +97,37 @@ class BindingsDriver:
         self._check("cuCheckpointProcessCheckpoint",
                     self._d.cuCheckpointProcessCheckpoint(pid, None))
 
-    def restore(self, pid: int) -> None:
-        self._check("cuCheckpointProcessRestore", self._d.cuCheckpointProcessRestore(pid, None))
+    def restore(self, pid: int, moves: Mapping[str, str] | None = None) -> None:
+        args = self._restore_args(moves) if moves else None
+        self._check("cuCheckpointProcessRestore", self._d.cuCheckpointProcessRestore(pid, args))
+
+    def _restore_args(self, moves: Mapping[str, str]) -> Any:
+        """CUcheckpointRestoreArgs whose GPU pairs move each old GPU onto its new one."""
+        if not hasattr(self._d, "CUcheckpointGpuPair"):
+            raise CudaError("this cuda-python cannot restore onto another GPU (gpuPairs came "
+                            "with CUDA 12.9)", error="CUDA_ERROR_NOT_SUPPORTED")
+        uuids = self._device_uuids()
+        pairs = []
+        for old, new in moves.items():
+            if old.lower() not in uuids or new.lower() not in uuids:
+                raise CudaError(f"no GPU {old if old.lower() not in uuids else new} here",
+                                error="CUDA_ERROR_INVALID_DEVICE")
+            pair = self._d.CUcheckpointGpuPair()
+            pair.oldUuid, pair.newUuid = uuids[old.lower()], uuids[new.lower()]
+            pairs.append(pair)
+        args = self._d.CUcheckpointRestoreArgs()
+        args.gpuPairs, args.gpuPairsCount = pairs, len(pairs)
+        return args
+
+    def _device_uuids(self) -> dict[str, Any]:
+        """The driver's CUuuid of every GPU, by the name NVML gives it ("GPU-xxxxxxxx-...")."""
+        (count,) = self._check("cuDeviceGetCount", self._d.cuDeviceGetCount())
+        found = {}
+        for ordinal in range(count):
+            (device,) = self._check("cuDeviceGet", self._d.cuDeviceGet(ordinal))
+            (raw,) = self._check("cuDeviceGetUuid", self._d.cuDeviceGetUuid(device))
+            found[_nvml_key(raw.bytes)] = raw
+        return found
 
     def unlock(self, pid: int) -> None:
         self._check("cuCheckpointProcessUnlock", self._d.cuCheckpointProcessUnlock(pid, None))
@@ -123,11 +157,20 @@ class BinaryDriver:
     def checkpoint(self, pid: int) -> None:
         self._run("--action", "checkpoint", "--pid", str(pid))
 
-    def restore(self, pid: int) -> None:
+    def restore(self, pid: int, moves: Mapping[str, str] | None = None) -> None:
+        if moves:
+            raise CudaError("the cuda-checkpoint utility cannot restore onto another GPU; "
+                            "cuda-python can (pip install 'llfabric[gpu]')",
+                            error="CUDA_ERROR_NOT_SUPPORTED")
         self._run("--action", "restore", "--pid", str(pid))
 
     def unlock(self, pid: int) -> None:
         self._run("--action", "unlock", "--pid", str(pid))
+
+
+def _nvml_key(raw: bytes) -> str:
+    """A GPU's 16-byte UUID as NVML and CUDA_VISIBLE_DEVICES write it, lowercased."""
+    return f"gpu-{uuid.UUID(bytes=bytes(raw))}"
 
 
 def find_driver() -> Driver | None:

@@ -3,7 +3,8 @@
 A slot is a GPU (from NVML) on hosts that have them, else a CPU slot (one per core unless
 configured); both go through this one interface. More sessions than slots is normal: waiters
 are served first come, first served, so no session starves; the wait is reported as part of the
-cell's visible delay and lease-seconds are accounted per session.
+cell's visible delay and lease-seconds are accounted per session. A cell whose worker was
+parked off a GPU gets that GPU when it is free (no move), else any free one.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ class Leases:
         """One lease per GPU where NVML finds any, else `cpu_slots` CPU slots (0: per core)."""
         return cls(cpu_slots, devices=gpus.discover())
 
-    async def acquire(self, session: str) -> Lease:
+    async def acquire(self, session: str, prefer: str | None = None) -> Lease:
+        """A free slot (`prefer`'s, the UUID of a GPU, if free), else the first to be released
+        once those who asked before have theirs."""
         start = time.monotonic()
         if not self._free or self._waiters:
             waiter = _Waiter(session, start, asyncio.get_running_loop().create_future())
@@ -74,12 +77,17 @@ class Leases:
                 raise
             slot = waiter.future.result()
         else:
-            slot = self._free.pop(0)
+            preferred = self._slot_of(prefer)
+            slot = preferred if preferred in self._free else self._free[0]
+            self._free.remove(slot)
         now = time.monotonic()
         device = self.devices[slot].uuid if self.devices else None
         lease = Lease(session, slot, now, now - start, device)
         self.held[slot] = lease
         return lease
+
+    def _slot_of(self, device: str | None) -> int | None:
+        return next((slot for slot, gpu in enumerate(self.devices) if gpu.uuid == device), None)
 
     def release(self, lease: Lease) -> None:
         if lease.released is not None:

@@ -62,12 +62,13 @@ def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> bool
     return True
 
 
-def resume(driver: Driver, pid: int) -> None:
-    """CHECKPOINTED -> LOCKED -> RUNNING: the worker's device memory is back on a GPU."""
+def resume(driver: Driver, pid: int, moves: dict[str, str] | None = None) -> None:
+    """CHECKPOINTED -> LOCKED -> RUNNING: the worker's device memory is back on a GPU (moved
+    from the GPU it was parked from onto another by `moves`, old UUID -> new)."""
     try:
         state = driver.state(pid)
         if state is State.CHECKPOINTED:
-            driver.restore(pid)
+            driver.restore(pid, moves)
             state = driver.state(pid)
         if state is State.LOCKED:
             driver.unlock(pid)
@@ -90,6 +91,7 @@ class CoolImage:
     images: Path
     init: bool  # the dumped tree is rooted at an llfabric-init (a template's copy)
     parked: bool  # dumped with its CUDA state checkpointed off the GPU
+    device: str | None  # the GPU it was parked from
     deferred: list[dict] = field(default_factory=list)  # its loads held back while parked
 
     @property
@@ -117,7 +119,7 @@ async def cool(pool: Pool, worker: WorkerHandle) -> CoolImage:
             raise
         raise ParkFailed(f"cannot cool worker {worker.pid}: {exc}", pid=worker.pid) from exc
     await worker.close()
-    return CoolImage(images, worker.init, worker.parked, worker.deferred)
+    return CoolImage(images, worker.init, worker.parked, worker.device, worker.deferred)
 
 
 def discard(image: CoolImage) -> None:
@@ -128,7 +130,8 @@ async def thaw(pool: Pool, image: CoolImage) -> WorkerHandle:
     """Restore a cool worker as a child of the server, wake it and await its hello."""
     try:
         root = await asyncio.to_thread(criu.restore, image.images, "restore.log")
-        worker = await pool.wake_restored(root, image.init, "cool", parked=image.parked)
+        worker = await pool.wake_restored(root, image.init, "cool", parked=image.parked,
+                                          device=image.device)
         worker.deferred = image.deferred
         return worker
     except FabricError as exc:

@@ -120,6 +120,7 @@ class WorkerHandle:
         self.pid = 0
         self.process = 0  # the worker's own pid (the init's child, when it has an init)
         self.parked = False  # its CUDA state is checkpointed off the GPU
+        self.device: str | None = None  # the GPU its CUDA state is on, or was parked from
         # loads held back while parked: unpickling CUDA tensors, or seeding torch's CUDA RNG,
         # would block in the driver until the worker is back on a GPU (see Session._load)
         self.deferred: list[dict] = []
@@ -201,7 +202,7 @@ class WorkerHandle:
 
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
-                 worker_source: str = "zygote", cool_after: float = 0.0,
+                 worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
                  zygote_memory: int = 0, pressure_percent: int = 90) -> None:
         if worker_source not in ("zygote", "template"):
             raise FabricError(f"worker_source must be zygote or template, not {worker_source!r}")
@@ -213,7 +214,9 @@ class Pool:
         # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
         self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4
         self.worker_source = worker_source
-        # seconds a kept worker idles before it is dumped to disk; 0: never
+        # seconds a session's worker stays warm after its cell; 0: retired after each cell
+        self.keep_warm = keep_warm
+        # seconds a pinned worker idles before it is dumped to disk; 0: never
         self.cool_after = cool_after if cool_after > 0 and not criu.unavailable() else 0.0
         self.pressure_percent = pressure_percent  # host memory in use that makes kept workers cool
         self.context = zmq.asyncio.Context()
@@ -318,14 +321,15 @@ class Pool:
     async def restore_worker(self, template: Template) -> WorkerHandle:
         """Restore a copy of `template`, wake it, and wait until it has connected."""
         root = await self.templates.restore(template)
-        return await self.wake_restored(root, True, "template", parked=template.cuda)
+        return await self.wake_restored(root, True, "template", parked=template.cuda,
+                                        device=self.templates.device if template.cuda else None)
 
-    async def wake_restored(self, root: int, init: bool, source: str,
-                            parked: bool) -> WorkerHandle:
+    async def wake_restored(self, root: int, init: bool, source: str, parked: bool,
+                            device: str | None) -> WorkerHandle:
         """Wake the worker restored as `root` (or as its init's child) and await its hello.
 
-        `parked`: it was dumped with its CUDA state checkpointed, which stays so until its
-        first cell's lease (`unpark`) puts it on the leased GPU."""
+        `parked`: it was dumped with its CUDA state checkpointed (off `device`), which stays
+        so until its first cell's lease (`unpark`) puts it on the leased GPU."""
         try:
             pid = worker_of(root) if init else root
         except BaseException:
@@ -335,7 +339,7 @@ class Pool:
         worker = WorkerHandle(self, next(self._ids), None,
                               path=wake.restored_socket(self.socket_dir, pid), source=source)
         worker.process = pid
-        worker.parked = parked
+        worker.parked, worker.device = parked, device
         try:
             worker.watch(root, init)
             os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
@@ -359,16 +363,21 @@ class Pool:
     def cuda(self, driver: cuda.Driver | None) -> None:
         self.templates.cuda = driver
 
-    async def park(self, worker: WorkerHandle) -> None:
-        """Checkpoint the worker's CUDA state off the GPU (nothing to do on CPU hosts)."""
+    async def park(self, worker: WorkerHandle, device: str | None) -> None:
+        """Checkpoint the worker's CUDA state off `device`, the GPU its cell ran on (nothing
+        to do on CPU hosts)."""
         if self.cuda is not None and not worker.parked:
             worker.parked = await asyncio.to_thread(parking.suspend, self.cuda, worker.process)
+            worker.device = device if worker.parked else worker.device
 
-    async def unpark(self, worker: WorkerHandle) -> None:
-        """Put a parked worker's CUDA state back on the GPU."""
+    async def unpark(self, worker: WorkerHandle, device: str | None) -> None:
+        """Put a parked worker's CUDA state back on a GPU: `device`, its cell's lease's, moving
+        it there if it was parked from another."""
         if self.cuda is not None and worker.parked:
-            await asyncio.to_thread(parking.resume, self.cuda, worker.process)
-            worker.parked = False
+            moves = ({worker.device: device} if worker.device and device
+                     and worker.device != device else None)
+            await asyncio.to_thread(parking.resume, self.cuda, worker.process, moves)
+            worker.parked, worker.device = False, device or worker.device
 
     def memory_pressure(self) -> bool:
         return psutil.virtual_memory().percent >= self.pressure_percent

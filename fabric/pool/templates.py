@@ -63,6 +63,7 @@ class Templates:
         self._tasks: dict[frozenset[str], asyncio.Task] = {}
         self._restores = itertools.count()
         self.cuda: Driver | None = None  # on GPU hosts: templates carry a CUDA context
+        self.device: str | None = None  # the GPU (UUID) that context is made on
 
     def ready(self, modules: frozenset[str]) -> Template | None:
         """The smallest ready template whose family covers `modules`."""
@@ -103,7 +104,7 @@ class Templates:
              str(template.images / "process.log"), *sorted(template.modules)],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
-            env={**os.environ, **({wake.CUDA_CONTEXT: "1"} if self.cuda is not None else {})})
+            env={**os.environ, **self._cuda_env()})
         theirs.close()
         root = None
         try:
@@ -132,6 +133,14 @@ class Templates:
             raise
         finally:
             await asyncio.to_thread(launcher.wait)
+
+    def _cuda_env(self) -> dict[str, str]:
+        """Where the dormant worker makes its CUDA context: on one known GPU, the only one its
+        copies see, moved onto their lease's GPU when they resume."""
+        if self.cuda is None:
+            return {}
+        return {wake.CUDA_CONTEXT: "1", **({"CUDA_VISIBLE_DEVICES": self.device}
+                                          if self.device else {})}
 
     async def restore(self, template: Template) -> int:
         """Restore a copy of `template`; return its init's pid (a child of this process)."""

@@ -2,10 +2,13 @@
 
 `fail[step] = (error, state)` makes the next call of `step` raise CudaError(error) and leave the
 process in `state` (None: where it was), as the real driver does on a lock timeout (RUNNING)
-or a broken checkpoint (FAILED).
+or a broken checkpoint (FAILED). A restore that moves the process onto other GPUs is recorded
+in `moves`; with `can_move` False it is refused, as by a driver without GPU pairs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from fabric.pool.cuda import CudaError, State
 
@@ -24,6 +27,8 @@ class FakeDriver:
         self.calls: list[tuple[str, int]] = []
         self.without_cuda: set[int] = set()  # processes that never created a CUDA context
         self.default = State.RUNNING  # the state of a process first seen (a restored copy's)
+        self.moves: list[tuple[int, dict[str, str]]] = []
+        self.can_move = True
 
     def holds(self, pid: int) -> bool:
         return pid not in self.without_cuda
@@ -53,8 +58,13 @@ class FakeDriver:
     def checkpoint(self, pid: int) -> None:
         self._step("checkpoint", pid)
 
-    def restore(self, pid: int) -> None:
+    def restore(self, pid: int, moves: Mapping[str, str] | None = None) -> None:
+        if moves and not self.can_move:
+            raise CudaError("restore onto another GPU is not supported",
+                            error="CUDA_ERROR_NOT_SUPPORTED")
         self._step("restore", pid)
+        if moves:
+            self.moves.append((pid, dict(moves)))
 
     def unlock(self, pid: int) -> None:
         self._step("unlock", pid)

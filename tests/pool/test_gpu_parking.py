@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,21 +19,30 @@ from helpers import execute, require_criu, text
 from fabric.client import Client
 from fabric.config import Config
 from fabric.errors import RemoteError
+from fabric.pool import Leases
 from fabric.pool.cuda import State
+from fabric.pool.gpus import Gpu
 from fabric.server import Server
+
+GPUS = [Gpu(0, "GPU-00000000-0000-0000-0000-00000000000a", "fake", 1 << 30),
+        Gpu(1, "GPU-00000000-0000-0000-0000-00000000000b", "fake", 1 << 30)]
 
 
 def _with_server(tmp_path: Path, driver: FakeDriver, scenario, source: str = "zygote",
-                 cool_after: int = 0) -> None:
-    """Run `scenario(client, server)` in a thread against a server in this thread's loop."""
+                 cool_after: int = 0, keep_warm: int = 0, gpus: list[Gpu] | None = None) -> None:
+    """Run `scenario(client, server)` in a thread against a server in this thread's loop
+    (by default keeping a session's worker only while it holds unsaved state), leasing `gpus`
+    if given, else CPU slots."""
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
         config = Config(store=tmp_path / "store", runtime_dir=Path(sockdir),
                         bind=f"ipc://{sockdir}/s.sock", cool_after=cool_after,
-                        worker_source=source)
+                        keep_warm=keep_warm, worker_source=source)
 
         async def main() -> None:
             server = Server(config)
             server.pool.cuda = driver
+            if gpus:
+                server.leases = Leases(devices=gpus)
             ready = asyncio.Event()
             serving = asyncio.ensure_future(server.serve(ready))
             await ready.wait()
@@ -189,3 +199,140 @@ def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
         assert (reply["path"], text(outputs)) == ("pinned", "42 0\n")
 
     _with_server(tmp_path, driver, scenario, cool_after=1)
+
+
+def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_path: Path) -> None:
+    driver = FakeDriver()
+
+    def scenario(client: Client, server: Server) -> None:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        reply, _ = execute(client, session, "x = 41")
+        assert reply["unsaved"] == []
+        pid = server.sessions[session].prepared.task.result().process
+        assert driver.states[pid] is State.CHECKPOINTED  # off the GPU before the lease ended
+        reply, outputs = execute(client, session, "print(x + 1)")
+        assert (reply["path"], text(outputs)) == ("warm", "42\n")
+        steps = [step for step, p in driver.calls if p == pid and step != "state"]
+        assert steps == ["lock", "checkpoint", "restore", "unlock", "lock", "checkpoint"]
+
+    _with_server(tmp_path, driver, scenario, keep_warm=300)
+
+
+def test_a_warm_worker_that_cannot_be_parked_is_retired_quietly(tmp_path: Path) -> None:
+    driver = FakeDriver()
+
+    def scenario(client: Client, server: Server) -> None:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
+        reply, outputs = execute(client, session, "x = 41")
+        assert reply["status"] == "ok" and outputs == []  # nothing was lost: nothing to tell
+        assert server.sessions[session].prepared is None
+        reply, outputs = execute(client, session, "print(x + 1)")
+        assert (reply["path"], text(outputs)) == ("cold", "42\n")
+
+    _with_server(tmp_path, driver, scenario, keep_warm=300)
+
+
+def test_a_warm_worker_that_cannot_be_resumed_gives_way_to_a_fresh_one(tmp_path: Path) -> None:
+    driver = FakeDriver()
+
+    def scenario(client: Client, server: Server) -> None:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        execute(client, session, "x = 41")
+        driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", State.FAILED)
+        reply, outputs = execute(client, session, "print(x + 1)")  # the store had it all
+        assert (reply["status"], reply["path"], text(outputs)) == ("ok", "cold", "42\n")
+
+    _with_server(tmp_path, driver, scenario, keep_warm=300)
+
+
+def _hold_a_gpu(address: str, session: str, flag: Path) -> threading.Thread:
+    """Run a cell in `session` that holds its lease until `flag` exists; return once it runs."""
+    started = threading.Event()
+
+    def run() -> None:
+        with Client(address, timeout=60) as client:
+            for message in client.stream("execute", timeout=60, session=session, source=(
+                    f"import os, time\nprint('holding', flush=True)\n"
+                    f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)")):
+                if message.get("event") == "output":
+                    started.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(60)
+    return thread
+
+
+def _execute_when_queued(client: Client, address: str, session: str, source: str,
+                         release: Path) -> tuple[dict, list[dict]]:
+    """Run a cell that must wait for a lease; once it waits, touch `release` (which frees one)."""
+    done: dict = {}
+
+    def run() -> None:
+        with Client(address, timeout=60) as own:
+            done["result"] = execute(own, session, source)
+
+    waiting = threading.Thread(target=run)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while client.call("status")["leases"]["queued"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    release.touch()
+    waiting.join(60)
+    return done["result"]
+
+
+@pytest.mark.parametrize("can_move", [True, False])
+def test_a_parked_worker_moves_to_the_gpu_its_next_lease_is_for(tmp_path: Path,
+                                                                can_move: bool) -> None:
+    driver = FakeDriver()
+    driver.can_move = can_move  # False: as the cuda-checkpoint utility, which has no GPU pairs
+    gpu_a, gpu_b = (gpu.uuid for gpu in GPUS)
+
+    def scenario(client: Client, server: Server) -> None:
+        address = server.config.address
+        mine, first, second = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(3))
+        for session in (mine, first, second):
+            client.call("open", session=session, cwd=str(tmp_path))
+        holders = [_hold_a_gpu(address, first, tmp_path / "free-a")]  # holds GPU a
+        execute(client, mine, "x = 41")  # so this cell runs on GPU b, and parks off it
+        pid = server.sessions[mine].prepared.task.result().process
+        holders.append(_hold_a_gpu(address, second, tmp_path / "free-b"))  # now GPU b too
+        try:  # GPU a comes free first: the parked worker moves there
+            reply, outputs = _execute_when_queued(client, address, mine, "print(x + 1)",
+                                                  tmp_path / "free-a")
+        finally:
+            (tmp_path / "free-a").touch()
+            (tmp_path / "free-b").touch()
+            for holder in holders:
+                holder.join(60)
+        if can_move:
+            assert (reply["path"], text(outputs)) == ("warm", "42\n")
+            assert driver.moves == [(pid, {gpu_b: gpu_a})]
+        else:  # it cannot: the cell starts on a fresh worker from the store
+            assert (reply["path"], text(outputs)) == ("cold", "42\n")
+            assert driver.moves == []
+
+    _with_server(tmp_path, driver, scenario, keep_warm=300, gpus=GPUS)
+
+
+def test_a_parked_worker_goes_back_to_its_own_gpu_when_it_is_free(tmp_path: Path) -> None:
+    driver = FakeDriver()
+
+    def scenario(client: Client, server: Server) -> None:
+        mine, *others = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(3))
+        for session in (mine, *others):
+            client.call("open", session=session, cwd=str(tmp_path))
+        execute(client, mine, "x = 41")  # on GPU a, the first free
+        for other in others:  # fresh workers take the GPU least recently used: b, then a
+            execute(client, other, "y = 1")
+        reply, outputs = execute(client, mine, "print(x + 1)")  # b is now first in line
+        assert (reply["path"], text(outputs)) == ("warm", "42\n")
+        assert driver.moves == []  # GPU a was free: no move
+
+    _with_server(tmp_path, driver, scenario, keep_warm=300, gpus=GPUS)

@@ -77,3 +77,19 @@ def test_gpu_slots_come_from_the_devices_and_name_them() -> None:
 def test_cpu_slots_without_gpus() -> None:
     leases = Leases(3)
     assert (leases.kind, leases.slots, leases.devices) == ("cpu", 3, [])
+
+
+def test_a_cell_gets_the_gpu_its_worker_was_parked_from_when_it_is_free() -> None:
+    gpus = [Gpu(i, f"GPU-{i}", "fake", 1 << 30) for i in range(3)]
+
+    async def scenario() -> list[str | None]:
+        leases = Leases(devices=gpus)
+        held = [await leases.acquire("a"), await leases.acquire("b")]
+        preferred = await leases.acquire("c", prefer="GPU-1")  # busy: the free one instead
+        leases.release(held[1])
+        again = await leases.acquire("d", prefer="GPU-1")  # free now, though not first in line
+        leases.release(held[0])
+        unknown = await leases.acquire("e", prefer="GPU-9")
+        return [preferred.device, again.device, unknown.device]
+
+    assert asyncio.run(scenario()) == ["GPU-2", "GPU-1", "GPU-0"]

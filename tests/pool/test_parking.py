@@ -6,14 +6,12 @@ Needs root, CRIU, pycriu and llfabric-init (skipped without them, failed under C
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from helpers import execute, require_criu, start_server, text
+from helpers import execute, require_criu, serving, text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,90 +36,73 @@ def _wait_tier(client, session: str, tier: str) -> dict:
 @pytest.mark.parametrize("source", ["zygote", "template"])
 def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
                                                                 source: str) -> None:
-    env = {**os.environ, "LLFABRIC_COOL_AFTER": "1", "LLFABRIC_WORKER_SOURCE": source}
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        server = start_server(tmp_path / "store", Path(sockdir), env)
-        try:
-            with server.client() as client:
-                session = f"t-{uuid.uuid4().hex[:8]}"
-                client.call("open", session=session, cwd=str(tmp_path))
-                if source == "template":  # a first cell makes the family's template
-                    execute(client, session, "pass")
-                    deadline = time.monotonic() + 60
-                    while not any(t["state"] == "ready"
-                                  for t in client.call("status")["templates"]):
-                        assert time.monotonic() < deadline
-                        time.sleep(0.1)
-                reply, outputs = execute(client, session,
-                                         "kept = 'committed'\ng = (i for i in range(10))\nnext(g)")
-                assert reply["unsaved"] == ["g"], outputs
-                assert _session_status(client, session)["tier"] == "warm"
+    with serving(tmp_path / "store", cool_after=1, worker_source=source) as server, \
+            server.client() as client:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        if source == "template":  # a first cell makes the family's template
+            execute(client, session, "pass")
+            deadline = time.monotonic() + 60
+            while not any(t["state"] == "ready"
+                          for t in client.call("status")["templates"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        reply, outputs = execute(client, session,
+                                 "kept = 'committed'\ng = (i for i in range(10))\nnext(g)")
+        assert reply["unsaved"] == ["g"], outputs
+        assert _session_status(client, session)["tier"] == "warm"
 
-                cool = _wait_tier(client, session, "cool")
-                assert cool["memory"] > 0 and cool["worker"] is None  # on disk, no process
+        cool = _wait_tier(client, session, "cool")
+        assert cool["memory"] > 0 and cool["worker"] is None  # on disk, no process
 
-                reply, outputs = execute(client, session, "print(next(g), next(g), kept)")
-                assert (reply["status"], reply["path"], reply["source"]) == (
-                    "ok", "pinned", "cool"), outputs
-                assert text(outputs) == "1 2 committed\n"
+        reply, outputs = execute(client, session, "print(next(g), next(g), kept)")
+        assert (reply["status"], reply["path"], reply["source"]) == (
+            "ok", "pinned", "cool"), outputs
+        assert text(outputs) == "1 2 committed\n"
 
-                # Cooled again, and woken by a draft this time: the cell finds it warm.
-                _wait_tier(client, session, "cool")
-                client.call("draft", session=session, source="next(g)")
-                reply, outputs = execute(client, session, "next(g)")
-                assert text(outputs) == "3\n" and reply["source"] == "cool"
-        finally:
-            server.stop()
-    assert server.process.returncode == 0, server.log.read_text()
+        # Cooled again, and woken by a draft this time: the cell finds it warm.
+        _wait_tier(client, session, "cool")
+        client.call("draft", session=session, source="next(g)")
+        reply, outputs = execute(client, session, "next(g)")
+        assert text(outputs) == "3\n" and reply["source"] == "cool"
 
 
 def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) -> None:
     # An established TCP connection is state CRIU will not dump (without tcp_established):
     # cooling fails, the worker is gone, and the session goes on from its committed version,
     # telling the user what only that worker held.
-    env = {**os.environ, "LLFABRIC_COOL_AFTER": "1", "LLFABRIC_WORKER_SOURCE": "zygote"}
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        server = start_server(tmp_path / "store", Path(sockdir), env)
-        try:
-            with server.client() as client:
-                session = f"t-{uuid.uuid4().hex[:8]}"
-                client.call("open", session=session, cwd=str(tmp_path))
-                reply, outputs = execute(client, session, (
-                    "import socket\nkept = 'committed'\n"
-                    "srv = socket.create_server(('127.0.0.1', 0))\n"
-                    "conn = socket.create_connection(srv.getsockname())\n"
-                    "peer, _ = srv.accept()"))
-                assert {"conn", "peer", "srv"} <= set(reply["unsaved"]), outputs
-                worker = _session_status(client, session)["worker"]
-                deadline = time.monotonic() + 30
-                while _session_status(client, session)["worker"] == worker or \
-                        _session_status(client, session)["tier"] != "cold":
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
-                reply, outputs = execute(client, session, "print(kept)")
-                assert reply["status"] == "ok" and reply["path"] == "cold"
-                assert "llfabric: the worker that held" in text(outputs)
-                assert text(outputs).endswith("committed\n")
-                assert not any(Path(sockdir).glob("**/cool/*"))  # no image left behind
-        finally:
-            server.stop()
-    assert server.process.returncode == 0, server.log.read_text()
+    with serving(tmp_path / "store", cool_after=1, worker_source="zygote") as server, \
+            server.client() as client:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        reply, outputs = execute(client, session, (
+            "import socket\nkept = 'committed'\n"
+            "srv = socket.create_server(('127.0.0.1', 0))\n"
+            "conn = socket.create_connection(srv.getsockname())\n"
+            "peer, _ = srv.accept()"))
+        assert {"conn", "peer", "srv"} <= set(reply["unsaved"]), outputs
+        worker = _session_status(client, session)["worker"]
+        deadline = time.monotonic() + 30
+        while _session_status(client, session)["worker"] == worker or \
+                _session_status(client, session)["tier"] != "cold":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        reply, outputs = execute(client, session, "print(kept)")
+        assert reply["status"] == "ok" and reply["path"] == "cold"
+        assert "llfabric: the worker that held" in text(outputs)
+        assert text(outputs).endswith("committed\n")
+        # no image left behind
+        assert not any(Path(server.config.runtime_dir).glob("**/cool/*"))
 
 
 def test_memory_pressure_cools_a_kept_worker_before_its_idle_time(tmp_path: Path) -> None:
     # Pressure from 1% of memory in use on: always, here. The idle time alone would be an hour.
-    env = {**os.environ, "LLFABRIC_COOL_AFTER": "3600", "LLFABRIC_MEMORY_PRESSURE": "1",
-           "LLFABRIC_WORKER_SOURCE": "zygote"}
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        server = start_server(tmp_path / "store", Path(sockdir), env)
-        try:
-            with server.client() as client:
-                session = f"t-{uuid.uuid4().hex[:8]}"
-                client.call("open", session=session, cwd=str(tmp_path))
-                execute(client, session, "g = (i for i in range(10))")
-                _wait_tier(client, session, "cool")
-                reply, outputs = execute(client, session, "next(g)")
-                assert text(outputs) == "0\n" and reply["source"] == "cool"
-        finally:
-            server.stop()
-    assert server.process.returncode == 0, server.log.read_text()
+    with serving(tmp_path / "store", cool_after=3600, memory_pressure=1,
+                 worker_source="zygote") as server, \
+            server.client() as client:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        execute(client, session, "g = (i for i in range(10))")
+        _wait_tier(client, session, "cool")
+        reply, outputs = execute(client, session, "next(g)")
+        assert text(outputs) == "0\n" and reply["source"] == "cool"

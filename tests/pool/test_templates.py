@@ -8,14 +8,12 @@ under CI, where their absence is a failure.
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from helpers import execute, require_criu, start_server, text
+from helpers import execute, require_criu, serving, text
 
 from fabric.errors import RemoteError
 from fabric.pool import Pool, WorkerHandle
@@ -102,35 +100,30 @@ def test_copies_of_one_template_draw_different_random_numbers(tmp_path: Path) ->
 
 
 def test_a_restored_worker_runs_cells_through_a_real_server(tmp_path: Path) -> None:
-    env = {**os.environ, "LLFABRIC_WORKER_SOURCE": "template"}
-    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        server = start_server(tmp_path / "store", Path(sockdir), env)
-        try:
-            with server.client() as client:
-                session = f"t-{uuid.uuid4().hex[:8]}"
-                client.call("open", session=session, cwd=str(tmp_path))
-                reply, _ = execute(client, session, "x = 41")
-                assert reply["source"] == "zygote"  # the family's template is still building
-                deadline = time.monotonic() + 60
-                while not any(t["state"] == "ready" for t in client.call("status")["templates"]):
-                    assert time.monotonic() < deadline, client.call("status")["templates"]
-                    time.sleep(0.1)
+    # keep_warm=0: the second cell must come from the template, not the first cell's worker
+    with serving(tmp_path / "store", worker_source="template", keep_warm=0) as server, \
+            server.client() as client:
+        session = f"t-{uuid.uuid4().hex[:8]}"
+        client.call("open", session=session, cwd=str(tmp_path))
+        reply, _ = execute(client, session, "x = 41")
+        assert reply["source"] == "zygote"  # the family's template is still building
+        deadline = time.monotonic() + 60
+        while not any(t["state"] == "ready" for t in client.call("status")["templates"]):
+            assert time.monotonic() < deadline, client.call("status")["templates"]
+            time.sleep(0.1)
 
-                reply, outputs = execute(client, session, "x += 1\nprint(x)")
-                assert (reply["status"], reply["source"]) == ("ok", "template"), outputs
-                assert text(outputs) == "42\n"
+        reply, outputs = execute(client, session, "x += 1\nprint(x)")
+        assert (reply["status"], reply["source"]) == ("ok", "template"), outputs
+        assert text(outputs) == "42\n"
 
-                # Killed mid-cell: the session stays on its last committed version.
-                with pytest.raises(RemoteError) as died:
-                    execute(client, session, "x = 0\nimport os, signal\n"
-                                             "os.kill(os.getpid(), signal.SIGKILL)")
-                assert died.value.kind == "worker_died"
-                assert "SIGKILL" in died.value.message
-                reply, outputs = execute(client, session, "print(x)")
-                assert reply["source"] == "template"
-                assert text(outputs) == "42\n"
-                status = client.call("status")
-                assert status["templates"][0]["restores"] >= 3
-        finally:
-            server.stop()
-    assert server.process.returncode == 0, server.log.read_text()
+        # Killed mid-cell: the session stays on its last committed version.
+        with pytest.raises(RemoteError) as died:
+            execute(client, session, "x = 0\nimport os, signal\n"
+                                     "os.kill(os.getpid(), signal.SIGKILL)")
+        assert died.value.kind == "worker_died"
+        assert "SIGKILL" in died.value.message
+        reply, outputs = execute(client, session, "print(x)")
+        assert reply["source"] == "template"
+        assert text(outputs) == "42\n"
+        status = client.call("status")
+        assert status["templates"][0]["restores"] >= 3
