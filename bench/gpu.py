@@ -116,7 +116,7 @@ async def template_starts(driver: Driver | None, n: int) -> list[float] | str:
             for _ in range(n):
                 start = time.perf_counter()
                 worker = await pool.restore_worker(template)
-                await pool.unpark(worker)
+                await pool.unpark(worker, None)  # onto the GPU it was made on
                 times.append(time.perf_counter() - start)
                 await worker.close()
             return times

@@ -5,8 +5,9 @@ Prints, for an import family (default: torch), the median time to
   fork:      a worker forked from a zygote that has imported the family, until it says hello,
   template:  a worker restored by CRIU from the family's template, until it says hello,
   N at once: N template restores started together, until all have said hello (per worker),
-  cool:      a parked worker that was CRIU-dumped to disk, restored until it says hello again
-             (on a GPU host a warm resume adds the CUDA restore; on this CPU path warm is free),
+  warm:      the session's kept worker (parked between cells): unparked and answering a load
+             of nothing (on a GPU host unparking adds the CUDA restore; here it is free),
+  cool:      a parked worker that was CRIU-dumped to disk, restored until it says hello again,
 and each one's ratio against the cold start. Templates need root, CRIU and llfabric-init;
 without them their rows say why. Usage:
   python bench/warm_start.py [--modules torch,numpy] [-n 10] [--concurrent 4]
@@ -56,6 +57,7 @@ async def warm(modules: list[str], n: int, concurrent: int) -> dict[str, object]
             await pool.zygote_for(family)
             results["zygote built"] = time.perf_counter() - start
             results["fork"] = await _timed(lambda: pool.fork_worker(family), n)
+            results["warm"] = await _warm_resumes(pool, family, n)
             if pool.worker_source != "template":
                 return results
             start = time.perf_counter()
@@ -77,6 +79,21 @@ async def warm(modules: list[str], n: int, concurrent: int) -> dict[str, object]
         finally:
             await pool.stop()
     return results
+
+
+async def _warm_resumes(pool: Pool, family: frozenset[str], n: int) -> list[float]:
+    """Take a kept worker for a cell, n times over: unpark it and see it answer."""
+    worker = await pool.fork_worker(family)
+    times = []
+    for _ in range(n):
+        await pool.park(worker, None)
+        start = time.perf_counter()
+        await pool.unpark(worker, None)
+        await worker.send({"op": "load", "groups": [], "imports": {}})
+        assert (await worker.recv())["op"] == "loaded"
+        times.append(time.perf_counter() - start)
+    await worker.close()
+    return times
 
 
 async def _cool_resumes(pool: Pool, family: frozenset[str], n: int) -> list[float]:
@@ -111,6 +128,7 @@ def main() -> None:
     print(f"{'start':<40} {'median s':>9} {'min s':>8} {'vs cold':>8}")
     rows = [("cold interpreter + imports", cold_times),
             ("fork from family zygote (hello)", results["fork"]),
+            ("warm: the kept worker, ready", results["warm"]),
             ("template restore (hello)", results.get("template")),
             (f"{args.concurrent} template restores at once, per worker", results.get("concurrent")),
             ("cool resume of a dumped worker (hello)", results.get("cool"))]
