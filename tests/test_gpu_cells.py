@@ -7,7 +7,9 @@ which processes hold the GPU and how much of its memory.
     and goes on training with bit-identical results to a run that was never parked;
   - CUDA tensors go through the store and come back on a fresh worker, values and dtypes equal;
   - leases match NVML: the only processes of the server holding a GPU are the workers running
-    a cell under a lease, on the leased GPU.
+    a cell under a lease, on the leased GPU;
+  - a warm worker (the default) leaves the GPU between cells and keeps its CUDA tensors, and on
+    a two-GPU host, one parked off a busy GPU resumes on the free one.
 
 `pytest -m gpu`; every test skips with its reason on a host without an NVIDIA GPU and a CUDA
 build of torch (templates also need CRIU, parking a CUDA checkpoint driver).
@@ -331,3 +333,78 @@ def test_leases_match_which_processes_nvml_sees_on_the_gpu(
     status = client.call("status")
     assert status["leases"]["held"] == 0
     assert all(session_status(client, s)["lease_seconds"] > 0 for s in sessions[:len(threads)])
+
+
+@pytest.fixture(scope="module")
+def warm_server(devices, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(tmp_path_factory.mktemp("warm-store"), {**os.environ, **ENV}) as running:
+        yield running  # the default: every session's worker kept warm between cells
+
+
+def test_a_warm_worker_leaves_the_gpu_between_cells_and_keeps_its_tensors(
+        warm_server: RunningServer, tmp_path: Path) -> None:
+    if find_driver() is None:
+        pytest.skip(NO_DRIVER)
+    with warm_server.client(timeout=120) as client:
+        session = open_session(client, tmp_path)
+        reply, outputs = execute(client, session, "import torch\n"
+                                 "x = torch.arange(1 << 20, device='cuda', dtype=torch.float64)")
+        assert reply["status"] == "ok" and reply["unsaved"] == [], outputs
+        status = session_status(client, session)
+        assert status["tier"] == "warm" and not status["pinned"]
+        assert not holders(tree(status["worker"])), "a parked worker holds no GPU memory"
+        reply, outputs = execute(client, session, "print(x.device.type, int(x.sum().item()))")
+        total = (1 << 20) * ((1 << 20) - 1) // 2
+        assert (reply["path"], stdout(outputs)) == ("warm", f"cuda {total}\n")
+        assert session_status(client, session)["worker"] == status["worker"]
+
+
+def _hold_gpu(server: RunningServer, session: str, flag: Path) -> threading.Thread:
+    """Run a cell in `session` that holds a GPU until `flag` exists; return once it holds."""
+    holding = threading.Event()
+    cell = "import torch\ntorch.ones(1, device='cuda')\n" + hold(flag)
+
+    def until_freed() -> None:
+        holding.set()
+        wait_for(flag.exists, "the test to free the GPU", timeout=300)
+
+    thread = threading.Thread(target=run_holding, args=(server, session, cell, flag, until_freed))
+    thread.start()
+    assert holding.wait(180)
+    return thread
+
+
+def test_a_parked_worker_resumes_on_the_gpu_its_next_lease_is_for(
+        warm_server: RunningServer, devices: list[gpus.Gpu], tmp_path: Path) -> None:
+    if len(devices) != 2:
+        pytest.skip("forcing a parked worker onto another GPU takes exactly two GPUs")
+    if find_driver() is None:
+        pytest.skip(NO_DRIVER)
+    with warm_server.client(timeout=300) as client:
+        mine, first, second = (open_session(client, tmp_path) for _ in range(3))
+        holders_ = [_hold_gpu(warm_server, first, tmp_path / "free-a")]  # GPU a
+        reply, outputs = execute(client, mine, "import torch\nx = torch.ones(1 << 20, "
+                                 "device='cuda')")  # on GPU b, and parked off it
+        assert reply["status"] == "ok", outputs
+        worker = session_status(client, mine)["worker"]
+        holders_.append(_hold_gpu(warm_server, second, tmp_path / "free-b"))  # now GPU b
+        done: dict = {}
+
+        def run_mine() -> None:
+            with warm_server.client(timeout=300) as own:
+                done["result"] = execute(own, mine, "print(int(x.sum().item()))")
+
+        waiting = threading.Thread(target=run_mine)
+        waiting.start()
+        wait_for(lambda: client.call("status")["leases"]["queued"], "the cell to queue")
+        (tmp_path / "free-a").touch()  # GPU a comes free: the parked worker must move there
+        waiting.join(300)
+        (tmp_path / "free-b").touch()
+        for holder in holders_:
+            holder.join(300)
+        reply, outputs = done["result"]
+        assert reply["status"] == "ok" and stdout(outputs) == f"{1 << 20}\n", text(outputs)
+        if reply["path"] == "warm":  # moved with the driver's GPU pairs, tensors and all
+            assert session_status(client, mine)["worker"] == worker
+        else:  # a driver that cannot move it: a fresh worker loaded x from the store
+            assert reply["path"] == "cold"
