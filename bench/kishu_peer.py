@@ -1,11 +1,12 @@
 """Kishu driven in a real IPython kernel on the store bench's state: checkpoint and checkout.
 
-Kishu pins its own IPython/Jupyter stack, so it lives in a virtual environment of its own
-(build/kishu-venv, made on first use with kishu==0.3.4, torch==2.13.0 and this environment's
-numpy and pandas versions, so both build the same state). jupyter_client starts an ipykernel with
-that environment's python. Kishu attaches as `kishu init` attaches it: a silent execute (which
-runs no cell hooks) of `init_kishu(NOTEBOOK)`, here on a notebook file in the bench's work dir,
-so its SQLite database (NOTEBOOK.kishudb) and its config land there, not under ~/.kishu.
+Kishu brings its own Jupyter stack (ipylab, jupyter-ui-poll<=1.0.0, ...), so it lives in a
+virtual environment of its own (build/kishu-venv, made on first use with kishu==0.3.4,
+torch==2.13.0 and this environment's numpy and pandas versions, so both build the same state).
+jupyter_client starts an ipykernel with that environment's python. Kishu attaches as `kishu init`
+attaches it: a silent execute (which runs no cell hooks) of `init_kishu(NOTEBOOK)`, here on a
+notebook file in the bench's work dir, so its SQLite database (NOTEBOOK.kishudb) and its config
+(KISHU_PATH_ROOT) land there, not under ~/.kishu.
 ENV_KISHU_TEST_MODE is set: with no browser to ask, Kishu then skips saving and reloading the
 notebook through the frontend and numbers its commits with counters; checkpoints are unchanged.
 
@@ -18,7 +19,11 @@ What is timed, in the kernel (time.perf_counter):
               tracking namespace.
   checkout    `_kishu.checkout(COMMIT)` sent as `kishu checkout` sends it (a silent execute), after
               a cell deleted every state variable, so Kishu restores them all from its database,
-              which is evicted from the page cache first.
+              which is evicted from the page cache first. Every variable is then checked against
+              a digest taken right after the state's cell.
+Kishu stores only what dill pickles, and gives up on storing much at all after one variable that
+dill cannot pickle (see measure): the state's cell keeps the optimizer's state_dict, as the dill
+row does, and deletes the function that built the state.
 """
 
 from __future__ import annotations
@@ -139,7 +144,10 @@ def python() -> Path:
                            stdout=sys.stderr)
         subprocess.run([str(exe), "-m", "pip", "install", *pins], check=True,
                        stdout=sys.stderr)
-    except (OSError, subprocess.CalledProcessError) as exc:
+    except subprocess.CalledProcessError as exc:
+        raise KishuUnavailable(f"could not make {VENV}: `{' '.join(exc.cmd)}` exited with "
+                               f"{exc.returncode} (its output is on stderr)") from exc
+    except OSError as exc:
         raise KishuUnavailable(f"could not make {VENV}: {exc}") from exc
     if not _installed(exe, pins):
         raise KishuUnavailable(f"{VENV} does not hold {' '.join(pins)} after pip install")
