@@ -188,7 +188,11 @@ class Kernel:
         self.manager.start_kernel(env=env, cwd=str(work))
         self.client: BlockingKernelClient = self.manager.client()
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=120)
+        try:
+            self.client.wait_for_ready(timeout=120)  # RuntimeError if the kernel died or hangs
+        except RuntimeError:
+            self.close()
+            raise
 
     def run(self, code: str, label: str, silent: bool = False, **expressions: str) -> dict:
         """Run `code` as a cell (hooks fire) or silently (as Kishu's CLI does: no hooks); return
