@@ -13,16 +13,21 @@ same run, each with an fsync where it writes:
                 and one that changed one tensor
   dill          dill.dump_module / load_module of a module holding the state (dump_session)
   torch.save    torch.save / torch.load of the same dict
-  Kishu         not driven: the run says why
+  Kishu         its checkpoint (its hooks after the cell that built the state, and after cells
+                like the delta saves') and its checkout of that commit after every variable
+                was deleted, in a real ipykernel of its own environment (build/kishu-venv,
+                made on first use): bench/kishu_peer.py says how and exactly what is timed
 
 Reads come after evicting the files from the page cache (posix_fadvise DONTNEED), so they hit the
-disk as a new worker's would. Usage: python bench/store.py [--size 0.5] [--dir DIR] [--no-dill]
+disk as a new worker's would. Usage:
+python bench/store.py [--size 0.5] [--dir DIR] [--no-dill] [--no-kishu] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import os
 import shutil
 import statistics
@@ -33,6 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import kishu_peer
 import numpy as np
 import pandas as pd
 import torch
@@ -255,18 +261,6 @@ def torch_save(work: Path, state: dict) -> tuple[float, float]:
     return save, load
 
 
-def kishu_status() -> str:
-    """Why Kishu is not in the table."""
-    try:
-        import kishu  # noqa: F401
-    except ImportError:
-        return ("Kishu: not measured, not installed here (`pip install kishu` installs it "
-                "without pulling torch).")
-    return ("Kishu: installed but not measured: it checkpoints a notebook's kernel after "
-            "`kishu init NOTEBOOK` attaches it through a running Jupyter server, which this "
-            "bench does not drive.")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=float, default=0.5, help="GB of state (default 0.5)")
@@ -274,10 +268,18 @@ def main() -> None:
     parser.add_argument("--no-dill", action="store_true", help="Skip dill (slow at large sizes)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="Runs of the raw disk and llfabric measurements (medians shown)")
+    parser.add_argument("--kishu", action=argparse.BooleanOptionalAction, default=True,
+                        help="Drive Kishu in its own venv, made on first use (default: on)")
     args = parser.parse_args()
 
+    kishu_exe, kishu_note = None, "Kishu: not measured (--no-kishu)."
+    if args.kishu:  # first: a venv that cannot be made is known before the long measurements
+        try:
+            kishu_exe = kishu_peer.python()
+        except kishu_peer.KishuUnavailable as exc:
+            kishu_note = f"Kishu: not measured: {exc}"
     state = make_state(args.size)
-    size = nbytes(state)
+    size, names = nbytes(state), list(state)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="llf-bench-") as tmp:
         work = Path(tmp)
         ours = llfabric(work, state, args.repeat)
@@ -288,9 +290,20 @@ def main() -> None:
                 ("torch.save / torch.load", *torch_save(work, state))]
         if not args.no_dill:
             rows.append(("dill dump/load_session (*)", *dill_session(work, state)))
+        kishu = None
+        if kishu_exe is not None:
+            del state  # the kernel builds its own copy: do not hold two
+            gc.collect()
+            try:
+                kishu = kishu_peer.measure(kishu_exe, work / "kishu", inspect.getsource(make_state),
+                                           args.size, names, evict)
+            except RuntimeError as exc:
+                kishu_note = f"Kishu: failed: {exc}"
+        if kishu is not None:
+            rows.append(("Kishu checkpoint / checkout (*)", kishu.checkpoint, kishu.checkout))
 
     gb, lgb = size / 1e9, ours["large"] / 1e9
-    print(f"state: {gb:.2f} GB in buffers, {len(state)} variables "
+    print(f"state: {gb:.2f} GB in buffers, {len(names)} variables "
           f"(+ a model, its optimizer, 200k small objects); medians of {args.repeat} rounds\n")
     print(f"{'':36} {'save s':>8} {'GB/s':>6} {'load s':>8} {'GB/s':>6}"
           f" {'save / llfabric':>16} {'load / llfabric':>16}")
@@ -306,10 +319,30 @@ def main() -> None:
           f"{ours['large load/par']:.0%} of those reads")
     for key in ("delta: cell touched nothing", "delta: read all, changed nothing",
                 "delta: one tensor changed"):
-        print(f"{key:36} {ours[key]:8.4f} s")
+        line = f"{key:36} {ours[key]:8.4f} s"
+        if kishu is not None:
+            seconds, written = kishu.deltas[key]
+            line += (f"   Kishu {seconds:8.4f} s = {seconds / ours[key]:.3g} x llfabric, "
+                     f"stored {written / 1e9:.3f} GB")
+        print(line)
     if not args.no_dill:
         print("(*) dill cannot pickle the Adam optimizer: it saved the optimizer's state_dict")
-    print("\n" + kishu_status())
+    if kishu is None:
+        print("\n" + kishu_note)
+        return
+    print("(*) Kishu pickles with dill too: its cell kept the optimizer's state_dict (and deleted "
+          "the function that built the state; see bench/kishu_peer.py)")
+    groups = ", ".join(f"{len(group)} variables" if len(group) > 1 else group[0]
+                       for group in kishu.snapshots)
+    print(f"\nKishu checkpoint: its cell hooks after the state's cell (the cell itself took "
+          f"{kishu.cell:.1f} s); its own timer (planning and writing the snapshots) says "
+          f"{kishu.own_checkpoint:.1f} s.\nIt stored the state as {len(kishu.snapshots)} "
+          f"snapshots ({groups}; it stores variables whose objects it links together), in a "
+          f"SQLite database of {kishu.db_bytes / 1e9:.2f} GB.\nKishu checkout: _kishu.checkout() "
+          f"of that commit after a cell deleted every variable, its database evicted from the "
+          f"page cache; every variable came back as committed.")
+    if kishu.not_stored:
+        print(f"Kishu did not store {', '.join(kishu.not_stored)}: its checkout reran cells")
 
 
 if __name__ == "__main__":
