@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import RunningServer, serving
+from helpers import RunningServer, open_session, serving
 
 from fabric.client import Client
 
@@ -28,6 +27,4 @@ def client(server: RunningServer) -> Iterator[Client]:
 
 @pytest.fixture
 def session(client: Client, tmp_path: Path) -> str:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    client.call("open", session=name, cwd=str(tmp_path))
-    return name
+    return open_session(client, tmp_path)

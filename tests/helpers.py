@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,13 @@ def text(outputs: list[dict]) -> str:
         elif out["output_type"] == "error":
             parts.append(f"{out['ename']}: {out['evalue']}\n")
     return "".join(parts)
+
+
+def open_session(client: Client, cwd: Path) -> str:
+    """Open a new session with a unique name, working in `cwd`; return its name."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    client.call("open", session=name, cwd=str(cwd))
+    return name
 
 
 class RunningServer(EmbeddedServer):

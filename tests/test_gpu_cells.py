@@ -22,13 +22,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RunningServer, execute, require_criu, serving, text
+from helpers import RunningServer, execute, open_session, require_criu, serving, text
 
 from fabric.client import Client
 from fabric.pool import gpus
@@ -113,12 +112,6 @@ def server(devices, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
 def client(server: RunningServer) -> Iterator[Client]:
     with server.client(timeout=120) as c:
         yield c
-
-
-def open_session(client: Client, cwd: Path) -> str:
-    name = f"g-{uuid.uuid4().hex[:8]}"
-    client.call("open", session=name, cwd=str(cwd))
-    return name
 
 
 def wait_for(check: Callable[[], object], what: str, timeout: float = 180.0) -> object:

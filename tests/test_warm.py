@@ -7,13 +7,12 @@ on from the store. Real servers, real workers.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RunningServer, execute, serving, text
+from helpers import RunningServer, execute, open_session, serving, text
 
 from fabric.client import Client
 
@@ -22,12 +21,6 @@ from fabric.client import Client
 def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with serving(tmp_path_factory.mktemp("store")) as running:  # the default keep_warm
         yield running
-
-
-def _open(client: Client, cwd: Path) -> str:
-    name = f"w-{uuid.uuid4().hex[:8]}"
-    client.call("open", session=name, cwd=str(cwd))
-    return name
 
 
 def _status(client: Client, session: str) -> dict:
@@ -44,7 +37,7 @@ def _wait_cold(client: Client, session: str) -> None:
 def test_the_next_cell_runs_on_the_same_worker_with_nothing_loaded(warm: RunningServer,
                                                                    tmp_path: Path) -> None:
     with warm.client() as client:
-        session = _open(client, tmp_path)
+        session = open_session(client, tmp_path)
         reply, _ = execute(client, session, "x = [1, 2]\nident = id(x)")
         assert reply["path"] == "cold"
         status = _status(client, session)
@@ -58,7 +51,7 @@ def test_the_next_cell_runs_on_the_same_worker_with_nothing_loaded(warm: Running
 
 def test_the_warm_worker_loads_what_it_lacks(warm: RunningServer, tmp_path: Path) -> None:
     with warm.client() as client:
-        session = _open(client, tmp_path)
+        session = open_session(client, tmp_path)
         execute(client, session, "a = 1\nb = 2")
         client.call("close", session=session)  # the worker is retired with the session
         client.call("open", session=session, cwd=str(tmp_path))
@@ -72,7 +65,7 @@ def test_the_warm_worker_loads_what_it_lacks(warm: RunningServer, tmp_path: Path
 def test_a_warm_worker_that_dies_between_cells_costs_nothing_committed(warm: RunningServer,
                                                                        tmp_path: Path) -> None:
     with warm.client() as client:
-        session = _open(client, tmp_path)
+        session = open_session(client, tmp_path)
         execute(client, session, "x = 'committed'")
         psutil.Process(_status(client, session)["worker"]).kill()
         reply, outputs = execute(client, session, "print(x)")
@@ -82,7 +75,7 @@ def test_a_warm_worker_that_dies_between_cells_costs_nothing_committed(warm: Run
 
 def test_a_checkout_leaves_the_warm_worker_behind(warm: RunningServer, tmp_path: Path) -> None:
     with warm.client() as client:
-        session = _open(client, tmp_path)
+        session = open_session(client, tmp_path)
         execute(client, session, "x = 1")
         execute(client, session, "x = 2")
         client.call("checkout", session=session, version=1)
@@ -93,7 +86,7 @@ def test_a_checkout_leaves_the_warm_worker_behind(warm: RunningServer, tmp_path:
 def test_an_idle_warm_worker_is_retired_and_the_session_goes_on_from_the_store(
         tmp_path: Path) -> None:
     with serving(tmp_path / "store", keep_warm=1) as server, server.client() as client:
-        session = _open(client, tmp_path)
+        session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
         worker = _status(client, session)["worker"]
         _wait_cold(client, session)
@@ -106,7 +99,7 @@ def test_memory_pressure_retires_warm_workers_at_once(tmp_path: Path) -> None:
     # Pressure from 1% of memory in use on: always, here. The idle time alone would be an hour.
     with serving(tmp_path / "store", keep_warm=3600, memory_pressure=1) as server, \
             server.client() as client:
-        session = _open(client, tmp_path)
+        session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
         _wait_cold(client, session)
         reply, outputs = execute(client, session, "print(x + 1)")

@@ -9,12 +9,11 @@ import asyncio
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from fake_cuda import FakeDriver
-from helpers import execute, require_criu, text
+from helpers import execute, open_session, require_criu, text
 
 from fabric.client import Client
 from fabric.config import Config
@@ -63,8 +62,7 @@ def test_a_kept_worker_is_checkpointed_between_cells(tmp_path: Path) -> None:
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         reply, _ = execute(client, session, "g = (i for i in range(5))\nnext(g)")
         assert reply["unsaved"] == ["g"]
         pid = server.sessions[session].prepared.task.result().process
@@ -100,8 +98,7 @@ def test_a_worker_that_cannot_be_parked_is_retired_and_the_session_goes_on(
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
         reply, outputs = execute(client, session, "kept = 1\ng = (i for i in range(5))")
         assert reply["status"] == "ok" and reply["unsaved"] == []
@@ -117,8 +114,7 @@ def test_a_worker_that_cannot_be_resumed_fails_its_cell_not_the_session(tmp_path
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         execute(client, session, "kept = 1\ng = (i for i in range(5))")
         driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", State.FAILED)
         with pytest.raises(RemoteError) as failed:
@@ -137,8 +133,7 @@ def test_a_template_is_dumped_off_the_gpu_and_its_copies_resume_under_a_lease(
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         execute(client, session, "x = 1")  # the family's template builds meanwhile
         built = _built_template(client)
         assert built[0]["state"] == "ready" and built[0]["cuda"] is True, built
@@ -163,8 +158,7 @@ def test_a_parked_copy_loads_the_session_state_only_under_its_lease(tmp_path: Pa
     cell = "print(open(p.path).read())"
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         execute(client, session, (  # an object that says when it is unpickled
             "class Probe:\n    def __setstate__(self, state):\n"
             "        open(state['path'], 'a').write('loaded\\n')\n"
@@ -187,8 +181,7 @@ def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         execute(client, session, "early = 41")
         reply, _ = execute(client, session, "g = (i for i in range(5))")  # loads no `early`
         assert reply["unsaved"] == ["g"]
@@ -205,8 +198,7 @@ def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_pat
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         reply, _ = execute(client, session, "x = 41")
         assert reply["unsaved"] == []
         pid = server.sessions[session].prepared.task.result().process
@@ -223,8 +215,7 @@ def test_a_warm_worker_that_cannot_be_parked_is_retired_quietly(tmp_path: Path) 
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
         reply, outputs = execute(client, session, "x = 41")
         assert reply["status"] == "ok" and outputs == []  # nothing was lost: nothing to tell
@@ -239,8 +230,7 @@ def test_a_warm_worker_that_cannot_be_resumed_gives_way_to_a_fresh_one(tmp_path:
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
         driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", State.FAILED)
         reply, outputs = execute(client, session, "print(x + 1)")  # the store had it all
@@ -296,9 +286,7 @@ def test_a_parked_worker_moves_to_the_gpu_its_next_lease_is_for(tmp_path: Path,
 
     def scenario(client: Client, server: Server) -> None:
         address = server.config.address
-        mine, first, second = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(3))
-        for session in (mine, first, second):
-            client.call("open", session=session, cwd=str(tmp_path))
+        mine, first, second = (open_session(client, tmp_path) for _ in range(3))
         holders = [_hold_a_gpu(address, first, tmp_path / "free-a")]  # holds GPU a
         execute(client, mine, "x = 41")  # so this cell runs on GPU b, and parks off it
         pid = server.sessions[mine].prepared.task.result().process
@@ -325,9 +313,7 @@ def test_a_parked_worker_goes_back_to_its_own_gpu_when_it_is_free(tmp_path: Path
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
-        mine, *others = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(3))
-        for session in (mine, *others):
-            client.call("open", session=session, cwd=str(tmp_path))
+        mine, *others = (open_session(client, tmp_path) for _ in range(3))
         execute(client, mine, "x = 41")  # on GPU a, the first free
         for other in others:  # fresh workers take the GPU least recently used: b, then a
             execute(client, other, "y = 1")

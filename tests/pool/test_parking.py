@@ -7,11 +7,10 @@ Needs root, CRIU, pycriu and llfabric-init (skipped without them, failed under C
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from helpers import execute, require_criu, serving, text
+from helpers import execute, open_session, require_criu, serving, text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,8 +37,7 @@ def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
                                                                 source: str) -> None:
     with serving(tmp_path / "store", cool_after=1, worker_source=source) as server, \
             server.client() as client:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         if source == "template":  # a first cell makes the family's template
             execute(client, session, "pass")
             deadline = time.monotonic() + 60
@@ -73,8 +71,7 @@ def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) 
     # telling the user what only that worker held.
     with serving(tmp_path / "store", cool_after=1, worker_source="zygote") as server, \
             server.client() as client:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         reply, outputs = execute(client, session, (
             "import socket\nkept = 'committed'\n"
             "srv = socket.create_server(('127.0.0.1', 0))\n"
@@ -100,8 +97,7 @@ def test_memory_pressure_cools_a_kept_worker_before_its_idle_time(tmp_path: Path
     with serving(tmp_path / "store", cool_after=3600, memory_pressure=1,
                  worker_source="zygote") as server, \
             server.client() as client:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         execute(client, session, "g = (i for i in range(10))")
         _wait_tier(client, session, "cool")
         reply, outputs = execute(client, session, "next(g)")

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from helpers import execute, require_criu, serving, text
+from helpers import execute, open_session, require_criu, serving, text
 
 from fabric.errors import RemoteError
 from fabric.pool import Pool, WorkerHandle
@@ -103,8 +102,7 @@ def test_a_restored_worker_runs_cells_through_a_real_server(tmp_path: Path) -> N
     # keep_warm=0: the second cell must come from the template, not the first cell's worker
     with serving(tmp_path / "store", worker_source="template", keep_warm=0) as server, \
             server.client() as client:
-        session = f"t-{uuid.uuid4().hex[:8]}"
-        client.call("open", session=session, cwd=str(tmp_path))
+        session = open_session(client, tmp_path)
         reply, _ = execute(client, session, "x = 41")
         assert reply["source"] == "zygote"  # the family's template is still building
         deadline = time.monotonic() + 60
