@@ -27,7 +27,7 @@ from notebook_compare import (
     fresh_copy,
     notebook_env,
 )
-from test_corpus import NOTEBOOKS, TEST_TIMEOUT_S, _nb_id, plain_run, skip_heavy_unless_full
+from test_corpus import LONG, NOTEBOOKS, TEST_TIMEOUT_S, _nb_id, plain_run, skip_unless_full
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
 def test_attached_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
                                          specs: KernelSpecManager, tmp_path: Path) -> None:
-    skip_heavy_unless_full(nb_path)
+    skip_unless_full(nb_path, LONG)
     plain = plain_run(nb_path, tmp_path / "plain")
     attached = run_attached(fabric_server, specs, nb_path, tmp_path / "attached")
     diffs = compare(plain, attached, VOLATILE_CELLS.get(_nb_id(nb_path), {}))

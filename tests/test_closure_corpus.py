@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from notebook_compare import VOLATILE_CELLS, normalize, notebook_env
-from test_corpus import NOTEBOOKS, _nb_id, skip_heavy_unless_full
+from test_corpus import LONG, NOTEBOOKS, _nb_id, skip_unless_full
 
 from fabric.audit import audit_notebook
 
@@ -46,7 +46,7 @@ VOLATILE_VARIABLES: dict[str, set[str]] = {
 @pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
 def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path) -> None:
-    skip_heavy_unless_full(nb_path)
+    skip_unless_full(nb_path, LONG)
     cells = audit_notebook(nb_path, tmp_path, verify=True, env=notebook_env(),
                            timeout=TIMEOUT_S - 60, log=tmp_path / "audit.log")
     volatile = VOLATILE_VARIABLES.get(_nb_id(nb_path), set())
