@@ -18,7 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import zmq
@@ -136,16 +138,23 @@ class WorkerHandle:
         return f"ipc://{self.path}"
 
     async def send(self, message: dict) -> None:
-        await self.socket.send(protocol.pack(message))
+        """Send to the worker; WorkerDied if it exits first (a PAIR socket whose peer is gone
+        would hold the message forever)."""
+        await self._unless_dead(self.socket.send(protocol.pack(message)), None)
 
     async def recv(self, timeout: float | None = None) -> dict:
         """The worker's next message; WorkerDied if it exits first."""
-        receive = asyncio.ensure_future(self.socket.recv())
-        done, _ = await asyncio.wait({receive, self.died}, timeout=timeout,
+        return protocol.unpack(await self._unless_dead(self.socket.recv(), timeout),
+                               max_size=1 << 31)
+
+    async def _unless_dead(self, operation: Awaitable, timeout: float | None) -> Any:
+        """`operation`'s result, or WorkerDied if the worker exits or `timeout` passes first."""
+        task = asyncio.ensure_future(operation)
+        done, _ = await asyncio.wait({task, self.died}, timeout=timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
-        if receive in done:
-            return protocol.unpack(receive.result(), max_size=1 << 31)
-        receive.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
         if self.died.done():
             raise WorkerDied(self.death_reason(), pid=self.pid)
         raise WorkerDied(f"worker {self.pid} did not answer in {timeout} s", pid=self.pid)
@@ -218,7 +227,8 @@ class Pool:
         self.keep_warm = keep_warm
         # seconds a pinned worker idles before it is dumped to disk; 0: never
         self.cool_after = cool_after if cool_after > 0 and not criu.unavailable() else 0.0
-        self.pressure_percent = pressure_percent  # host memory in use that makes kept workers cool
+        # host memory in use past which warm workers retire and pinned ones cool at once
+        self.pressure_percent = pressure_percent
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
