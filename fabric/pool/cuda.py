@@ -109,11 +109,12 @@ class BindingsDriver:
         uuids = self._device_uuids()
         pairs = []
         for old, new in moves.items():
-            if old.lower() not in uuids or new.lower() not in uuids:
-                raise CudaError(f"no GPU {old if old.lower() not in uuids else new} here",
-                                error="CUDA_ERROR_INVALID_DEVICE")
             pair = self._d.CUcheckpointGpuPair()
-            pair.oldUuid, pair.newUuid = uuids[old.lower()], uuids[new.lower()]
+            try:
+                pair.oldUuid, pair.newUuid = uuids[old.lower()], uuids[new.lower()]
+            except KeyError as exc:
+                raise CudaError(f"no GPU {exc.args[0]} here",
+                                error="CUDA_ERROR_INVALID_DEVICE") from exc
             pairs.append(pair)
         args = self._d.CUcheckpointRestoreArgs()
         args.gpuPairs, args.gpuPairsCount = pairs, len(pairs)
