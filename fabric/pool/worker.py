@@ -78,7 +78,10 @@ class Worker:
         self.shell = shell
         self.channel = channel
         self.store = store
-        self.loaded: set[str] = set()  # names this worker took from the session
+        # The session names this namespace speaks for: what it loaded, and what any cell run on
+        # it has bound. One of them missing after a cell was deleted by it, even on a worker kept
+        # for many cells; names it never had stay as the session committed them.
+        self.owned: set[str] = set()
         self.saver = DeltaSaver(store)
         self.restored_ambient = False
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
@@ -144,13 +147,13 @@ class Worker:
                 sys.path.insert(0, message["cwd"])
             for alias, module in message.get("imports", {}).items():
                 ns[alias] = importlib.import_module(module)
-                self.loaded.add(alias)
+                self.owned.add(alias)
             for blob, names in message.get("groups", []):
                 encoded = self.store.get_object(blob, self._progress("loading"))
                 values = codec.loads(encoded, ns)
                 for name in names:
                     ns[name] = values[name]
-                self.loaded.update(names)
+                self.owned.update(names)
                 self.saver.loaded(names, blob, encoded.nbytes)
             if not self.restored_ambient:
                 ambient.reseed()  # then the session's state, where it has one, overrides it
@@ -205,6 +208,7 @@ class Worker:
         imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
         state = [n for n in names if n not in imports]
         saved = self.saver.save(ns, state, reached_by(source), self._progress("saving"))
+        self.owned.update(names)
         return {
             "groups": saved.groups,
             "kept": saved.kept,
@@ -212,7 +216,7 @@ class Worker:
             "refs": saved.refs,
             "packages": saved.packages,
             "ambient": self.store.put(pickle.dumps(self._capture_ambient())),
-            "owned": sorted(self.loaded | set(names)),
+            "owned": sorted(self.owned),
             "unsaved": saved.unsaved,
             "bounded": saved.bounded,
         }

@@ -1,0 +1,161 @@
+"""One state, whichever path: the versions a session commits do not depend on where its cells
+ran. The same cell sequences run on the session's kept worker (warm), on a fresh worker per cell
+loaded with its closure (fresh), on a template copy per cell (template) and on a pinned worker
+resumed from disk before every cell (cool); every committed version's variables (names, groups,
+value fingerprints) and every cell's outputs must equal the fresh run's. Real servers, workers
+and CRIU.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+import xxhash
+from helpers import execute, open_session, require_criu, serving, text
+from nbformat.v4 import new_code_cell, new_notebook
+
+from fabric.client import Client
+from fabric.snapshot import Store, codec, history
+
+# name: (cells, what the last one prints)
+SEQUENCES = {
+    "del": (["x = 1\ny = [x]", "del x", "print('x' in dir(), y)"], "False [1]\n"),
+    "rebound into another group": (
+        ["a = [1]\nb = a\nc = [2]\nd = c", "b = c", "b.append(3)\nprint(a, b, c, d)"],
+        "[1] [2, 3] [2, 3] [2, 3]\n"),
+    "moved between groups": (
+        ["p = [0]\nq = [1]\nr = {'p': p}", "r['q'] = q\ndel r['p']",
+         "p.append(9)\nq.append(8)\nprint(p, r)"], "[0, 9] {'q': [1, 8]}\n"),
+    "raises half-way": (
+        ["x = 1\ny = [0]", "y.append(1)\nz = 2\ndel x\n1 / 0\nw = 3",
+         "print([k for k in ('x', 'y', 'z', 'w') if k in globals()], y)"], "['y', 'z'] [0, 1]\n"),
+    "module aliases": (
+        ["import json as js\nimport math", "js = 3\ndel math", "print(js, 'math' in dir())"],
+        "3 False\n"),
+    "globals of functions": (
+        ["def put():\n    global g\n    g = [1]\n\ndef drop():\n    global g\n    del g",
+         "put()", "drop()", "print('g' in dir())"], "False\n"),
+    "the namespace": (["k = 1\nm = 2", "globals().pop('k')", "print('k' in dir(), m)"],
+                      "False 2\n"),
+}
+PIN = "pinned = (i for i in range(3))"  # cannot be saved: the session keeps its worker
+PATHS = {
+    "warm": {"keep_warm": 300},
+    "fresh": {"keep_warm": 0},
+    "template": {"keep_warm": 0, "worker_source": "template"},
+    "cool": {"keep_warm": 300, "cool_after": 1},
+}
+
+
+class _Canonical(pickle.Pickler):
+    """Pickles decoded values alike wherever they were made: a function by its code, not by
+    the cell file (named after the worker's pid) it was compiled in."""
+
+    def reducer_override(self, obj: object) -> object:
+        if isinstance(obj, types.FunctionType):
+            code = obj.__code__
+            return str, (f"{obj.__qualname__} {code.co_code.hex()} {code.co_consts!r}",)
+        return NotImplemented
+
+
+def _fingerprint(value: object) -> str:
+    out = io.BytesIO()
+    _Canonical(out, protocol=5).dump(value)
+    return xxhash.xxh3_128_hexdigest(out.getvalue())
+
+
+def committed(store: Path, session: str) -> list[dict]:
+    """Every committed version, oldest first: its variables' groups and fingerprints, imports
+    and cell status."""
+    versions = []
+    for _, manifest in reversed(history.log(Store(store), session)):
+        ns: dict = {}
+        fingerprints, groups = {}, set()
+        for group in manifest.groups:
+            values = codec.loads(Store(store).get_object(group.blob), ns)
+            groups.add(frozenset(group.names))
+            fingerprints |= {n: _fingerprint(values[n]) for n in group.names}
+        versions.append({"variables": fingerprints, "groups": groups,
+                         "imports": manifest.imports, "status": manifest.cell.get("status")})
+    return versions
+
+
+def _wait_cool(client: Client, session: str) -> None:
+    deadline = time.monotonic() + 60
+    while (status := next(s for s in client.call("status")["sessions"]
+                          if s["session"] == session))["tier"] != "cool":
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+def run_sequences(path: str, tmp_path: Path) -> dict[str, tuple[list[str], list[dict]]]:
+    """Each sequence in its own session on a server set up for `path`: the outputs of its cells
+    and its committed versions (on the cool path, without the pinning cell's)."""
+    store, results = tmp_path / path, {}
+    with serving(store, **PATHS[path]) as server, server.client() as client:
+        for name, (cells, _) in SEQUENCES.items():
+            session, outputs = open_session(client, tmp_path), []
+            for i, source in enumerate([PIN, *cells] if path == "cool" else cells):
+                if path == "cool" and i > 0:
+                    _wait_cool(client, session)
+                reply, out = execute(client, session, source)
+                assert reply.get("type") == "reply", reply
+                if path == "cool" and i > 0:
+                    assert reply["path"] == "pinned", reply
+                outputs.append(text(out))
+            versions = committed(store, session)
+            if path == "cool":  # the pinning cell's version and output stand apart
+                outputs, versions = outputs[1:], versions[1:]
+                for version in versions:
+                    assert "pinned" not in version["variables"]
+            results[name] = (outputs, versions)
+    return results
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    results = run_sequences("fresh", tmp_path_factory.mktemp("fresh"))
+    for name, (_, last) in SEQUENCES.items():  # the reference is itself right
+        assert results[name][0][-1] == last, name
+    return results
+
+
+@pytest.mark.parametrize("path", ["warm", "template", "cool"])
+def test_every_path_commits_what_fresh_workers_commit(path: str, fresh: dict,
+                                                      tmp_path: Path) -> None:
+    if path != "warm":
+        require_criu(f"the {path} path")
+    results = run_sequences(path, tmp_path)
+    for name in SEQUENCES:
+        outputs, versions = results[name]
+        assert outputs == fresh[name][0], name
+        for number, (got, want) in enumerate(zip(versions, fresh[name][1], strict=True), 1):
+            assert got == want, f"{name}: version {number} differs on the {path} path"
+
+
+def test_a_del_stays_deleted_through_llfabric_run_and_a_restart(tmp_path: Path) -> None:
+    nb = tmp_path / "del.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell(s) for s in
+                                       ("x = 1", "del x", "print('x' in dir())")]), str(nb))
+    store = tmp_path / "store"
+    with serving(store) as server:  # the default: warm workers
+        result = subprocess.run(
+            [sys.executable, "-m", "cli.main", "run", str(nb), "--connect", server.address,
+             "--session", "del"], cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "False" in result.stdout and "True" not in result.stdout, result.stdout
+        assert " warm " in result.stdout  # the cells after the first ran on the kept worker
+    assert "x" not in committed(store, "del")[-1]["variables"]
+    with serving(store) as server, server.client() as client:
+        client.call("open", session="del", cwd=str(tmp_path))
+        _, outputs = execute(client, "del", "print('x' in dir())")
+        assert text(outputs) == "False\n"
