@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 
+from . import notices
 from .client import Client
 from .errors import NotebookError, RemoteError
 
@@ -21,6 +22,7 @@ class CellRun:
     outputs: list[dict] = field(default_factory=list)
     reply: dict | None = None  # the server's reply: status, version, timings
     failure: RemoteError | None = None  # the request itself failed (worker died, bad state...)
+    notices: list[dict] = field(default_factory=list)  # what llfabric said of it, not outputs
 
     @property
     def ok(self) -> bool:
@@ -112,7 +114,10 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
                     outputs.add(message["output"])
                     if on_output is not None:
                         on_output(index, message["output"])
-                else:
+                elif message["type"] == "event" and message.get("event") == "notice" \
+                        and message.get("topic") != "progress":
+                    run.notices.append(message)
+                elif message["type"] != "event":
                     run.reply = message
         except RemoteError as exc:
             run.failure = exc
@@ -127,10 +132,10 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
 
 
 def timings_table(run: NotebookRun) -> str:
-    """Per cell: path and worker source, prepare, visible delay, run, save, lease held; totals
-    vs a pinned session."""
+    """Per cell: path and worker source, prepare, visible delay, run, save, lease held,
+    status and the topics of llfabric's notices; totals vs a pinned session; then the notices."""
     head = f"{'cell':>4} {'path':<11} {'source':<8} {'prepare':>8} {'visible':>8} {'run':>8} " \
-           f"{'save':>7} {'lease':>8}  status"
+           f"{'save':>7} {'lease':>8}  {'status':<6}  notices"
     lines = [head, "-" * len(head)]
     lease_total = 0.0
     delays = []
@@ -145,7 +150,8 @@ def timings_table(run: NotebookRun) -> str:
         lines.append(f"{cell.index:>4} {cell.reply['path']:<11} "
                      f"{cell.reply.get('source', '-'):<8} {t['prepare']:>8.3f} "
                      f"{t['visible_delay']:>8.3f} {t['run']:>8.3f} {t['save']:>7.3f} "
-                     f"{t['lease_held']:>8.3f}  {cell.reply['status']}")
+                     f"{t['lease_held']:>8.3f}  {cell.reply['status']:<6}  "
+                     f"{notices.topics(cell.notices)}".rstrip())
     lines.append("-" * len(head))
     pinned = run.pinned_seconds
     saved = 100 * (1 - lease_total / pinned) if pinned > 0 else 0.0
@@ -156,4 +162,7 @@ def timings_table(run: NotebookRun) -> str:
                      f"max {delays[-1]:.3f} s, {under}/{len(delays)} cells under 100 ms")
     lines.append(f"lease held {lease_total:.2f} s; a pinned session holds {pinned:.2f} s "
                  f"(first execute to last done): {saved:.0f}% less")
+    told = [f"  cell {c.index}: {n.get('text', '')}" for c in run.cells for n in c.notices]
+    if told:
+        lines += ["notices:", *told]
     return "\n".join(lines)

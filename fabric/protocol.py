@@ -11,7 +11,9 @@ Requests carry ``op``, ``session`` and ``msg_id``. The server answers each reque
 Events of an ``execute``: ``output`` (an nbformat output in ``output``), ``queued`` (the cell
 waits for a lease), ``leased`` (it got one, after ``waited`` seconds) and ``input_request``
 (``prompt``, ``password``: the cell called input() or getpass(); answered by an ``input``
-request of the same session, only when the execute said ``stdin: true``).
+request of the same session, only when the execute said ``stdin: true``) and ``notice``
+(``topic``, ``text``, ``time``: what llfabric says about itself, never a cell output; see
+`fabric.notices`).
 """
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 
+from . import notices
 from .closure import Closure, closure
 from .closure.groups import package_of
 from .closure.static import analyze
@@ -86,6 +88,8 @@ class Session:
         self.opened = time.time()
         self._answer: asyncio.Future | None = None  # the client's answer to the cell's input()
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
+        self.notices: deque[dict] = deque(maxlen=notices.KEEP)  # the latest, for `status`
+        self._told: list[dict] = []  # the running cell's notices, for its reply
         self._background: set[asyncio.Task] = set()
 
     # preparation
@@ -140,8 +144,8 @@ class Session:
     async def _send_load(self, worker: WorkerHandle, message: dict) -> None:
         await worker.send(message)
         reply = await worker.recv()
-        while reply.get("op") == "output":  # progress of a long load, before any cell runs
-            log.info("session %s: %s", self.name, reply["output"].get("text", "").strip())
+        while reply.get("op") == "notice":  # a long load's progress, before any cell runs
+            self._notify(None, reply)
             reply = await worker.recv()
         if reply.get("error"):
             raise LoadFailed(f"could not load the session's state: {reply['error']}",
@@ -237,12 +241,12 @@ class Session:
                 path += "+load" if self._extend(prep, cl) else ""
             else:
                 prep, path = self._replace(prep, cl), "cold"
+            self._told = []
             if self.lost:
-                emit({"output_type": "stream", "name": "stderr", "text": (
-                    f"llfabric: the worker that held {', '.join(self.lost)} (which could not be "
-                    f"saved) is gone; continuing from version {self.manifest.version} of the "
-                    f"store without them{history.recompute_hint(self.store, self.name, self.lost)}"
-                    "\n")})
+                self._notify(emit, notices.notice("lost", (
+                    f"the worker that held {', '.join(self.lost)} (which could not be saved) is "
+                    f"gone; continuing from version {self.manifest.version} of the store without "
+                    f"them{history.recompute_hint(self.store, self.name, self.lost)}")), lost=True)
                 self.lost = []
             run = (source, emit, received, cl, stdin)
             try:
@@ -275,6 +279,8 @@ class Session:
         lease = await self.leases.acquire(self.name, prefer=worker.device)
         if queued:
             emit({"waited": lease.waited}, "leased")
+            self._notify(emit, notices.notice(
+                "queued", f"waited {lease.waited:.1f} s for an execution slot"))
         self.running, began = worker, False
         try:
             if self.interrupted:
@@ -296,6 +302,8 @@ class Session:
                 op = message.get("op")
                 if op == "output":
                     emit(message["output"])
+                elif op == "notice":
+                    self._notify(emit, message)
                 elif op == "started":
                     started, began = float(message["t"]), True
                 elif op == "input":
@@ -319,9 +327,9 @@ class Session:
         unsaved = unsaved if kept else []
         if unsaved and unsaved != prep.unsaved:
             reasons = "; ".join(f"{n}: {why}" for n, why in message["unsaved"].items())
-            emit({"output_type": "stream", "name": "stderr", "text": (
-                f"llfabric: {', '.join(unsaved)} cannot be saved ({reasons}); the session "
-                "keeps its worker alive to hold them\n")})
+            self._notify(emit, notices.notice("pinned", (
+                f"{', '.join(unsaved)} cannot be saved ({reasons}); the session keeps its "
+                "worker alive to hold them")))
         if kept:
             self._keep(worker, set(message["owned"]), unsaved)
         return {
@@ -330,6 +338,7 @@ class Session:
             "version": self.manifest.version,
             "execution_count": count,
             "unsaved": unsaved,
+            "notices": self._told,
             "path": path,
             "source": worker.source,
             "closure": self._describe(cl),
@@ -342,6 +351,19 @@ class Session:
                 "lease_held": lease.held,
             },
         }, kept
+
+    def _notify(self, emit: Emit | None, item: dict, lost: bool = False) -> None:
+        """Tell the client what llfabric did, outside the cell's outputs (see `notices`); a
+        `lost` notice also shows in the cell, as an error. Progress is shown, not kept."""
+        item = notices.notice(str(item.get("topic", "")), str(item.get("text", "")))
+        log.info("session %s: %s", self.name, item["text"])
+        if item["topic"] != "progress":
+            self.notices.append(item)
+            self._told.append(item)
+        if emit is not None:
+            emit(item, "notice")
+            if lost:
+                emit(notices.loss(item["text"]))
 
     async def _ask(self, worker: WorkerHandle, request: dict, emit: Emit,
                    stdin: bool) -> dict | None:
@@ -381,10 +403,10 @@ class Session:
             if not unsaved:  # the store holds all it had: the next cell starts fresh
                 log.warning("session %s: retiring its warm worker: %s", self.name, exc.message)
                 return False
-            emit({"output_type": "stream", "name": "stderr", "text": (
-                f"llfabric: the worker could not be taken off the GPU ({exc.message}); "
+            self._notify(emit, notices.notice("lost", (
+                f"the worker could not be taken off the GPU ({exc.message}); "
                 f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "
-                f"on from version {self.manifest.version}\n")})
+                f"on from version {self.manifest.version}")), lost=True)
             return False
         return True
 
@@ -531,4 +553,5 @@ class Session:
                 "worker": self._worker_pid(),
                 "prepared": self.prepared is not None,
                 **self._tier(),
-                "lease_seconds": self.leases.seconds.get(self.name, 0.0)}
+                "lease_seconds": self.leases.seconds.get(self.name, 0.0),
+                "notices": list(self.notices)}

@@ -275,16 +275,8 @@ def normalize(outputs: list, volatile: Volatility | None = None) -> list[tuple[s
             rich.append(("error", clean(f"{out.get('ename', '')}: {out.get('evalue', '')}")))
         else:
             rich.append((str(kind), ""))
-    texts = [(name, _terminal_text(_drop_notices("".join(chunks))))
-             for name, chunks in sorted(streams.items())]
+    texts = [(name, _terminal_text("".join(chunks))) for name, chunks in sorted(streams.items())]
     return [(name, clean(text)) for name, text in texts if text] + rich
-
-
-def _drop_notices(text: str) -> str:
-    """llfabric's own notices to the user (a session pinned to its worker, say) are not the
-    notebook's output; everything else on stderr is compared."""
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if not line.startswith("llfabric: "))
 
 
 # ---------------------------------------------------------------------------

@@ -39,6 +39,19 @@ def test_run_prints_outputs_table_and_writes_the_executed_notebook(server, tmp_p
     assert [c.execution_count for c in cells] == [1, 2, 3]
 
 
+def test_run_shows_llfabric_notices_in_its_table_not_in_the_outputs(server, tmp_path) -> None:
+    nb = _notebook(tmp_path / "pin.ipynb", "g = (i for i in range(3))", "next(g)")
+    out = tmp_path / "out.ipynb"
+    result = _run("run", str(nb), "--connect", server.address, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    cells = nbformat.read(str(out), as_version=4).cells
+    assert cells[0].outputs == [] and cells[1].outputs[0].data["text/plain"] == "0"
+    assert "cannot be saved" not in result.stderr
+    [row] = [line for line in result.stdout.splitlines() if line.startswith("   0 ")]
+    assert row.endswith("ok      pinned")  # the notices column
+    assert "notices:\n  cell 0: g cannot be saved" in result.stdout
+
+
 def test_run_stops_at_a_cell_error_and_exits_nonzero(server, tmp_path) -> None:
     nb = _notebook(tmp_path / "err.ipynb", "1 / 0", "print('never')")
     result = _run("run", str(nb), "--connect", server.address)

@@ -15,6 +15,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..errors import FabricError
 
+NOTICES = 5  # of a session's latest notices, those `%llfabric status` shows
+
 USAGE = """usage:
   %llfabric attach [ADDRESS] [--session NAME] [--notebook PATH]
   %llfabric status
@@ -120,4 +122,9 @@ def describe(status: dict, session: str) -> str:
     ]
     if mine.get("pinned"):
         lines.append("pinned: a worker is kept alive for state that cannot be saved")
+    recent = mine.get("notices") or []
+    if recent:
+        lines.append("notices (latest last):")
+        lines += [f"  {time.strftime('%H:%M:%S', time.localtime(float(n.get('time', 0))))} "
+                  f"{n.get('text', '')}" for n in recent[-NOTICES:]]
     return "\n".join(lines)

@@ -5,9 +5,12 @@ the request's parent header, so frontends cannot tell them from the kernel's own
 namespace is never used: what a cell defines lives in the session's store.
 
 While a cell runs the relay waits in one-second ticks: a Jupyter interrupt (SIGINT, delivered as
-KeyboardInterrupt in the kernel's main thread) becomes an `interrupt` request, a lease wait
-shows a message that counts the seconds, and a server that stops answering is noticed by a
-ping after ten seconds of silence.
+KeyboardInterrupt in the kernel's main thread) becomes an `interrupt` request, and a server that
+stops answering is noticed by a ping after ten seconds of silence.
+
+What llfabric says about itself (a wait for an execution slot, a value only its worker holds)
+goes to the kernel's log and `%llfabric status`, never into the cell's outputs (see
+`fabric.notices`), so an attached notebook's outputs are a plain kernel's.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import os
 import re
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
 
-TICK = 1.0  # seconds between updates of a lease-wait message
+TICK = 1.0  # seconds between checks for an interrupt or a silent server
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
@@ -119,14 +121,12 @@ class Attachment:
 
     def _execute(self, source: str, result: ExecutionResult) -> dict:
         waiting = {self.client.send("execute", session=self.session, source=source, stdin=True)}
-        heard, ping, pinged, wait = time.monotonic(), None, 0.0, None
+        heard, ping, pinged = time.monotonic(), None, 0.0
         while True:
             try:
                 message = self.client.receive(waiting, TICK)
                 now = time.monotonic()
                 if message is None:
-                    if wait is not None:
-                        wait.tick(now)
                     if ping is None and now - heard > SILENCE:
                         ping, pinged = self.client.send("ping"), now
                         waiting.add(ping)
@@ -144,10 +144,10 @@ class Attachment:
                 elif message.get("event") == "output":
                     self._publish_output(message.get("output"), result)
                 elif message.get("event") == "queued":
-                    wait = _LeaseWait(self, message)
-                elif message.get("event") == "leased" and wait is not None:
-                    wait.done(message)
-                    wait = None
+                    self._log(f"waiting for an execution slot, {message.get('ahead', 0)} cells "
+                              "of other sessions ahead")
+                elif message.get("event") == "notice":
+                    self._log(str(message.get("text", "")))
                 elif message.get("event") == "input_request":
                     self._answer(message)
             except KeyboardInterrupt:  # Jupyter's interrupt: the cell's worker gets it
@@ -165,6 +165,10 @@ class Attachment:
             self.client.send("input", session=self.session, error=str(exc))
             return
         self.client.send("input", session=self.session, value=str(value))
+
+    def _log(self, text: str) -> None:
+        """The kernel's log: where a kernel's own news goes, apart from the notebook."""
+        getattr(self.kernel, "log", log).warning("llfabric: session %s: %s", self.session, text)
 
     # publishing
     def publish(self, msg_type: str, content: dict) -> None:
@@ -217,28 +221,3 @@ class Attachment:
             source = next_cell_source(self.notebook, cell_id)
             if source is not None and source.strip():
                 self.draft(source)
-
-
-class _LeaseWait:
-    """A message in the cell while it waits in the lease queue, counting the seconds."""
-
-    def __init__(self, attachment: Attachment, event: dict) -> None:
-        self.attachment = attachment
-        self.started = time.monotonic()
-        self.display_id = f"llfabric-lease-{uuid.uuid4().hex}"
-        self.ahead = int(event.get("ahead", 0))
-        self._show("display_data", "waiting for an execution slot")
-
-    def _show(self, msg_type: str, text: str) -> None:
-        self.attachment.publish(msg_type, {"data": {"text/plain": f"llfabric: {text}"},
-                                           "metadata": {},
-                                           "transient": {"display_id": self.display_id}})
-
-    def tick(self, now: float) -> None:
-        ahead = f", {self.ahead} cells of other sessions ahead" if self.ahead else ""
-        self._show("update_display_data", f"waiting for an execution slot: "
-                   f"{now - self.started:.0f} s so far{ahead}")
-
-    def done(self, event: dict) -> None:
-        waited = float(event.get("waited", time.monotonic() - self.started))
-        self._show("update_display_data", f"waited {waited:.1f} s for an execution slot")

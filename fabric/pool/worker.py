@@ -5,9 +5,10 @@ Messages from the server: ``load`` (groups, imports and ambient state to put in 
 The worker answers ``hello`` once connected, ``loaded`` after a load, ``output`` frames while a
 cell runs, ``started`` when user code starts and ``done`` after it has saved the state the cell
 may have changed; ``sleeping`` before it sleeps and ``hello`` again once woken on its new
-endpoint. A cell's input() or getpass() sends ``input`` and waits for the server's
-``input_reply`` (``value``, or ``error``). Blobs go straight to the store; the server alone
-commits manifests.
+endpoint. What llfabric itself has to say (a long save's progress) goes in ``notice`` frames
+(``topic``, ``text``), never in the cell's outputs. A cell's input() or getpass() sends
+``input`` and waits for the server's ``input_reply`` (``value``, or ``error``). Blobs go straight
+to the store; the server alone commits manifests.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class Worker:
                 ambient.reseed()  # then the session's state, where it has one, overrides it
                 if message.get("ambient"):
                     self.ambient = pickle.loads(self.store.get(message["ambient"]))
-                    ambient.restore(self.ambient)
+                    for problem in ambient.restore(self.ambient):
+                        self._notice("ambient", problem)
                 self.restored_ambient = True
         except Exception as exc:  # reported to the user as the cell's error, never hidden
             return {"op": "loaded", "error": f"{type(exc).__name__}: {exc}",
@@ -194,11 +196,13 @@ class Worker:
             **report,
         }
 
+    def _notice(self, topic: str, text: str) -> None:
+        """Tell the server what llfabric did, apart from the cell's outputs."""
+        self.channel.send({"op": "notice", "topic": topic, "text": text})
+
     def _progress(self, doing: str) -> Any:
         def report(done: int, total: int) -> None:
-            self.channel.send({"op": "output", "output": {
-                "output_type": "stream", "name": "stderr",
-                "text": f"llfabric: {doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB\n"}})
+            self._notice("progress", f"{doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB")
         return report
 
     def save(self, source: str) -> dict:

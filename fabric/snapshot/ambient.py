@@ -44,12 +44,14 @@ def capture(previous: Mapping[str, Any], base_environ: Mapping[str, str]) -> dic
     return state
 
 
-def restore(state: Mapping[str, Any]) -> None:
+def restore(state: Mapping[str, Any]) -> list[str]:
+    """Put the ambient state back; what could not be, said for the user."""
+    problems = []
     if "cwd" in state:
         try:
             os.chdir(state["cwd"])
         except OSError as exc:
-            print(f"llfabric: cannot return to {state['cwd']}: {exc}", file=sys.stderr)
+            problems.append(f"cannot return to {state['cwd']}: {exc}")
     if "random" in state:
         random.setstate(state["random"])
     if "environ" in state:
@@ -67,6 +69,7 @@ def restore(state: Mapping[str, Any]) -> None:
             _when_imported(module, lambda m, part=state[module], w=write: w(m, part))
     if "inline" in state and (ip := _ipython()) is not None:
         _write_inline(ip, state["inline"])
+    return problems
 
 
 def reseed() -> None:

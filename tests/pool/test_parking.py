@@ -86,7 +86,7 @@ def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) 
             time.sleep(0.05)
         reply, outputs = execute(client, session, "print(kept)")
         assert reply["status"] == "ok" and reply["path"] == "cold"
-        assert "llfabric: the worker that held" in text(outputs)
+        assert "LLFabricStateLost: the worker that held" in text(outputs)
         assert text(outputs).endswith("committed\n")
         # no image left behind
         assert not any(Path(server.config.runtime_dir).glob("**/cool/*"))
