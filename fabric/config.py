@@ -26,6 +26,8 @@ class Config:
     runtime_dir: Path = field(default_factory=_runtime_dir)
     bind: str = ""  # empty: ipc:// socket in runtime_dir
     slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
+    # intra-op threads (torch, OpenMP, BLAS) of a worker under a lease; 0: cores // slots
+    threads: int = 0
     max_zygotes: int = 4  # import-family zygotes kept, least recently used evicted
     zygote_memory: int = 0  # bytes those zygotes may hold, LRU evicted past it; 0: 1/4 of RAM
     # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates

@@ -32,7 +32,7 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.store = Store(config.store)
-        self.leases = Leases.for_host(config.slots)
+        self.leases = Leases.for_host(config.slots, config.threads)
         source = config.worker_source
         if source == "auto":
             source = "template" if self.leases.kind == "gpu" else "zygote"

@@ -295,7 +295,7 @@ class Session:
                 await self._send_load(worker, worker.deferred.pop(0))
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
             await worker.send({"op": "run", "source": source, "execution_count": count,
-                               "device": lease.device})
+                               "device": lease.device, "threads": self.leases.threads})
             started = received
             while True:
                 message = await worker.recv()

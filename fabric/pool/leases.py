@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from . import gpus
+from . import gpus, threads
 
 
 @dataclass
@@ -42,6 +42,7 @@ class _Waiter:
 @dataclass
 class Leases:
     slots: int = 0
+    threads: int = 0  # intra-op threads of a worker under a lease; 0: its share of the cores
     kind: str = "cpu"
     devices: list[gpus.Gpu] = field(default_factory=list)
     _free: list[int] = field(default_factory=list)
@@ -53,12 +54,14 @@ class Leases:
         if self.devices:
             self.kind, self.slots = "gpu", len(self.devices)
         self.slots = self.slots or os.cpu_count() or 1
+        self.threads = threads.granted(os.cpu_count() or 1, self.slots, self.threads)
         self._free = list(range(self.slots))
 
     @classmethod
-    def for_host(cls, cpu_slots: int = 0) -> Leases:
-        """One lease per GPU where NVML finds any, else `cpu_slots` CPU slots (0: per core)."""
-        return cls(cpu_slots, devices=gpus.discover())
+    def for_host(cls, cpu_slots: int = 0, threads: int = 0) -> Leases:
+        """One lease per GPU where NVML finds any, else `cpu_slots` CPU slots (0: per core);
+        `threads` per lease (0: the host's cores shared among the slots)."""
+        return cls(cpu_slots, threads, devices=gpus.discover())
 
     async def acquire(self, session: str, prefer: str | None = None) -> Lease:
         """A free slot (`prefer`'s, the UUID of a GPU, if free), else the first to be released
@@ -121,7 +124,8 @@ class Leases:
             if (lease := self.held.get(slot)) is not None:
                 entry |= {"session": lease.session, "held": lease.held}
             slots.append(entry)
-        return {"kind": self.kind, "slots": self.slots, "held": len(self.held),
+        return {"kind": self.kind, "slots": self.slots, "threads": self.threads,
+                "held": len(self.held),
                 "queued": self.queued, "leases": slots,
                 "queue": [{"session": w.session, "waiting": now - w.since}
                           for w in self._waiters]}

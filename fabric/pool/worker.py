@@ -34,7 +34,7 @@ from .. import protocol
 from ..snapshot import ambient, codec
 from ..snapshot.delta import DeltaSaver, reached_by
 from ..snapshot.store import Store
-from . import wake
+from . import threads, wake
 from .fdcapture import FdCapture
 from .shell import OutStream, ZMQInteractiveShell
 
@@ -87,6 +87,7 @@ class Worker:
         self.restored_ambient = False
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
         self.base_environ = dict(os.environ)
+        self.threads = threads.Threads()
         self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
         shell.sink = self._sink
         sys.stdout, sys.stderr = self._streams
@@ -171,6 +172,10 @@ class Worker:
     def run(self, message: dict) -> dict:
         if message.get("device"):  # the leased GPU; CUDA reads it when it first initializes
             os.environ["CUDA_VISIBLE_DEVICES"] = str(message["device"])
+        if int(message.get("threads") or 0) > 0:  # the leased cores
+            self.threads.grant(int(message["threads"]))
+            # llfabric's setting, not the session's: never saved as a change it made
+            self.base_environ.update(threads.environ(self.threads.count))
         self.shell.execution_count = int(message.get("execution_count", 1))
         started = time.monotonic()
         self.channel.send({"op": "started", "t": started})
