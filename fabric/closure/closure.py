@@ -34,7 +34,7 @@ def closure(source: str, manifest: Manifest) -> Closure:
         if cell.unpickles:
             seeds |= definitions(manifest) & session
         needed = _reach(seeds, manifest, session)
-        forced_by = _dynamic_code(needed, manifest)
+        forced_by = _unbounded(needed, manifest)
     if forced_by:
         needed = set(session)
     groups = {(g.blob, g.names): g for name in needed if (g := variables.get(name)) is not None}
@@ -52,11 +52,14 @@ def definitions(manifest: Manifest) -> set[str]:
     return {name for name, refs in manifest.refs.items() if name in refs}
 
 
-def _dynamic_code(names: set[str], manifest: Manifest) -> str:
-    """Why session code among `names` can reach any global (it evals, reads globals()), or ""."""
+def _unbounded(names: set[str], manifest: Manifest) -> str:
+    """Why `names` can reach any global (code that evals or reads globals(), a variable bound
+    to the `__main__` module), or ""."""
     for name in sorted(names):
         if constructs := CODE_DYNAMIC.intersection(manifest.refs.get(name, ())):
             return f"the code of {name!r} reads {min(constructs)}"
+        if manifest.imports.get(name) == "__main__":
+            return f"{name!r} is the __main__ module"
     return ""
 
 

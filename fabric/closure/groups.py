@@ -139,6 +139,8 @@ class _Walker:
     def walk(self, name: str, root: Any) -> set[str] | None:
         """Mark the nodes reachable from `root` as `name`'s; None when the budget ran out."""
         refs: set[str] = set()
+        if (own := _main_name(root)) is not None:
+            refs.add(own)  # a class or function of the notebook: found by its own name
         seen_types: set[int] = set()
         stack = [root]
         while stack:
@@ -229,6 +231,8 @@ def _main_name(obj: Any) -> str | None:
     """The session variable pickle looks a class or function of `__main__` up by: the first part
     of its qualified name (`Model` for `Model.forward`); None for others and for local ones,
     which pickle cannot find by name anywhere."""
+    if not isinstance(obj, (type, types.FunctionType)):
+        return None
     qualname = getattr(obj, "__qualname__", None)
     if getattr(obj, "__module__", None) != "__main__" or not isinstance(qualname, str) \
             or "<locals>" in qualname:
