@@ -4,7 +4,9 @@ For each code cell, the audit builds the manifest the server would hold for the 
 (groups, code refs, packages, module aliases, from the worker's own grouping), computes the
 cell's closure with the server's own `closure()`, then runs the cell in a namespace that records
 every global lookup. A session variable the cell looked up outside its closure is a *miss*: on a
-fresh worker that cell would have failed or computed something else.
+fresh worker that cell would have failed or computed something else. Lookups by name through the
+`__main__` module (pickle finding a notebook class, `getattr(sys.modules["__main__"], name)`) reach
+the namespace too: IPython's main module forwards them to it.
 
 With `verify`, each cell also runs a second time, concurrently, in a forked child that holds only
 the cell's closure, rebuilt through the codec exactly as a worker loads it from the store, plus
@@ -93,7 +95,8 @@ class CellAudit:
     closure_variables: int
     closure_bytes: int
     import_closure: list[str]
-    whole: bool  # the closure is the whole session (a marker in the cell)
+    whole: bool  # the closure is the whole session
+    forced_by: str  # whole: the construct that forced it (`globals()` in the cell, ...)
     analysis_seconds: float  # static analysis of the cell, cold
     draft_seconds: float  # the slowest analysis of a half-typed prefix of the cell
     closure_seconds: float  # the server's closure computation, cold
@@ -186,7 +189,7 @@ class Auditor:
             session_variables=len(variables), session_bytes=sum(sizes.values()),
             closure_variables=sum(1 for n in cl.names if n in variables),
             closure_bytes=sum(g.size for g in cl.groups),
-            import_closure=sorted(cl.modules), whole=cl.whole,
+            import_closure=sorted(cl.modules), whole=cl.whole, forced_by=cl.forced_by,
             analysis_seconds=analysis_seconds, draft_seconds=draft_seconds,
             closure_seconds=closure_seconds, grouping_seconds=grouping_seconds,
             bounded=grouping.bounded, touched=touched,
@@ -476,6 +479,8 @@ def report(cells: list[dict]) -> str:
             f"{len(c['touched']):>7}  {c['head'][:40]}")
     lines.append("(* the cell defeats static analysis: its closure is the whole session)")
     for c in cells:
+        if c["whole"]:
+            lines.append(f"WHOLE cell {c['index']}: {c['forced_by']}")
         for name in c["misses"]:
             lines.append(f"MISS cell {c['index']}: looked up {name!r} outside its closure")
         for diff in c["variable_diffs"]:

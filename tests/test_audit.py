@@ -3,6 +3,7 @@ too small, or it proves nothing about the corpus."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import nbformat
@@ -60,6 +61,39 @@ def test_a_closure_that_is_too_small_is_caught(tmp_path: Path,
     assert set(third.misses) == {"alias", "notes", "scale", "K", "math"}
     assert third.closure_outputs != third.outputs  # a NameError on the closure alone
     assert any("status error on the closure only" in d for d in third.variable_diffs)
+
+
+def test_lookups_by_name_through_main_are_recorded(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """pickle finds a notebook class in __main__ by name, where no source names it: a closure
+    that leaves the class out must show as a miss."""
+    real = audit.closure
+
+    def without_box(source: str, manifest: object) -> Closure:
+        found = real(source, manifest)
+        return dataclasses.replace(found, names=found.names - {"Box"},
+                                   groups=tuple(g for g in found.groups if "Box" not in g.names))
+
+    monkeypatch.setattr(audit, "closure", without_box)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    auditor = audit.Auditor(verify=True)
+    try:
+        for index, source in enumerate(["import pickle, sys\nclass Box:\n    pass\n",
+                                        "box = Box()\nK = 3\nmain = sys.modules['__main__']\n"]):
+            auditor.cell(index, source)
+        saved = auditor.cell(2, "blob = pickle.dumps(box)\n")
+        looked_up = auditor.cell(3, "print(getattr(main, 'K'))\n")
+    finally:
+        auditor.shell.clear_instance()
+    assert saved.misses == ["Box"]
+    assert any("status error on the closure only" in d for d in saved.variable_diffs)
+    # getattr on the __main__ module goes through the namespace too; `main` is that module,
+    # so the closure is the whole session, and says why
+    assert "K" in looked_up.touched and looked_up.misses == []
+    assert looked_up.whole and looked_up.forced_by == "'main' is the __main__ module"
+    assert "WHOLE cell 3: 'main' is the __main__ module" in audit.report(
+        [dataclasses.asdict(looked_up)])
 
 
 def test_fingerprints_ignore_identity_and_set_order_but_not_values() -> None:

@@ -6,7 +6,13 @@ atoms (numbers, strings, types, modules, library functions) as leaves that never
 variables, and array or tensor memory as one node keyed by its buffer, so views of one array
 group with it. Notebook functions are walked through their defaults, closures and attributes but
 not their globals (that is the namespace itself); their bytecode gives the global names they
-load, which the closure analysis follows transitively.
+load, which the closure analysis follows transitively. Numpy arrays of objects are walked through
+their elements, which the garbage collector does not see.
+
+Code also finds session names without loading them: pickle, `copy`, `torch.save`, `joblib` and
+`multiprocessing` save a class or function of `__main__` as its name and look it up there. So the
+names of the notebook classes of the objects reached, and of the notebook functions and classes
+reached themselves, count among the globals a variable's objects read.
 
 The walk also estimates each group's size in memory (a buffer counts once, by its bytes) and
 notes the packages its objects' types and functions come from: the import closure a fresh worker
@@ -34,7 +40,7 @@ DEFAULT_BUDGET = 2_000_000  # objects visited in one grouping; past it, everythi
 
 # Opcodes that read a global by name, and attribute names that reach the whole namespace.
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "DELETE_GLOBAL", "DELETE_NAME"})
-_NAMESPACE_ATTRS = frozenset({"user_ns", "user_global_ns", "__main__"})
+_NAMESPACE_ATTRS = frozenset({"user_ns", "user_global_ns", "f_globals", "__main__"})
 # Packages a fresh worker has anyway, or that are not packages at all.
 _NOT_PACKAGES = frozenset({"__main__", "builtins", *sys.stdlib_module_names})
 
@@ -53,6 +59,8 @@ def code_globals(code: types.CodeType) -> frozenset[str]:
     """The global names a code object (nested ones included) loads or deletes."""
     names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_READS}
     names.update(_NAMESPACE_ATTRS.intersection(code.co_names))
+    if "__main__" in code.co_consts:  # sys.modules["__main__"]
+        names.add("__main__")
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= code_globals(const)
@@ -106,6 +114,8 @@ class _Walker:
         self.parent: dict[str, str] = {}
         self.size = 0  # bytes reached by the current walk
         self.packages: set[str] = set()  # packages seen by the current walk
+        np = sys.modules.get("numpy")
+        self.arrays = (np.ndarray,) if np is not None else ()
 
     def find(self, name: str) -> str:
         while self.parent[name] != name:
@@ -120,6 +130,8 @@ class _Walker:
 
     def _class_refs(self, cls: type, refs: set[str]) -> None:
         for value in vars(cls).values():
+            if isinstance(value, type) and (name := _main_name(value)) is not None:
+                refs.add(name)  # a class attribute naming another notebook class
             for fn in (value, getattr(value, "__func__", None), getattr(value, "fget", None)):
                 if isinstance(fn, types.FunctionType) and fn.__globals__ is self.namespace:
                     refs |= code_globals(fn.__code__)
@@ -127,6 +139,8 @@ class _Walker:
     def walk(self, name: str, root: Any) -> set[str] | None:
         """Mark the nodes reachable from `root` as `name`'s; None when the budget ran out."""
         refs: set[str] = set()
+        if (own := _main_name(root)) is not None:
+            refs.add(own)  # a class or function of the notebook: found by its own name
         seen_types: set[int] = set()
         stack = [root]
         while stack:
@@ -142,6 +156,10 @@ class _Walker:
                 if id(obj) not in seen_types:
                     seen_types.add(id(obj))
                     self._note_type(obj, refs)
+                    if obj is root and obj.__module__ == "__main__":
+                        # a notebook class owns its methods and class attributes: a variable
+                        # holding one (`jobs = [Ops.square]`) shares it with the class
+                        _push(stack, list(vars(obj).values()))
                 continue
             if isinstance(obj, _ATOMS) or obj is self.namespace:
                 continue
@@ -157,11 +175,15 @@ class _Walker:
                 continue
             if isinstance(obj, types.FunctionType):
                 refs |= code_globals(obj.__code__)
+                if (own := _main_name(obj)) is not None:
+                    refs.add(own)
                 stack.extend(c.cell_contents for c in obj.__closure__ or () if _has_value(c))
                 stack.extend((obj.__defaults__, obj.__kwdefaults__, obj.__dict__))
                 continue
             stack.append(kind)
             _push_referents(stack, obj)
+            if isinstance(obj, self.arrays) and obj.dtype.kind == "O":
+                _push(stack, obj.ravel().tolist())  # an object array's elements
         return refs
 
     def _claim(self, name: str, obj: Any, key: Any) -> bool:
@@ -178,6 +200,8 @@ class _Walker:
 
     def _note_type(self, cls: type, refs: set[str]) -> None:
         if cls.__module__ == "__main__":
+            if (name := _main_name(cls)) is not None:
+                refs.add(name)
             self._class_refs(cls, refs)
             for base in cls.__mro__[1:]:  # a notebook class's library bases come from packages
                 self._note_package(base)
@@ -190,14 +214,30 @@ class _Walker:
 
 
 def _push_referents(stack: list, obj: Any) -> None:
-    """Push what `obj` refers to, but atoms; type sets are counted at C speed, so a list of a
-    million floats costs one pass, not a million pushes."""
-    referents = gc.get_referents(obj)
+    _push(stack, gc.get_referents(obj))
+
+
+def _push(stack: list, referents: list) -> None:
+    """Push `referents`, but atoms; type sets are counted at C speed, so a list of a million
+    floats costs one pass, not a million pushes."""
     kinds = set(map(type, referents))
     if kinds.isdisjoint(_ATOM_TYPES):
         stack.extend(referents)
     elif not kinds <= _ATOM_TYPES:
         stack.extend([r for r in referents if type(r) not in _ATOM_TYPES])
+
+
+def _main_name(obj: Any) -> str | None:
+    """The session variable pickle looks a class or function of `__main__` up by: the first part
+    of its qualified name (`Model` for `Model.forward`); None for others and for local ones,
+    which pickle cannot find by name anywhere."""
+    if not isinstance(obj, (type, types.FunctionType)):
+        return None
+    qualname = getattr(obj, "__qualname__", None)
+    if getattr(obj, "__module__", None) != "__main__" or not isinstance(qualname, str) \
+            or "<locals>" in qualname:
+        return None
+    return qualname.partition(".")[0]
 
 
 def _is_global(obj: Any) -> bool:

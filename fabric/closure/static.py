@@ -12,8 +12,13 @@ Names hidden in strings that IPython evaluates at run time (magic arguments, ``$
 in shell lines) count by their identifier tokens; the bodies of code-running magics (``%%time``,
 ``%timeit``) are analysed as cells of their own. What static analysis cannot see through
 (``globals()``, ``eval``, ``%who``, star imports, ``__main__``) marks the cell as needing the whole
-session. Source that does not parse (a draft being edited) is analysed block by block: blocks
-that parse exactly, the others by every identifier they contain, and the result is marked inexact.
+session, and the analysis names the construct that forced it (``eval`` or ``exec`` of a literal
+string at top level is analysed as code instead). Source that does not parse (a draft being edited)
+is analysed block by block: blocks that parse exactly, the others by every identifier they contain,
+and the result is marked inexact.
+
+A cell that loads pickled data (``pickle.load``, ``torch.load``, ``joblib.load``) needs classes and
+functions of the session that no source text names: pickle looks them up in ``__main__`` by name.
 """
 
 from __future__ import annotations
@@ -37,8 +42,12 @@ _DYNAMIC_MAGICS = frozenset({"who", "whos", "who_ls", "reset", "reset_selective"
 # Magics whose argument (line) or body (cell) is Python code run in the user namespace.
 _CODE_MAGICS = frozenset({"time", "timeit", "prun", "capture", "debug"})
 # Names that, read by session code (functions, methods), let it reach any global by name.
-CODE_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec", "user_ns",
-                          "user_global_ns", "__main__"})
+CODE_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__", "user_ns",
+                          "user_global_ns", "f_globals", "__main__"})
+# Attributes that reach a namespace: IPython's, or a frame's globals.
+_NAMESPACE_ATTRS = frozenset({"user_ns", "user_global_ns", "f_globals"})
+# Calls that unpickle: what they rebuild names its classes and functions for `__main__` to find.
+_UNPICKLING_CALLS = frozenset({"load", "loads", "Unpickler", "read_pickle"})
 _MAGIC_CALLS = frozenset({"run_line_magic", "run_cell_magic", "system", "getoutput"})
 _BLOCK_CONTINUATION = re.compile(r"(else|elif|except|finally|case)\b|[)\]}]")
 
@@ -52,6 +61,8 @@ class CellAnalysis:
     imports: frozenset[str]  # module names the cell imports
     dynamic: bool  # the cell can reach the whole namespace: its closure is the whole session
     parsed: bool  # False: (part of) the source is not valid Python; its reads are a superset
+    forced_by: str = ""  # what made it dynamic, as the user wrote it (`globals()`, `import *`)
+    unpickles: bool = False  # it loads pickled data, which may name any class of the session
 
 
 _transformer = TransformerManager()
@@ -139,7 +150,11 @@ class _Visitor(ast.NodeVisitor):
         self.dels: list[tuple[_Scope, str, frozenset[str]]] = []
         self.reads: set[str] = set()  # found without scopes: magic arguments
         self.imports: set[str] = set()
-        self.dynamic = False
+        self.forced_by = ""  # the first construct that reaches the whole namespace
+        self.unpickles = False
+
+    def _whole(self, construct: str) -> None:
+        self.forced_by = self.forced_by or construct
 
     # driving
     def tokens(self, source: str) -> None:
@@ -156,7 +171,8 @@ class _Visitor(ast.NodeVisitor):
         deletes = {n for s, n, _ in self.dels if s.binds_global(n)}
         writes = {n for s, n in self.binds if s.binds_global(n)}
         return CellAnalysis(source, frozenset(reads), frozenset(writes), frozenset(deletes),
-                            frozenset(self.imports), self.dynamic, parsed)
+                            frozenset(self.imports), bool(self.forced_by), parsed, self.forced_by,
+                            self.unpickles)
 
     # scopes
     def _enter(self, kind: str, body: Iterable[ast.AST]) -> None:
@@ -262,9 +278,9 @@ class _Visitor(ast.NodeVisitor):
 
     def _mark_builtin(self, name: str, bare: bool) -> None:
         if name in _DYNAMIC_ANYWHERE or name == "__main__":
-            self.dynamic = True
+            self._whole(name)
         elif bare and name in _DYNAMIC_BARE and not self.scope.function_like:
-            self.dynamic = True  # locals()/vars()/dir() at module level list the session
+            self._whole(f"{name}()")  # locals()/vars()/dir() at module level list the session
 
     # names
     def visit_Name(self, node: ast.Name) -> None:
@@ -298,16 +314,16 @@ class _Visitor(ast.NodeVisitor):
             self.imports.add(alias.name)
             self._bind(alias.asname or alias.name.partition(".")[0])
             if alias.name == "__main__":
-                self.dynamic = True
+                self._whole("import __main__")
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level == 0 and node.module:
             self.imports.add(node.module)
             if node.module == "__main__":
-                self.dynamic = True
+                self._whole("from __main__ import")
         for alias in node.names:
             if alias.name == "*":
-                self.dynamic = True  # binds names no one can list before it runs
+                self._whole(f"from {node.module or '.'} import *")  # binds names no one can list
             else:
                 self._bind(alias.asname or alias.name)
 
@@ -381,13 +397,13 @@ class _Visitor(ast.NodeVisitor):
 
     # what defeats static analysis
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if node.attr in ("user_ns", "user_global_ns"):
-            self.dynamic = True
+        if node.attr in _NAMESPACE_ATTRS:
+            self._whole(ast.unparse(node))
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
-        if isinstance(node.slice, ast.Constant) and node.slice.value == "__main__":
-            self.dynamic = True  # sys.modules["__main__"]
+        if _names_main(node.slice):
+            self._whole(ast.unparse(node))  # sys.modules["__main__"]
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -397,22 +413,53 @@ class _Visitor(ast.NodeVisitor):
             for arg in (*node.args, *(k.value for k in node.keywords)):
                 self.visit(arg)
             return
+        code = _literal_code(node)
+        if code is not None and self.scope is self.module:
+            self._load(node.func.id)  # code in a literal string, run in the session
+            self._inline(code)
+            return
         if isinstance(func, ast.Attribute) and func.attr in _MAGIC_CALLS:
             self._magic(func.attr, [a.value for a in node.args
                                     if isinstance(a, ast.Constant) and isinstance(a.value, str)])
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        self.unpickles |= called in _UNPICKLING_CALLS
+        if any(_names_main(a) for a in node.args):  # import_module("__main__"), .get("__main__")
+            self._whole(f"{ast.unparse(func)}('__main__')")
         self.generic_visit(node)
+
+    def _inline(self, code: str) -> None:
+        """Code the cell runs in the session from a string: its needs are the cell's."""
+        inner = analyze(code)
+        self.reads.update(inner.reads)
+        self.imports.update(inner.imports)
+        if inner.forced_by:
+            self._whole(inner.forced_by)
+        self.unpickles |= inner.unpickles
+        for written in inner.writes:
+            self._bind(written, surely=False)  # the string's own branches are not followed
 
     def _magic(self, call: str, strings: list[str]) -> None:
         name = strings[0] if call.startswith("run_") and strings else ""
         if name in _DYNAMIC_MAGICS:
-            self.dynamic = True
+            self._whole(f"%{name}")
         code = strings[-1] if name in _CODE_MAGICS and len(strings) >= 2 else None
         if code is not None:
-            inner = analyze(code)
-            self.reads.update(inner.reads)
-            self.imports.update(inner.imports)
-            self.dynamic |= inner.dynamic
-            for written in inner.writes:
-                self._bind(written)
+            self._inline(code)
         for text in strings[1:-1] if code is not None else strings:
             self.reads.update(_IDENT.findall(text))  # `%%capture out` options, `!ls $d`
+
+
+def _names_main(node: ast.AST) -> bool:
+    """Whether an expression is `"__main__"` or `__name__` (which is `"__main__"` in a notebook)."""
+    return (isinstance(node, ast.Constant) and node.value == "__main__") or \
+        (isinstance(node, ast.Name) and node.id == "__name__")
+
+
+def _literal_code(call: ast.Call) -> str | None:
+    """The code of `eval("...")` or `exec("...")` (run in the caller's namespace) when it is a
+    literal string; None otherwise."""
+    if not (isinstance(call.func, ast.Name) and call.func.id in ("eval", "exec")) \
+            or len(call.args) != 1 or call.keywords:
+        return None
+    arg = call.args[0]
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None

@@ -133,3 +133,41 @@ def test_session_code_that_evals_makes_the_closure_the_whole_session() -> None:
     )
     cl = closure("show('df1')", manifest)
     assert cl.whole and cl.names == {"show", "df1", "df2"}
+
+
+# Lookups by name: pickle finds classes and functions of __main__ under their own names.
+
+def _by_name_manifest() -> Manifest:
+    # what the grouping walk records: instances name their class, classes and functions
+    # themselves, methods read globals
+    groups = (Group(BLOB_A, ("model",), 10), Group(BLOB_B, ("Model",), 1),
+              Group(BLOB_C, ("helper",), 1), Group(BLOB_D, ("data",), 1000))
+    refs = {"model": ("Model",), "Model": ("Model", "helper"), "helper": ("helper",)}
+    return Manifest(session="s", groups=groups, refs=refs)
+
+
+def test_saving_an_instance_brings_its_class_and_what_its_methods_read() -> None:
+    c = closure("torch.save(model, 'model.pt')\n", _by_name_manifest())
+    assert c.names == {"model", "Model", "helper"}
+    assert not c.whole
+
+
+def test_a_cell_that_unpickles_gets_every_class_and_function_of_the_session() -> None:
+    c = closure("again = torch.load('model.pt', weights_only=False)\n", _by_name_manifest())
+    assert c.names == {"Model", "helper"}  # definitions, not the data
+    assert not c.whole
+
+
+def test_a_whole_closure_names_what_forced_it() -> None:
+    m = _manifest(refs={"f": ("globals",)})
+    assert closure("print(globals()['x'])\n", m).forced_by == "the cell uses globals"
+    c = closure("f()\n", m)
+    assert c.whole and c.names == {"x", "a", "b", "f", "K"}
+    assert c.forced_by == "the code of 'f' reads globals"
+    assert closure("print(x)\n", m).forced_by == ""
+
+
+def test_a_variable_bound_to_the_main_module_takes_the_whole_session() -> None:
+    c = closure("print(getattr(main, name))\n", _manifest(imports={"main": "__main__"}))
+    assert c.whole
+    assert c.forced_by == "'main' is the __main__ module"

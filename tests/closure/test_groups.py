@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import torch
 
 from fabric.closure import group_variables
@@ -174,6 +175,66 @@ def test_notebook_class_gives_refs_through_its_methods() -> None:
     grouping = group_variables(ns, ["SCALE", "helper", "C", "obj"])
     assert {"helper", "SCALE", "STATIC_G", "PROP_G"} <= grouping.refs["C"]
     assert {"helper", "SCALE"} <= grouping.refs["obj"]  # through its class
+
+
+# Names that pickle, copy, torch.save and multiprocessing look up in __main__.
+
+def test_an_instance_refers_to_its_notebook_class_by_name() -> None:
+    ns = _notebook(
+        "import functools\n"
+        "class Model:\n"
+        "    class Head:\n"
+        "        pass\n"
+        "def act(v):\n"
+        "    return v\n"
+        "model = Model()\n"
+        "head = Model.Head()\n"
+        "nested = {'layers': [(1, Model())]}\n"
+        "later = functools.partial(act, 2)\n"
+        "plain = [1, 2]\n"
+    )
+    names = ["later", "Model", "act", "model", "head", "nested", "plain"]
+    refs = group_variables(ns, names).refs
+    for name in ("model", "head", "nested"):
+        assert "Model" in refs[name], name  # pickled as __main__.Model, __main__.Model.Head
+    assert "act" in refs["later"]  # the partial's function, pickled as __main__.act
+    assert refs["plain"] == set()
+    # classes and functions are looked up by their own name: what unpickling may need
+    assert "Model" in refs["Model"]
+    assert "act" in refs["act"]
+
+
+def test_a_method_held_elsewhere_refers_to_its_class_and_groups_with_it() -> None:
+    ns = _notebook(
+        "class Ops:\n"
+        "    @staticmethod\n"
+        "    def square(v):\n"
+        "        return v * v\n"
+        "jobs = [Ops.square]\n"
+        "other = Ops()\n"
+    )
+    grouping = group_variables(ns, ["jobs", "Ops", "other"])
+    assert "Ops" in grouping.refs["jobs"]  # pickled as __main__.Ops.square
+    # one function object: loaded apart, jobs[0] would not be Ops.square
+    assert _group_of([set(g) for g in grouping.groups], "jobs") == {"jobs", "Ops"}
+    # an instance does not share its class's methods: instances stay apart from their class
+    assert _group_of([set(g) for g in grouping.groups], "other") == {"other"}
+
+
+def test_local_classes_give_no_name() -> None:
+    ns = _notebook("def make():\n    class Local:\n        pass\n    return Local()\n"
+                   "obj = make()\n")
+    assert group_variables(ns, ["make", "obj"]).refs["obj"] == set()
+
+
+def test_object_arrays_are_walked_through_their_elements() -> None:
+    ns = _notebook("class Cell:\n    pass\nshared = [0]\n")
+    ns["cells"] = np.array([ns["Cell"](), ns["shared"], "text"], dtype=object)
+    ns["frame"] = pd.DataFrame({"c": [ns["Cell"](), ns["Cell"]()]})
+    grouping = group_variables(ns, ["shared", "cells", "frame"])
+    assert "Cell" in grouping.refs["cells"]
+    assert "Cell" in grouping.refs["frame"]
+    assert _group_of([set(g) for g in grouping.groups], "cells") == {"cells", "shared"}
 
 
 def test_library_function_gives_no_refs() -> None:

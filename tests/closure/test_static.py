@@ -87,8 +87,19 @@ def test_globals_call_is_dynamic() -> None:
     assert analyze("print(globals()['x'])\n").dynamic
 
 
-def test_eval_is_dynamic() -> None:
-    assert analyze("r = eval('a + b')\n").dynamic
+def test_eval_of_a_string_built_at_run_time_is_dynamic() -> None:
+    cell = analyze("r = eval(expr)\n")
+    assert cell.dynamic
+    assert cell.forced_by == "eval"
+
+
+def test_eval_and_exec_of_a_literal_at_top_level_are_read_as_code() -> None:
+    cell = analyze("r = eval('a + b')\nexec('y = x')\nprint(y)\n")
+    assert not cell.dynamic
+    assert {"a", "b", "x", "y"} <= cell.reads  # y: the string's binding is not followed
+    assert {"r", "y"} <= cell.writes
+    # in a function, exec cannot bind the function's locals: a global y would be read
+    assert analyze("def f():\n    exec('y = 1')\n    return y\n").dynamic
 
 
 def test_user_ns_access_is_dynamic() -> None:
@@ -296,9 +307,33 @@ def test_locals_and_vars_at_module_level_are_dynamic_but_not_in_a_function() -> 
 
 
 def test_exec_and_main_module_are_dynamic() -> None:
-    assert analyze("exec('y = x')\n").dynamic
+    assert analyze("exec(code)\n").dynamic
     assert analyze("import __main__\nprint(__main__.x)\n").dynamic
     assert analyze("import sys\nns = sys.modules['__main__']\n").dynamic
+
+
+def test_the_construct_that_forced_the_whole_session_is_named() -> None:
+    cases = {
+        "import sys\nv = getattr(sys.modules['__main__'], name)\n": "sys.modules['__main__']",
+        "v = sys.modules[__name__]\n": "sys.modules[__name__]",
+        "m = importlib.import_module('__main__')\n": "importlib.import_module('__main__')",
+        "m = __import__('__main__')\n": "__import__('__main__')",
+        "v = globals()[name]\n": "globals",
+        "print(vars())\n": "vars()",
+        "from pylab import *\n": "from pylab import *",
+        "g = sys._getframe().f_globals\n": "sys._getframe().f_globals",
+        "%who\n": "%who",
+    }
+    for source, construct in cases.items():
+        assert analyze(source).forced_by == construct, source
+    assert not analyze("if __name__ == '__main__':\n    main()\n").dynamic
+
+
+def test_loading_pickled_data_is_noted() -> None:
+    for source in ("m = torch.load(path, weights_only=False)\n", "p = joblib.load('p.joblib')\n",
+                   "o = pickle.loads(blob)\n", "df = pd.read_pickle(path)\n"):
+        assert analyze(source).unpickles, source
+    assert not analyze("torch.save(model, path)\n").unpickles
 
 
 def test_method_named_eval_is_not_dynamic() -> None:
