@@ -34,6 +34,10 @@ class Step(NamedTuple):
     disruption: str
     source: str
 
+    def __repr__(self) -> str:  # as a regression test writes it
+        source = "PROBE" if self.source == PROBE else repr(self.source)
+        return f"Step({self.disruption!r}, {source})"
+
 
 NAMES = ("a", "b", "c")  # few names, so cells rebind, alias and delete each other's values
 
@@ -370,10 +374,12 @@ def shell(draw: Draw, m: Model) -> str:
     return f"{name} = !echo {k} ${expanded}\nprint({name})"
 
 
-def history(draw: Draw, m: Model) -> str:
-    choice = draw(st.sampled_from(["result", "_", "__", "Out"]))
-    if choice == "result":
-        return _target(draw)  # the cell's value: an execute_result, and the new `_`
+def result(draw: Draw, m: Model) -> str:
+    return _target(draw)  # the cell's value: an execute_result, and the new `_`
+
+
+def read_history(draw: Draw, m: Model) -> str:
+    choice = draw(st.sampled_from(["_", "__", "Out"]))
     if choice == "Out":
         return "print(sorted(Out.items()))"
     return f"print(repr({choice}))"
@@ -383,13 +389,21 @@ def listing(draw: Draw, m: Model) -> str:
     return "print(sorted(k for k in dir() if not k.startswith('_')))"
 
 
-ACTIONS: tuple[Action, ...] = (
+ALL_ACTIONS: tuple[Action, ...] = (
     assign, alias, augment, delete, exists, mutate, identity, define_class, instance,
     set_attribute, inspect_instance, define_setter, call_setter, define_reader, call_reader,
     define_counter, call_counter, comprehension, raise_after_writes, generator,
     advance_generator, open_file, use_file, tensor, graph, backward, array, view, write_view,
-    rebind_np, capture, read_capture, time_magic, shell, history, listing,
+    rebind_np, capture, read_capture, time_magic, shell, result, read_history, listing,
 )
+
+# Actions left out while a known bug makes them fail, each with the xfail regression test in
+# tests/test_generated.py that shows it: when that test starts passing, delete the entry.
+KNOWN_FAILURES: dict[Action, str] = {
+    delete: "test_a_deleted_name_stays_deleted_*",
+    read_history: "test_output_history_survives_a_new_worker",
+}
+ACTIONS = tuple(a for a in ALL_ACTIONS if a not in KNOWN_FAILURES)
 
 # The last cell: every user-visible name with a fingerprint of its value, and which names share
 # one mutable object. Deterministic by construction: no addresses, no consuming generators.
@@ -408,7 +422,7 @@ def _fp(v, depth=0):
     if isinstance(v, types.ModuleType):
         return ('module', v.__name__)
     if t.__module__ == 'numpy' and t.__name__ == 'ndarray':
-        return ('ndarray', str(v.dtype), v.shape, v.tolist(), v.base is not None)
+        return ('ndarray', str(v.dtype), v.shape, v.tolist())  # .base: see test_generated
     if t.__module__.startswith('torch') and hasattr(v, 'requires_grad'):
         return ('tensor', str(v.dtype), tuple(v.shape), v.detach().tolist(), v.requires_grad,
                 v.grad_fn is not None, None if v.grad is None else v.grad.tolist())

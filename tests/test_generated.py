@@ -35,12 +35,14 @@ DEEP_EXAMPLES = int(os.environ.get("LLFABRIC_DEEP_EXAMPLES", "3000"))
 
 EDIT_DRAFT = "print(a, b, c)"  # what an "edit" drafts: another cell, reading every name
 
-# A new IPython session in the same kernel: empty namespace and history, the count back to 1 (the
-# cell's own count is added after it), the example's own working directory.
+# A new IPython session in the same kernel, as a fresh kernel starts: empty namespace and history,
+# `_` `__` `___` empty strings (reset deletes them), the next cell's count 1 (a kernel counts
+# before it runs a cell: this one's count stays as it was), the example's working directory.
 RESET = """\
 get_ipython().reset(new_session=True)
+get_ipython().user_ns.update(_='', __='', ___='')
 __import__('os').chdir({cwd!r})
-get_ipython().execution_count = 0
+get_ipython().execution_count = 1
 """
 
 OUTPUTS = {"stream", "display_data", "execute_result", "error"}
@@ -127,7 +129,7 @@ def _notebook(steps: list[Step], outputs: list[list[dict]]) -> nbformat.Notebook
 
 def describe(steps: list[Step]) -> str:
     """The example as a regression test's cell list."""
-    return "[\n" + "".join(f"    Step({s.disruption!r}, {s.source!r}),\n" for s in steps) + "]"
+    return "[\n" + "".join(f"    {step!r},\n" for step in steps) + "]"
 
 
 class Differential:
@@ -189,3 +191,34 @@ def test_the_probe_sees_every_kind_of_value(differential: Differential) -> None:
     differential([Step("keep", "import numpy as np\na = np.arange(4)\nb = a[1:3]\nprint(b)"),
                   Step("keep", "c = [1]\nprint(c)"),
                   Step("keep", PROBE)])
+
+
+
+@pytest.mark.xfail(strict=True, reason="a deleted name comes back from the committed manifest")
+def test_a_deleted_name_stays_deleted_on_the_warm_worker(differential: Differential) -> None:
+    differential([Step("keep", "x = 1"),
+                  Step("keep", "del x"),
+                  Step("keep", "print('x' in dir())")])
+
+
+@pytest.mark.xfail(strict=True, reason="a deleted name comes back from the committed manifest")
+def test_a_deleted_name_stays_deleted_on_a_fresh_worker(differential: Differential) -> None:
+    differential([Step("keep", "x = 1"),
+                  Step("keep", "del x"),
+                  Step("kill", "print('x' in dir())")])
+
+
+@pytest.mark.xfail(strict=True, reason="_, __ and Out are not session state: a fresh worker "
+                   "starts them empty")
+def test_output_history_survives_a_new_worker(differential: Differential) -> None:
+    differential([Step("keep", "1 + 1"),
+                  Step("keep", "'two'"),
+                  Step("retire", "print(repr(_), repr(__), Out)")])
+
+
+@pytest.mark.xfail(strict=True, reason="an array loaded from the store is a view of the blob's "
+                   "buffer: it does not own its data, so in-place resize fails")
+def test_an_array_owns_its_data_on_a_fresh_worker(differential: Differential) -> None:
+    # The probe leaves .base out of an array's fingerprint until this passes.
+    differential([Step("keep", "import numpy as np\nb = np.arange(3)\nprint(b)"),
+                  Step("retire", "print(b.base is None, b.flags.owndata)\nb.resize(5)\nprint(b)")])
