@@ -5,7 +5,7 @@ STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
 INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-fast test-corpus-full lint criu native sysdeps clean
+.PHONY: demo test test-fast test-corpus-full test-deep lint criu native sysdeps clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,14 +33,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: $(STAMP) $(CRIU) $(INIT) sysdeps lint
-	$(VENV)/bin/pytest -m "not gpu" -q
+	$(VENV)/bin/pytest -m "not gpu and not deep" -q
 
 # Every corpus differential on every notebook, the heavy ones included (about an hour here).
 test-corpus-full: $(STAMP) $(CRIU) $(INIT) sysdeps
 	LLFABRIC_CORPUS=full $(VENV)/bin/pytest -m slow -q
 
 test-fast: $(STAMP) $(INIT)
-	$(VENV)/bin/pytest -m "not gpu and not slow" -q
+	$(VENV)/bin/pytest -m "not gpu and not slow and not deep" -q
+
+# Thousands of generated notebooks against a plain kernel (LLFABRIC_DEEP_EXAMPLES, default 3000).
+test-deep: $(STAMP) $(CRIU) $(INIT) sysdeps
+	$(VENV)/bin/pytest -m deep -q
 
 clean:
 	rm -rf $(VENV) .criu build
