@@ -1,0 +1,147 @@
+"""Who may use a server: CURVE keys on tcp://, the OS user on ipc://, each user's own sessions,
+per-user limits, and directories no other user can have prepared."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from helpers import RunningServer, execute, serving, text
+
+from fabric.auth import ClientKey, Keys, write_client_key
+from fabric.client import Client
+from fabric.errors import RemoteError
+
+ROOT = Path(__file__).resolve().parent.parent
+LLFABRIC = [sys.executable, "-m", "cli.main"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("keys")
+    keys = Keys(root)
+    write_client_key(root / "client.key", keys.new_client("alice"))  # the server's own check
+    return root
+
+
+@pytest.fixture(scope="module")
+def tcp(key_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+        ) -> Iterator[tuple[RunningServer, Keys]]:
+    env = {**os.environ, "LLFABRIC_KEY_DIR": str(key_dir)}
+    os.environ["LLFABRIC_KEY_DIR"] = str(key_dir)  # the readiness ping reads alice's client.key
+    try:
+        with serving(tmp_path_factory.mktemp("store"), env, bind=f"tcp://127.0.0.1:{_port()}",
+                     keep_warm=0, user_sessions=3, user_cells=1) as server:
+            yield server, Keys(key_dir)
+    finally:
+        del os.environ["LLFABRIC_KEY_DIR"]
+
+
+def _client(server: RunningServer, key: ClientKey, timeout: float = 30) -> Client:
+    return Client(server.address, timeout=timeout, key=key)
+
+
+@pytest.fixture(scope="module")
+def users(tcp: tuple[RunningServer, Keys]) -> dict[str, ClientKey]:
+    _, keys = tcp
+    return {name: keys.new_client(name) for name in ("bob", "carol", "dave")}
+
+
+def test_tcp_without_client_keys_is_refused_at_start(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*LLFABRIC, "serve", "--store", str(tmp_path / "store"),
+         "--bind", f"tcp://127.0.0.1:{_port()}"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60, env={**os.environ, "LLFABRIC_KEY_DIR": str(tmp_path / "keys")})
+    assert result.returncode != 0
+    assert "llfabric keys new" in result.stderr
+    assert (tmp_path / "keys" / "server.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_client_with_an_admitted_key_is_served_as_its_user(tcp, users) -> None:
+    server, _ = tcp
+    with _client(server, users["bob"]) as bob:
+        assert bob.call("ping")["user"] == "bob"
+
+
+def test_unknown_keys_and_plain_clients_get_no_service(tcp, users) -> None:
+    server, keys = tcp
+    public, secret = zmq.curve_keypair()
+    stranger = ClientKey("eve", public.decode(), secret.decode(), keys.server_pair()[0])
+    with _client(server, stranger) as client:
+        assert not client.ping(timeout=2)
+    plain = zmq.Context.instance().socket(zmq.DEALER)  # no CURVE: what a stdlib script speaks
+    plain.linger = 0
+    plain.connect(server.address)
+    try:
+        plain.send(b"\x83\xa2op\xa7execute\xa6msg_id\xa11\xa7session\xa1s")
+        assert not plain.poll(2000)
+    finally:
+        plain.close()
+
+
+def test_a_user_sees_and_runs_only_their_own_sessions(tcp, users, tmp_path: Path) -> None:
+    server, _ = tcp
+    name = f"nb-{uuid.uuid4().hex[:6]}"
+    with _client(server, users["bob"]) as bob, _client(server, users["carol"]) as carol:
+        bob.call("open", session=name, cwd=str(tmp_path))
+        execute(bob, name, "secret = 'bob only'")
+        with pytest.raises(RemoteError) as err:
+            carol.call("execute", session=name, source="print(secret)")
+        assert err.value.kind == "unknown_session"
+        assert name not in [s["session"] for s in carol.call("status")["sessions"]]
+        # the same name is carol's own session, which never saw bob's state
+        assert carol.call("open", session=name, cwd=str(tmp_path))["version"] == 0
+        _, outputs = execute(carol, name, "print('secret' in dir())")
+        assert text(outputs) == "False\n"
+        _, outputs = execute(bob, name, "print(secret)")
+        assert text(outputs) == "bob only\n"
+        assert [s["session"] for s in bob.call("status")["sessions"]] == [name]
+        for who in (bob, carol):
+            who.call("close", session=name)
+
+
+def test_a_revoked_key_is_refused_at_once(tcp, users) -> None:
+    server, keys = tcp
+    with _client(server, users["dave"]) as dave:
+        assert dave.call("ping")["user"] == "dave"
+        assert keys.revoke("dave")
+        with pytest.raises(RemoteError) as err:
+            dave.call("ping")
+        assert err.value.kind == "forbidden"
+
+
+def test_per_user_limits_on_sessions_and_running_cells(tcp, users, tmp_path: Path) -> None:
+    server, _ = tcp
+    with _client(server, users["carol"]) as carol:
+        names = [f"lim-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+        for name in names[:3]:
+            carol.call("open", session=name, cwd=str(tmp_path))
+        with pytest.raises(RemoteError) as err:
+            carol.call("open", session=names[3], cwd=str(tmp_path))
+        assert err.value.kind == "limit"
+        # one cell at a time: a second, while the first runs, is refused
+        first = carol.send("execute", session=names[0],
+                           source="print('go', flush=True)\nimport time\ntime.sleep(3)")
+        assert carol.receive({first}, 60)["event"] in ("output", "queued", "leased")
+        with pytest.raises(RemoteError) as err:
+            carol.call("execute", session=names[1], source="1")
+        assert err.value.kind == "limit"
+        while carol.receive({first}, 60)["type"] != "reply":
+            pass
+        assert carol.call("execute", session=names[1], source="1")["status"] == "ok"
+        for name in names[:3]:
+            carol.call("close", session=name)
