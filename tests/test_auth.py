@@ -4,6 +4,8 @@ per-user limits, and directories no other user can have prepared."""
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,13 +14,16 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import nbformat
 import pytest
 import zmq
 from helpers import RunningServer, execute, serving, text
+from nbformat.v4 import new_code_cell, new_notebook
 
 from fabric.auth import ClientKey, Keys, write_client_key
 from fabric.client import Client
-from fabric.errors import RemoteError
+from fabric.errors import RemoteError, UnsafePath
+from fabric.private import open_private, private_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 LLFABRIC = [sys.executable, "-m", "cli.main"]
@@ -49,6 +54,25 @@ def tcp(key_dir: Path, tmp_path_factory: pytest.TempPathFactory,
             yield server, Keys(key_dir)
     finally:
         del os.environ["LLFABRIC_KEY_DIR"]
+
+
+@pytest.fixture(scope="module")
+def other_user() -> Iterator[tuple[int, int]]:
+    """A real second OS user, (uid, gid): only root can make one."""
+    if os.geteuid() != 0:
+        pytest.skip("a second OS user needs root to create")
+    name = f"llft{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True)
+    try:
+        entry = pwd.getpwnam(name)
+        yield entry.pw_uid, entry.pw_gid
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+def _as(user: tuple[int, int], command: str) -> None:
+    subprocess.run(["sh", "-c", command], user=user[0], group=user[1], extra_groups=[],
+                   cwd="/", check=True, timeout=60)
 
 
 def _client(server: RunningServer, key: ClientKey, timeout: float = 30) -> Client:
@@ -145,3 +169,106 @@ def test_per_user_limits_on_sessions_and_running_cells(tcp, users, tmp_path: Pat
         assert carol.call("execute", session=names[1], source="1")["status"] == "ok"
         for name in names[:3]:
             carol.call("close", session=name)
+
+
+def _client_as(user: tuple[int, int], address: str) -> list[str]:
+    """What a client running as `user` learns: its user name, its sessions, and what an
+    execute in the session 'mine' gets. A forked child (this Python may sit where that user
+    cannot read), which drops to the user before it opens any socket."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(user[1])
+            os.setuid(user[0])
+            with Client(address, timeout=30) as client:
+                seen = [client.call("ping")["user"],
+                        str([s["session"] for s in client.call("status")["sessions"]])]
+                try:
+                    client.call("execute", session="mine", source="print(x)")
+                except RemoteError as exc:
+                    seen.append(exc.kind)
+            os.write(write, "\n".join(seen).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        seen = f.read().split("\n")
+    assert os.waitpid(pid, 0)[1] == 0
+    return seen
+
+
+def test_an_ipc_client_is_the_os_user_it_connects_as(other_user, tmp_path: Path) -> None:
+    shared = Path(tempfile.mkdtemp(prefix="llf-", dir="/tmp"))  # the admin's shared socket dir
+    try:
+        shared.chmod(0o755)
+        with serving(tmp_path / "store", bind=f"ipc://{shared}/s.sock") as server:
+            (shared / "s.sock").chmod(0o666)  # the admin lets other local users connect
+            with server.client() as me:
+                assert me.call("ping")["user"] == pwd.getpwuid(os.geteuid()).pw_name
+                me.call("open", session="mine", cwd=str(tmp_path))
+                execute(me, "mine", "x = 'root only'")
+                assert _client_as(other_user, server.address) == [
+                    pwd.getpwuid(other_user[0]).pw_name, "[]", "unknown_session"]
+                assert [s["session"] for s in me.call("status")["sessions"]] == ["mine"]
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture
+def hostile_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A runtime dir made first, mode 0777, its log a link to a file of ours: by another OS
+    user when the test runs as root, else by this user."""
+    path = Path(f"/tmp/llf-hostile-{uuid.uuid4().hex[:8]}")
+    command = (f"mkdir -m 777 {path} && ln -s {tmp_path / 'precious'} "
+               f"{path / 'embedded-server.log'}")
+    try:
+        if request.param == "other user":
+            _as(request.getfixturevalue("other_user"), command)
+        else:
+            subprocess.run(["sh", "-c", command], check=True)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("hostile_dir", ["other user", "this user"], indirect=True)
+def test_a_runtime_dir_others_could_prepare_is_refused(hostile_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "precious").write_text("keep\n")
+    nb = tmp_path / "nb.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print('secret source')")]), str(nb))
+    result = subprocess.run(
+        [*LLFABRIC, "run", str(nb), "--store", str(tmp_path / "store")], cwd=ROOT,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "LLFABRIC_RUNTIME_DIR": str(hostile_dir)})
+    assert result.returncode != 0
+    assert f"refusing {hostile_dir}" in result.stderr
+    assert (tmp_path / "precious").read_text() == "keep\n"
+    assert not (hostile_dir / "server.sock").exists()
+
+
+def test_a_store_others_can_write_into_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir(mode=0o777)
+    store.chmod(0o777)
+    result = subprocess.run([*LLFABRIC, "serve", "--store", str(store), "--bind",
+                             f"ipc://{tmp_path}/s.sock"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode != 0
+    assert f"refusing {store}" in result.stderr and "lets other users in" in result.stderr
+
+
+def test_private_dirs_are_made_0700_and_a_link_is_never_followed(tmp_path: Path) -> None:
+    made = private_dir(tmp_path / "a" / "b")
+    assert made.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "target").write_text("x")
+    (made / "log").symlink_to(tmp_path / "target")
+    with pytest.raises(UnsafePath):
+        open_private(made / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    (tmp_path / "link").symlink_to(made)
+    with pytest.raises(UnsafePath):
+        private_dir(tmp_path / "link")
