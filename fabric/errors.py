@@ -62,7 +62,7 @@ class Unreachable(FabricError):
 
 
 class RemoteError(FabricError):
-    """An error reply from the server, re-raised on the client side."""
+    """An error that came over a wire (a server's reply, a worker's report), raised here."""
 
     def __init__(self, wire: dict) -> None:
         fields = {k: v for k, v in wire.items() if k not in ("message", "kind")}
