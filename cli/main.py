@@ -179,7 +179,7 @@ def status(connect: str | None, as_json: bool) -> None:
     try:
         with Client(config.address, timeout=5) as client:
             info = client.call("status")
-    except Unreachable as exc:
+    except FabricError as exc:  # unreachable, no key, a socket dir someone else could own
         raise click.ClickException(exc.message) from exc
     info = {k: v for k, v in info.items() if k not in ("type", "msg_id")}
     if as_json:

@@ -128,6 +128,11 @@ class Keys:
             raise Forbidden(f"a tcp:// server needs a client key, and {path} does not exist: "
                             "ask the server's admin to run `llfabric keys new YOUR_NAME` and "
                             f"put the file it writes at {path}", path=str(path))
+        return self.client_from(path)
+
+    @staticmethod
+    def client_from(path: Path) -> ClientKey:
+        """A client key file, as `llfabric keys new` writes it."""
         data = _json(path)
         return ClientKey(str(data.get("user", "")), _key(data, "public", path),
                          _key(data, "secret", path), _key(data, "server", path))

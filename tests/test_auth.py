@@ -272,3 +272,32 @@ def test_private_dirs_are_made_0700_and_a_link_is_never_followed(tmp_path: Path)
     (tmp_path / "link").symlink_to(made)
     with pytest.raises(UnsafePath):
         private_dir(tmp_path / "link")
+
+
+def _cli(*args: str, key_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*LLFABRIC, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "LLFABRIC_KEY_DIR": str(key_dir)})
+
+
+def test_keys_are_made_listed_and_revoked_and_run_uses_the_configured_one(
+        tcp, key_dir: Path, tmp_path: Path) -> None:
+    server, _ = tcp
+    nb = tmp_path / "remote.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print(6 * 7)")]), str(nb))
+    result = _cli("run", str(nb), "--connect", server.address, key_dir=key_dir)  # alice's key
+    assert result.returncode == 0, result.stderr
+    assert "42" in result.stdout
+    keyless = _cli("run", str(nb), "--connect", server.address, key_dir=tmp_path / "none")
+    assert keyless.returncode != 0 and "llfabric keys new" in keyless.stderr
+
+    out = tmp_path / "frank.key"
+    assert _cli("keys", "new", "frank", "--out", str(out), key_dir=key_dir).returncode == 0
+    assert out.stat().st_mode & 0o777 == 0o600
+    assert "frank " in _cli("keys", "list", key_dir=key_dir).stdout
+    with Client(server.address, key=Keys.client_from(out)) as frank:
+        assert frank.call("ping")["user"] == "frank"
+    assert _cli("keys", "new", "frank", "--out", str(tmp_path / "again.key"),
+                key_dir=key_dir).returncode != 0  # one key per user
+    assert _cli("keys", "revoke", "frank", key_dir=key_dir).returncode == 0
+    assert "frank " not in _cli("keys", "list", key_dir=key_dir).stdout
+    assert _cli("keys", "revoke", "frank", key_dir=key_dir).returncode != 0
