@@ -22,6 +22,7 @@ from fabric.client import Client
 from fabric.embedded import EmbeddedServer
 from fabric.errors import FabricError, NotebookError, Unreachable
 from fabric.notebook import read_notebook, run_notebook, timings_table
+from fabric.protocol import as_session_name
 from fabric.snapshot import Manifest
 from fabric.snapshot.history import GRACE_SECONDS
 
@@ -54,7 +55,10 @@ def serve(store: str | None, bind: str | None, slots: int | None) -> None:
     logging.getLogger().setLevel(logging.INFO)
     config = _config(store, bind, slots=slots)
     click.echo(f"llfabric serving on {config.address} (store {config.store})", err=True)
-    server.run(config)
+    try:
+        server.run(config)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
 
 
 def _print_output(index: int, output: dict) -> None:
@@ -92,7 +96,7 @@ def _run(notebook: Path, connect: str | None, store: str | None, think_time: flo
         nb = read_notebook(notebook)
     except NotebookError as exc:
         raise click.ClickException(exc.message) from exc
-    session = session or f"{notebook.stem[:80]}-{uuid.uuid4().hex[:8]}"
+    session = session or f"{as_session_name(notebook.stem, 80)}-{uuid.uuid4().hex[:8]}"
     workdir = (cwd or notebook.resolve().parent).resolve()
     try:
         with _server(connect, store) as client:
@@ -175,7 +179,7 @@ def status(connect: str | None, as_json: bool) -> None:
     try:
         with Client(config.address, timeout=5) as client:
             info = client.call("status")
-    except Unreachable as exc:
+    except FabricError as exc:  # unreachable, no key, a socket dir someone else could own
         raise click.ClickException(exc.message) from exc
     info = {k: v for k, v in info.items() if k not in ("type", "msg_id")}
     if as_json:
@@ -245,6 +249,53 @@ def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
     path = install_kernelspec(name, connect, user=not sys_prefix,
                               prefix=sys.prefix if sys_prefix else prefix)
     click.echo(f"installed kernelspec {name} in {path}")
+
+
+@main.group()
+def keys() -> None:
+    """The CURVE keys of clients a tcp:// server admits (in the configured key_dir)."""
+
+
+def _keys():
+    from fabric.auth import Keys
+
+    return Keys(_config().key_dir)
+
+
+@keys.command("new")
+@click.argument("user")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False),
+              help="Where to write USER's client key (default: USER.key here).")
+def keys_new(user: str, out: Path | None) -> None:
+    """Admit USER: make their key pair and write the client key file they install as
+    ~/.config/llfabric/client.key on their machine."""
+    from fabric.auth import write_client_key
+
+    out = out or Path(f"{user}.key")
+    try:
+        if out.exists() or out.is_symlink():
+            raise FabricError(f"{out} exists; choose another --out")
+        write_client_key(out, _keys().new_client(user))
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"admitted {user}; give them {out} (secret: it is their key) to install as "
+               "~/.config/llfabric/client.key")
+
+
+@keys.command("list")
+def keys_list() -> None:
+    """The admitted users and their public keys."""
+    for user, public in _keys().users().items():
+        click.echo(f"{user}  {public}")
+
+
+@keys.command("revoke")
+@click.argument("user")
+def keys_revoke(user: str) -> None:
+    """Stop admitting USER, also on the connections they have open."""
+    if not _keys().revoke(user):
+        raise click.ClickException(f"no key of user {user!r}")
+    click.echo(f"revoked {user}")
 
 
 def _mb(nbytes: int) -> str:

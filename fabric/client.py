@@ -7,21 +7,34 @@ import math
 import os
 import time
 from collections.abc import Container, Iterator
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from . import protocol
-from .errors import RemoteError, Unreachable
+from .auth import ClientKey, Keys
+from .errors import FrameTooLarge, RemoteError, Unreachable
+from .private import check_dir
 
 
 class Client:
-    def __init__(self, address: str, timeout: float = 10.0) -> None:
+    """`key`: for a tcp:// address, default the client.key of the configured key_dir."""
+
+    def __init__(self, address: str, timeout: float = 10.0, key: ClientKey | None = None) -> None:
         self.address = address
         self.timeout = timeout
+        if address.startswith("tcp://") and key is None:
+            from .config import load
+
+            key = Keys(load().key_dir).client()
+        elif address.startswith("ipc://"):
+            _check_socket_dir(Path(address[len("ipc://"):]).parent)
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.linger = 0
+        if key is not None:
+            key.apply(self.socket)
         self.socket.connect(address)
         self._ids = (f"{os.getpid()}-{n}" for n in itertools.count(1))
 
@@ -38,7 +51,12 @@ class Client:
     def send(self, op: str, **fields: Any) -> str:
         """Send a request without waiting; return its msg_id, for `receive`."""
         msg_id = next(self._ids)
-        self.socket.send(protocol.pack({"op": op, "msg_id": msg_id, **fields}))
+        frame = protocol.pack({"op": op, "msg_id": msg_id, **fields})
+        if len(frame) > protocol.WIRE_LIMIT:  # the server could not even answer it
+            raise FrameTooLarge(f"a request of {len(frame)} bytes exceeds the limit of "
+                                f"{protocol.WIRE_LIMIT}", size=len(frame),
+                                limit=protocol.WIRE_LIMIT)
+        self.socket.send(frame)
         return msg_id
 
     def receive(self, msg_ids: Container[str], wait: float) -> dict | None:
@@ -87,3 +105,10 @@ class Client:
         except Unreachable:
             return False
         return True
+
+
+def _check_socket_dir(folder: Path) -> None:
+    """Refuse a socket in a directory that another user (not root) owns or may write into:
+    they could have put their own server there to receive our cells."""
+    if folder.is_dir():
+        check_dir(folder, owners={os.geteuid(), 0}, closed=0o022)

@@ -15,6 +15,10 @@ def _data_home() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
 
 
+def _config_home() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+
+
 def _runtime_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR")
     return Path(base) / "llfabric" if base else Path("/tmp") / f"llfabric-{os.getuid()}"
@@ -40,6 +44,10 @@ class Config:
     # percent of host memory in use past which warm workers retire and pinned ones are dumped
     memory_pressure: int = 90
     max_frame: int = 16 * 1024 * 1024
+    # CURVE keys: the server's pair, the admitted clients' public keys, this client's key
+    key_dir: Path = field(default_factory=lambda: _config_home() / "llfabric")
+    user_sessions: int = 0  # sessions one user may have open at once; 0: no limit
+    user_cells: int = 0  # cells one user may run (hold or wait for a lease) at once; 0: no limit
 
     @property
     def address(self) -> str:

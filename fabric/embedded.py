@@ -12,6 +12,7 @@ from pathlib import Path
 from .client import Client
 from .config import Config
 from .errors import Unreachable
+from .private import open_private, private_dir
 
 START_TIMEOUT = 120.0
 
@@ -28,8 +29,9 @@ class EmbeddedServer:
         command = [sys.executable, "-m", "cli.main", "serve", "--store", str(self.config.store),
                    "--bind", self.config.address]
         log = self.log
-        log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(log, "ab") as out:
+        private_dir(log.parent)  # not a directory another user made first in /tmp
+        fd = open_private(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with open(fd, "ab") as out:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
                                             stderr=out, env=self.env, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT

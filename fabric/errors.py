@@ -62,9 +62,39 @@ class Unreachable(FabricError):
 
 
 class RemoteError(FabricError):
-    """An error reply from the server, re-raised on the client side."""
+    """An error that came over a wire (a server's reply, a worker's report), raised here."""
 
     def __init__(self, wire: dict) -> None:
         fields = {k: v for k, v in wire.items() if k not in ("message", "kind")}
         super().__init__(str(wire.get("message", "error")), **fields)
         self.kind = str(wire.get("kind", "fabric"))
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame over the size the server accepts."""
+
+    kind = "frame_too_large"
+
+
+class DiskFull(StoreError):
+    """The store's disk (or the user's quota) is full: nothing of the failed save was kept."""
+
+    kind = "disk_full"
+
+
+class UnsafePath(FabricError):
+    """A directory or file that another user could have made or could change."""
+
+    kind = "unsafe_path"
+
+
+class Forbidden(FabricError):
+    """The client is not admitted, or asked for what is not its own."""
+
+    kind = "forbidden"
+
+
+class LimitReached(FabricError):
+    """A per-user limit of the server's configuration (sessions, running cells)."""
+
+    kind = "limit"

@@ -22,9 +22,12 @@ from typing import Any
 
 import msgpack
 
-from .errors import ProtocolError
+from .errors import FrameTooLarge, ProtocolError
 
 MAX_FRAME = 16 * 1024 * 1024  # requests are source text and small maps; outputs may carry images
+# What ZeroMQ itself lets through, a bound on the memory one message takes: a frame over
+# `max_frame` but under this gets a `frame_too_large` reply; a client never sends more.
+WIRE_LIMIT = 1 << 30
 
 CLIENT_OPS = frozenset({"open", "draft", "execute", "interrupt", "input", "checkout", "close",
                         "status", "ping"})
@@ -50,7 +53,8 @@ def pack(message: dict) -> bytes:
 def unpack(frame: bytes, max_size: int = MAX_FRAME) -> dict:
     """Decode one frame into a map, refusing anything that is not one."""
     if len(frame) > max_size:
-        raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {max_size}")
+        raise FrameTooLarge(f"frame of {len(frame)} bytes exceeds the limit of {max_size}",
+                            size=len(frame), limit=max_size)
     try:
         message = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except (ValueError, msgpack.UnpackException) as exc:
@@ -58,6 +62,22 @@ def unpack(frame: bytes, max_size: int = MAX_FRAME) -> dict:
     if not isinstance(message, dict):
         raise ProtocolError(f"frame is a {type(message).__name__}, not a map")
     return message
+
+
+def peek_msg_id(frame: bytes | memoryview, window: int = 64 << 10) -> str | None:
+    """The string `msg_id` of a map frame, read from its first bytes only: the request of a
+    frame too large (or too malformed) to decode still gets its error reply."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
+    unpacker.feed(frame[:window])
+    try:
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "msg_id":
+                msg_id = unpacker.unpack()
+                return msg_id if isinstance(msg_id, str) else None
+            unpacker.skip()
+    except (ValueError, msgpack.UnpackException, msgpack.OutOfData):
+        pass
+    return None
 
 
 def check_request(message: dict) -> dict:
@@ -81,19 +101,30 @@ def check_request(message: dict) -> dict:
                                  or isinstance(message["version"], bool)):
         raise ProtocolError("field 'version' must be an integer", op=op)
     session = message.get("session")
-    if session is not None and not _valid_session_name(session):
+    if session is not None and not valid_session_name(session):
         raise ProtocolError(
             "session names are 1-128 characters of letters, digits, '-', '_' and '.'", op=op
         )
     return message
 
 
-def _valid_session_name(name: str) -> bool:
+def valid_session_name(name: str) -> bool:
     return (
         0 < len(name) <= 128
         and not name.startswith(".")
-        and all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
+        and all(_allowed(c) for c in name)
     )
+
+
+def as_session_name(text: str, length: int = 100) -> str:
+    """A valid session name made of any text (a notebook's file name): each character a name
+    may not hold becomes '_'."""
+    name = "".join(c if _allowed(c) else "_" for c in text)
+    return name.lstrip(".")[:length] or "notebook"
+
+
+def _allowed(c: str) -> bool:
+    return c.isascii() and (c.isalnum() or c in "-_.")
 
 
 def event(msg_id: str, kind: str, **fields: Any) -> dict:

@@ -18,10 +18,11 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from . import protocol
+from . import auth, protocol
 from .config import Config
-from .errors import FabricError, ProtocolError, UnknownSession
+from .errors import FabricError, Forbidden, LimitReached, ProtocolError, UnknownSession
 from .pool import Leases, Pool, cuda
+from .private import private_dir
 from .session import Session
 from .snapshot import Store
 
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.store = Store(config.store)
+        self.keys = _check_address(config)
+        self.store = Store(private_dir(config.store))
         self.leases = Leases.for_host(config.slots, config.threads)
         source = config.worker_source
         if source == "auto":
@@ -44,19 +46,27 @@ class Server:
             self.pool.cuda = cuda.find_driver()
             if self.pool.cuda is None:
                 log.warning("no CUDA checkpoint driver: kept workers stay on their GPU")
-        self.sessions: dict[str, Session] = {}
+        self.owner = auth.owner_name()
+        self.sessions: dict[tuple[str, str], Session] = {}  # by (user, name)
+        self.running: dict[str, int] = {}  # cells each user runs now
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
         self._stop = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         context = zmq.asyncio.Context()
+        authenticator = auth.Authenticator(context, self.keys)  # before any client connects
+        admitting = asyncio.ensure_future(authenticator.serve())
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
-        self.socket.setsockopt(zmq.MAXMSGSIZE, 4 * self.config.max_frame)  # hard bound on memory
+        self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.WIRE_LIMIT)
+        self.socket.zap_domain = auth.DOMAIN  # every connection, ipc too, passes the handler
+        if self.keys is not None:
+            public, secret = self.keys.server_pair()
+            self.socket.curve_server = True
+            self.socket.curve_publickey = public.encode()
+            self.socket.curve_secretkey = secret.encode()
         address = self.config.address
-        if address.startswith("ipc://"):
-            Path(address[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.socket.bind(address)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,8 +83,10 @@ class Server:
         finally:
             for task in list(self._tasks):
                 task.cancel()
+            admitting.cancel()
             await self.pool.stop()
             self.socket.close()
+            authenticator.close()
             context.term()
             if address.startswith("ipc://"):
                 with contextlib.suppress(FileNotFoundError):
@@ -85,7 +97,7 @@ class Server:
 
     async def _receive(self) -> None:
         while True:
-            frames = await self.socket.recv_multipart(copy=True)
+            frames = await self.socket.recv_multipart(copy=False)
             task = asyncio.ensure_future(self._handle(frames))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -93,20 +105,22 @@ class Server:
     def _send(self, identity: bytes, message: dict) -> None:
         self.socket.send_multipart([identity, protocol.pack(message)])
 
-    async def _handle(self, frames: list[bytes]) -> None:
-        identity, msg_id = frames[0], None
+    async def _handle(self, frames: list[zmq.Frame]) -> None:
+        identity, msg_id = frames[0].bytes, None
         try:
             if len(frames) != 2:
                 raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
-            message = protocol.unpack(frames[1], self.config.max_frame)
-            msg_id = message.get("msg_id") if isinstance(message.get("msg_id"), str) else None
+            payload = frames[1].buffer
+            msg_id = protocol.peek_msg_id(payload)  # so that even a refused frame is answered
+            message = protocol.unpack(payload, self.config.max_frame)
+            user = self._user(frames[1])
             protocol.check_request(message)
 
             def emit(payload: dict, event: str = "output") -> None:
                 fields = {"output": payload} if event == "output" else payload
                 self._send(identity, protocol.event(msg_id, event, **fields))
 
-            result = await self._dispatch(message, emit)
+            result = await self._dispatch(user, message, emit)
             self._send(identity, protocol.reply(msg_id, **result))
         except FabricError as exc:
             self._send(identity, protocol.error(msg_id, exc.to_wire()))
@@ -117,33 +131,57 @@ class Server:
             self._send(identity, protocol.error(msg_id, {
                 "kind": "internal", "message": f"{type(exc).__name__}: {exc}"}))
 
-    def _session(self, name: str) -> Session:
-        session = self.sessions.get(name)
+    def _user(self, frame: zmq.Frame) -> str:
+        """The user the connection was admitted as; a revoked key is refused at once."""
+        user = _property(frame, "User-Id")
+        if not user:  # the authenticator names every connection it admits
+            raise Forbidden("the connection has no user")
+        key = _property(frame, auth.KEY_PROPERTY)
+        if self.keys is not None and not self.keys.admits(user, key):
+            raise Forbidden(f"the key of user {user} is no longer authorized", user=user)
+        return user
+
+    def _store_name(self, user: str, name: str) -> str:
+        """Where a user's session lives in the store: the server's own user keeps plain names,
+        another's are prefixed with theirs ('~' is in no valid session or user name)."""
+        return name if user == self.owner else f"{user}~{name}"
+
+    def _session(self, user: str, name: str) -> Session:
+        session = self.sessions.get((user, name))
         if session is None:
             raise UnknownSession(f"no open session {name!r}; open it first", session=name)
         return session
 
-    async def _dispatch(self, message: dict, emit) -> dict:
+    async def _dispatch(self, user: str, message: dict, emit) -> dict:
         op = message["op"]
         if op == "ping":
-            return {"pong": True, "pid": os.getpid()}
+            return {"pong": True, "pid": os.getpid(), "user": user}
         if op == "status":
-            return self.status()
+            return self.status(user)
         name = message["session"]
         if op == "open":
-            session = self.sessions.get(name)
+            session = self.sessions.get((user, name))
             if session is None:
+                self._check_limit(user, "user_sessions",
+                                  sum(u == user for u, _ in self.sessions), "open sessions")
                 cwd = message.get("cwd") or os.getcwd()
                 if not os.path.isdir(cwd):
                     raise FabricError(f"working directory {cwd!r} does not exist", session=name)
-                session = Session(name, cwd, self.store, self.pool, self.leases)
-                self.sessions[name] = session
-            return session.status()
-        session = self._session(name)
+                session = Session(self._store_name(user, name), cwd, self.store, self.pool,
+                                  self.leases)
+                self.sessions[user, name] = session
+            return self._public(user, session.status())
+        session = self._session(user, name)
         if op == "draft":
             return session.draft(message["source"])
         if op == "execute":
-            return await session.execute(message["source"], emit, stdin=message.get("stdin", False))
+            self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
+            self.running[user] = self.running.get(user, 0) + 1
+            try:
+                return await session.execute(message["source"], emit,
+                                             stdin=message.get("stdin", False))
+            finally:
+                self.running[user] -= 1
         if op == "interrupt":
             return {"interrupted": session.interrupt()}
         if op == "input":
@@ -152,20 +190,68 @@ class Server:
             return session.checkout(message["version"])
         if op == "close":
             await session.close()
-            del self.sessions[name]
+            del self.sessions[user, name]
             return {"closed": True, "version": session.manifest.version}
         raise ProtocolError(f"unknown op {op!r}")  # check_request lets no other op through
 
-    def status(self) -> dict:
+    def _check_limit(self, user: str, key: str, used: int, what: str) -> None:
+        limit = getattr(self.config, key)
+        if limit and used >= limit:
+            raise LimitReached(f"user {user} has {used} {what}, the most this server allows "
+                               f"({key} = {limit})", user=user, limit=limit)
+
+    def _public(self, user: str, status: dict) -> dict:
+        """A session's status as its user knows it: under its own name."""
+        prefix = "" if user == self.owner else f"{user}~"
+        return {**status, "session": status["session"][len(prefix):]}
+
+    def status(self, user: str) -> dict:
+        """The server as `user` may see it: their sessions, and others' only as busy slots."""
+        mine = {s.name: name for (u, name), s in self.sessions.items() if u == user}
+        leases = self.leases.status()
+        for entry in (*leases["leases"], *leases["queue"]):
+            if "session" in entry:
+                entry["session"] = mine.get(entry["session"], "(another user's)")
         return {
             "pid": os.getpid(),
             "uptime": time.time() - self.started,
             "address": self.config.address,
             "store": str(self.config.store),
-            "leases": self.leases.status(),
+            "user": user,
+            "leases": leases,
             **self.pool.status(),
-            "sessions": [s.status() for s in self.sessions.values()],
+            "sessions": [self._public(u, s.status()) for (u, _), s in self.sessions.items()
+                         if u == user],
         }
+
+
+def _property(frame: zmq.Frame, name: str) -> str:
+    """A connection's metadata property on one of its frames ('' if it has none)."""
+    try:
+        return frame.get(name) or ""
+    except zmq.ZMQError:
+        return ""
+
+
+def _check_address(config: Config) -> auth.Keys | None:
+    """Refuse an address only the wrong clients could reach; the keys a tcp:// bind admits."""
+    address = config.address
+    if address.startswith("ipc://"):
+        # the runtime dir is private; a socket elsewhere may be shared with other local users
+        # (granted access to it), each of whom is then the user their uid names
+        folder = Path(address[len("ipc://"):]).parent
+        private_dir(folder, shared=folder != Path(config.runtime_dir))
+        return None
+    if not address.startswith("tcp://"):
+        raise FabricError(f"cannot serve on {address}: use ipc:// or tcp://", address=address)
+    keys = auth.Keys(config.key_dir)
+    keys.server_pair()  # made on the first start
+    if not keys.users():
+        raise FabricError(
+            f"refusing to serve {address} without client keys: a tcp:// bind admits only "
+            f"clients whose public keys are in {keys.authorized}. Make one with `llfabric keys "
+            "new NAME` and give NAME the file it writes", address=address)
+    return keys
 
 
 def run(config: Config) -> None:

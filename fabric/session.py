@@ -20,7 +20,7 @@ from . import notices
 from .closure import Closure, closure
 from .closure.groups import package_of
 from .closure.static import analyze
-from .errors import FabricError, SessionBusy, StoreError, WorkerDied
+from .errors import FabricError, RemoteError, SessionBusy, StoreError, WorkerDied
 from .pool import Leases, Pool, WorkerHandle, parking
 from .pool.parking import CoolImage
 from .snapshot import Group, Manifest, Store, history
@@ -312,6 +312,8 @@ class Session:
                         await worker.send(answer)
                 elif op == "done":
                     break
+            if message.get("failed"):  # its save failed: the worker, ahead of the store, goes
+                raise RemoteError(message["failed"])
             committed = time.monotonic()
             self._commit(message, source, count)
             done = time.monotonic()

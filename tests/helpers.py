@@ -66,23 +66,25 @@ class RunningServer(EmbeddedServer):
         return self.process is not None and self.process.poll() is None
 
 
-def start_server(store: Path, sockdir: Path, env: dict[str, str] | None = None) -> RunningServer:
-    config = Config(store=store, runtime_dir=sockdir, bind=f"ipc://{sockdir}/s.sock")
+def start_server(store: Path, sockdir: Path, env: dict[str, str] | None = None,
+                 bind: str | None = None) -> RunningServer:
+    config = Config(store=store, runtime_dir=sockdir, bind=bind or f"ipc://{sockdir}/s.sock")
     server = RunningServer(config, env)
     server.start()
     return server
 
 
 @contextlib.contextmanager
-def serving(store: Path, env: dict[str, str] | None = None,
+def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = None,
             **settings: object) -> Iterator[RunningServer]:
     """A real server on `store` for the block, which must exit cleanly after it. `settings` are
     configuration keys (keep_warm=0 sets LLFABRIC_KEEP_WARM=0) on top of `env` (default: this
-    process's). Its socket sits in a short private dir: ipc:// paths must fit in sun_path."""
+    process's). Its socket sits in a short private dir (ipc:// paths must fit in sun_path) unless
+    `bind` names another address."""
     env = {**(os.environ if env is None else env),
            **{f"LLFABRIC_{key.upper()}": str(value) for key, value in settings.items()}}
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
-        server = start_server(store, Path(sockdir), env)
+        server = start_server(store, Path(sockdir), env, bind)
         try:
             yield server
         finally:

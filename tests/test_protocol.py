@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from fabric.errors import ProtocolError
-from fabric.protocol import CLIENT_OPS, check_request, pack, unpack
+from fabric.protocol import CLIENT_OPS, check_request, pack, peek_msg_id, unpack
 
 
 def test_pack_unpack_round_trip() -> None:
@@ -134,3 +134,15 @@ def test_non_string_fields_are_rejected(field: str, value: object) -> None:
 def test_bad_session_names_are_rejected(name: str) -> None:
     with pytest.raises(ProtocolError, match="session names"):
         check_request(_req(session=name))
+
+
+@pytest.mark.parametrize("frame, msg_id", [
+    (pack({"op": "execute", "msg_id": "7", "source": "x" * 200_000}), "7"),
+    (pack({"source": "x" * 200_000, "msg_id": "7"}), None),  # past the peeked window
+    (pack({"msg_id": 7}), None),
+    (pack([1, 2]), None),
+    (b"\xc1garbage", None),
+    (b"\x00" * 100, None),
+])
+def test_the_msg_id_of_a_refused_frame_is_read_from_its_start(frame: bytes, msg_id) -> None:
+    assert peek_msg_id(frame) == msg_id

@@ -14,6 +14,8 @@ from pathlib import Path
 import nbformat
 import xxhash
 
+from ..protocol import as_session_name
+
 log = logging.getLogger(__name__)
 
 
@@ -37,8 +39,7 @@ def session_name(notebook: Path | None, fallback: str) -> str:
         base, tag = fallback, ""
     else:
         base, tag = notebook.stem, "-" + xxhash.xxh64_hexdigest(str(notebook).encode())[:8]
-    base = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in base)
-    return (base.lstrip(".")[:100] or "notebook") + tag
+    return as_session_name(base) + tag
 
 
 def next_cell_source(notebook: Path, cell_id: str) -> str | None:

@@ -31,6 +31,7 @@ import zmq
 from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
+from ..errors import FabricError
 from ..snapshot import ambient, codec
 from ..snapshot.delta import DeltaSaver, reached_by
 from ..snapshot.store import Store
@@ -188,7 +189,10 @@ class Worker:
                 stream.flush()
         ran = time.monotonic()
         error = result.error_in_exec or result.error_before_exec
-        report = self.save(message["source"])
+        try:
+            report = self.save(message["source"])
+        except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
+            report = {"failed": exc.to_wire()}
         for stream in self._streams:
             stream.flush()
         return {

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..closure.groups import group_variables
 from ..closure.static import analyze
+from ..errors import DiskFull
 from . import codec
 from .store import Progress, Store
 
@@ -94,6 +95,8 @@ class DeltaSaver:
         try:
             encoded = codec.dumps({n: ns[n] for n in names}, ns)
             blob = self.store.put_object(encoded, known and known[0], progress)
+        except DiskFull:  # not the objects' fault: the whole save fails
+            raise
         except Exception as exc:  # user objects may fail in any way; the server tells the user
             saved.unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
             return False

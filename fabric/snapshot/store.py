@@ -34,7 +34,7 @@ from pathlib import Path
 import msgpack
 import xxhash
 
-from ..errors import StoreError
+from ..errors import DiskFull, StoreError
 from .codec import Encoded
 from .tiers import Buffer, DiskTier, MemoryTier, Tier, write_atomic
 
@@ -116,12 +116,14 @@ class Store:
         self._put(ident, data)
         return ident
 
-    def _put(self, ident: str, data: Buffer) -> None:
+    def _put(self, ident: str, data: Buffer) -> bool:
+        """False if the blob was on disk already."""
         if self.disk.has(ident):
             self.disk.touch(ident)
-            return
+            return False
         for tier in self.tiers:
             tier.write(ident, data)  # the memory tier takes only small blobs
+        return True
 
     def has(self, ident: str) -> bool:
         """Whether the blob is durable (a memory tier does not count)."""
@@ -179,13 +181,20 @@ class Store:
             self.disk.touch(ident)
             return ident
         reporter = _Reporter(progress, sum(part.nbytes for _, part in chunks))
+        written: list[str] = []
 
         def put_chunk(chunk: tuple[str, memoryview]) -> None:
-            self._put(*chunk)
+            if self._put(*chunk):
+                written.append(chunk[0])
             reporter.add(chunk[1].nbytes)
 
-        _parallel(put_chunk, chunks)
-        self._put(ident, index)
+        try:
+            _parallel(put_chunk, chunks)
+            self._put(ident, index)
+        except DiskFull:  # what it wrote is garbage no index names: freed now, not at gc
+            for chunk_id in written:
+                self.disk.remove(chunk_id)
+            raise
         return ident
 
     def object_index(self, ident: str) -> tuple[bytes, int, list]:

@@ -6,6 +6,7 @@ what any tier returns. A peer-host or remote-storage tier implements the same fo
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import threading
@@ -13,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
+
+from ..errors import DiskFull
 
 Buffer = bytes | bytearray | memoryview
 
@@ -41,8 +44,11 @@ def fsync_dir(path: Path) -> None:
 
 def write_atomic(path: Path, data: Buffer, sync_dir: bool = True) -> None:
     """Write `data` to `path` durably: temp file, fsync, rename, directory fsync."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    except OSError as exc:
+        raise _full(exc, path) from exc
     try:
         with open(fd, "wb", buffering=0) as f:
             view = memoryview(data).cast("B")
@@ -50,11 +56,20 @@ def write_atomic(path: Path, data: Buffer, sync_dir: bool = True) -> None:
                 view = view[f.write(view):]
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _full(exc, path) from exc
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def _full(exc: OSError, path: Path) -> OSError | DiskFull:
+    """A full disk or quota as the typed error the user is told; any other OSError as it is."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    return DiskFull(f"no space left for {path.parent}: {exc.strerror}", path=str(path.parent))
 
 
 class DiskTier:
