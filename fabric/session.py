@@ -479,7 +479,7 @@ class Session:
                   "source": source, "time": time.time(), "unsaved": unsaved},
         )
         ident = self.store.put_manifest(manifest.encode())
-        self.store.set_head(self.name, ident)
+        self.store.set_head(self.name, ident, self.head)  # refused if the head moved
         self.head, self.manifest = ident, manifest
 
     def _worker_pid(self) -> int | None:
