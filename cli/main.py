@@ -54,7 +54,10 @@ def serve(store: str | None, bind: str | None, slots: int | None) -> None:
     logging.getLogger().setLevel(logging.INFO)
     config = _config(store, bind, slots=slots)
     click.echo(f"llfabric serving on {config.address} (store {config.store})", err=True)
-    server.run(config)
+    try:
+        server.run(config)
+    except FabricError as exc:  # e.g. another server holds the store or the socket
+        raise click.ClickException(exc.message) from exc
 
 
 def _print_output(index: int, output: dict) -> None:

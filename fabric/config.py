@@ -38,6 +38,12 @@ class Config:
     # percent of host memory in use past which warm workers retire and pinned ones are dumped
     memory_pressure: int = 90
     max_frame: int = 16 * 1024 * 1024
+    # seconds a cell may run on after an interrupt before its worker is killed (its lease back)
+    interrupt_grace: int = 5
+    # seconds between heartbeats to each client (ZMTP pings, answered by its libzmq); a client
+    # silent for heartbeat_timeout seconds, or gone, has its running cell stopped. 0: off
+    heartbeat: int = 2
+    heartbeat_timeout: int = 10
 
     @property
     def address(self) -> str:

@@ -3,6 +3,10 @@
 One asyncio loop serves every client: a request becomes a task, so a long cell of one session
 never blocks another session's draft, an interrupt, or `status`. Whatever a request does wrong
 ends as an error reply to it; the loop keeps serving.
+
+Clients are watched while their cells run: libzmq pings each connection every `heartbeat`
+seconds and drops one silent for `heartbeat_timeout`; a running cell whose client is no longer
+connected (gone, killed, or silent) is stopped, so that its lease comes back.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from . import protocol
+from .claim import claim_server
 from .config import Config
 from .errors import FabricError, ProtocolError, UnknownSession
 from .pool import Leases, Pool, cuda
@@ -47,6 +52,7 @@ class Server:
         self.sessions: dict[str, Session] = {}
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
+        self._executing: dict[tuple[bytes, str | None], str] = {}  # (client, msg_id) -> session
         self._stop = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -54,10 +60,19 @@ class Server:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
         self.socket.setsockopt(zmq.MAXMSGSIZE, 4 * self.config.max_frame)  # hard bound on memory
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone client fails
+        if self.config.heartbeat > 0:
+            self.socket.setsockopt(zmq.HEARTBEAT_IVL, self.config.heartbeat * 1000)
+            self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.config.heartbeat_timeout * 1000)
         address = self.config.address
         if address.startswith("ipc://"):
             Path(address[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.socket.bind(address)
+        claims = claim_server(self.config.store, address)  # InUse: another server has them
+        try:
+            self.socket.bind(address)
+        except BaseException:
+            claims.release()
+            raise
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -68,17 +83,20 @@ class Server:
             if ready is not None:
                 ready.set()
             receiver = asyncio.ensure_future(self._receive())
+            watcher = asyncio.ensure_future(self._watch_clients())
             await self._stop.wait()
             receiver.cancel()
+            watcher.cancel()
         finally:
             for task in list(self._tasks):
                 task.cancel()
             await self.pool.stop()
             self.socket.close()
             context.term()
-            if address.startswith("ipc://"):
+            if address.startswith("ipc://"):  # ours: the claim kept any other server off it
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(address[len("ipc://"):])
+            claims.release()
 
     def stop(self) -> None:
         self._stop.set()
@@ -91,7 +109,22 @@ class Server:
             task.add_done_callback(self._tasks.discard)
 
     def _send(self, identity: bytes, message: dict) -> None:
-        self.socket.send_multipart([identity, protocol.pack(message)])
+        sent = self.socket.send_multipart([identity, protocol.pack(message)])
+        sent.add_done_callback(_gone_is_fine)
+
+    def _connected(self, identity: bytes) -> bool:
+        probe = self.socket.send_multipart([identity, HEARTBEAT], flags=zmq.NOBLOCK)
+        return not (probe.done() and isinstance(probe.exception(), zmq.ZMQError)
+                    and probe.exception().errno == zmq.EHOSTUNREACH)
+
+    async def _watch_clients(self) -> None:
+        """Stop the cells of clients that are no longer connected."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat or 1)
+            for (identity, _), name in list(self._executing.items()):
+                if name in self.sessions and not self._connected(identity):
+                    log.warning("session %s: its client went away; stopping its cell", name)
+                    self.sessions[name].stop("client")
 
     async def _handle(self, frames: list[bytes]) -> None:
         identity, msg_id = frames[0], None
@@ -106,7 +139,13 @@ class Server:
                 fields = {"output": payload} if event == "output" else payload
                 self._send(identity, protocol.event(msg_id, event, **fields))
 
-            result = await self._dispatch(message, emit)
+            call = (identity, msg_id)
+            if message["op"] == "execute":
+                self._executing[call] = message["session"]
+            try:
+                result = await self._dispatch(message, emit)
+            finally:
+                self._executing.pop(call, None)
             self._send(identity, protocol.reply(msg_id, **result))
         except FabricError as exc:
             self._send(identity, protocol.error(msg_id, exc.to_wire()))
@@ -136,7 +175,8 @@ class Server:
                 cwd = message.get("cwd") or os.getcwd()
                 if not os.path.isdir(cwd):
                     raise FabricError(f"working directory {cwd!r} does not exist", session=name)
-                session = Session(name, cwd, self.store, self.pool, self.leases)
+                session = Session(name, cwd, self.store, self.pool, self.leases,
+                                  interrupt_grace=self.config.interrupt_grace)
                 self.sessions[name] = session
             return session.status()
         session = self._session(name)
@@ -166,6 +206,15 @@ class Server:
             **self.pool.status(),
             "sessions": [s.status() for s in self.sessions.values()],
         }
+
+
+HEARTBEAT = protocol.pack({"type": "heartbeat"})  # no msg_id: clients drop it
+
+
+def _gone_is_fine(sent: asyncio.Future) -> None:
+    """A reply to a client that has gone away is dropped, not an error."""
+    if not sent.cancelled() and sent.exception() is not None:
+        log.info("a reply was not delivered: %s", sent.exception())
 
 
 def run(config: Config) -> None:
