@@ -57,7 +57,7 @@ def serve(store: str | None, bind: str | None, slots: int | None) -> None:
     click.echo(f"llfabric serving on {config.address} (store {config.store})", err=True)
     try:
         server.run(config)
-    except FabricError as exc:
+    except FabricError as exc:  # e.g. another server holds the store or the socket
         raise click.ClickException(exc.message) from exc
 
 

@@ -48,6 +48,12 @@ class Config:
     key_dir: Path = field(default_factory=lambda: _config_home() / "llfabric")
     user_sessions: int = 0  # sessions one user may have open at once; 0: no limit
     user_cells: int = 0  # cells one user may run (hold or wait for a lease) at once; 0: no limit
+    # seconds a cell may run on after an interrupt before its worker is killed (its lease back)
+    interrupt_grace: int = 5
+    # seconds between heartbeats to each client (ZMTP pings, answered by its libzmq); a client
+    # silent for heartbeat_timeout seconds, or gone, has its running cell stopped. 0: off
+    heartbeat: int = 2
+    heartbeat_timeout: int = 10
 
     @property
     def address(self) -> str:

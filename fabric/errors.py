@@ -43,10 +43,30 @@ class StoreError(FabricError):
     kind = "store"
 
 
+class StaleHead(StoreError):
+    """A commit built on a version that is no longer the session's head; nothing was written
+    over the head that moved meanwhile."""
+
+    kind = "stale"
+
+
+class InUse(FabricError):
+    """A store or an address is held by another running server."""
+
+    kind = "in_use"
+
+
 class WorkerDied(FabricError):
     """A worker process exited while it held a cell (killed, crashed, out of memory)."""
 
     kind = "worker_died"
+
+
+class CellStopped(FabricError):
+    """The server stopped a running cell (interrupt grace over, close, client gone); the
+    session stays at its last commit."""
+
+    kind = "stopped"
 
 
 class NotebookError(FabricError):

@@ -3,6 +3,10 @@
 One asyncio loop serves every client: a request becomes a task, so a long cell of one session
 never blocks another session's draft, an interrupt, or `status`. Whatever a request does wrong
 ends as an error reply to it; the loop keeps serving.
+
+Clients are watched while their cells run: libzmq pings each connection every `heartbeat`
+seconds and drops one silent for `heartbeat_timeout`; a running cell whose client is no longer
+connected (gone, killed, or silent) is stopped, so that its lease comes back.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from . import auth, protocol
+from .claim import claim_server
 from .config import Config
 from .errors import FabricError, Forbidden, LimitReached, ProtocolError, UnknownSession
 from .pool import Leases, Pool, cuda
@@ -51,6 +56,7 @@ class Server:
         self.running: dict[str, int] = {}  # cells each user runs now
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
+        self._executing: dict[tuple[bytes, str | None], tuple[str, str]] = {}  # -> (user, session)
         self._stop = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -60,6 +66,10 @@ class Server:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
         self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.WIRE_LIMIT)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone client fails
+        if self.config.heartbeat > 0:
+            self.socket.setsockopt(zmq.HEARTBEAT_IVL, self.config.heartbeat * 1000)
+            self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.config.heartbeat_timeout * 1000)
         self.socket.zap_domain = auth.DOMAIN  # every connection, ipc too, passes the handler
         if self.keys is not None:
             public, secret = self.keys.server_pair()
@@ -67,7 +77,12 @@ class Server:
             self.socket.curve_publickey = public.encode()
             self.socket.curve_secretkey = secret.encode()
         address = self.config.address
-        self.socket.bind(address)
+        claims = claim_server(self.config.store, address)  # InUse: another server has them
+        try:
+            self.socket.bind(address)
+        except BaseException:
+            claims.release()
+            raise
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -78,8 +93,10 @@ class Server:
             if ready is not None:
                 ready.set()
             receiver = asyncio.ensure_future(self._receive())
+            watcher = asyncio.ensure_future(self._watch_clients())
             await self._stop.wait()
             receiver.cancel()
+            watcher.cancel()
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -88,9 +105,10 @@ class Server:
             self.socket.close()
             authenticator.close()
             context.term()
-            if address.startswith("ipc://"):
+            if address.startswith("ipc://"):  # ours: the claim kept any other server off it
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(address[len("ipc://"):])
+            claims.release()
 
     def stop(self) -> None:
         self._stop.set()
@@ -103,7 +121,22 @@ class Server:
             task.add_done_callback(self._tasks.discard)
 
     def _send(self, identity: bytes, message: dict) -> None:
-        self.socket.send_multipart([identity, protocol.pack(message)])
+        sent = self.socket.send_multipart([identity, protocol.pack(message)])
+        sent.add_done_callback(_gone_is_fine)
+
+    def _connected(self, identity: bytes) -> bool:
+        probe = self.socket.send_multipart([identity, HEARTBEAT], flags=zmq.NOBLOCK)
+        return not (probe.done() and isinstance(probe.exception(), zmq.ZMQError)
+                    and probe.exception().errno == zmq.EHOSTUNREACH)
+
+    async def _watch_clients(self) -> None:
+        """Stop the cells of clients that are no longer connected."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat or 1)
+            for (identity, _), key in list(self._executing.items()):
+                if key in self.sessions and not self._connected(identity):
+                    log.warning("session %s: its client went away; stopping its cell", key[1])
+                    self.sessions[key].stop("client")
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
         identity, msg_id = frames[0].bytes, None
@@ -120,7 +153,13 @@ class Server:
                 fields = {"output": payload} if event == "output" else payload
                 self._send(identity, protocol.event(msg_id, event, **fields))
 
-            result = await self._dispatch(user, message, emit)
+            call = (identity, msg_id)
+            if message["op"] == "execute":
+                self._executing[call] = (user, message["session"])
+            try:
+                result = await self._dispatch(user, message, emit)
+            finally:
+                self._executing.pop(call, None)
             self._send(identity, protocol.reply(msg_id, **result))
         except FabricError as exc:
             self._send(identity, protocol.error(msg_id, exc.to_wire()))
@@ -168,7 +207,7 @@ class Server:
                 if not os.path.isdir(cwd):
                     raise FabricError(f"working directory {cwd!r} does not exist", session=name)
                 session = Session(self._store_name(user, name), cwd, self.store, self.pool,
-                                  self.leases)
+                                  self.leases, interrupt_grace=self.config.interrupt_grace)
                 self.sessions[user, name] = session
             return self._public(user, session.status())
         session = self._session(user, name)
@@ -252,6 +291,15 @@ def _check_address(config: Config) -> auth.Keys | None:
             f"clients whose public keys are in {keys.authorized}. Make one with `llfabric keys "
             "new NAME` and give NAME the file it writes", address=address)
     return keys
+
+
+HEARTBEAT = protocol.pack({"type": "heartbeat"})  # no msg_id: clients drop it
+
+
+def _gone_is_fine(sent: asyncio.Future) -> None:
+    """A reply to a client that has gone away is dropped, not an error."""
+    if not sent.cancelled() and sent.exception() is not None:
+        log.info("a reply was not delivered: %s", sent.exception())
 
 
 def run(config: Config) -> None:

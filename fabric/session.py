@@ -20,7 +20,7 @@ from . import notices
 from .closure import Closure, closure
 from .closure.groups import package_of
 from .closure.static import analyze
-from .errors import FabricError, RemoteError, SessionBusy, StoreError, WorkerDied
+from .errors import CellStopped, FabricError, RemoteError, SessionBusy, StoreError, WorkerDied
 from .pool import Leases, Pool, WorkerHandle, parking
 from .pool.parking import CoolImage
 from .snapshot import Group, Manifest, Store, history
@@ -71,8 +71,16 @@ class Preparation:
         self.holds.update(imports)
 
 
+STOPS = {  # why the server stopped a running cell, as the user is told
+    "interrupt": "the cell did not stop within {grace:g} s of its interrupt",
+    "close": "the session was closed while the cell ran",
+    "client": "the client that ran the cell stopped answering",
+}
+
+
 class Session:
-    def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases) -> None:
+    def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
+                 interrupt_grace: float = 5.0) -> None:
         self.name = name
         self.cwd = cwd
         self.store = store
@@ -85,6 +93,10 @@ class Session:
         self.prepared: Preparation | None = None
         self.running: WorkerHandle | None = None
         self.interrupted = False
+        self.interrupt_grace = interrupt_grace
+        self._escalation: asyncio.TimerHandle | None = None  # the kill an interrupt schedules
+        self._stopped: str | None = None  # why the running cell's worker was killed
+        self._saving = False  # the running cell's code has ended; its worker saves
         self.opened = time.time()
         self._answer: asyncio.Future | None = None  # the client's answer to the cell's input()
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
@@ -282,6 +294,7 @@ class Session:
             self._notify(emit, notices.notice(
                 "queued", f"waited {lease.waited:.1f} s for an execution slot"))
         self.running, began = worker, False
+        self._stopped, self._saving = None, False
         try:
             if self.interrupted:
                 raise FabricError("the cell was interrupted before it started", session=self.name)
@@ -306,6 +319,8 @@ class Session:
                     self._notify(emit, message)
                 elif op == "started":
                     started, began = float(message["t"]), True
+                elif op == "saving":
+                    self._saving = True
                 elif op == "input":
                     answer = await self._ask(worker, message, emit, stdin)
                     if answer is not None:  # None: interrupted; the worker stopped waiting
@@ -320,11 +335,19 @@ class Session:
             unsaved = sorted(message.get("unsaved") or {})
             kept = await self._park(worker, unsaved, emit, lease.device)
         except WorkerDied as exc:
+            if self._stopped is not None:
+                why = STOPS[self._stopped].format(grace=self.interrupt_grace)
+                raise CellStopped(f"{why}: its worker was killed and the session stays at "
+                                  f"version {self.manifest.version}", session=self.name,
+                                  version=self.manifest.version, reason=self._stopped) from exc
             raise WorkerDied(f"{exc.message}; the session stays at version "
                              f"{self.manifest.version}", session=self.name,
                              version=self.manifest.version, started=began) from exc
         finally:
             self.running = None
+            if self._escalation is not None:
+                self._escalation.cancel()
+                self._escalation = None
             self.leases.release(lease)
         unsaved = unsaved if kept else []
         if unsaved and unsaved != prep.unsaved:
@@ -503,7 +526,7 @@ class Session:
                   "source": source, "time": time.time(), "unsaved": unsaved},
         )
         ident = self.store.put_manifest(manifest.encode())
-        self.store.set_head(self.name, ident)
+        self.store.set_head(self.name, ident, self.head)  # refused if the head moved
         self.head, self.manifest = ident, manifest
 
     def _worker_pid(self) -> int | None:
@@ -529,17 +552,36 @@ class Session:
         return {"tier": "cold", "memory": 0}
 
     def interrupt(self) -> bool:
+        """KeyboardInterrupt in the running cell; its worker is killed if the cell still runs
+        `interrupt_grace` seconds later (it swallowed the interrupt), so its lease comes back."""
         if self.running is not None:
             if self._answer is not None and not self._answer.done():
                 self._answer.set_result(None)
             self.running.interrupt()
+            if self._escalation is None:
+                self._escalation = asyncio.get_running_loop().call_later(
+                    self.interrupt_grace, self._escalate)
             return True
         if self.lock.locked():
             self.interrupted = True
             return True
         return False
 
+    def _escalate(self) -> None:
+        self._escalation = None
+        if not self._saving:  # the interrupt worked: the cell's code is over, its state saves
+            self.stop("interrupt")
+
+    def stop(self, reason: str) -> None:
+        """Stop the session's cell now (`reason`, a key of STOPS): kill the worker running it,
+        or make sure a cell still waiting for its worker or lease never starts."""
+        self.interrupted = self.lock.locked()
+        if self.running is not None and not self.running.died.done():
+            self._stopped = reason
+            self.running.kill()
+
     async def close(self) -> None:
+        self.stop("close")
         prep, self.prepared = self.prepared, None
         self._discard(prep)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 from fabric.client import Client
 from fabric.config import Config
 from fabric.embedded import EmbeddedServer
+from fabric.errors import RemoteError
 from fabric.pool import criu
 
 
@@ -64,6 +67,35 @@ class RunningServer(EmbeddedServer):
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+def pid_of_running_cell(server: RunningServer, session: str) -> int:
+    """The pid of the worker running `session`'s cell, once it runs."""
+    with server.client() as side:
+        for _ in range(200):
+            info = side.call("status")
+            running = [s for s in info["sessions"] if s["session"] == session and s["running"]]
+            if running and info["workers"]:
+                return running[0]["worker"]
+            time.sleep(0.05)
+    raise AssertionError("the cell never started")
+
+
+def execute_in_thread(server: RunningServer, session: str,
+                      source: str) -> tuple[threading.Thread, dict]:
+    """Run a cell on a client of its own; `reply` and `outputs`, or `error`, land in the dict."""
+    result: dict = {}
+
+    def target() -> None:
+        with server.client() as c:
+            try:
+                result["reply"], result["outputs"] = execute(c, session, source)
+            except RemoteError as exc:
+                result["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
 
 
 def start_server(store: Path, sockdir: Path, env: dict[str, str] | None = None,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import msgpack
 import pytest
 import zmq
-from helpers import execute, text
+from helpers import execute, execute_in_thread, pid_of_running_cell, text
 
 from fabric.client import Client
 from fabric.errors import RemoteError
@@ -113,38 +112,12 @@ def test_syntax_error_is_a_cell_error(client: Client, session: str) -> None:
     assert text(execute(client, session, "keep")[1]) == "'me'\n"
 
 
-def _pid_of_running_cell(server, session: str) -> int:
-    with server.client() as side:
-        for _ in range(200):
-            info = side.call("status")
-            running = [s for s in info["sessions"] if s["session"] == session and s["running"]]
-            if running and info["workers"]:
-                return running[0]["worker"]
-            time.sleep(0.05)
-    raise AssertionError("the cell never started")
-
-
-def _execute_in_thread(server, session: str, source: str) -> tuple[threading.Thread, dict]:
-    result: dict = {}
-
-    def target() -> None:
-        with server.client() as c:
-            try:
-                result["reply"], result["outputs"] = execute(c, session, source)
-            except RemoteError as exc:
-                result["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, result
-
-
 def test_killed_worker_is_an_error_and_the_session_survives(server, client: Client,
                                                             session: str) -> None:
     execute(client, session, "safe = 'committed'")
-    thread, result = _execute_in_thread(server, session, "safe = 'lost'\nimport time\n"
+    thread, result = execute_in_thread(server, session, "safe = 'lost'\nimport time\n"
                                                          "time.sleep(60)")
-    os.kill(_pid_of_running_cell(server, session), signal.SIGKILL)
+    os.kill(pid_of_running_cell(server, session), signal.SIGKILL)
     thread.join(30)
     assert result["error"].kind == "worker_died"
     assert "SIGKILL" in result["error"].message
@@ -153,9 +126,9 @@ def test_killed_worker_is_an_error_and_the_session_survives(server, client: Clie
 
 def test_interrupt_raises_keyboard_interrupt_in_the_cell(server, client: Client,
                                                          session: str) -> None:
-    thread, result = _execute_in_thread(server, session, "before = 1\nimport time\n"
+    thread, result = execute_in_thread(server, session, "before = 1\nimport time\n"
                                                          "time.sleep(60)\nafter = 1")
-    _pid_of_running_cell(server, session)
+    pid_of_running_cell(server, session)
     assert client.call("interrupt", session=session)["interrupted"]
     thread.join(30)
     assert result["reply"]["status"] == "error"

@@ -194,6 +194,12 @@ class WorkerHandle:
         if self.pid and not self.died.done():
             os.kill(self.pid, signal.SIGINT)
 
+    def kill(self) -> None:
+        """Kill the worker now (an init, and with it the worker in its namespace)."""
+        if self.pid and not self.died.done():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
     async def close(self) -> None:
         """Retire the worker: ask it to exit, kill it if it does not."""
         if self.pid and not self.died.done():

@@ -3,12 +3,12 @@
 Messages from the server: ``load`` (groups, imports and ambient state to put in the namespace),
 ``run`` (a cell), ``sleep`` (close the socket and wait to be dumped; see `wake`), ``exit``.
 The worker answers ``hello`` once connected, ``loaded`` after a load, ``output`` frames while a
-cell runs, ``started`` when user code starts and ``done`` after it has saved the state the cell
-may have changed; ``sleeping`` before it sleeps and ``hello`` again once woken on its new
-endpoint. What llfabric itself has to say (a long save's progress) goes in ``notice`` frames
-(``topic``, ``text``), never in the cell's outputs. A cell's input() or getpass() sends
-``input`` and waits for the server's ``input_reply`` (``value``, or ``error``). Blobs go straight
-to the store; the server alone commits manifests.
+cell runs, ``started`` when user code starts, ``saving`` when it has ended and ``done`` after it
+has saved the state the cell may have changed; ``sleeping`` before it sleeps and ``hello`` again
+once woken on its new endpoint. What llfabric itself has to say (a long save's progress) goes in
+``notice`` frames (``topic``, ``text``), never in the cell's outputs. A cell's input() or
+getpass() sends ``input`` and waits for the server's ``input_reply`` (``value``, or ``error``).
+Blobs go straight to the store; the server alone commits manifests.
 """
 
 from __future__ import annotations
@@ -188,6 +188,7 @@ class Worker:
             for stream in self._streams:
                 stream.flush()
         ran = time.monotonic()
+        self.channel.send({"op": "saving"})  # past this, an interrupt has nothing left to stop
         error = result.error_in_exec or result.error_before_exec
         try:
             report = self.save(message["source"])

@@ -84,7 +84,7 @@ def checkout(store: Store, session: str, version: int) -> Manifest:
         old, version=head.version + 1, parent=head_id,
         cell={"execution_count": head.cell.get("execution_count", 0), "status": "ok",
               "source": "", "checkout": version, "time": time.time()})
-    store.set_head(session, store.put_manifest(manifest.encode()))
+    store.set_head(session, store.put_manifest(manifest.encode()), head_id)
     return manifest
 
 

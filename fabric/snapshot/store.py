@@ -21,20 +21,22 @@ against their signature, before anyone unpickles it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import mmap
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgpack
 import xxhash
 
-from ..errors import DiskFull, StoreError
+from ..errors import DiskFull, StaleHead, StoreError
 from .codec import Encoded
 from .tiers import Buffer, DiskTier, MemoryTier, Tier, write_atomic
 
@@ -302,15 +304,37 @@ class Store:
             raise StoreError(f"session {session} has a corrupt head", session=session)
         return ident
 
-    def set_head(self, session: str, manifest: str) -> None:
+    def set_head(self, session: str, manifest: str, parent: str | None) -> None:
+        """Move the session's head to `manifest` if it is still at `parent`, the version the
+        manifest was built on (compare-and-set): StaleHead, and nothing written, if another
+        commit or a checkout moved it meanwhile."""
         if not _valid_id(manifest):  # "../blobs" exists too: only a manifest id may be a head
             raise StoreError(f"invalid manifest id {manifest!r}", session=session)
         if not (self.root / "manifests" / manifest).is_file():
             raise StoreError(f"refusing to commit missing manifest {manifest}", session=session)
-        write_atomic(self._head_path(session), manifest.encode() + b"\n")
+        path = self._head_path(session)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _flocked(path.parent / "lock"):  # writers of this head, in any process
+            current = self.head(session)
+            if current != parent:
+                raise StaleHead(
+                    f"session {session} moved to {current} while this cell ran on {parent}; "
+                    "its commit is refused and the session keeps the newer version",
+                    session=session, head=current, parent=parent)
+            write_atomic(path, manifest.encode() + b"\n")
 
     def sessions(self) -> list[str]:
         return sorted(p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists())
+
+
+@contextlib.contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _allocate(nbytes: int) -> memoryview:

@@ -33,8 +33,8 @@ while True:
     blob = store.put_object(dumps({"data": data, "version": version}, {}))
     group = Group(blob, ("data", "version"), 1)
     m = Manifest(session="s", version=version, parent=head, groups=(group,))
-    head = store.put_manifest(m.encode())
-    store.set_head("s", head)
+    store.set_head("s", store.put_manifest(m.encode()), head)
+    head = store.head("s")
 """
 
 
@@ -83,7 +83,7 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_last_version(small_disk: 
     store = Store(small_disk, chunk=1 << 16)
     blob = store.put_object(dumps({"data": np.ones(10), "version": 1}, {}))
     m = Manifest(session="s", version=1, groups=(Group(blob, ("data", "version"), 1),))
-    store.set_head("s", store.put_manifest(m.encode()))
+    store.set_head("s", store.put_manifest(m.encode()), None)
     with pytest.raises(OSError, match="No space left on device"):
         store.put_object(dumps({"data": np.random.random(200_000), "version": 2}, {}))
     assert _check(Store(small_disk)) == 1

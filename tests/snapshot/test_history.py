@@ -24,7 +24,7 @@ def _commit(store: Store, session: str, **values: object) -> str:
                         parent=head, groups=groups, ambient=store.put(b"ambient"),
                         cell={"execution_count": 1, "status": "ok", "source": "x"})
     ident = store.put_manifest(manifest.encode())
-    store.set_head(session, ident)
+    store.set_head(session, ident, head)
     return ident
 
 
@@ -120,8 +120,8 @@ def test_lineage_names_the_cells_that_made_unsaved_state(tmp_path) -> None:
         manifest = Manifest(session="s", version=count, parent=head,
                             cell={"execution_count": count, "source": source,
                                   "unsaved": unsaved})
-        head = store.put_manifest(manifest.encode())
-        store.set_head("s", head)
+        store.set_head("s", store.put_manifest(manifest.encode()), head)
+        head = store.head("s")
     assert history.lineage(store, "s", ["gen"]) == [2, 4]
     assert history.recompute_hint(store, "s", ["gen"]) == " (re-run cells 2, 4 to recompute them)"
     assert history.recompute_hint(store, "s", ["never"]) == ""

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from fabric.errors import StoreError
+from fabric.errors import StaleHead, StoreError
 from fabric.snapshot import Group, Manifest, Store, blob_id
 
 
@@ -110,7 +110,7 @@ def test_missing_manifest_raises(tmp_path: Path) -> None:
 def test_set_head_refuses_a_missing_manifest(tmp_path: Path) -> None:
     store = Store(tmp_path)
     with pytest.raises(StoreError, match="missing"):
-        store.set_head("s", "0" * 32)
+        store.set_head("s", "0" * 32, None)
     assert store.head("s") is None
     assert store.sessions() == []
 
@@ -120,7 +120,7 @@ def test_set_head_refuses_an_invalid_manifest_id(tmp_path: Path, bad: str) -> No
     # these paths exist on disk; a head must still never point at anything but a manifest id
     store = Store(tmp_path)
     with pytest.raises(StoreError):
-        store.set_head("s", bad)
+        store.set_head("s", bad, None)
     assert store.head("s") is None
 
 
@@ -130,14 +130,30 @@ def test_heads_and_sessions(tmp_path: Path) -> None:
     v0 = store.put_manifest(Manifest(session="alpha").encode())
     v1 = store.put_manifest(Manifest(session="alpha", version=1, parent=v0).encode())
     other = store.put_manifest(Manifest(session="beta").encode())
-    store.set_head("beta", other)
-    store.set_head("alpha", v0)
+    store.set_head("beta", other, None)
+    store.set_head("alpha", v0, None)
     assert store.head("alpha") == v0
-    store.set_head("alpha", v1)
+    store.set_head("alpha", v1, v0)
     assert store.head("alpha") == v1
     assert store.head("beta") == other
     assert store.sessions() == ["alpha", "beta"]
     assert Store(tmp_path).head("alpha") == v1  # durable across instances
+
+
+def test_a_head_moves_only_from_the_parent_its_manifest_was_built_on(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    v0 = store.put_manifest(Manifest(session="s").encode())
+    store.set_head("s", v0, None)
+    mine = store.put_manifest(Manifest(session="s", version=1, parent=v0, cell={"n": 1}).encode())
+    theirs = store.put_manifest(Manifest(session="s", version=1, parent=v0, cell={"n": 2}).encode())
+    store.set_head("s", theirs, v0)
+    with pytest.raises(StaleHead) as err:  # built on v0 too, but the head has moved on
+        store.set_head("s", mine, v0)
+    assert err.value.kind == "stale" and err.value.fields["head"] == theirs
+    assert store.head("s") == theirs
+    with pytest.raises(StaleHead):  # a first version, where one exists already
+        store.set_head("s", mine, None)
+    assert store.head("s") == theirs
 
 
 def test_sessions_ignores_directories_without_a_head(tmp_path: Path) -> None:
@@ -148,7 +164,7 @@ def test_sessions_ignores_directories_without_a_head(tmp_path: Path) -> None:
 
 def test_corrupt_head_raises(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    store.set_head("s", store.put_manifest(Manifest(session="s").encode()))
+    store.set_head("s", store.put_manifest(Manifest(session="s").encode()), None)
     (tmp_path / "sessions" / "s" / "head").write_text("../../etc/passwd\n")
     with pytest.raises(StoreError, match="corrupt head"):
         store.head("s")
@@ -159,7 +175,7 @@ def test_invalid_session_names_are_refused(tmp_path: Path, bad: str) -> None:
     store = Store(tmp_path)
     ident = store.put_manifest(Manifest(session="s").encode())
     with pytest.raises(StoreError, match="invalid session"):
-        store.set_head(bad, ident)
+        store.set_head(bad, ident, None)
     with pytest.raises(StoreError, match="invalid session"):
         store.head(bad)
 
@@ -169,12 +185,12 @@ def test_no_temp_files_are_left_after_writes(tmp_path: Path) -> None:
     for i in range(20):
         store.put(f"blob {i}".encode())
     ident = store.put_manifest(Manifest(session="s").encode())
-    store.set_head("s", ident)
-    store.set_head("s", ident)
+    store.set_head("s", ident, None)
+    store.set_head("s", ident, ident)
     files = _files(tmp_path)
     assert files  # something was written
     assert not [p for p in files if p.name.startswith(".tmp-")]
-    assert len(files) == 20 + 1 + 1 + 1  # blobs, manifest, head, key
+    assert len(files) == 20 + 1 + 1 + 1 + 1  # blobs, manifest, head and its lock, key
 
 
 def test_manifest_encode_decode_round_trip() -> None:

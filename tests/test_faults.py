@@ -1,0 +1,192 @@
+"""Faults a shared server must survive, each against a real server: slots that must come back,
+commits that must not be lost, zygotes that die, a second server, a corrupt store."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import RunningServer, execute, execute_in_thread, open_session, serving, text
+
+from fabric.client import Client
+from fabric.config import Config
+from fabric.errors import Unreachable
+from fabric.snapshot import Store, history
+
+GRACE = 2
+
+# a cell that swallows every KeyboardInterrupt: only a kill ends it
+STUBBORN = """import time
+while True:
+    try:
+        time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=0, slots=2, interrupt_grace=GRACE,
+                 heartbeat=1, heartbeat_timeout=2) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server: RunningServer) -> Iterator[Client]:
+    with server.client() as c:
+        yield c
+
+
+def _until(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.1)
+
+
+def _held(client: Client) -> int:
+    return client.call("status")["leases"]["held"]
+
+
+def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_path) -> None:
+    stubborn = [open_session(client, tmp_path) for _ in range(2)]
+    execute(client, stubborn[0], "kept = 'committed'")
+    runs = [execute_in_thread(server, name, STUBBORN) for name in stubborn]
+    _until(lambda: _held(client) == 2, "both slots held")
+    third = open_session(client, tmp_path)
+    waiting, result = execute_in_thread(server, third, "print('third ran')")
+    _until(lambda: client.call("status")["leases"]["queued"] == 1, "the third cell queued")
+    for name in stubborn:
+        assert client.call("interrupt", session=name)["interrupted"]
+    waiting.join(60)
+    assert text(result["outputs"]) == "third ran\n"  # it got a slot the grace freed
+    for thread, run in runs:
+        thread.join(30)
+        assert run["error"].kind == "stopped"
+        assert f"within {GRACE} s of its interrupt" in run["error"].message
+        assert run["error"].fields["version"] in (0, 1)
+    assert text(execute(client, stubborn[0], "kept")[1]) == "'committed'\n"
+
+
+def test_an_interrupt_honoured_in_time_is_not_escalated(server, client, tmp_path) -> None:
+    name = open_session(client, tmp_path)
+    thread, run = execute_in_thread(server, name, "import time\ntry:\n    time.sleep(60)\n"
+                                                  "except KeyboardInterrupt:\n    time.sleep(0.1)\n"
+                                                  "    done = 'cleanly'\n")
+    _until(lambda: _held(client) >= 1, "the cell started")
+    client.call("interrupt", session=name)
+    thread.join(30)
+    assert run["reply"]["status"] == "ok"
+    time.sleep(GRACE + 0.5)  # past the grace: nothing was killed later on
+    assert text(execute(client, name, "done")[1]) == "'cleanly'\n"
+
+
+def test_close_stops_the_running_cell_and_a_reopen_loses_nothing(server, client,
+                                                                  tmp_path) -> None:
+    name = open_session(client, tmp_path)
+    execute(client, name, "x = 1")
+    thread, slow = execute_in_thread(server, name, "import time\ntime.sleep(30)\ny = 'slow'")
+    _until(lambda: _held(client) >= 1, "the slow cell started")
+    client.call("close", session=name)
+    thread.join(30)
+    assert slow["error"].kind == "stopped" and "closed" in slow["error"].message
+    client.call("open", session=name, cwd=str(tmp_path))
+    execute(client, name, "z = 3")
+    assert text(execute(client, name, "print(x, z, 'y' in dir())")[1]) == "1 3 False\n"
+    versions = history.log(Store(server.store), name)
+    assert [m.version for _, m in versions] == [3, 2, 1, 0][:len(versions)]
+
+
+def test_a_commit_on_a_head_moved_meanwhile_is_refused(server, client, tmp_path) -> None:
+    name = open_session(client, tmp_path)
+    execute(client, name, "x = 'first'")
+    execute(client, name, "x = 'second'")
+    flag = tmp_path / "go"
+    thread, slow = execute_in_thread(server, name, (
+        f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)\n"
+        "x = 'slow'"))
+    _until(lambda: _held(client) >= 1, "the slow cell started")
+    store = Store(server.store)
+    moved = history.checkout(store, name, 1)  # another hand moves the head while it runs
+    flag.touch()
+    thread.join(30)
+    assert slow["error"].kind == "stale"
+    assert store.head(name) == history.log(store, name)[0][0]
+    assert history.log(store, name)[0][1] == moved  # nothing was written over it
+    assert text(execute(client, name, "x")[1]) == "'first'\n"
+
+
+def test_a_client_that_stops_answering_has_its_cell_stopped(server, client, tmp_path) -> None:
+    name = open_session(client, tmp_path)
+    script = (f"from helpers import execute\nfrom fabric.client import Client\n"
+              f"execute(Client({server.address!r}), {name!r}, {STUBBORN!r})\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    frozen = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        _until(lambda: _held(client) >= 1, "its cell started")
+        os.kill(frozen.pid, signal.SIGSTOP)  # alive, connected, but silent
+        _until(lambda: _held(client) == 0, "its slot came back", timeout=30)
+    finally:
+        frozen.kill()
+        frozen.wait()
+    assert execute(client, name, "1 + 1")[0]["status"] == "ok"
+
+
+def test_a_second_server_on_the_same_store_or_socket_is_refused(server, client,
+                                                                 tmp_path) -> None:
+    pid = client.call("status")["pid"]
+    socket = Path(server.address[len("ipc://"):])
+    for store, sockdir in ((server.store, tmp_path), (tmp_path / "other", socket.parent)):
+        second = start_server_refused(store, sockdir)
+        assert f"in use by the llfabric server with pid {pid} serving {server.address}" in second
+    assert socket.exists() and client.ping() and server.alive()
+
+
+def start_server_refused(store: Path, sockdir: Path) -> str:
+    """Start a server that must refuse to start; return what it said."""
+    config = Config(store=store, runtime_dir=sockdir, bind=f"ipc://{sockdir}/s.sock")
+    second = RunningServer(config)
+    before = second.log.read_text() if second.log.exists() else ""
+    with contextlib.suppress(Unreachable):  # on the same socket, the first answers its ping
+        second.start()
+    assert second.process.wait(60) != 0
+    return second.log.read_text()[len(before):]
+
+
+def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_path) -> None:
+    names = [open_session(client, tmp_path) for _ in range(2)]
+    for name in names:
+        execute(client, name, "v = 1")
+    base = next(z["pid"] for z in client.call("status")["zygotes"] if not z["modules"])
+    os.kill(base, signal.SIGKILL)
+    for name in names:
+        reply, outputs = execute(client, name, "v += 1\nprint(v)")
+        assert reply["status"] == "ok" and text(outputs) == "2\n"
+
+    def rebuilt() -> bool:
+        pids = [z["pid"] for z in client.call("status")["zygotes"] if not z["modules"]]
+        return bool(pids) and pids[0] != base
+    _until(rebuilt, "a new base zygote")
+    assert not Path(f"/proc/{base}").exists()  # reaped, not a zombie
+    assert execute(client, names[0], "import json\nprint(v)")[0]["status"] == "ok"
+
+
+def test_a_dead_family_zygote_is_rebuilt(server, client, tmp_path) -> None:
+    name = open_session(client, tmp_path)
+    execute(client, name, "import json\nj = json.dumps([1])")
+    family = next(z["pid"] for z in client.call("status")["zygotes"] if "json" in z["modules"])
+    os.kill(family, signal.SIGKILL)
+    _until(lambda: all(z["pid"] != family for z in client.call("status")["zygotes"]),
+           "the dead zygote dropped")
+    assert text(execute(client, name, "print(json.loads(j))")[1]) == "[1]\n"
+    assert any("json" in z["modules"] for z in client.call("status")["zygotes"])
+
