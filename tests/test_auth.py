@@ -269,9 +269,13 @@ def test_private_dirs_are_made_0700_and_a_link_is_never_followed(tmp_path: Path)
     (made / "log").symlink_to(tmp_path / "target")
     with pytest.raises(UnsafePath):
         open_private(made / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    (tmp_path / "link").symlink_to(made)
+    (tmp_path / "link").symlink_to(made)  # a link of ours leads to a directory checked too
+    assert private_dir(tmp_path / "link") == tmp_path / "link"
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "link-to-open").symlink_to(tmp_path / "open")
     with pytest.raises(UnsafePath):
-        private_dir(tmp_path / "link")
+        private_dir(tmp_path / "link-to-open")
 
 
 def _cli(*args: str, key_dir: Path) -> subprocess.CompletedProcess:
