@@ -110,9 +110,9 @@ class Server:
         try:
             if len(frames) != 2:
                 raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
-            payload = frames[1].buffer
-            msg_id = protocol.peek_msg_id(payload)  # so that even a refused frame is answered
-            message = protocol.unpack(payload, self.config.max_frame)
+            data = frames[1].buffer
+            msg_id = protocol.peek_msg_id(data)  # so that even a refused frame is answered
+            message = protocol.unpack(data, self.config.max_frame)
             user = self._user(frames[1])
             protocol.check_request(message)
 
@@ -202,8 +202,7 @@ class Server:
 
     def _public(self, user: str, status: dict) -> dict:
         """A session's status as its user knows it: under its own name."""
-        prefix = "" if user == self.owner else f"{user}~"
-        return {**status, "session": status["session"][len(prefix):]}
+        return {**status, "session": status["session"][len(self._store_name(user, "")):]}
 
     def status(self, user: str) -> dict:
         """The server as `user` may see it: their sessions, and others' only as busy slots."""
