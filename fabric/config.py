@@ -46,6 +46,7 @@ class Config:
     key_dir: Path = field(default_factory=lambda: _config_home() / "llfabric")
     user_sessions: int = 0  # sessions one user may have open at once; 0: no limit
     user_cells: int = 0  # cells one user may run (hold or wait for a lease) at once; 0: no limit
+    user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
 
     @property
     def address(self) -> str:

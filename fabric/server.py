@@ -20,11 +20,18 @@ import zmq.asyncio
 
 from . import auth, protocol
 from .config import Config
-from .errors import FabricError, Forbidden, LimitReached, ProtocolError, UnknownSession
+from .errors import (
+    FabricError,
+    Forbidden,
+    LimitReached,
+    ProtocolError,
+    StoreError,
+    UnknownSession,
+)
 from .pool import Leases, Pool, cuda
 from .private import private_dir
 from .session import Session
-from .snapshot import Store
+from .snapshot import Manifest, Store, history
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +153,10 @@ class Server:
         another's are prefixed with theirs ('~' is in no valid session or user name)."""
         return name if user == self.owner else f"{user}~{name}"
 
+    def _user_of(self, store_name: str) -> str:
+        user, prefixed, _ = store_name.partition("~")
+        return user if prefixed else self.owner
+
     def _session(self, user: str, name: str) -> Session:
         session = self.sessions.get((user, name))
         if session is None:
@@ -176,6 +187,8 @@ class Server:
             return session.draft(message["source"])
         if op == "execute":
             self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
+            if self.config.user_bytes:
+                self._check_limit(user, "user_bytes", self._stored_bytes(user), "bytes stored")
             self.running[user] = self.running.get(user, 0) + 1
             try:
                 return await session.execute(message["source"], emit,
@@ -199,6 +212,19 @@ class Server:
         if limit and used >= limit:
             raise LimitReached(f"user {user} has {used} {what}, the most this server allows "
                                f"({key} = {limit})", user=user, limit=limit)
+
+    def _stored_bytes(self, user: str) -> int:
+        """The bytes of the state at the head of each of `user`'s sessions in the store."""
+        total = 0
+        for name in self.store.sessions():
+            if self._user_of(name) == user:
+                try:
+                    manifest = Manifest.decode(self.store.get_manifest(self.store.head(name)))
+                except StoreError as exc:  # not this check's to report: the session's own use is
+                    log.warning("not counting session %s: %s", name, exc.message)
+                    continue
+                total += history.size(manifest)
+        return total
 
     def _public(self, user: str, status: dict) -> dict:
         """A session's status as its user knows it: under its own name."""

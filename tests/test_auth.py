@@ -50,7 +50,8 @@ def tcp(key_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     os.environ["LLFABRIC_KEY_DIR"] = str(key_dir)  # the readiness ping reads alice's client.key
     try:
         with serving(tmp_path_factory.mktemp("store"), env, bind=f"tcp://127.0.0.1:{_port()}",
-                     keep_warm=0, user_sessions=3, user_cells=1) as server:
+                     keep_warm=0, user_sessions=3, user_cells=1,
+                     user_bytes=1 << 20) as server:
             yield server, Keys(key_dir)
     finally:
         del os.environ["LLFABRIC_KEY_DIR"]
@@ -82,7 +83,7 @@ def _client(server: RunningServer, key: ClientKey, timeout: float = 30) -> Clien
 @pytest.fixture(scope="module")
 def users(tcp: tuple[RunningServer, Keys]) -> dict[str, ClientKey]:
     _, keys = tcp
-    return {name: keys.new_client(name) for name in ("bob", "carol", "dave")}
+    return {name: keys.new_client(name) for name in ("bob", "carol", "dave", "erin")}
 
 
 def test_tcp_without_client_keys_is_refused_at_start(tmp_path: Path) -> None:
@@ -276,6 +277,22 @@ def test_private_dirs_are_made_0700_and_a_link_is_never_followed(tmp_path: Path)
     (tmp_path / "link-to-open").symlink_to(tmp_path / "open")
     with pytest.raises(UnsafePath):
         private_dir(tmp_path / "link-to-open")
+
+
+def test_a_user_past_their_stored_bytes_runs_no_more_cells(tcp, users, tmp_path: Path) -> None:
+    server, _ = tcp
+    with _client(server, users["erin"]) as erin, _client(server, users["bob"]) as bob:
+        erin.call("open", session="big", cwd=str(tmp_path))
+        assert execute(erin, "big", "data = bytes(2 << 20)")[0]["status"] == "ok"
+        erin.call("close", session="big")  # closed, its state is still hers in the store
+        erin.call("open", session="next", cwd=str(tmp_path))
+        with pytest.raises(RemoteError) as err:
+            erin.call("execute", session="next", source="1")
+        assert err.value.kind == "limit" and "bytes stored" in err.value.message
+        bob.call("open", session="small", cwd=str(tmp_path))  # the limit is erin's alone
+        assert bob.call("execute", session="small", source="1")["status"] == "ok"
+        bob.call("close", session="small")
+        erin.call("close", session="next")
 
 
 def _cli(*args: str, key_dir: Path) -> subprocess.CompletedProcess:
