@@ -3,6 +3,9 @@
 One asyncio loop serves every client: a request becomes a task, so a long cell of one session
 never blocks another session's draft, an interrupt, or `status`. Whatever a request does wrong
 ends as an error reply to it; the loop keeps serving.
+
+Every connection is admitted as a user (`fabric.auth`: a CURVE key on tcp://, the OS user on
+ipc://); a user reaches only their own sessions, within the configured per-user limits.
 """
 
 from __future__ import annotations
