@@ -57,7 +57,7 @@ class Server:
             if self.pool.cuda is None:
                 log.warning("no CUDA checkpoint driver: kept workers stay on their GPU")
         self.owner = auth.owner_name()
-        self.sessions: dict[tuple[str, str], Session] = {}  # by (user, name)
+        self.sessions: dict[str, Session] = {}  # by their names in the store (_store_name)
         self.running: dict[str, int] = {}  # cells each user runs now
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
@@ -160,8 +160,11 @@ class Server:
         user, prefixed, _ = store_name.partition("~")
         return user if prefixed else self.owner
 
+    def _sessions_of(self, user: str) -> dict[str, Session]:
+        return {key: s for key, s in self.sessions.items() if self._user_of(key) == user}
+
     def _session(self, user: str, name: str) -> Session:
-        session = self.sessions.get((user, name))
+        session = self.sessions.get(self._store_name(user, name))
         if session is None:
             raise UnknownSession(f"no open session {name!r}; open it first", session=name)
         return session
@@ -174,16 +177,16 @@ class Server:
             return self.status(user)
         name = message["session"]
         if op == "open":
-            session = self.sessions.get((user, name))
+            stored = self._store_name(user, name)
+            session = self.sessions.get(stored)
             if session is None:
-                self._check_limit(user, "user_sessions",
-                                  sum(u == user for u, _ in self.sessions), "open sessions")
+                self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
+                                  "open sessions")
                 cwd = message.get("cwd") or os.getcwd()
                 if not os.path.isdir(cwd):
                     raise FabricError(f"working directory {cwd!r} does not exist", session=name)
-                session = Session(self._store_name(user, name), cwd, self.store, self.pool,
-                                  self.leases)
-                self.sessions[user, name] = session
+                session = Session(stored, cwd, self.store, self.pool, self.leases)
+                self.sessions[stored] = session
             return self._public(user, session.status())
         session = self._session(user, name)
         if op == "draft":
@@ -206,7 +209,7 @@ class Server:
             return session.checkout(message["version"])
         if op == "close":
             await session.close()
-            del self.sessions[user, name]
+            del self.sessions[session.name]
             return {"closed": True, "version": session.manifest.version}
         raise ProtocolError(f"unknown op {op!r}")  # check_request lets no other op through
 
@@ -229,17 +232,21 @@ class Server:
                 total += history.size(manifest)
         return total
 
+    def _public_name(self, user: str, stored: str) -> str:
+        """The name `user` knows their session by (`_store_name` undone)."""
+        return stored[len(self._store_name(user, "")):]
+
     def _public(self, user: str, status: dict) -> dict:
-        """A session's status as its user knows it: under its own name."""
-        return {**status, "session": status["session"][len(self._store_name(user, "")):]}
+        return {**status, "session": self._public_name(user, status["session"])}
 
     def status(self, user: str) -> dict:
         """The server as `user` may see it: their sessions, and others' only as busy slots."""
-        mine = {s.name: name for (u, name), s in self.sessions.items() if u == user}
+        mine = self._sessions_of(user)
         leases = self.leases.status()
         for entry in (*leases["leases"], *leases["queue"]):
             if "session" in entry:
-                entry["session"] = mine.get(entry["session"], "(another user's)")
+                entry["session"] = (self._public_name(user, entry["session"])
+                                    if entry["session"] in mine else "(another user's)")
         return {
             "pid": os.getpid(),
             "uptime": time.time() - self.started,
@@ -248,8 +255,7 @@ class Server:
             "user": user,
             "leases": leases,
             **self.pool.status(),
-            "sessions": [self._public(u, s.status()) for (u, _), s in self.sessions.items()
-                         if u == user],
+            "sessions": [self._public(user, s.status()) for s in mine.values()],
         }
 
 
