@@ -124,9 +124,11 @@ def test_a_user_sees_and_runs_only_their_own_sessions(tcp, users, tmp_path: Path
     with _client(server, users["bob"]) as bob, _client(server, users["carol"]) as carol:
         bob.call("open", session=name, cwd=str(tmp_path))
         execute(bob, name, "secret = 'bob only'")
-        with pytest.raises(RemoteError) as err:
-            carol.call("execute", session=name, source="print(secret)")
-        assert err.value.kind == "unknown_session"
+        for op, fields in [("execute", {"source": "print(secret)"}), ("draft", {"source": "1"}),
+                           ("checkout", {"version": 1}), ("interrupt", {}), ("close", {})]:
+            with pytest.raises(RemoteError) as err:
+                carol.call(op, session=name, **fields)
+            assert err.value.kind == "unknown_session", op
         assert name not in [s["session"] for s in carol.call("status")["sessions"]]
         # the same name is carol's own session, which never saw bob's state
         assert carol.call("open", session=name, cwd=str(tmp_path))["version"] == 0
