@@ -1,9 +1,9 @@
 """Directories and files only this process's user can change.
 
 A directory in a shared place (/tmp) may have been made first by another user, so that our logs,
-sockets and keys land where they can read or redirect them. Every directory llfabric writes into
-passes `private_dir` (made 0700, else refused unless ours and closed to others) and every file
-it creates is opened without following a link.
+sockets and keys land where they can read or redirect them. The runtime, store and key
+directories pass `private_dir` (made 0700, else refused unless ours and closed to others), and
+the logs and keys in them are opened without following a link.
 """
 
 from __future__ import annotations
