@@ -46,22 +46,19 @@ def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tcp(key_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         ) -> Iterator[tuple[RunningServer, Keys]]:
-    env = {**os.environ, "LLFABRIC_KEY_DIR": str(key_dir)}
-    os.environ["LLFABRIC_KEY_DIR"] = str(key_dir)  # the readiness ping reads alice's client.key
-    try:
-        with serving(tmp_path_factory.mktemp("store"), env, bind=f"tcp://127.0.0.1:{_port()}",
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLFABRIC_KEY_DIR", str(key_dir))  # the readiness ping reads client.key
+        with serving(tmp_path_factory.mktemp("store"), bind=f"tcp://127.0.0.1:{_port()}",
                      keep_warm=0, user_sessions=3, user_cells=1,
                      user_bytes=1 << 20) as server:
             yield server, Keys(key_dir)
-    finally:
-        del os.environ["LLFABRIC_KEY_DIR"]
 
 
 @pytest.fixture(scope="module")
 def other_user() -> Iterator[tuple[int, int]]:
     """A real second OS user, (uid, gid): only root can make one."""
-    if os.geteuid() != 0:
-        pytest.skip("a second OS user needs root to create")
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("a second OS user needs root and useradd to create")
     name = f"llft{uuid.uuid4().hex[:8]}"
     subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True)
     try:
