@@ -96,7 +96,7 @@ class Keys:
             return {}
         out = {}
         for path in sorted(self.authorized.glob("*.pub")):
-            key = self._public(path)
+            key = self._public(path) if valid_session_name(path.stem) else None
             if key is not None:
                 out[path.stem] = key
         return out

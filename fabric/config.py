@@ -54,6 +54,7 @@ class Config:
     # silent for heartbeat_timeout seconds, or gone, has its running cell stopped. 0: off
     heartbeat: int = 2
     heartbeat_timeout: int = 10
+    user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
 
     @property
     def address(self) -> str:

@@ -97,7 +97,7 @@ class FrameTooLarge(ProtocolError):
 
 
 class DiskFull(StoreError):
-    """The store's disk (or the user's quota) is full: nothing of the failed save was kept."""
+    """The store's disk (or quota) is full; the save failed and nothing of it was committed."""
 
     kind = "disk_full"
 

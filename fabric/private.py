@@ -1,9 +1,9 @@
 """Directories and files only this process's user can change.
 
 A directory in a shared place (/tmp) may have been made first by another user, so that our logs,
-sockets and keys land where they can read or redirect them. Every directory llfabric writes into
-passes `private_dir` (made 0700, else refused unless ours and closed to others) and every file
-it creates is opened without following a link.
+sockets and keys land where they can read or redirect them. The runtime, store and key
+directories pass `private_dir` (made 0700, else refused unless ours and closed to others), and
+the logs and keys in them are opened without following a link.
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ def private_dir(path: Path, shared: bool = False) -> Path:
     if not path.exists() and not path.is_symlink():
         path.mkdir(parents=True, mode=0o700, exist_ok=True)
     check_dir(path, owners={os.geteuid()}, closed=0o022)
-    if not shared and stat.S_IMODE(os.lstat(path).st_mode) != 0o700:
+    if not shared and stat.S_IMODE(os.stat(path).st_mode) != 0o700:
         os.chmod(path, 0o700)  # ours, and no one could write into it: only reading is stopped
     return path
 
 
 def check_dir(path: Path, owners: set[int], closed: int) -> None:
-    """Refuse `path` unless it is a directory (not a link), owned by one of `owners`, with none
-    of the permission bits `closed`."""
+    """Refuse `path` unless it is a directory owned by one of `owners`, with none of the
+    permission bits `closed`; a link is followed only if one of `owners` made it."""
     try:
         st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) and st.st_uid in owners:  # a store moved to a data disk
+            st = os.stat(path)
     except FileNotFoundError as exc:
         raise UnsafePath(f"{path} does not exist", path=str(path)) from exc
     if not stat.S_ISDIR(st.st_mode):

@@ -4,6 +4,9 @@ One asyncio loop serves every client: a request becomes a task, so a long cell o
 never blocks another session's draft, an interrupt, or `status`. Whatever a request does wrong
 ends as an error reply to it; the loop keeps serving.
 
+Every connection is admitted as a user (`fabric.auth`: a CURVE key on tcp://, the OS user on
+ipc://); a user reaches only their own sessions, within the configured per-user limits.
+
 Clients are watched while their cells run: libzmq pings each connection every `heartbeat`
 seconds and drops one silent for `heartbeat_timeout`; a running cell whose client is no longer
 connected (gone, killed, or silent) is stopped, so that its lease comes back.
@@ -25,11 +28,18 @@ import zmq.asyncio
 from . import auth, protocol
 from .claim import claim_server
 from .config import Config
-from .errors import FabricError, Forbidden, LimitReached, ProtocolError, UnknownSession
+from .errors import (
+    FabricError,
+    Forbidden,
+    LimitReached,
+    ProtocolError,
+    StoreError,
+    UnknownSession,
+)
 from .pool import Leases, Pool, cuda
 from .private import private_dir
 from .session import Session
-from .snapshot import Store
+from .snapshot import Manifest, Store, history
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +62,11 @@ class Server:
             if self.pool.cuda is None:
                 log.warning("no CUDA checkpoint driver: kept workers stay on their GPU")
         self.owner = auth.owner_name()
-        self.sessions: dict[tuple[str, str], Session] = {}  # by (user, name)
+        self.sessions: dict[str, Session] = {}  # by their names in the store (_store_name)
         self.running: dict[str, int] = {}  # cells each user runs now
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
-        self._executing: dict[tuple[bytes, str | None], tuple[str, str]] = {}  # -> (user, session)
+        self._executing: dict[tuple[bytes, str | None], str] = {}  # -> the session's stored name
         self._stop = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -135,7 +145,7 @@ class Server:
             await asyncio.sleep(self.config.heartbeat or 1)
             for (identity, _), key in list(self._executing.items()):
                 if key in self.sessions and not self._connected(identity):
-                    log.warning("session %s: its client went away; stopping its cell", key[1])
+                    log.warning("session %s: its client went away; stopping its cell", key)
                     self.sessions[key].stop("client")
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
@@ -143,9 +153,9 @@ class Server:
         try:
             if len(frames) != 2:
                 raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
-            payload = frames[1].buffer
-            msg_id = protocol.peek_msg_id(payload)  # so that even a refused frame is answered
-            message = protocol.unpack(payload, self.config.max_frame)
+            data = frames[1].buffer
+            msg_id = protocol.peek_msg_id(data)  # so that even a refused frame is answered
+            message = protocol.unpack(data, self.config.max_frame)
             user = self._user(frames[1])
             protocol.check_request(message)
 
@@ -155,7 +165,7 @@ class Server:
 
             call = (identity, msg_id)
             if message["op"] == "execute":
-                self._executing[call] = (user, message["session"])
+                self._executing[call] = self._store_name(user, message["session"])
             try:
                 result = await self._dispatch(user, message, emit)
             finally:
@@ -185,8 +195,15 @@ class Server:
         another's are prefixed with theirs ('~' is in no valid session or user name)."""
         return name if user == self.owner else f"{user}~{name}"
 
+    def _user_of(self, store_name: str) -> str:
+        user, prefixed, _ = store_name.partition("~")
+        return user if prefixed else self.owner
+
+    def _sessions_of(self, user: str) -> dict[str, Session]:
+        return {key: s for key, s in self.sessions.items() if self._user_of(key) == user}
+
     def _session(self, user: str, name: str) -> Session:
-        session = self.sessions.get((user, name))
+        session = self.sessions.get(self._store_name(user, name))
         if session is None:
             raise UnknownSession(f"no open session {name!r}; open it first", session=name)
         return session
@@ -199,22 +216,25 @@ class Server:
             return self.status(user)
         name = message["session"]
         if op == "open":
-            session = self.sessions.get((user, name))
+            stored = self._store_name(user, name)
+            session = self.sessions.get(stored)
             if session is None:
-                self._check_limit(user, "user_sessions",
-                                  sum(u == user for u, _ in self.sessions), "open sessions")
+                self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
+                                  "open sessions")
                 cwd = message.get("cwd") or os.getcwd()
                 if not os.path.isdir(cwd):
                     raise FabricError(f"working directory {cwd!r} does not exist", session=name)
-                session = Session(self._store_name(user, name), cwd, self.store, self.pool,
-                                  self.leases, interrupt_grace=self.config.interrupt_grace)
-                self.sessions[user, name] = session
+                session = Session(stored, cwd, self.store, self.pool, self.leases,
+                                  interrupt_grace=self.config.interrupt_grace)
+                self.sessions[stored] = session
             return self._public(user, session.status())
         session = self._session(user, name)
         if op == "draft":
             return session.draft(message["source"])
         if op == "execute":
             self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
+            if self.config.user_bytes:
+                self._check_limit(user, "user_bytes", self._stored_bytes(user), "bytes stored")
             self.running[user] = self.running.get(user, 0) + 1
             try:
                 return await session.execute(message["source"], emit,
@@ -229,7 +249,7 @@ class Server:
             return session.checkout(message["version"])
         if op == "close":
             await session.close()
-            del self.sessions[user, name]
+            del self.sessions[session.name]
             return {"closed": True, "version": session.manifest.version}
         raise ProtocolError(f"unknown op {op!r}")  # check_request lets no other op through
 
@@ -239,18 +259,34 @@ class Server:
             raise LimitReached(f"user {user} has {used} {what}, the most this server allows "
                                f"({key} = {limit})", user=user, limit=limit)
 
+    def _stored_bytes(self, user: str) -> int:
+        """The bytes of the state at the head of each of `user`'s sessions in the store."""
+        total = 0
+        for name in self.store.sessions():
+            if self._user_of(name) == user:
+                try:
+                    manifest = Manifest.decode(self.store.get_manifest(self.store.head(name)))
+                except StoreError as exc:  # not this check's to report: the session's own use is
+                    log.warning("not counting session %s: %s", name, exc.message)
+                    continue
+                total += history.size(manifest)
+        return total
+
+    def _public_name(self, user: str, stored: str) -> str:
+        """The name `user` knows their session by (`_store_name` undone)."""
+        return stored[len(self._store_name(user, "")):]
+
     def _public(self, user: str, status: dict) -> dict:
-        """A session's status as its user knows it: under its own name."""
-        prefix = "" if user == self.owner else f"{user}~"
-        return {**status, "session": status["session"][len(prefix):]}
+        return {**status, "session": self._public_name(user, status["session"])}
 
     def status(self, user: str) -> dict:
         """The server as `user` may see it: their sessions, and others' only as busy slots."""
-        mine = {s.name: name for (u, name), s in self.sessions.items() if u == user}
+        mine = self._sessions_of(user)
         leases = self.leases.status()
         for entry in (*leases["leases"], *leases["queue"]):
             if "session" in entry:
-                entry["session"] = mine.get(entry["session"], "(another user's)")
+                entry["session"] = (self._public_name(user, entry["session"])
+                                    if entry["session"] in mine else "(another user's)")
         return {
             "pid": os.getpid(),
             "uptime": time.time() - self.started,
@@ -259,8 +295,7 @@ class Server:
             "user": user,
             "leases": leases,
             **self.pool.status(),
-            "sessions": [self._public(u, s.status()) for (u, _), s in self.sessions.items()
-                         if u == user],
+            "sessions": [self._public(user, s.status()) for s in mine.values()],
         }
 
 

@@ -46,21 +46,19 @@ def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tcp(key_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         ) -> Iterator[tuple[RunningServer, Keys]]:
-    env = {**os.environ, "LLFABRIC_KEY_DIR": str(key_dir)}
-    os.environ["LLFABRIC_KEY_DIR"] = str(key_dir)  # the readiness ping reads alice's client.key
-    try:
-        with serving(tmp_path_factory.mktemp("store"), env, bind=f"tcp://127.0.0.1:{_port()}",
-                     keep_warm=0, user_sessions=3, user_cells=1) as server:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLFABRIC_KEY_DIR", str(key_dir))  # the readiness ping reads client.key
+        with serving(tmp_path_factory.mktemp("store"), bind=f"tcp://127.0.0.1:{_port()}",
+                     keep_warm=0, user_sessions=3, user_cells=1,
+                     user_bytes=1 << 20) as server:
             yield server, Keys(key_dir)
-    finally:
-        del os.environ["LLFABRIC_KEY_DIR"]
 
 
 @pytest.fixture(scope="module")
 def other_user() -> Iterator[tuple[int, int]]:
     """A real second OS user, (uid, gid): only root can make one."""
-    if os.geteuid() != 0:
-        pytest.skip("a second OS user needs root to create")
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("a second OS user needs root and useradd to create")
     name = f"llft{uuid.uuid4().hex[:8]}"
     subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True)
     try:
@@ -82,7 +80,7 @@ def _client(server: RunningServer, key: ClientKey, timeout: float = 30) -> Clien
 @pytest.fixture(scope="module")
 def users(tcp: tuple[RunningServer, Keys]) -> dict[str, ClientKey]:
     _, keys = tcp
-    return {name: keys.new_client(name) for name in ("bob", "carol", "dave")}
+    return {name: keys.new_client(name) for name in ("bob", "carol", "dave", "erin")}
 
 
 def test_tcp_without_client_keys_is_refused_at_start(tmp_path: Path) -> None:
@@ -123,9 +121,11 @@ def test_a_user_sees_and_runs_only_their_own_sessions(tcp, users, tmp_path: Path
     with _client(server, users["bob"]) as bob, _client(server, users["carol"]) as carol:
         bob.call("open", session=name, cwd=str(tmp_path))
         execute(bob, name, "secret = 'bob only'")
-        with pytest.raises(RemoteError) as err:
-            carol.call("execute", session=name, source="print(secret)")
-        assert err.value.kind == "unknown_session"
+        for op, fields in [("execute", {"source": "print(secret)"}), ("draft", {"source": "1"}),
+                           ("checkout", {"version": 1}), ("interrupt", {}), ("close", {})]:
+            with pytest.raises(RemoteError) as err:
+                carol.call(op, session=name, **fields)
+            assert err.value.kind == "unknown_session", op
         assert name not in [s["session"] for s in carol.call("status")["sessions"]]
         # the same name is carol's own session, which never saw bob's state
         assert carol.call("open", session=name, cwd=str(tmp_path))["version"] == 0
@@ -269,9 +269,29 @@ def test_private_dirs_are_made_0700_and_a_link_is_never_followed(tmp_path: Path)
     (made / "log").symlink_to(tmp_path / "target")
     with pytest.raises(UnsafePath):
         open_private(made / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    (tmp_path / "link").symlink_to(made)
+    (tmp_path / "link").symlink_to(made)  # a link of ours leads to a directory checked too
+    assert private_dir(tmp_path / "link") == tmp_path / "link"
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "link-to-open").symlink_to(tmp_path / "open")
     with pytest.raises(UnsafePath):
-        private_dir(tmp_path / "link")
+        private_dir(tmp_path / "link-to-open")
+
+
+def test_a_user_past_their_stored_bytes_runs_no_more_cells(tcp, users, tmp_path: Path) -> None:
+    server, _ = tcp
+    with _client(server, users["erin"]) as erin, _client(server, users["bob"]) as bob:
+        erin.call("open", session="big", cwd=str(tmp_path))
+        assert execute(erin, "big", "data = bytes(2 << 20)")[0]["status"] == "ok"
+        erin.call("close", session="big")  # closed, its state is still hers in the store
+        erin.call("open", session="next", cwd=str(tmp_path))
+        with pytest.raises(RemoteError) as err:
+            erin.call("execute", session="next", source="1")
+        assert err.value.kind == "limit" and "bytes stored" in err.value.message
+        bob.call("open", session="small", cwd=str(tmp_path))  # the limit is erin's alone
+        assert bob.call("execute", session="small", source="1")["status"] == "ok"
+        bob.call("close", session="small")
+        erin.call("close", session="next")
 
 
 def _cli(*args: str, key_dir: Path) -> subprocess.CompletedProcess:

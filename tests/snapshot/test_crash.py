@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fabric.errors import StoreError
+from fabric.errors import DiskFull, StoreError
 from fabric.snapshot import Group, Manifest, Store, dumps, history, loads
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -79,15 +79,21 @@ def small_disk(tmp_path: Path):
     subprocess.run(["umount", str(mount)], check=True)
 
 
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
 def test_a_full_disk_gives_a_clear_error_and_keeps_the_last_version(small_disk: Path) -> None:
     store = Store(small_disk, chunk=1 << 16)
     blob = store.put_object(dumps({"data": np.ones(10), "version": 1}, {}))
     m = Manifest(session="s", version=1, groups=(Group(blob, ("data", "version"), 1),))
     store.set_head("s", store.put_manifest(m.encode()), None)
-    with pytest.raises(OSError, match="No space left on device"):
+    before = _files(small_disk / "blobs")
+    with pytest.raises(DiskFull, match="No space left on device"):
         store.put_object(dumps({"data": np.random.random(200_000), "version": 2}, {}))
     assert _check(Store(small_disk)) == 1
-    assert not [p for p in (small_disk / "blobs").rglob(".tmp-*")]  # no half-written leftovers
+    # no half-written leftovers, and the chunks it did write are gone at once, not at gc
+    assert _files(small_disk / "blobs") == before
 
 
 def test_store_errors_name_the_bad_blob(tmp_path: Path) -> None:
