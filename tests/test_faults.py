@@ -17,7 +17,7 @@ from helpers import RunningServer, execute, execute_in_thread, open_session, ser
 
 from fabric.client import Client
 from fabric.config import Config
-from fabric.errors import Unreachable
+from fabric.errors import RemoteError, Unreachable
 from fabric.snapshot import Store, history
 
 GRACE = 2
@@ -190,3 +190,42 @@ def test_a_dead_family_zygote_is_rebuilt(server, client, tmp_path) -> None:
     assert text(execute(client, name, "print(a.sum())")[1]) == "3\n"
     assert any("numpy" in z["modules"] for z in client.call("status")["zygotes"])
 
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_recomputed_value_repairs_its_corrupt_chunk(server, client, tmp_path) -> None:
+    name = open_session(client, tmp_path)
+    execute(client, name, "import numpy as np\na = np.arange(1_000_000)")
+    store = Store(server.store)
+    blob = history.log(store, name)[0][1].variables()["a"].blob
+    [chunk] = store.object_chunks(blob)
+    _flip(store.disk.path(chunk))
+    with pytest.raises(RemoteError) as err:
+        execute(client, name, "a.sum()")
+    assert "corrupt" in err.value.message
+    execute(client, name, "a = np.arange(1_000_000)")  # the same bytes again: rewritten
+    assert text(execute(client, name, "print(a.sum())")[1]) == "499999500000\n"
+    assert not [p for p in history.verify(store).problems if chunk in p]
+
+
+def test_no_commit_on_a_corrupt_head_and_the_others_go_on(server, client, tmp_path) -> None:
+    damaged, other = open_session(client, tmp_path), open_session(client, tmp_path)
+    execute(client, damaged, "x = 1")
+    execute(client, damaged, "x = 2")
+    execute(client, other, "y = 'other'")
+    store = Store(server.store)
+    head = store.head(damaged)
+    _flip(server.store / "manifests" / head)
+    with pytest.raises(RemoteError) as err:
+        execute(client, damaged, "x = 3")
+    assert err.value.kind == "store" and "damaged" in err.value.message
+    assert store.head(damaged) == head  # nothing was built on it
+    assert [m.version for _, m in history.log(store, other)] == [1]
+    collected = history.gc(store, grace=3600)
+    assert damaged in collected.damaged and other not in collected.damaged
+    assert text(execute(client, other, "y")[1]) == "'other'\n"
