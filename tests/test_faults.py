@@ -22,10 +22,12 @@ from fabric.snapshot import Store, history
 
 GRACE = 2
 
-# a cell that swallows every KeyboardInterrupt: only a kill ends it
+# a cell that swallows every KeyboardInterrupt: only a kill ends it; it touches `started` (in
+# the session's directory) once an interrupt can no longer escape it
 STUBBORN = """import time
 while True:
     try:
+        open({started!r}, 'w').close()
         time.sleep(0.05)
     except KeyboardInterrupt:
         pass
@@ -53,6 +55,10 @@ def _until(predicate, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _started(path: Path) -> None:
+    _until(path.exists, f"the cell that makes {path.name}")
+
+
 def _held(client: Client) -> int:
     return client.call("status")["leases"]["held"]
 
@@ -60,8 +66,9 @@ def _held(client: Client) -> int:
 def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_path) -> None:
     stubborn = [open_session(client, tmp_path) for _ in range(2)]
     execute(client, stubborn[0], "kept = 'committed'")
-    runs = [execute_in_thread(server, name, STUBBORN) for name in stubborn]
-    _until(lambda: _held(client) == 2, "both slots held")
+    runs = [execute_in_thread(server, name, STUBBORN.format(started=name)) for name in stubborn]
+    for name in stubborn:
+        _started(tmp_path / name)
     third = open_session(client, tmp_path)
     waiting, result = execute_in_thread(server, third, "print('third ran')")
     _until(lambda: client.call("status")["leases"]["queued"] == 1, "the third cell queued")
@@ -79,10 +86,12 @@ def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_pa
 
 def test_an_interrupt_honoured_in_time_is_not_escalated(server, client, tmp_path) -> None:
     name = open_session(client, tmp_path)
-    thread, run = execute_in_thread(server, name, "import time\ntry:\n    time.sleep(60)\n"
+    thread, run = execute_in_thread(server, name, "import time\ntry:\n"
+                                                  "    open('started', 'w').close()\n"
+                                                  "    time.sleep(60)\n"
                                                   "except KeyboardInterrupt:\n    time.sleep(0.1)\n"
                                                   "    done = 'cleanly'\n")
-    _until(lambda: _held(client) >= 1, "the cell started")
+    _started(tmp_path / "started")
     client.call("interrupt", session=name)
     thread.join(30)
     assert run["reply"]["status"] == "ok"
@@ -128,11 +137,12 @@ def test_a_commit_on_a_head_moved_meanwhile_is_refused(server, client, tmp_path)
 def test_a_client_that_stops_answering_has_its_cell_stopped(server, client, tmp_path) -> None:
     name = open_session(client, tmp_path)
     script = (f"from helpers import execute\nfrom fabric.client import Client\n"
-              f"execute(Client({server.address!r}), {name!r}, {STUBBORN!r})\n")
+              f"execute(Client({server.address!r}), {name!r}, "
+              f"{STUBBORN.format(started='started')!r})\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     frozen = subprocess.Popen([sys.executable, "-c", script], env=env)
     try:
-        _until(lambda: _held(client) >= 1, "its cell started")
+        _started(tmp_path / "started")
         os.kill(frozen.pid, signal.SIGSTOP)  # alive, connected, but silent
         _until(lambda: _held(client) == 0, "its slot came back", timeout=30)
     finally:
