@@ -109,11 +109,14 @@ class Server:
             task.add_done_callback(self._tasks.discard)
 
     def _send(self, identity: bytes, message: dict) -> None:
-        sent = self.socket.send_multipart([identity, protocol.pack(message)])
-        sent.add_done_callback(_gone_is_fine)
+        """Send now or drop, as a ROUTER does: a client that does not read (its queue full) or
+        has gone must never hold up the replies to the others."""
+        self.socket.send_multipart([identity, protocol.pack(message)],
+                                   flags=zmq.NOBLOCK).add_done_callback(_undelivered)
 
     def _connected(self, identity: bytes) -> bool:
         probe = self.socket.send_multipart([identity, HEARTBEAT], flags=zmq.NOBLOCK)
+        probe.add_done_callback(_undelivered)
         return not (probe.done() and isinstance(probe.exception(), zmq.ZMQError)
                     and probe.exception().errno == zmq.EHOSTUNREACH)
 
@@ -211,10 +214,10 @@ class Server:
 HEARTBEAT = protocol.pack({"type": "heartbeat"})  # no msg_id: clients drop it
 
 
-def _gone_is_fine(sent: asyncio.Future) -> None:
-    """A reply to a client that has gone away is dropped, not an error."""
-    if not sent.cancelled() and sent.exception() is not None:
-        log.info("a reply was not delivered: %s", sent.exception())
+def _undelivered(sent: asyncio.Future) -> None:
+    """A frame to a client that has gone away, or reads too slowly, is dropped, not an error."""
+    if sent.exception() is not None:
+        log.info("a frame to a client was dropped: %s", sent.exception())
 
 
 def run(config: Config) -> None:
