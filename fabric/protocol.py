@@ -12,6 +12,9 @@ Events of an ``execute``: ``output`` (an nbformat output in ``output``), ``queue
 waits for a lease), ``leased`` (it got one, after ``waited`` seconds) and ``input_request``
 (``prompt``, ``password``: the cell called input() or getpass(); answered by an ``input``
 request of the same session, only when the execute said ``stdin: true``).
+
+While a client's cell runs, the server probes it with ``{type: heartbeat}`` frames (no msg_id:
+clients drop them) and ZMTP pings; a client gone or silent has its cell stopped.
 """
 
 from __future__ import annotations
