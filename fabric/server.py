@@ -52,7 +52,8 @@ class Server:
         self.sessions: dict[str, Session] = {}
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
-        self._executing: dict[tuple[bytes, str | None], str] = {}  # (client, msg_id) -> session
+        # the sessions whose cells run, by the (client, msg_id) of the execute that runs each
+        self._executing: dict[tuple[bytes, str | None], Session] = {}
         self._stop = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -124,10 +125,11 @@ class Server:
         """Stop the cells of clients that are no longer connected."""
         while True:
             await asyncio.sleep(self.config.heartbeat or 1)
-            for (identity, _), name in list(self._executing.items()):
-                if name in self.sessions and not self._connected(identity):
-                    log.warning("session %s: its client went away; stopping its cell", name)
-                    self.sessions[name].stop("client")
+            for (identity, _), session in list(self._executing.items()):
+                if not self._connected(identity):
+                    log.warning("session %s: its client went away; stopping its cell",
+                                session.name)
+                    session.stop("client")
 
     async def _handle(self, frames: list[bytes]) -> None:
         identity, msg_id = frames[0], None
@@ -143,8 +145,8 @@ class Server:
                 self._send(identity, protocol.event(msg_id, event, **fields))
 
             call = (identity, msg_id)
-            if message["op"] == "execute":
-                self._executing[call] = message["session"]
+            if message["op"] == "execute" and message["session"] in self.sessions:
+                self._executing[call] = self.sessions[message["session"]]
             try:
                 result = await self._dispatch(message, emit)
             finally:

@@ -178,9 +178,12 @@ def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_
         execute(client, name, "v = 1")
     base = next(z["pid"] for z in client.call("status")["zygotes"] if not z["modules"])
     os.kill(base, signal.SIGKILL)
+    sources = []
     for name in names:
         reply, outputs = execute(client, name, "v += 1\nprint(v)")
         assert reply["status"] == "ok" and text(outputs) == "2\n"
+        sources.append(reply["source"])
+    assert sources[0] == "cold"  # at once, while the new base zygote still imports
 
     def rebuilt() -> bool:
         pids = [z["pid"] for z in client.call("status")["zygotes"] if not z["modules"]]
