@@ -25,7 +25,7 @@ import zmq.asyncio
 from . import protocol
 from .claim import claim_server
 from .config import Config
-from .errors import FabricError, ProtocolError, UnknownSession
+from .errors import FabricError, InUse, ProtocolError, UnknownSession
 from .pool import Leases, Pool, cuda
 from .session import Session
 from .snapshot import Store
@@ -71,6 +71,9 @@ class Server:
         claims = claim_server(self.config.store, address)  # InUse: another server has them
         try:
             self.socket.bind(address)
+        except zmq.ZMQError as exc:  # a tcp:// port another process holds, say
+            claims.release()
+            raise InUse(f"cannot serve on {address}: {exc}", address=address) from exc
         except BaseException:
             claims.release()
             raise

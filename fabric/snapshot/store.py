@@ -336,8 +336,8 @@ class Store:
             current = self.head(session)
             if current != parent:
                 raise StaleHead(
-                    f"session {session} moved to {current} while this cell ran on {parent}; "
-                    "its commit is refused and the session keeps the newer version",
+                    f"session {session} has moved to {current} since {parent}, the version "
+                    "this commit was built on: it is refused and nothing was overwritten",
                     session=session, head=current, parent=parent)
             write_atomic(path, manifest.encode() + b"\n")
 
