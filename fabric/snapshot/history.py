@@ -119,8 +119,11 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
         result.blobs += 1
         result.bytes += len(data)
         if blob_id(data) != ident:
-            corrupt.append(ident)
-    names: dict[str, set[str]] = {}  # session -> what its history names
+            if repair and store.repair(ident, sources):
+                result.repaired.append(ident)
+            else:
+                corrupt.append(ident)
+    names: dict[str, set[str]] = {}  # session -> what its history names (up to a problem)
     for session in store.sessions():
         names[session] = set()
         try:
@@ -128,9 +131,6 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
         except StoreError as exc:
             result.problems.append(f"session {session}: {exc.message}")
     for ident in corrupt:
-        if repair and store.repair(ident, sources):
-            result.repaired.append(ident)
-            continue
         users = sorted(s for s, named in names.items() if ident in named)
         result.problems.append(f"blob {ident} is corrupt (hash mismatch)"
                                + (", and no good copy was found to repair it" if repair else "")
