@@ -332,6 +332,7 @@ class Session:
                     break
             committed = time.monotonic()
             self._commit(message, source, count)
+            self.running = None  # committed, the cell is over: no stop may kill it while it parks
             done = time.monotonic()
             unsaved = sorted(message.get("unsaved") or {})
             kept = await self._park(worker, unsaved, emit, lease.device)
