@@ -100,7 +100,20 @@ class ZygoteHandle:
         self._pending[req] = future
         control.send(self.ctrl, {**message, "req": req})
         self.last_used = time.monotonic()
-        return await asyncio.wait_for(future, START_TIMEOUT)
+        return await self._within(future)
+
+    async def until_ready(self) -> None:
+        await self._within(asyncio.shield(self.ready))  # others may wait for it too
+
+    async def _within(self, answer: Awaitable) -> Any:
+        """`answer`'s result; a zygote that does not answer in START_TIMEOUT is as good as
+        dead: it is killed, so that it is dropped (and rebuilt) like any dead one."""
+        try:
+            return await asyncio.wait_for(answer, START_TIMEOUT)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            raise
 
     def stop(self) -> None:
         if self.ctrl.fileno() >= 0:
@@ -259,7 +272,7 @@ class Pool:
         theirs.close()
         base = ZygoteHandle(self, mine, self._base_proc.pid, frozenset())
         self.zygotes[frozenset()] = base
-        await asyncio.wait_for(base.ready, START_TIMEOUT)
+        await base.until_ready()
 
     async def _revive_base(self) -> None:
         """Reap the dead base zygote and start another, backing off while starts fail."""
@@ -305,7 +318,7 @@ class Pool:
             reply, fds = await parent.request({"op": "fork_zygote", "modules": missing})
             zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply["pid"], modules)
             self.zygotes[modules] = zygote
-            await asyncio.wait_for(zygote.ready, START_TIMEOUT)
+            await zygote.until_ready()
             self._evict()
             return zygote
         finally:
