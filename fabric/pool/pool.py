@@ -355,7 +355,7 @@ class Pool:
             else:
                 try:
                     return await self.restore_worker(template)
-                except (criu.CheckpointError, FabricError, OSError) as exc:
+                except (FabricError, OSError) as exc:  # CheckpointError, WorkerDied, ...
                     log.warning("template restore failed, forking instead: %s", exc)
         try:
             return await self.fork_worker(needs, family)
