@@ -363,11 +363,19 @@ def store_checkout(session: str, version: int, path: str | None) -> None:
 
 @store.command("verify")
 @_store_option
-def store_verify(path: str | None) -> None:
+@click.option("--repair", is_flag=True, help="Rewrite corrupt blobs from a good copy.")
+@click.option("--from", "sources", multiple=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Another store to take good copies from (repeatable).")
+def store_verify(path: str | None, repair: bool, sources: tuple[Path, ...]) -> None:
     """Check every manifest's signature, every blob's hash, every session's history."""
     from fabric.snapshot import history
+    from fabric.snapshot.tiers import DiskTier
 
-    result = history.verify(_store(path))
+    result = history.verify(_store(path), repair,
+                            [DiskTier(source / "blobs") for source in sources])
+    for ident in result.repaired:
+        click.echo(f"repaired blob {ident}")
     for problem in result.problems:
         click.echo(problem, err=True)
     click.echo(f"{result.manifests} manifests, {result.blobs} blobs ({_mb(result.bytes)}): "
@@ -387,6 +395,9 @@ def store_gc(path: str | None, grace: float) -> None:
         result = history.gc(_store(path), grace)
     except FabricError as exc:
         raise click.ClickException(exc.message) from exc
+    for session, why in result.damaged.items():
+        click.echo(f"session {session} is damaged ({why}); every version of it that still "
+                   "reads was kept", err=True)
     click.echo(f"removed {result.removed} files ({_mb(result.freed)}), kept {result.kept} "
                f"({_mb(result.kept_bytes)})")
 

@@ -14,6 +14,9 @@ waits for a lease), ``leased`` (it got one, after ``waited`` seconds) and ``inpu
 request of the same session, only when the execute said ``stdin: true``) and ``notice``
 (``topic``, ``text``, ``time``: what llfabric says about itself, never a cell output; see
 `fabric.notices`).
+
+While a client's cell runs, the server probes it with ``{type: heartbeat}`` frames (no msg_id:
+clients drop them) and ZMTP pings; a client gone or silent has its cell stopped.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from .config import Config
 from .errors import (
     FabricError,
     Forbidden,
+    InUse,
     LimitReached,
     ProtocolError,
     StoreError,
@@ -66,7 +67,8 @@ class Server:
         self.running: dict[str, int] = {}  # cells each user runs now
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
-        self._executing: dict[tuple[bytes, str | None], str] = {}  # -> the session's stored name
+        # the sessions whose cells run, by the (client, msg_id) of the execute that runs each
+        self._executing: dict[tuple[bytes, str | None], Session] = {}
         self._stop = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -90,6 +92,9 @@ class Server:
         claims = claim_server(self.config.store, address)  # InUse: another server has them
         try:
             self.socket.bind(address)
+        except zmq.ZMQError as exc:  # a tcp:// port another process holds, say
+            claims.release()
+            raise InUse(f"cannot serve on {address}: {exc}", address=address) from exc
         except BaseException:
             claims.release()
             raise
@@ -131,11 +136,14 @@ class Server:
             task.add_done_callback(self._tasks.discard)
 
     def _send(self, identity: bytes, message: dict) -> None:
-        sent = self.socket.send_multipart([identity, protocol.pack(message)])
-        sent.add_done_callback(_gone_is_fine)
+        """Send now or drop, as a ROUTER does: a client that does not read (its queue full) or
+        has gone must never hold up the replies to the others."""
+        self.socket.send_multipart([identity, protocol.pack(message)],
+                                   flags=zmq.NOBLOCK).add_done_callback(_undelivered)
 
     def _connected(self, identity: bytes) -> bool:
         probe = self.socket.send_multipart([identity, HEARTBEAT], flags=zmq.NOBLOCK)
+        probe.add_done_callback(_undelivered)
         return not (probe.done() and isinstance(probe.exception(), zmq.ZMQError)
                     and probe.exception().errno == zmq.EHOSTUNREACH)
 
@@ -143,10 +151,11 @@ class Server:
         """Stop the cells of clients that are no longer connected."""
         while True:
             await asyncio.sleep(self.config.heartbeat or 1)
-            for (identity, _), key in list(self._executing.items()):
-                if key in self.sessions and not self._connected(identity):
-                    log.warning("session %s: its client went away; stopping its cell", key)
-                    self.sessions[key].stop("client")
+            for (identity, _), session in list(self._executing.items()):
+                if not self._connected(identity):
+                    log.warning("session %s: its client went away; stopping its cell",
+                                session.name)
+                    session.stop("client")
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
         identity, msg_id = frames[0].bytes, None
@@ -164,8 +173,9 @@ class Server:
                 self._send(identity, protocol.event(msg_id, event, **fields))
 
             call = (identity, msg_id)
-            if message["op"] == "execute":
-                self._executing[call] = self._store_name(user, message["session"])
+            session = self.sessions.get(self._store_name(user, message["session"]))
+            if message["op"] == "execute" and session is not None:
+                self._executing[call] = session
             try:
                 result = await self._dispatch(user, message, emit)
             finally:
@@ -331,10 +341,10 @@ def _check_address(config: Config) -> auth.Keys | None:
 HEARTBEAT = protocol.pack({"type": "heartbeat"})  # no msg_id: clients drop it
 
 
-def _gone_is_fine(sent: asyncio.Future) -> None:
-    """A reply to a client that has gone away is dropped, not an error."""
-    if not sent.cancelled() and sent.exception() is not None:
-        log.info("a reply was not delivered: %s", sent.exception())
+def _undelivered(sent: asyncio.Future) -> None:
+    """A frame to a client that has gone away, or reads too slowly, is dropped, not an error."""
+    if sent.exception() is not None:
+        log.info("a frame to a client was dropped: %s", sent.exception())
 
 
 def run(config: Config) -> None:

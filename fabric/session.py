@@ -194,12 +194,23 @@ class Session:
 
     def _follow_head(self) -> None:
         """Pick up a head moved outside this server (`llfabric store checkout`): the next cell
-        runs on that version, and a worker prepared for the old head is no longer usable."""
+        runs on that version, and a worker prepared for the old head is no longer usable.
+        The head is read again even if it has not moved: a cell never runs on a damaged one."""
         head = self.store.head(self.name)
+        manifest = self._head_manifest(head)
         if head != self.head:
-            self.manifest = (Manifest.decode(self.store.get_manifest(head)) if head
-                             else Manifest(session=self.name))
-            self.head = head
+            self.manifest, self.head = manifest, head
+
+    def _head_manifest(self, head: str | None) -> Manifest:
+        """The manifest `head` names, checked (hash, signature) as a new version's parent."""
+        if head is None:
+            return Manifest(session=self.name)
+        try:
+            return Manifest.decode(self.store.get_manifest(head))
+        except StoreError as exc:
+            raise StoreError(f"session {self.name}'s head is damaged ({exc.message}): no cell "
+                             "can commit on it; `llfabric store verify` tells more",
+                             session=self.name, head=head) from exc
 
     def checkout(self, version: int) -> dict:
         """Go back to `version`'s state: the next cell runs on it. The checkout is a new version,
@@ -331,6 +342,7 @@ class Session:
                 raise RemoteError(message["failed"])
             committed = time.monotonic()
             self._commit(message, source, count)
+            self.running = None  # committed, the cell is over: no stop may kill it while it parks
             done = time.monotonic()
             unsaved = sorted(message.get("unsaved") or {})
             kept = await self._park(worker, unsaved, emit, lease.device)
@@ -508,6 +520,7 @@ class Session:
         for blob in blobs:  # a head must never point at missing data
             if not isinstance(blob, str) or not self.store.has(blob):
                 raise StoreError(f"the worker reported blob {blob!r} that is not in the store")
+        self._head_manifest(self.head)  # a commit never builds on a damaged parent
         parent = self.manifest
         kept = [Group(g.blob, tuple(n for n in g.names if n not in owned), g.size)
                 for g in parent.groups]

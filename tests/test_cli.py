@@ -116,3 +116,23 @@ def test_audit_reports_each_cell_and_refuses_a_non_notebook(tmp_path: Path) -> N
     bad = _run("audit", str(tmp_path / "notes.txt"), cwd=tmp_path)
     assert bad.returncode != 0
     assert "not a valid notebook" in bad.stderr
+
+
+def test_store_verify_repairs_from_another_store_and_names_what_it_cannot(tmp_path) -> None:
+    from fabric.snapshot import Group, Manifest, Store, dumps
+
+    store, backup = Store(tmp_path / "store"), Store(tmp_path / "backup")
+    good, bad = (store.put_object(dumps({k: k * 100}, {})) for k in "ab")
+    backup.put_object(dumps({"a": "a" * 100}, {}))
+    manifest = Manifest(session="s", version=1, groups=(Group(good, ("a",)), Group(bad, ("b",))))
+    store.set_head("s", store.put_manifest(manifest.encode()), None)
+    for blob in (good, bad):
+        path = store.disk.path(blob)
+        path.write_bytes(path.read_bytes()[:-1] + b"!")
+    result = _run("store", "verify", "--store", str(store.root), "--repair",
+                  "--from", str(backup.root))
+    assert result.returncode == 1
+    assert f"repaired blob {good}" in result.stdout
+    assert bad in result.stderr and "no good copy" in result.stderr
+    assert "sessions s need it" in result.stderr
+    assert Store(store.root).get_object(good)  # whole again

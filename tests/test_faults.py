@@ -17,15 +17,17 @@ from helpers import RunningServer, execute, execute_in_thread, open_session, ser
 
 from fabric.client import Client
 from fabric.config import Config
-from fabric.errors import Unreachable
+from fabric.errors import RemoteError, Unreachable
 from fabric.snapshot import Store, history
 
 GRACE = 2
 
-# a cell that swallows every KeyboardInterrupt: only a kill ends it
+# a cell that swallows every KeyboardInterrupt: only a kill ends it; it touches `started` (in
+# the session's directory) once an interrupt can no longer escape it
 STUBBORN = """import time
 while True:
     try:
+        open({started!r}, 'w').close()
         time.sleep(0.05)
     except KeyboardInterrupt:
         pass
@@ -53,6 +55,10 @@ def _until(predicate, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _started(path: Path) -> None:
+    _until(path.exists, f"the cell that makes {path.name}")
+
+
 def _held(client: Client) -> int:
     return client.call("status")["leases"]["held"]
 
@@ -60,8 +66,9 @@ def _held(client: Client) -> int:
 def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_path) -> None:
     stubborn = [open_session(client, tmp_path) for _ in range(2)]
     execute(client, stubborn[0], "kept = 'committed'")
-    runs = [execute_in_thread(server, name, STUBBORN) for name in stubborn]
-    _until(lambda: _held(client) == 2, "both slots held")
+    runs = [execute_in_thread(server, name, STUBBORN.format(started=name)) for name in stubborn]
+    for name in stubborn:
+        _started(tmp_path / name)
     third = open_session(client, tmp_path)
     waiting, result = execute_in_thread(server, third, "print('third ran')")
     _until(lambda: client.call("status")["leases"]["queued"] == 1, "the third cell queued")
@@ -79,10 +86,12 @@ def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_pa
 
 def test_an_interrupt_honoured_in_time_is_not_escalated(server, client, tmp_path) -> None:
     name = open_session(client, tmp_path)
-    thread, run = execute_in_thread(server, name, "import time\ntry:\n    time.sleep(60)\n"
+    thread, run = execute_in_thread(server, name, "import time\ntry:\n"
+                                                  "    open('started', 'w').close()\n"
+                                                  "    time.sleep(60)\n"
                                                   "except KeyboardInterrupt:\n    time.sleep(0.1)\n"
                                                   "    done = 'cleanly'\n")
-    _until(lambda: _held(client) >= 1, "the cell started")
+    _started(tmp_path / "started")
     client.call("interrupt", session=name)
     thread.join(30)
     assert run["reply"]["status"] == "ok"
@@ -128,11 +137,12 @@ def test_a_commit_on_a_head_moved_meanwhile_is_refused(server, client, tmp_path)
 def test_a_client_that_stops_answering_has_its_cell_stopped(server, client, tmp_path) -> None:
     name = open_session(client, tmp_path)
     script = (f"from helpers import execute\nfrom fabric.client import Client\n"
-              f"execute(Client({server.address!r}), {name!r}, {STUBBORN!r})\n")
+              f"execute(Client({server.address!r}), {name!r}, "
+              f"{STUBBORN.format(started='started')!r})\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     frozen = subprocess.Popen([sys.executable, "-c", script], env=env)
     try:
-        _until(lambda: _held(client) >= 1, "its cell started")
+        _started(tmp_path / "started")
         os.kill(frozen.pid, signal.SIGSTOP)  # alive, connected, but silent
         _until(lambda: _held(client) == 0, "its slot came back", timeout=30)
     finally:
@@ -168,9 +178,12 @@ def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_
         execute(client, name, "v = 1")
     base = next(z["pid"] for z in client.call("status")["zygotes"] if not z["modules"])
     os.kill(base, signal.SIGKILL)
+    sources = []
     for name in names:
         reply, outputs = execute(client, name, "v += 1\nprint(v)")
         assert reply["status"] == "ok" and text(outputs) == "2\n"
+        sources.append(reply["source"])
+    assert sources[0] == "cold"  # at once, while the new base zygote still imports
 
     def rebuilt() -> bool:
         pids = [z["pid"] for z in client.call("status")["zygotes"] if not z["modules"]]
@@ -182,11 +195,50 @@ def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_
 
 def test_a_dead_family_zygote_is_rebuilt(server, client, tmp_path) -> None:
     name = open_session(client, tmp_path)
-    execute(client, name, "import json\nj = json.dumps([1])")
-    family = next(z["pid"] for z in client.call("status")["zygotes"] if "json" in z["modules"])
+    execute(client, name, "import numpy as np\na = np.arange(3)")
+    family = next(z["pid"] for z in client.call("status")["zygotes"] if "numpy" in z["modules"])
     os.kill(family, signal.SIGKILL)
     _until(lambda: all(z["pid"] != family for z in client.call("status")["zygotes"]),
            "the dead zygote dropped")
-    assert text(execute(client, name, "print(json.loads(j))")[1]) == "[1]\n"
-    assert any("json" in z["modules"] for z in client.call("status")["zygotes"])
+    assert text(execute(client, name, "print(a.sum())")[1]) == "3\n"
+    assert any("numpy" in z["modules"] for z in client.call("status")["zygotes"])
 
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_recomputed_value_repairs_its_corrupt_chunk(server, client, tmp_path) -> None:
+    name = open_session(client, tmp_path)
+    execute(client, name, "import numpy as np\na = np.arange(1_000_000)")
+    store = Store(server.store)
+    blob = history.log(store, name)[0][1].variables()["a"].blob
+    [chunk] = store.object_chunks(blob)
+    _flip(store.disk.path(chunk))
+    with pytest.raises(RemoteError) as err:
+        execute(client, name, "a.sum()")
+    assert "corrupt" in err.value.message
+    execute(client, name, "a = np.arange(1_000_000)")  # the same bytes again: rewritten
+    assert text(execute(client, name, "print(a.sum())")[1]) == "499999500000\n"
+    assert not [p for p in history.verify(store).problems if chunk in p]
+
+
+def test_no_commit_on_a_corrupt_head_and_the_others_go_on(server, client, tmp_path) -> None:
+    damaged, other = open_session(client, tmp_path), open_session(client, tmp_path)
+    execute(client, damaged, "x = 1")
+    execute(client, damaged, "x = 2")
+    execute(client, other, "y = 'other'")
+    store = Store(server.store)
+    head = store.head(damaged)
+    _flip(server.store / "manifests" / head)
+    with pytest.raises(RemoteError) as err:
+        execute(client, damaged, "x = 3")
+    assert err.value.kind == "store" and "damaged" in err.value.message
+    assert store.head(damaged) == head  # nothing was built on it
+    assert [m.version for _, m in history.log(store, other)] == [1]
+    collected = history.gc(store, grace=3600)
+    assert damaged in collected.damaged and other not in collected.damaged
+    assert text(execute(client, other, "y")[1]) == "'other'\n"

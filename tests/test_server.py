@@ -125,10 +125,12 @@ def test_killed_worker_is_an_error_and_the_session_survives(server, client: Clie
 
 
 def test_interrupt_raises_keyboard_interrupt_in_the_cell(server, client: Client,
-                                                         session: str) -> None:
+                                                         session: str, tmp_path) -> None:
     thread, result = execute_in_thread(server, session, "before = 1\nimport time\n"
+                                                         "open('started', 'w').close()\n"
                                                          "time.sleep(60)\nafter = 1")
-    pid_of_running_cell(server, session)
+    while not (tmp_path / "started").exists():  # interrupted any sooner, before is not set
+        time.sleep(0.05)
     assert client.call("interrupt", session=session)["interrupted"]
     thread.join(30)
     assert result["reply"]["status"] == "error"

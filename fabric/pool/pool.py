@@ -2,6 +2,11 @@
 
 Runs inside the server's asyncio loop. Each zygote's control socket is watched with
 `add_reader`; replies resolve futures, and `exited` reports end the matching worker.
+
+Worker sources degrade, never fail a cell on their own: a template restore that fails falls
+back to a zygote fork, a fork that fails (no zygote ready, one dying) to a cold worker, a plain
+fresh process. A dead zygote is dropped, its family rebuilt when next needed; a dead base zygote
+is reaped and restarted in the background, cells starting cold meanwhile.
 """
 
 from __future__ import annotations
@@ -95,7 +100,20 @@ class ZygoteHandle:
         self._pending[req] = future
         control.send(self.ctrl, {**message, "req": req})
         self.last_used = time.monotonic()
-        return await asyncio.wait_for(future, START_TIMEOUT)
+        return await self._within(future)
+
+    async def until_ready(self) -> None:
+        await self._within(asyncio.shield(self.ready))  # others may wait for it too
+
+    async def _within(self, answer: Awaitable) -> Any:
+        """`answer`'s result; a zygote that does not answer in START_TIMEOUT is as good as
+        dead: it is killed, so that it is dropped (and rebuilt) like any dead one."""
+        try:
+            return await asyncio.wait_for(answer, START_TIMEOUT)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            raise
 
     def stop(self) -> None:
         if self.ctrl.fileno() >= 0:
@@ -243,6 +261,7 @@ class Pool:
         self._ids = itertools.count(1)
         self._base_proc: subprocess.Popen | None = None
         self._building: dict[frozenset[str], asyncio.Task] = {}
+        self._reviving: asyncio.Task | None = None  # the restart of a dead base zygote
 
     async def start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -253,7 +272,25 @@ class Pool:
         theirs.close()
         base = ZygoteHandle(self, mine, self._base_proc.pid, frozenset())
         self.zygotes[frozenset()] = base
-        await asyncio.wait_for(base.ready, START_TIMEOUT)
+        await base.until_ready()
+
+    async def _revive_base(self) -> None:
+        """Reap the dead base zygote and start another, backing off while starts fail."""
+        delay = 0.0
+        while True:
+            if self._base_proc is not None:
+                await asyncio.to_thread(self._base_proc.wait)  # no zombie left behind
+            await asyncio.sleep(delay)
+            try:
+                await self.start()
+                log.info("base zygote restarted as %d", self._base_proc.pid)
+                return
+            except (FabricError, OSError, TimeoutError) as exc:
+                if (base := self.zygotes.pop(frozenset(), None)) is not None:
+                    base.stop()
+                self._base_proc.kill()
+                delay = min(max(delay * 2, 1.0), 60.0)
+                log.warning("the base zygote did not start (%s); retrying in %.0f s", exc, delay)
 
     async def zygote_for(self, needs: frozenset[str],
                          family: frozenset[str] | None = None) -> ZygoteHandle:
@@ -272,13 +309,16 @@ class Pool:
 
     async def _build(self, modules: frozenset[str]) -> ZygoteHandle:
         try:
-            parent = max((z for f, z in self.zygotes.items() if f <= modules and z.ready.done()),
-                         key=lambda z: len(z.modules))
+            parent = max((z for f, z in self.zygotes.items() if f <= modules and z.ready.done()
+                          and z.ready.exception() is None), key=lambda z: len(z.modules),
+                         default=None)
+            if parent is None:
+                raise FabricError(f"no zygote is ready to build {sorted(modules)} from")
             missing = sorted(modules - parent.modules)
             reply, fds = await parent.request({"op": "fork_zygote", "modules": missing})
             zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply["pid"], modules)
             self.zygotes[modules] = zygote
-            await asyncio.wait_for(zygote.ready, START_TIMEOUT)
+            await zygote.until_ready()
             self._evict()
             return zygote
         finally:
@@ -315,9 +355,13 @@ class Pool:
             else:
                 try:
                     return await self.restore_worker(template)
-                except (criu.CheckpointError, WorkerDied) as exc:
+                except (FabricError, OSError) as exc:  # CheckpointError, WorkerDied, ...
                     log.warning("template restore failed, forking instead: %s", exc)
-        return await self.fork_worker(needs, family)
+        try:
+            return await self.fork_worker(needs, family)
+        except (FabricError, OSError, TimeoutError) as exc:
+            log.warning("no zygote could fork a worker (%s); starting a cold one", exc)
+        return await self.cold_worker()
 
     async def fork_worker(self, needs: frozenset[str],
                           family: frozenset[str] | None = None) -> WorkerHandle:
@@ -328,6 +372,22 @@ class Pool:
                                              "store": str(self.store_root)})
             worker.pid = worker.process = reply["pid"]
             self.workers[worker.pid] = worker
+            await self._hello(worker)
+        except BaseException:
+            await worker.close()
+            raise
+        return worker
+
+    async def cold_worker(self) -> WorkerHandle:
+        """A worker started as a fresh process, without a zygote: the last resort."""
+        worker = WorkerHandle(self, next(self._ids), None, source="cold")
+        try:
+            pid = os.posix_spawn(
+                sys.executable, [sys.executable, "-m", "fabric.pool.cold", worker.endpoint,
+                                 str(self.store_root)], os.environ, setsid=True,
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
+            worker.process = pid
+            worker.watch(pid, init=False)
             await self._hello(worker)
         except BaseException:
             await worker.close()
@@ -419,8 +479,14 @@ class Pool:
         for worker in list(self.workers.values()):
             if worker.zygote is zygote and not worker.died.done():
                 worker.died.set_result(None)  # it died with its zygote (PDEATHSIG)
+        if not zygote.modules and zygote.pid == self._base_proc.pid and (
+                self._reviving is None or self._reviving.done()):
+            log.warning("the base zygote %d died; restarting it", zygote.pid)
+            self._reviving = asyncio.ensure_future(self._revive_base())
 
     async def stop(self) -> None:
+        if self._reviving is not None:
+            self._reviving.cancel()
         for worker in list(self.workers.values()):
             if worker.pid and not worker.died.done():
                 os.kill(worker.pid, signal.SIGKILL)

@@ -32,7 +32,7 @@ from . import control, worker
 from .shell import make_shell
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -105,7 +105,7 @@ class Zygote:
         if pid == 0:
             code = 0
             try:
-                _die_with_parent()
+                die_with_parent()
                 os.setsid()  # its own session, so that CRIU can dump it (no "shell job")
                 self._child_hygiene()
                 worker.main(self.shell, message["endpoint"], message["store"])
@@ -150,7 +150,7 @@ def detach_from_cwd() -> None:
 
 def main() -> None:
     ctrl = socket.socket(fileno=int(sys.argv[1]))
-    _die_with_parent()
+    die_with_parent()
     detach_from_cwd()
     zygote = Zygote(ctrl)
     zygote.import_modules(sys.argv[2:])

@@ -5,9 +5,10 @@ every version stays reachable from a head, `log` still shows what came after, an
 "reachable from some head" as "live".
 
 gc runs while servers save: a worker writes chunks and an object before the server commits the
-manifest naming them, and a save that finds a blob already there touches it instead of writing.
-So only unreachable files older than a grace period are removed, and the chunks of a young
-object are kept with it.
+manifest naming them, and a save that finds an intact blob already there touches it instead of
+writing. So only unreachable files older than a grace period are removed, and the chunks of a
+young object are kept with it. A session whose history cannot be read whole is damaged: gc keeps
+every version of it that still reads, and goes on with the others.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..closure.static import analyze
 from ..errors import StoreError
 from .manifest import Manifest
 from .store import Store, blob_id
+from .tiers import Tier
 
 GRACE_SECONDS = 3600.0  # longer than any save between its first write and its commit
 
@@ -94,11 +97,14 @@ class Verified:
     blobs: int = 0
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)  # blobs rewritten from a good copy
 
 
-def verify(store: Store) -> Verified:
+def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> Verified:
     """Check every manifest's signature, every blob's hash, and that every head's history is
-    complete (every object and chunk it names is present)."""
+    complete (every object and chunk it names is present). With `repair`, rewrite corrupt
+    blobs from a good copy (another tier, or `sources`); a problem names what a corrupt blob
+    that could not be repaired leaves broken."""
     result = Verified()
     for ident in store.manifests():
         result.manifests += 1
@@ -106,18 +112,29 @@ def verify(store: Store) -> Verified:
             Manifest.decode(store.get_manifest(ident))
         except StoreError as exc:
             result.problems.append(exc.message)
+    corrupt = []
     for ident in store.disk.idents():
         path = store.disk.path(ident)
         data = path.read_bytes()
         result.blobs += 1
         result.bytes += len(data)
         if blob_id(data) != ident:
-            result.problems.append(f"blob {ident} is corrupt (hash mismatch)")
+            if repair and store.repair(ident, sources):
+                result.repaired.append(ident)
+            else:
+                corrupt.append(ident)
+    names: dict[str, set[str]] = {}  # session -> what its history names (up to a problem)
     for session in store.sessions():
+        names[session] = set()
         try:
-            _mark(store, session, set())
+            _mark(store, session, names[session])
         except StoreError as exc:
             result.problems.append(f"session {session}: {exc.message}")
+    for ident in corrupt:
+        users = sorted(s for s, named in names.items() if ident in named)
+        result.problems.append(f"blob {ident} is corrupt (hash mismatch)"
+                               + (", and no good copy was found to repair it" if repair else "")
+                               + (f"; sessions {', '.join(users)} need it" if users else ""))
     return result
 
 
@@ -141,21 +158,49 @@ def _mark(store: Store, session: str, live: set[str]) -> set[str]:
     return live
 
 
+def _keep_damaged(store: Store, sessions: set[str], live: set[str]) -> None:
+    """Add to `live` what damaged `sessions` may still need, their histories being unreadable:
+    their heads, every manifest of theirs that still reads, and whatever those name."""
+    for session in sessions:
+        with contextlib.suppress(StoreError):
+            live.add(store.head(session) or "")
+    for ident in store.manifests():
+        try:
+            manifest = Manifest.decode(store.get_manifest(ident))
+        except StoreError:
+            continue
+        if manifest.session not in sessions:
+            continue
+        live.add(ident)
+        live.update(b for b in (manifest.ambient, *(g.blob for g in manifest.groups)) if b)
+        for group in manifest.groups:
+            with contextlib.suppress(StoreError, OSError):
+                live.update(store.object_chunks(group.blob))
+
+
 @dataclass
 class Collected:
     removed: int = 0
     freed: int = 0
     kept: int = 0
     kept_bytes: int = 0
+    damaged: dict[str, str] = field(default_factory=dict)  # session -> why, kept whole
 
 
 def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
     """Remove manifests, blobs and crash leftovers that no session's history names and that are
-    older than `grace` seconds. Refuses to run if any history cannot be read completely."""
+    older than `grace` seconds. A damaged session (its history cannot be read completely) is
+    reported and keeps every version that still reads; the others are collected as usual."""
     young = time.time() - grace
     live: set[str] = set()
+    result = Collected()
     for session in store.sessions():
-        _mark(store, session, live)
+        try:
+            _mark(store, session, live)
+        except StoreError as exc:
+            result.damaged[session] = exc.message
+    if result.damaged:
+        _keep_damaged(store, set(result.damaged), live)
     stats = {}
     for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
         with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
@@ -163,8 +208,8 @@ def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
     for path, stat in stats.items():
         if stat.st_mtime >= young and path.parent.parent == store.disk.root \
                 and store.is_object(path.name):
-            live.update(store.object_chunks(path.name))  # a save in flight: keep its chunks
-    result = Collected()
+            with contextlib.suppress(StoreError):  # a corrupt one names nothing to keep
+                live.update(store.object_chunks(path.name))  # a save in flight: its chunks
     for path, stat in stats.items():
         if path.name in live or stat.st_mtime >= young:
             result.kept += 1

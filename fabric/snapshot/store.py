@@ -113,19 +113,48 @@ class Store:
         return ident
 
     def put(self, data: Buffer) -> str:
-        """Store `data` under its hash; return the hash. Existing blobs are not rewritten."""
+        """Store `data` under its hash; return the hash. An intact copy is not rewritten."""
         ident = blob_id(data)
         self._put(ident, data)
         return ident
 
     def _put(self, ident: str, data: Buffer) -> bool:
-        """False if the blob was on disk already."""
-        if self.disk.has(ident):
+        """False if an intact copy was on disk already."""
+        if self._intact(ident, memoryview(data).nbytes):
             self.disk.touch(ident)
             return False
         for tier in self.tiers:
             tier.write(ident, data)  # the memory tier takes only small blobs
         return True
+
+    def _intact(self, ident: str, size: int) -> bool:
+        """Whether the disk holds the blob whole: `size` bytes that hash to its name. A save
+        checks before it skips a write, so that a corrupt copy is rewritten rather than kept:
+        streamed, this costs a fraction of the write it saves (100 MB: ~35 ms from the page
+        cache, ~80 ms from disk, against ~150 ms to write and fsync)."""
+        if self.disk.size(ident) != size:
+            return False
+        digest, buffer = xxhash.xxh3_128(), bytearray(1 << 20)
+        try:
+            with open(self.disk.path(ident), "rb", buffering=0) as f:
+                while n := f.readinto(buffer):
+                    digest.update(memoryview(buffer)[:n])
+        except FileNotFoundError:  # removed meanwhile: write it
+            return False
+        return digest.hexdigest() == ident
+
+    def repair(self, ident: str, sources: Iterable[Tier] = ()) -> bool:
+        """Rewrite a corrupt or missing disk copy of a blob from a good copy in another tier of
+        this store or in `sources` (another store's, say); False if none has one."""
+        for tier in [t for t in self.tiers if t is not self.disk] + list(sources):
+            size = tier.size(self._checked(ident))
+            if size is None:
+                continue
+            data = bytearray(size)
+            if tier.read_into(ident, memoryview(data)) == size and blob_id(data) == ident:
+                self.disk.write(ident, data)
+                return True
+        return False
 
     def has(self, ident: str) -> bool:
         """Whether the blob is durable (a memory tier does not count)."""
@@ -175,12 +204,10 @@ class Store:
     def put_object(self, encoded: Encoded, known: str | None = None,
                    progress: Progress | None = None) -> str:
         """Store a pickled group durably; return its id. Nothing is written if it equals `known`
-        (the group as last loaded or saved), and only missing chunks are written otherwise."""
+        (the group as last loaded or saved), and otherwise only chunks missing or corrupt on
+        disk: an index already there is no proof that its chunks are intact."""
         ident, index, chunks = self.fingerprint(encoded)
         if ident == known:
-            return ident
-        if self.disk.has(ident):
-            self.disk.touch(ident)
             return ident
         reporter = _Reporter(progress, sum(part.nbytes for _, part in chunks))
         written: list[str] = []
@@ -318,8 +345,8 @@ class Store:
             current = self.head(session)
             if current != parent:
                 raise StaleHead(
-                    f"session {session} moved to {current} while this cell ran on {parent}; "
-                    "its commit is refused and the session keeps the newer version",
+                    f"session {session} has moved to {current} since {parent}, the version "
+                    "this commit was built on: it is refused and nothing was overwritten",
                     session=session, head=current, parent=parent)
             write_atomic(path, manifest.encode() + b"\n")
 

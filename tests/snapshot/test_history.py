@@ -82,15 +82,63 @@ def test_gc_spares_a_save_in_flight_with_its_reused_chunks(tmp_path) -> None:
     assert loads(store.get_object(fresh), {})["b"] == 1
 
 
-def test_gc_refuses_when_a_history_is_incomplete(tmp_path) -> None:
+def _flip(path: Path, at: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_gc_keeps_a_damaged_session_whole_and_collects_the_others(tmp_path) -> None:
     store = Store(tmp_path, chunk=CHUNK)
-    _commit(store, "s", a=np.arange(50_000.0))
-    blob = history.log(store, "s")[0][1].groups[0].blob
-    store.disk.path(store.object_chunks(blob)[0]).unlink()
+    _commit(store, "broken", a=np.arange(50_000.0))
+    first = {p for p in (tmp_path / "blobs").rglob("*") if p.is_file()}
+    head = _commit(store, "broken", b="second")
+    blob = history.log(store, "broken")[1][1].groups[0].blob
+    store.disk.path(store.object_chunks(blob)[0]).unlink()  # a missing chunk, and
+    _flip(tmp_path / "manifests" / head, 10)  # a corrupt head: its history ends here
+    _commit(store, "fine", c=np.arange(1000.0))
+    orphan = store.put_object(dumps({"o": np.random.default_rng(0).random(40_000)}, {}))
     _age_all(tmp_path, 2 * history.GRACE_SECONDS)
-    with pytest.raises(StoreError, match="missing"):
-        history.gc(store)
-    assert store.disk.has(blob)
+    result = history.gc(store)
+    assert set(result.damaged) == {"broken"} and "corrupt" in result.damaged["broken"]
+    assert not store.disk.has(orphan)  # the others' garbage went
+    assert all(p.exists() for p in first if p.name != store.object_chunks(blob)[0])
+    assert (tmp_path / "manifests" / head).exists()
+    assert [m.version for _, m in history.log(store, "fine")] == [1]
+
+
+def test_a_save_rewrites_a_corrupt_chunk_it_would_have_skipped(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    encoded = dumps({"a": np.arange(50_000.0)}, {})
+    ident = store.put_object(encoded)
+    chunk = store.disk.path(store.object_chunks(ident)[1])
+    _flip(chunk)
+    assert store.put_object(dumps({"a": np.arange(50_000.0)}, {})) == ident
+    assert loads(Store(tmp_path).get_object(ident), {})["a"][-1] == 49_999.0
+    chunk.write_bytes(chunk.read_bytes()[:-1])  # truncated: its size alone gives it away
+    store.put_object(dumps({"a": np.arange(50_000.0)}, {}))
+    assert not history.verify(store).problems
+
+
+def test_verify_repairs_corrupt_blobs_from_a_good_copy_and_names_the_rest(tmp_path) -> None:
+    store = Store(tmp_path / "store", chunk=CHUNK)
+    backup = Store(tmp_path / "backup", chunk=CHUNK)
+    _commit(store, "s", a=np.arange(50_000.0), b=np.arange(20_000.0) * 2)
+    groups = history.log(store, "s")[0][1].groups
+    backup.put_object(dumps({"a": np.arange(50_000.0)}, {}))  # a copy of a's bytes only
+    healable = store.disk.path(store.object_chunks(groups[0].blob)[0])
+    lost = store.disk.path(store.object_chunks(groups[1].blob)[0])
+    _flip(healable)
+    _flip(lost)
+    assert history.verify(store, repair=True).repaired == sorted([healable.name, lost.name])
+    _flip(healable)  # the store's memory tier had both; a new process has no copy but backup's
+    _flip(lost)
+    store = Store(tmp_path / "store", chunk=CHUNK)
+    result = history.verify(store, repair=True, sources=[backup.disk])
+    assert result.repaired == [healable.name]
+    assert len(result.problems) == 1
+    assert lost.name in result.problems[0] and "sessions s need it" in result.problems[0]
+    assert loads(store.get_object(groups[0].blob), {})["a"][7] == 7.0
 
 
 def test_verify_reports_corrupt_blobs_and_unsigned_manifests(tmp_path) -> None:

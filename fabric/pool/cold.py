@@ -1,0 +1,33 @@
+"""A cold worker: a plain fresh process running the worker runtime, started when no zygote can
+fork one (the base zygote died and is being rebuilt, or a fork failed). It pays an interpreter
+start and its imports; the cell still runs.
+
+    python -m fabric.pool.cold ENDPOINT STORE
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from . import worker
+from .shell import make_shell
+from .zygote import detach_from_cwd, die_with_parent
+
+
+def main() -> None:
+    die_with_parent()  # as a forked worker dies with its zygote, this one dies with the server
+    detach_from_cwd()
+    code = 0
+    try:
+        worker.main(make_shell(), sys.argv[1], sys.argv[2])
+    except BaseException:
+        traceback.print_exc(file=sys.__stderr__)
+        code = 1
+    finally:
+        os._exit(code)  # as a forked worker: no interpreter teardown, no atexit of the shell
+
+
+if __name__ == "__main__":
+    main()
