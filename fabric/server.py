@@ -173,9 +173,10 @@ class Server:
                 self._send(identity, protocol.event(msg_id, event, **fields))
 
             call = (identity, msg_id)
-            session = self.sessions.get(self._store_name(user, message["session"]))
-            if message["op"] == "execute" and session is not None:
-                self._executing[call] = session
+            if message["op"] == "execute":
+                session = self.sessions.get(self._store_name(user, message["session"]))
+                if session is not None:
+                    self._executing[call] = session
             try:
                 result = await self._dispatch(user, message, emit)
             finally:
