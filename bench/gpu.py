@@ -11,14 +11,16 @@
 
 Needs an NVIDIA GPU and a CUDA build of torch; templates also need CRIU and llfabric-init, and
 templates and parking a CUDA checkpoint driver (cuda-python with driver >= 570, or
-`cuda-checkpoint`); a row that cannot run says why. Without a GPU it says so and exits 0.
-Usage: python bench/gpu.py [-n 3] [--sizes 0.25,1,4,16] [--store-gb 1]
+`cuda-checkpoint`) whose API answers for a live CUDA process; a row that cannot run says why.
+Without a GPU it says so and exits 0. `--about` prints only what the host offers the GPU path.
+Usage: python bench/gpu.py [--about] [-n 3] [--sizes 0.25,1,4,16] [--store-gb 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import select
 import statistics
 import subprocess
 import sys
@@ -30,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from fabric.pool import Pool, criu, gpus
-from fabric.pool.cuda import Driver, find_driver
+from fabric.pool.cuda import CudaError, Driver, State, find_driver
 from fabric.pool.parking import resume, suspend
 
 GIB = 1 << 30
@@ -61,6 +63,69 @@ def why_not() -> str | None:
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
     return None
+
+
+def checkpoint_probe(driver: Driver) -> str | None:
+    """Why the driver's checkpoint API does not answer for a live CUDA process, or None."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(1 << 20)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        started, _, _ = select.select([child.stdout], [], [], 120)
+        if not started or child.stdout.readline() != "ready\n":
+            return "a process could not create a CUDA context within 120 s"
+        try:
+            state = driver.state(child.pid)
+        except CudaError as exc:
+            return str(exc)
+        if state is not State.RUNNING:
+            return f"cuCheckpointProcessGetState says {state.name} for a running CUDA process"
+        return None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def usable_driver() -> tuple[Driver | None, str]:
+    """The checkpoint driver if its API answers, and a line saying which, or why none."""
+    driver = find_driver()
+    if driver is None:
+        return None, "none (neither cuda-python with driver >= 570 nor cuda-checkpoint)"
+    name = type(driver).__name__
+    if why := checkpoint_probe(driver):
+        return None, f"{name}, but its API does not answer: {why}"
+    return driver, f"{name}, answers (cuCheckpointProcessGetState: RUNNING)"
+
+
+def about() -> None:
+    """What this host offers the GPU path, a line each (bench/device_check.sh keys on them)."""
+    print(f"python: {sys.version.split()[0]} ({sys.executable})")
+    try:
+        import torch
+    except ImportError as exc:
+        print(f"torch: not importable ({exc})")
+    else:
+        print(f"torch: {torch.__version__} (CUDA {torch.version.cuda})")
+    found = gpus.discover()
+    if found:
+        import pynvml
+
+        version = pynvml.nvmlSystemGetDriverVersion()  # bytes from older nvidia-ml-py
+        version = version.decode() if isinstance(version, bytes) else version
+        print(f"NVML: driver {version}; " + "; ".join(
+            f"{g.name} {g.memory_total / GIB:.0f} GiB" for g in found))
+    else:
+        print("NVML: no NVIDIA GPU")
+    if why := why_not():
+        print(f"checkpoint API: not tried ({why})")
+    else:
+        print(f"checkpoint API: {usable_driver()[1]}")
+    try:
+        import pycriu
+    except ImportError as exc:
+        print(f"pycriu: not importable ({exc})")
+    else:
+        print(f"pycriu: {pycriu.__version__} ({Path(pycriu.__file__).parent})")
+    print(f"templates: {criu.unavailable() or 'available'}")
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -99,7 +164,7 @@ async def template_starts(driver: Driver | None, n: int) -> list[float] | str:
     if why := criu.unavailable():
         return why
     if driver is None:
-        return "no CUDA checkpoint driver: a CUDA context cannot be dumped"
+        return "no CUDA checkpoint driver that answers: a CUDA context cannot be dumped"
     family = frozenset({"torch"})
     with tempfile.TemporaryDirectory() as store:
         pool = Pool(Path(store), worker_source="template")
@@ -184,7 +249,11 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=3)
     parser.add_argument("--sizes", default="0.25,1,4,16", help="GiB of device memory to park")
     parser.add_argument("--store-gb", type=float, default=1.0)
+    parser.add_argument("--about", action="store_true", help="only what this host offers")
     args = parser.parse_args()
+    if args.about:
+        about()
+        return
     if why := why_not():
         print(f"skipped: {why}")
         return
@@ -192,8 +261,8 @@ def main() -> None:
 
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__} "
           f"(CUDA {torch.version.cuda})")
-    driver = find_driver()
-    print(f"checkpoint driver: {type(driver).__name__ if driver else 'none'}")
+    driver, which = usable_driver()
+    print(f"checkpoint driver: {which}")
 
     print(f"\n{'start':<48} {'median s':>9} {'min s':>8} {'vs cold':>8}")
     cold = cold_starts(args.n)
@@ -211,7 +280,7 @@ def main() -> None:
           f"{'resume s':>9} {'H2D copy':>9} {'ratio':>6}")
     sizes = fits([float(s) for s in args.sizes.split(",")])
     if driver is None:
-        print("(no CUDA checkpoint driver: nothing to park)")
+        print("(no CUDA checkpoint driver that answers: nothing to park)")
     for nbytes in sizes if driver is not None else []:
         down, up = copies(nbytes, args.n)
         park, back = park_resume(driver, nbytes, args.n)
