@@ -8,7 +8,7 @@
 # back), else ./device_check.txt.
 #
 # With a bundle (BUNDLE, default build/device-bundle: `make device-bundle`) it installs the
-# bundle's wheels into a temporary prefix for the machine's own python3 (PYTHON), whose torch
+# bundle's wheels into a temporary folder for the machine's own python3 (PYTHON), whose torch
 # and other packages it keeps, and uses the bundle's CRIU, pycriu and llfabric-init. Without one
 # it uses the environment as it is (PYTHON: .venv/bin/python, else python3), as on vagrant/.
 #
@@ -69,18 +69,30 @@ fi
 # --- the bundle -------------------------------------------------------------------------------
 criu=""
 if [[ -d "$bundle/wheels" ]]; then
-    own=("$bundle"/wheels/llfabric-*.whl)
     pip=(-m pip install --isolated -q --no-index --find-links "$bundle/wheels")
+    cross=()  # pip's flags for another Python than the one running pip: CPython 3.12 x86-64
+    ((dry)) && read -ra cross <<<"$(sed -n 's/^pip target: //p' "$bundle/MANIFEST")"
+    host="${PYTHON:-python3}"
+    ((dry)) && host="${PYTHON:-.venv/bin/python}"
+    # A folder of its own, after the checkout and before the machine's packages, which stay as
+    # they are (a --prefix install would uninstall those it replaces).
+    if msg="$(timeout 120 "$host" "${pip[@]}" --no-deps --target "$tmp/site" "${cross[@]}" \
+        "$bundle"/wheels/*.whl 2>&1)"; then
+        say "install: ok, $(ls "$bundle"/wheels | wc -l) wheels into $tmp/site for" \
+            "$( ((dry)) && echo 'CPython 3.12' || echo "$host")"
+    else
+        say "install: FAILED: $msg"
+        failed=1
+    fi
     if ((dry)); then
-        host="${PYTHON:-.venv/bin/python}"
-        read -ra target <<<"$(sed -n 's/^pip target: //p' "$bundle/MANIFEST")"
-        if msg="$(timeout 120 "$host" "${pip[@]}" --find-links "$bundle.cache/machine" \
-            "${target[@]}" --target "$tmp/site" "${own[@]}" 2>&1)"; then
-            say "install: ok, $(ls -d "$tmp"/site/*.dist-info | wc -l) packages into a clean" \
-                "CPython 3.12 folder from $bundle alone ($(ls "$bundle.cache/machine" | wc -l)" \
-                "stand-ins for the machine's own)"
+        # Resolved from the bundle alone, the machine's own packages stood in by the wheels the
+        # bundle left out.
+        if msg="$(timeout 120 "$host" "${pip[@]}" --dry-run --target "$tmp/check" "${cross[@]}" \
+            --find-links "$bundle.cache/machine" "$bundle"/wheels/llfabric-*.whl 2>&1)"; then
+            say "requirements: all met for CPython 3.12 by the bundle and the" \
+                "$(ls "$bundle.cache/machine" | wc -l) stand-ins for the machine's own"
         else
-            say "install: FAILED: $msg"
+            say "requirements: NOT MET: $msg"
             failed=1
         fi
         # $host is no 3.12, so the steps below run on its copies of the same packages: a venv
@@ -90,18 +102,12 @@ if [[ -d "$bundle/wheels" ]]; then
         PYTHON="$tmp/venv/bin/python"
         export PYTHONPATH="$root:$bundle/criu/python"
     else
-        PYTHON="${PYTHON:-python3}"
-        if msg="$(timeout 120 "$PYTHON" "${pip[@]}" --prefix "$tmp" "${own[@]}" 2>&1)"; then
-            say "install: ok into $tmp, beside $PYTHON's own packages"
-        else
-            # Still run what can run: every wheel, whatever the machine's versions.
-            say "install: the resolver refused ($msg); installing every wheel without it"
-            timeout 120 "$PYTHON" "${pip[@]}" --no-deps --prefix "$tmp" "$bundle"/wheels/*.whl \
-                2>&1 | tee -a "$out" || failed=1
-        fi
-        site="$("$PYTHON" -c 'import sys, sysconfig; print(sysconfig.get_path("purelib",
-            vars={"base": sys.argv[1], "platbase": sys.argv[1]}))' "$tmp")"
-        export PYTHONPATH="$root:$site:$bundle/criu/python"
+        PYTHON="$host"
+        export PYTHONPATH="$root:$tmp/site:$bundle/criu/python"
+        # what the bundle's packages need that neither the bundle nor the machine has
+        ours="$(ls "$bundle"/wheels | cut -d- -f1 | sed 's/[-_.]/[-_.]/g' | paste -sd'|')"
+        unmet="$("$PYTHON" -m pip check 2>&1 | grep -iE "^($ours) " | tr '\n' ' ')"
+        say "requirements: ${unmet:-all met (pip check)}"
     fi
     criu="$bundle/criu/bin/criu"
     export LLFABRIC_INIT="$bundle/bin/llfabric-init"
@@ -155,7 +161,7 @@ bench=${PIPESTATUS[0]}
 
 # --- the summary, last, where a device call's output tail shows it ---------------------------
 section summary
-grep -E '^(runtime|nvidia-smi|install|criu check|torch|NVML|checkpoint API|pycriu|templates):' \
+grep -E '^(runtime|nvidia-smi|install|requirements|criu check|torch|NVML|checkpoint API|pycriu|templates):' \
     "$out" | cut -c1-300
 grep -E '^(SKIPPED|FAILED|ERROR) ' "$tmp/suite" | cut -c1-200
 say "suite (exit $suite): $(tail -n1 "$tmp/suite")"

@@ -99,8 +99,9 @@ def test_the_dry_run_installs_the_bundle_and_runs_every_step_but_cuda(
     results = (tmp_path / "device_check.txt").read_text()
     assert run.returncode == 0, results + run.stderr
     lines = {line.split(":", 1)[0]: line for line in results.splitlines() if ":" in line}
-    assert re.match(r"install: ok, \d+ packages into a clean CPython 3\.12 folder",
-                    lines["install"]), lines["install"]
+    assert re.match(r"install: ok, \d+ wheels into \S+ for CPython 3\.12$", lines["install"])
+    assert lines["requirements"].startswith("requirements: all met for CPython 3.12")
+    assert "/venv/bin/python)" in lines["python"]  # only the machine's packages and the bundle's
     assert lines["runtime"].split()[1] in ("gVisor", "Firecracker", "unknown")
     assert lines["criu check"].startswith("criu check: passed (4.1.1")
     assert f"({bundle.resolve() / 'criu' / 'python' / 'pycriu'})" in lines["pycriu"]
@@ -118,3 +119,19 @@ def test_without_the_checkpoint_api_the_suite_leaves_out_exactly_the_tests_that_
                 needs = "find_driver" in ast.unparse(node)
                 left_out = any(word in node.name for word in keywords)
                 assert needs == left_out, f"{module}::{node.name}"
+
+
+def test_the_dry_run_s_python_imports_only_what_the_machine_or_the_bundle_has(
+        bundle: Path, tmp_path: Path) -> None:
+    """Its stand-in for the machine's python3 fails on an import where that machine would."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "device_venv.py"), str(tmp_path / "v"),
+                    str(ROOT / "scripts" / "device-machine.txt"),
+                    *map(str, (bundle / "wheels").glob("*.whl"))], check=True,
+                   capture_output=True)
+
+    def imports(module: str) -> bool:
+        return subprocess.run([str(tmp_path / "v" / "bin" / "python"), "-c", f"import {module}"],
+                              capture_output=True).returncode == 0
+
+    assert imports("zmq") and imports("IPython") and imports("msgpack") and imports("pytest")
+    assert not imports("jupyter_client") and not imports("nbclient")  # here, not there
