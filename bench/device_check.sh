@@ -18,8 +18,10 @@
 # park or restore CUDA state; without a working CRIU, templates skip; each says why.
 #
 # --dry-run (here, without a GPU) proves the rest: the bundle installs into a clean CPython 3.12
-# folder from the bundle alone (the machine's own packages stood in by BUNDLE.cache/machine),
-# and every step runs with the project venv and the bundle's CRIU, pycriu and init; CUDA skips.
+# folder with --no-index and its requirements resolve (the machine's own packages stood in by
+# BUNDLE.machine/), and every step runs, with the bundle's CRIU, pycriu and init, on a venv that
+# sees only the packages the machine has (scripts/device-machine.txt) and the bundle's; CUDA
+# skips.
 #
 # Exit status: 0 when every part ran or skipped with its reason, else 1.
 set -uo pipefail
@@ -69,6 +71,7 @@ fi
 # --- the bundle -------------------------------------------------------------------------------
 criu=""
 if [[ -d "$bundle/wheels" ]]; then
+    say "bundle: $(head -n1 "$bundle/MANIFEST")"
     pip=(-m pip install --isolated -q --no-index --find-links "$bundle/wheels")
     cross=()  # pip's flags for another Python than the one running pip: CPython 3.12 x86-64
     ((dry)) && read -ra cross <<<"$(sed -n 's/^pip target: //p' "$bundle/MANIFEST")"
@@ -88,9 +91,9 @@ if [[ -d "$bundle/wheels" ]]; then
         # Resolved from the bundle alone, the machine's own packages stood in by the wheels the
         # bundle left out.
         if msg="$(timeout 120 "$host" "${pip[@]}" --dry-run --target "$tmp/check" "${cross[@]}" \
-            --find-links "$bundle.cache/machine" "$bundle"/wheels/llfabric-*.whl 2>&1)"; then
+            --find-links "$bundle.machine" "$bundle"/wheels/llfabric-*.whl 2>&1)"; then
             say "requirements: all met for CPython 3.12 by the bundle and the" \
-                "$(ls "$bundle.cache/machine" | wc -l) stand-ins for the machine's own"
+                "$(ls "$bundle.machine" | wc -l) stand-ins for the machine's own"
         else
             say "requirements: NOT MET: $msg"
             failed=1

@@ -11,16 +11,15 @@
 #                   pycriu (python/), from the build scripts/provision-criu.sh made
 # DIR/bin/          llfabric-init (make -C native)
 # DIR/MANIFEST      what it holds and what it expects of the machine
-# DIR.cache/        pip's downloads, kept between builds; machine/ holds those the bundle
-#                   leaves out, which the dry run (bench/device_check.sh --dry-run) installs
-#                   in place of the machine's own copies
+# DIR.machine/      the wheels the bundle leaves out, which the dry run
+#                   (bench/device_check.sh --dry-run) resolves with in place of the machine's own
 #
 # Exits 75 when the package index cannot be reached (the build needs it), 1 on other errors.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUTDIR="$(realpath -m "${1:-$ROOT/build/device-bundle}")"
-CACHE="$OUTDIR.cache"
+STANDINS="$OUTDIR.machine"
 PY="${PY:-$ROOT/.venv/bin/python}"
 CRIU_PREFIX="$ROOT/.criu"
 INIT="$ROOT/build/native/llfabric-init"
@@ -46,7 +45,7 @@ target=(--only-binary=:all: --python-version 3.12 --implementation cp "${platfor
 tmp="$OUTDIR.tmp"
 rm -rf "$tmp"
 mkdir -p "$tmp/wheels" "$tmp/bin" "$tmp/criu/bin" "$tmp/criu/libexec" "$tmp/criu/lib" \
-    "$tmp/criu/python" "$CACHE/all"
+    "$tmp/criu/python" "$tmp/all" "$tmp/machine"
 
 # 1. The project's wheel, built from a copy of the sources so the checkout stays clean.
 src="$(mktemp -d)"
@@ -57,28 +56,27 @@ cp -r "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOT/fabric" "$ROOT/cli" "$src/
 own="$(ls "$tmp/wheels"/llfabric-*.whl)"
 
 # 2. Its dependencies for CPython 3.12 on x86-64 Linux (the wheel file itself is named, so a
-# project of the same name on the index cannot stand in for it).
+# project of the same name on the index cannot stand in for it). pip's own cache makes a
+# rebuild quick.
 log "pip download for CPython 3.12 manylinux x86_64"
-if ! out="$("$PY" -m pip download -q "${target[@]}" -d "$CACHE/all" "$own" 2>&1)"; then
+if ! out="$("$PY" -m pip download -q "${target[@]}" -d "$tmp/all" "$own" 2>&1)"; then
     echo "$out" >&2
     grep -qiE 'NewConnectionError|Max retries|Temporary failure in name resolution|Network is unreachable' \
         <<<"$out" && die "the package index cannot be reached" 75
     die "pip download failed"
 fi
-rm -rf "$CACHE/machine" && mkdir -p "$CACHE/machine"
-# a wheel's distribution name, normalised as PEP 503 does
-norm() { basename "$1" | cut -d- -f1 | tr 'A-Z_.' 'a-z--'; }
-for wheel in "$CACHE"/all/*.whl; do
-    name="$(norm "$wheel")"
-    [[ "$name" == llfabric ]] && continue
-    if [[ " ${MACHINE_HAS[*]} " == *" $name "* ]]; then
-        cp "$wheel" "$CACHE/machine/"
+for wheel in "$tmp"/all/*.whl; do
+    # the distribution's name, normalised as PEP 503 does
+    name="$(basename "$wheel" | cut -d- -f1 | tr 'A-Z_.' 'a-z--')"
+    if [[ "$name" == llfabric ]]; then
+        continue
+    elif [[ " ${MACHINE_HAS[*]} " == *" $name "* ]]; then
+        mv "$wheel" "$tmp/machine/"
     else
-        cp "$wheel" "$tmp/wheels/"
+        mv "$wheel" "$tmp/wheels/"
     fi
 done
-dupes="$(for w in "$tmp"/wheels/*.whl; do norm "$w"; done | sort | uniq -d)"
-[[ -z "$dupes" ]] || die "two versions of: $dupes (rm -rf $CACHE and rebuild)"
+rm -rf "$tmp/all"
 
 # 3. CRIU: the binary, the shared libraries it links beyond glibc, and pycriu.
 cp "$CRIU_PREFIX/bin/criu" "$tmp/criu/libexec/criu"
@@ -113,7 +111,9 @@ glibc() { objdump -T "$1" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -n1; }
     (cd "$tmp/wheels" && ls ./*.whl | sed 's|^\./|  |')
 } >"$tmp/MANIFEST"
 
-rm -rf "$OUTDIR" && mv "$tmp" "$OUTDIR"
+rm -rf "$OUTDIR" "$STANDINS"
+mv "$tmp/machine" "$STANDINS"
+mv "$tmp" "$OUTDIR"
 size="$(du -sb "$OUTDIR" | cut -f1)"
 log "$OUTDIR: $(ls "$OUTDIR"/wheels | wc -l) wheels, criu, pycriu, llfabric-init:" \
     "$((size / 1024)) KiB of the 64 MiB a call can take"
