@@ -48,7 +48,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 say "llfabric device check, $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)," \
-    "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$( ((dry)) && echo ', dry run')"
+    "commit $(git describe --always --dirty 2>/dev/null || echo unknown)$( ((dry)) && echo ', dry run')"
 
 # --- the runtime ------------------------------------------------------------------------------
 kernel="$(uname -r)"
@@ -77,6 +77,11 @@ if [[ -d "$bundle/wheels" ]]; then
     ((dry)) && read -ra cross <<<"$(sed -n 's/^pip target: //p' "$bundle/MANIFEST")"
     host="${PYTHON:-python3}"
     ((dry)) && host="${PYTHON:-.venv/bin/python}"
+    if ! ((dry)) && ! "$host" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+        say "install: the bundle is for CPython 3.12, $host is $("$host" -V 2>&1)" \
+            "(without a GPU: --dry-run)"
+        exit 1
+    fi
     # A folder of its own, after the checkout and before the machine's packages, which stay as
     # they are (a --prefix install would uninstall those it replaces).
     if msg="$(timeout 120 "$host" "${pip[@]}" --no-deps --target "$tmp/site" "${cross[@]}" \

@@ -101,7 +101,7 @@ cp "$INIT" "$tmp/bin/"
 glibc() { objdump -T "$1" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -n1; }
 {
     echo "llfabric device bundle, built $(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-        "from $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+        "from $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)"
     echo "python: CPython 3.12, x86-64 Linux"
     echo "pip target: ${target[*]}"
     echo "machine has: scripts/device-machine.txt (${#MACHINE_HAS[@]} packages)"
