@@ -47,8 +47,8 @@ section() { say "" && say "== $* =="; }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-say "llfabric device check, $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)," \
-    "commit $(git describe --always --dirty 2>/dev/null || echo unknown)$( ((dry)) && echo ', dry run')"
+say "llfabric device check, $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), commit" \
+    "$(git describe --always --dirty 2>/dev/null || echo unknown)$( ((dry)) && echo ', dry run')"
 
 # --- the runtime ------------------------------------------------------------------------------
 kernel="$(uname -r)"
@@ -133,10 +133,12 @@ fi
 if [[ -z "$criu" ]]; then
     say "criu check: no criu binary; templates skip"
 elif msg="$(timeout 60 "$criu" check 2>&1)"; then
-    say "criu check: passed ($("$criu" --version | awk '/^Version:/ {print $2}'): $(tail -n1 <<<"$msg"))"
+    say "criu check: passed ($("$criu" --version | awk '/^Version:/ {print $2}'):" \
+        "$(tail -n1 <<<"$msg"))"
     export LLFABRIC_CRIU="$criu"
 else
-    say "criu check: FAILED on kernel $kernel, so templates skip: $(tail -n3 <<<"$msg" | tr '\n' ' ')"
+    say "criu check: FAILED on kernel $kernel, so templates skip:" \
+        "$(tail -n3 <<<"$msg" | tr '\n' ' ')"
 fi
 
 # --- what Python sees: torch, NVML, the checkpoint API, pycriu ----------------------------------
@@ -169,8 +171,8 @@ bench=${PIPESTATUS[0]}
 
 # --- the summary, last, where a device call's output tail shows it ---------------------------
 section summary
-grep -E '^(runtime|nvidia-smi|install|requirements|criu check|torch|NVML|checkpoint API|pycriu|templates):' \
-    "$out" | cut -c1-300
+report='runtime|nvidia-smi|bundle|install|requirements|criu check|torch|NVML|checkpoint API|pycriu'
+grep -E "^($report|templates):" "$out" | cut -c1-300
 grep -E '^(SKIPPED|FAILED|ERROR) ' "$tmp/suite" | cut -c1-200
 say "suite (exit $suite): $(tail -n1 "$tmp/suite")"
 say "bench/gpu.py (exit $bench):"

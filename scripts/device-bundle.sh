@@ -36,10 +36,13 @@ die() {
 [[ -x "$CRIU_PREFIX/bin/criu" && -f "$CRIU_PREFIX/lib/python/pycriu/rpc_pb2.py" ]] \
     || die "no CRIU build at .criu (run: make criu)"
 [[ -x "$INIT" ]] || die "no $INIT (run: make native)"
+[[ "$(uname -m)" == x86_64 ]] \
+    || die "CRIU and llfabric-init here are $(uname -m); the GPU machine is x86-64"
 
-# pip's platform tags match exactly: name every manylinux the machine's glibc (2.39) runs.
+# pip's platform tags match exactly: name every manylinux up to the glibc that CRIU built here
+# needs (2.35), which the machine must have anyway.
 platforms=(--platform manylinux2014_x86_64)
-for minor in $(seq 17 39); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
+for minor in $(seq 17 35); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
 target=(--only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}")
 
 tmp="$OUTDIR.tmp"
@@ -61,8 +64,8 @@ own="$(ls "$tmp/wheels"/llfabric-*.whl)"
 log "pip download for CPython 3.12 manylinux x86_64"
 if ! out="$("$PY" -m pip download -q "${target[@]}" -d "$tmp/all" "$own" 2>&1)"; then
     echo "$out" >&2
-    grep -qiE 'NewConnectionError|Max retries|Temporary failure in name resolution|Network is unreachable' \
-        <<<"$out" && die "the package index cannot be reached" 75
+    offline='NewConnectionError|Max retries|Temporary failure in name resolution|unreachable'
+    grep -qiE "$offline" <<<"$out" && die "the package index cannot be reached" 75
     die "pip download failed"
 fi
 for wheel in "$tmp"/all/*.whl; do
@@ -105,16 +108,16 @@ glibc() { objdump -T "$1" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -n1; }
     echo "python: CPython 3.12, x86-64 Linux"
     echo "pip target: ${target[*]}"
     echo "machine has: scripts/device-machine.txt (${#MACHINE_HAS[@]} packages)"
-    echo "criu: $("$tmp/criu/bin/criu" --version | awk '/^Version:/ {print $2}'), needs $(glibc "$tmp/criu/libexec/criu")"
+    echo "criu: $("$tmp/criu/bin/criu" --version | awk '/^Version:/ {print $2}')," \
+        "needs $(glibc "$tmp/criu/libexec/criu")"
     echo "llfabric-init: needs $(glibc "$tmp/bin/llfabric-init")"
     echo "wheels:"
     (cd "$tmp/wheels" && ls ./*.whl | sed 's|^\./|  |')
 } >"$tmp/MANIFEST"
 
-rm -rf "$OUTDIR" "$STANDINS"
-mv "$tmp/machine" "$STANDINS"
-mv "$tmp" "$OUTDIR"
-size="$(du -sb "$OUTDIR" | cut -f1)"
+rm -rf "$STANDINS" && mv "$tmp/machine" "$STANDINS"
+size="$(du -sb "$tmp" | cut -f1)"
+((size < LIMIT)) || die "the bundle would hold $((size >> 20)) MiB, over the 64 MiB a call takes"
+rm -rf "$OUTDIR" && mv "$tmp" "$OUTDIR"
 log "$OUTDIR: $(ls "$OUTDIR"/wheels | wc -l) wheels, criu, pycriu, llfabric-init:" \
     "$((size / 1024)) KiB of the 64 MiB a call can take"
-((size < LIMIT)) || die "the bundle is over 64 MiB"
