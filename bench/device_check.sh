@@ -147,10 +147,11 @@ timeout 200 "$PYTHON" bench/gpu.py --about 2>&1 | tee "$tmp/about" | tee -a "$ou
 # only the modules that hold GPU tests: the others import what the machine need not have
 mapfile -t gpu_tests < <(grep -rlE --include='test_*.py' 'mark\.gpu\b' tests | sort)
 picks=(-m gpu)
-if grep -qE '^checkpoint API: (none|.*does not answer)' "$tmp/about"; then
+if ! grep -qE '^checkpoint API: (not tried|.*, answers)' "$tmp/about"; then
     picks+=(-k "not ($NEEDS_CHECKPOINT)")
-    say "the checkpoint API does not answer: the suite leaves out the tests that need it" \
-        "(-k 'not ($NEEDS_CHECKPOINT)'); bench/gpu.py parks nothing"
+    why="$(grep -m1 '^checkpoint API:' "$tmp/about" || echo 'no answer within 200 s')"
+    say "suite: leaves out the tests that need the checkpoint API" \
+        "(-k 'not ($NEEDS_CHECKPOINT)'): ${why#checkpoint API: }"
 fi
 
 # --- the GPU suite, then the benchmarks, in what is left ---------------------------------------
@@ -172,7 +173,7 @@ bench=${PIPESTATUS[0]}
 # --- the summary, last, where a device call's output tail shows it ---------------------------
 section summary
 report='runtime|nvidia-smi|bundle|install|requirements|criu check|torch|NVML|checkpoint API|pycriu'
-grep -E "^($report|templates):" "$out" | cut -c1-300
+grep -E "^($report|templates|suite):" "$out" | cut -c1-300
 grep -E '^(SKIPPED|FAILED|ERROR) ' "$tmp/suite" | cut -c1-200
 say "suite (exit $suite): $(tail -n1 "$tmp/suite")"
 say "bench/gpu.py (exit $bench):"

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from fabric.errors import FabricError
 from fabric.pool import Pool, criu, gpus
 from fabric.pool.cuda import CudaError, Driver, State, find_driver
 from fabric.pool.parking import resume, suspend
@@ -244,7 +245,8 @@ def fits(sizes: list[float]) -> list[int]:
     return [int(s * GIB) for s in sizes if s * GIB < 0.8 * free and s * GIB < 0.5 * host]
 
 
-def main() -> None:
+def main() -> int:
+    """Print the tables; 1 when a row failed (it says how), after the rest still ran."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=3)
     parser.add_argument("--sizes", default="0.25,1,4,16", help="GiB of device memory to park")
@@ -253,10 +255,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.about:
         about()
-        return
+        return 0
     if why := why_not():
         print(f"skipped: {why}")
-        return
+        return 0
     import torch
 
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__} "
@@ -268,7 +270,11 @@ def main() -> None:
     cold = cold_starts(args.n)
     print(f"{'cold: import torch, CUDA init, first tensor':<48} {statistics.median(cold):>9.3f}"
           f" {min(cold):>8.3f} {'1.0x':>8}")
-    warm = asyncio.run(template_starts(driver, args.n))
+    failed = 0
+    try:
+        warm = asyncio.run(template_starts(driver, args.n))
+    except FabricError as exc:
+        warm, failed = f"FAILED: {exc}", 1
     name = "template restore + CUDA back on the GPU"
     if isinstance(warm, str):
         print(f"{name:<48} {'-':>9} {'-':>8} {'-':>8}  ({warm})")
@@ -283,7 +289,12 @@ def main() -> None:
         print("(no CUDA checkpoint driver that answers: nothing to park)")
     for nbytes in sizes if driver is not None else []:
         down, up = copies(nbytes, args.n)
-        park, back = park_resume(driver, nbytes, args.n)
+        try:
+            park, back = park_resume(driver, nbytes, args.n)
+        except (FabricError, RuntimeError) as exc:
+            print(f"{nbytes / GIB:>8.2f} GiB FAILED: {exc}")
+            failed = 1
+            break  # the larger sizes would fail the same way
         print(f"{nbytes / GIB:>8.2f} GiB {park:>8.3f} {down:>9.3f} {park / down:>5.1f}x "
               f"{back:>9.3f} {up:>9.3f} {back / up:>5.1f}x")
 
@@ -295,7 +306,8 @@ def main() -> None:
                              ("load (read, verify, H2D)", load, up)):
         print(f"{what:<24} {nbytes / ours / 1e9:>7.2f} {nbytes / copy / 1e9:>10.2f} "
               f"{copy / ours:>7.0%}")
+    return failed
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
