@@ -124,8 +124,13 @@ else
         PYTHON=python3
         [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
     fi
-    say "install: no bundle at $bundle; using $PYTHON as it is"
     export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+    if ! msg="$("$PYTHON" -c 'import fabric.pool' 2>&1)"; then
+        say "install: no bundle at $bundle, and $PYTHON cannot import the project" \
+            "($(tail -n1 <<<"$msg")): make device-bundle, and send it along"
+        exit 1
+    fi
+    say "install: no bundle at $bundle; using $PYTHON as it is"
     criu="$("$PYTHON" -c 'from fabric.pool.criu import criu_binary; print(criu_binary() or "")')"
 fi
 
