@@ -21,7 +21,8 @@
 # folder with --no-index and its requirements resolve (the machine's own packages stood in by
 # BUNDLE.machine/), and every step runs, with the bundle's CRIU, pycriu and init, on a venv that
 # sees only the packages the machine has (scripts/device-machine.txt) and the bundle's; CUDA
-# skips.
+# skips, and tests/pool/test_templates.py runs the same path without it (a real server, workers
+# restored from templates by the bundle's CRIU).
 #
 # Exit status: 0 when every part ran or skipped with its reason, else 1.
 set -uo pipefail
@@ -159,6 +160,16 @@ if ! grep -qE '^checkpoint API: (not tried|.*, answers)' "$tmp/about"; then
         "(-k 'not ($NEEDS_CHECKPOINT)'): ${why#checkpoint API: }"
 fi
 
+# --- without a GPU, what stands in for it: templates through a real server, with the bundle --
+if ((dry)); then
+    section "pytest tests/pool/test_templates.py (dry run: the GPU suite's path without CUDA)"
+    timeout -k 10 120 "$PYTHON" -u -m pytest tests/pool/test_templates.py -v -rsP \
+        -p no:cacheprovider 2>&1 | tee "$tmp/cpu" >>"$out"
+    cpu=${PIPESTATUS[0]}
+    say "without CUDA (exit $cpu): $(tail -n1 "$tmp/cpu")"
+    [[ $cpu == 0 ]] || failed=1
+fi
+
 # --- the GPU suite, then the benchmarks, in what is left ---------------------------------------
 limit="$(left 150)"
 section "pytest ${picks[*]} ${gpu_tests[*]} (at most $limit s)"
@@ -178,7 +189,7 @@ bench=${PIPESTATUS[0]}
 # --- the summary, last, where a device call's output tail shows it ---------------------------
 section summary
 report='runtime|nvidia-smi|bundle|install|requirements|criu check|torch|NVML|checkpoint API|pycriu'
-grep -E "^($report|templates|suite):" "$out" | cut -c1-300
+grep -E "^($report|templates|suite|without CUDA \(exit [0-9]+\)):" "$out" | cut -c1-300
 grep -E '^(SKIPPED|FAILED|ERROR) ' "$tmp/suite" | cut -c1-200
 say "suite (exit $suite): $(tail -n1 "$tmp/suite")"
 say "bench/gpu.py (exit $bench):"
