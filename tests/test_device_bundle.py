@@ -107,7 +107,7 @@ def test_the_dry_run_installs_the_bundle_and_runs_every_step_but_cuda(
     assert f"({bundle.resolve() / 'criu' / 'python' / 'pycriu'})" in lines["pycriu"]
     assert lines["templates"] == "templates: available"  # the bundle's criu and init
     # ...with which a real server's workers come from templates, as they will on the GPU
-    assert re.match(r"without CUDA \(exit 0\): =+ 3 passed", lines["without CUDA (exit 0)"])
+    assert re.match(r"without CUDA \(exit 0\): =+ \d+ passed in ", lines["without CUDA (exit 0)"])
     assert re.search(r"^=+ .*\d+ skipped.* =+$", results, re.M)  # the suite ran, CUDA skipped
     assert "skipped: no NVIDIA GPU" in results  # bench/gpu.py
 
