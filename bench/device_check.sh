@@ -188,8 +188,8 @@ bench=${PIPESTATUS[0]}
 
 # --- the summary, last, where a device call's output tail shows it ---------------------------
 section summary
-report='runtime|nvidia-smi|bundle|install|requirements|criu check|torch|NVML|checkpoint API|pycriu'
-grep -E "^($report|templates|suite|without CUDA \(exit [0-9]+\)):" "$out" | cut -c1-300
+report='runtime|nvidia-smi|bundle|install|requirements|criu check|python|torch|NVML|checkpoint API'
+grep -E "^($report|pycriu|templates|suite|without CUDA \(exit [0-9]+\)):" "$out" | cut -c1-300
 grep -E '^(SKIPPED|FAILED|ERROR) ' "$tmp/suite" | cut -c1-200
 say "suite (exit $suite): $(tail -n1 "$tmp/suite")"
 say "bench/gpu.py (exit $bench):"
