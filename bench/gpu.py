@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ from fabric.pool.cuda import CudaError, Driver, State, find_driver
 from fabric.pool.parking import resume, suspend
 
 GIB = 1 << 30
+PROBE_WAIT = 30.0  # seconds the checkpoint API has to answer the probe
 COLD = "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"
 
 # Holds `size` bytes of device memory filled with a pattern; checks it after each stdin line.
@@ -74,12 +76,24 @@ def checkpoint_probe(driver: Driver) -> str | None:
         started, _, _ = select.select([child.stdout], [], [], 120)
         if not started or child.stdout.readline() != "ready\n":
             return "a process could not create a CUDA context within 120 s"
-        try:
-            state = driver.state(child.pid)
-        except CudaError as exc:
-            return str(exc)
-        if state is not State.RUNNING:
-            return f"cuCheckpointProcessGetState says {state.name} for a running CUDA process"
+        answer: dict[str, object] = {}
+
+        def ask() -> None:
+            try:
+                answer["state"] = driver.state(child.pid)
+            except (CudaError, ValueError, TypeError) as exc:  # refused, or an unknown state
+                answer["error"] = f"{type(exc).__name__}: {exc}"
+
+        # a driver that never answers must not hold up what the check still has to run
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(PROBE_WAIT)
+        if "error" in answer:
+            return str(answer["error"])
+        if "state" not in answer:
+            return f"cuCheckpointProcessGetState gave no answer within {PROBE_WAIT:.0f} s"
+        if answer["state"] is not State.RUNNING:
+            return f"cuCheckpointProcessGetState says {answer['state']} for a running process"
         return None
     finally:
         child.kill()
