@@ -44,7 +44,8 @@ test-fast: $(STAMP) $(INIT)
 
 # What the GPU test machine lacks, in one folder to send with a call there (README, "On a GPU").
 BUNDLE := build/device-bundle
-$(BUNDLE)/MANIFEST: scripts/device-bundle.sh scripts/device-machine.txt pyproject.toml $(shell git ls-files fabric cli) $(CRIU) $(INIT)
+$(BUNDLE)/MANIFEST: scripts/device-bundle.sh scripts/device-machine.txt pyproject.toml \
+		$(shell find fabric cli -name '*.py') $(CRIU) $(INIT)
 	bash scripts/device-bundle.sh $(BUNDLE)
 
 device-bundle: $(BUNDLE)/MANIFEST
