@@ -5,7 +5,7 @@ STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
 INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-fast test-corpus-full test-deep lint criu native sysdeps clean
+.PHONY: demo test test-fast test-corpus-full test-deep lint criu native sysdeps clean device-bundle
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +45,15 @@ test-fast: $(STAMP) $(INIT)
 # Thousands of generated notebooks against a plain kernel (LLFABRIC_DEEP_EXAMPLES, default 3000).
 test-deep: $(STAMP) $(CRIU) $(INIT) sysdeps
 	$(VENV)/bin/pytest -m deep -q
+
+# What the GPU test machine lacks, in one folder to send with a call there (README, "On a GPU").
+BUNDLE := build/device-bundle
+$(BUNDLE)/MANIFEST: scripts/device-bundle.sh scripts/device-machine.txt pyproject.toml \
+		$(shell find fabric cli -name '*.py') $(CRIU) $(INIT)
+	bash scripts/device-bundle.sh $(BUNDLE)
+
+device-bundle: $(BUNDLE)/MANIFEST
+	@echo "device-bundle: $(BUNDLE) holds $$(du -sh $(BUNDLE) | cut -f1) (limit 64 MiB with the checkout)"
 
 clean:
 	rm -rf $(VENV) .criu build

@@ -11,29 +11,34 @@
 
 Needs an NVIDIA GPU and a CUDA build of torch; templates also need CRIU and llfabric-init, and
 templates and parking a CUDA checkpoint driver (cuda-python with driver >= 570, or
-`cuda-checkpoint`); a row that cannot run says why. Without a GPU it says so and exits 0.
-Usage: python bench/gpu.py [-n 3] [--sizes 0.25,1,4,16] [--store-gb 1]
+`cuda-checkpoint`) whose API answers for a live CUDA process; a row that cannot run says why.
+Without a GPU it says so and exits 0. `--about` prints only what the host offers the GPU path.
+Usage: python bench/gpu.py [--about] [-n 3] [--sizes 0.25,1,4,16] [--store-gb 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from fabric.errors import FabricError
 from fabric.pool import Pool, criu, gpus
-from fabric.pool.cuda import Driver, find_driver
+from fabric.pool.cuda import CudaError, Driver, State, find_driver
 from fabric.pool.parking import resume, suspend
 
 GIB = 1 << 30
+PROBE_WAIT = 30.0  # seconds the checkpoint API has to answer the probe
 COLD = "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"
 
 # Holds `size` bytes of device memory filled with a pattern; checks it after each stdin line.
@@ -61,6 +66,81 @@ def why_not() -> str | None:
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
     return None
+
+
+def checkpoint_probe(driver: Driver) -> str | None:
+    """Why the driver's checkpoint API does not answer for a live CUDA process, or None."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(1 << 20)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        started, _, _ = select.select([child.stdout], [], [], 120)
+        if not started or child.stdout.readline() != "ready\n":
+            return "a process could not create a CUDA context within 120 s"
+        answer: dict[str, object] = {}
+
+        def ask() -> None:
+            try:
+                answer["state"] = driver.state(child.pid)
+            except (CudaError, ValueError, TypeError) as exc:  # refused, or an unknown state
+                answer["error"] = f"{type(exc).__name__}: {exc}"
+
+        # a driver that never answers must not hold up what the check still has to run
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(PROBE_WAIT)
+        if "error" in answer:
+            return str(answer["error"])
+        if "state" not in answer:
+            return f"cuCheckpointProcessGetState gave no answer within {PROBE_WAIT:.0f} s"
+        if answer["state"] is not State.RUNNING:
+            return f"cuCheckpointProcessGetState says {answer['state']} for a running process"
+        return None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def usable_driver() -> tuple[Driver | None, str]:
+    """The checkpoint driver if its API answers, and a line saying which, or why none."""
+    driver = find_driver()
+    if driver is None:
+        return None, "none (neither cuda-python with driver >= 570 nor cuda-checkpoint)"
+    name = type(driver).__name__
+    if why := checkpoint_probe(driver):
+        return None, f"{name}, but its API does not answer: {why}"
+    return driver, f"{name}, answers (cuCheckpointProcessGetState: RUNNING)"
+
+
+def about() -> None:
+    """What this host offers the GPU path, a line each (bench/device_check.sh keys on them)."""
+    print(f"python: {sys.version.split()[0]} ({sys.executable})")
+    try:
+        import torch
+    except ImportError as exc:
+        print(f"torch: not importable ({exc})")
+    else:
+        print(f"torch: {torch.__version__} (CUDA {torch.version.cuda})")
+    found = gpus.discover()
+    if found:
+        import pynvml
+
+        version = pynvml.nvmlSystemGetDriverVersion()  # bytes from older nvidia-ml-py
+        version = version.decode() if isinstance(version, bytes) else version
+        print(f"NVML: driver {version}; " + "; ".join(
+            f"{g.name} {g.memory_total / GIB:.0f} GiB" for g in found))
+    else:
+        print("NVML: no NVIDIA GPU")
+    if why := why_not():
+        print(f"checkpoint API: not tried ({why})")
+    else:
+        print(f"checkpoint API: {usable_driver()[1]}")
+    try:
+        import pycriu
+    except ImportError as exc:
+        print(f"pycriu: not importable ({exc})")
+    else:
+        print(f"pycriu: {pycriu.__version__} ({Path(pycriu.__file__).parent})")
+    print(f"templates: {criu.unavailable() or 'available'}")
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -99,7 +179,7 @@ async def template_starts(driver: Driver | None, n: int) -> list[float] | str:
     if why := criu.unavailable():
         return why
     if driver is None:
-        return "no CUDA checkpoint driver: a CUDA context cannot be dumped"
+        return "no CUDA checkpoint driver that answers: a CUDA context cannot be dumped"
     family = frozenset({"torch"})
     with tempfile.TemporaryDirectory() as store:
         pool = Pool(Path(store), worker_source="template")
@@ -179,27 +259,36 @@ def fits(sizes: list[float]) -> list[int]:
     return [int(s * GIB) for s in sizes if s * GIB < 0.8 * free and s * GIB < 0.5 * host]
 
 
-def main() -> None:
+def main() -> int:
+    """Print the tables; 1 when a row failed (it says how), after the rest still ran."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=3)
     parser.add_argument("--sizes", default="0.25,1,4,16", help="GiB of device memory to park")
     parser.add_argument("--store-gb", type=float, default=1.0)
+    parser.add_argument("--about", action="store_true", help="only what this host offers")
     args = parser.parse_args()
+    if args.about:
+        about()
+        return 0
     if why := why_not():
         print(f"skipped: {why}")
-        return
+        return 0
     import torch
 
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__} "
           f"(CUDA {torch.version.cuda})")
-    driver = find_driver()
-    print(f"checkpoint driver: {type(driver).__name__ if driver else 'none'}")
+    driver, which = usable_driver()
+    print(f"checkpoint driver: {which}")
 
     print(f"\n{'start':<48} {'median s':>9} {'min s':>8} {'vs cold':>8}")
     cold = cold_starts(args.n)
     print(f"{'cold: import torch, CUDA init, first tensor':<48} {statistics.median(cold):>9.3f}"
           f" {min(cold):>8.3f} {'1.0x':>8}")
-    warm = asyncio.run(template_starts(driver, args.n))
+    failed = 0
+    try:
+        warm = asyncio.run(template_starts(driver, args.n))
+    except FabricError as exc:
+        warm, failed = f"FAILED: {exc}", 1
     name = "template restore + CUDA back on the GPU"
     if isinstance(warm, str):
         print(f"{name:<48} {'-':>9} {'-':>8} {'-':>8}  ({warm})")
@@ -211,10 +300,15 @@ def main() -> None:
           f"{'resume s':>9} {'H2D copy':>9} {'ratio':>6}")
     sizes = fits([float(s) for s in args.sizes.split(",")])
     if driver is None:
-        print("(no CUDA checkpoint driver: nothing to park)")
+        print("(no CUDA checkpoint driver that answers: nothing to park)")
     for nbytes in sizes if driver is not None else []:
         down, up = copies(nbytes, args.n)
-        park, back = park_resume(driver, nbytes, args.n)
+        try:
+            park, back = park_resume(driver, nbytes, args.n)
+        except (FabricError, RuntimeError) as exc:
+            print(f"{nbytes / GIB:>8.2f} GiB FAILED: {exc}")
+            failed = 1
+            break  # the larger sizes would fail the same way
         print(f"{nbytes / GIB:>8.2f} GiB {park:>8.3f} {down:>9.3f} {park / down:>5.1f}x "
               f"{back:>9.3f} {up:>9.3f} {back / up:>5.1f}x")
 
@@ -226,7 +320,8 @@ def main() -> None:
                              ("load (read, verify, H2D)", load, up)):
         print(f"{what:<24} {nbytes / ours / 1e9:>7.2f} {nbytes / copy / 1e9:>10.2f} "
               f"{copy / ours:>7.0%}")
+    return failed
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

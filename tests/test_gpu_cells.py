@@ -224,7 +224,7 @@ def test_a_template_copy_carries_its_cuda_context_and_a_prepared_cell_runs_at_on
     timings = reply["timings"]
     assert timings["prepare"] > 0 and 0 <= timings["visible_delay"] <= first_output - sent
     print(f"prepared cell: visible delay {timings['visible_delay']:.3f} s, "
-          f"prepared in {timings['prepare']:.3f} s before execute")  # gpu_check.sh shows it
+          f"prepared in {timings['prepare']:.3f} s before execute")  # device_check.sh shows it
 
 
 def test_a_kept_worker_trains_parks_off_the_gpu_resumes_and_matches_an_unparked_run(

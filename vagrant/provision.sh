@@ -5,8 +5,8 @@
 #                                  Vagrant reboots the guest afterwards (the driver's module)
 #   provision.sh project DIR       CRIU 4.x with pycriu, cuda-checkpoint when NVIDIA publishes
 #                                  it, a venv with PyTorch's CUDA build and the project
-#   provision.sh check DIR         bench/gpu_check.sh: the GPU tests and benchmarks, into
-#                                  /home/vagrant/gpu_check.txt
+#   provision.sh check DIR         bench/device_check.sh: the GPU tests and benchmarks, into
+#                                  /home/vagrant/device_check.txt
 #
 # Settings (environment):
 #   NVIDIA_DRIVER   driver package from NVIDIA's CUDA repository (default nvidia-open: the open
@@ -23,7 +23,7 @@ CUDA_VERSION="${CUDA_VERSION:-12-8}"
 TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cu128}"
 CRIU_VERSION="${CRIU_VERSION:-4.1.1}"
 CUDA_CHECKPOINT_URL="https://raw.githubusercontent.com/NVIDIA/cuda-checkpoint/main/bin/x86_64_Linux/cuda-checkpoint"
-RESULTS=/home/vagrant/gpu_check.txt
+RESULTS=/home/vagrant/device_check.txt
 
 export DEBIAN_FRONTEND=noninteractive
 APT=(apt-get -q -o DPkg::Lock::Timeout=600)
@@ -129,9 +129,9 @@ print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))'
 check() {
     cd "$1"
     local status=0
-    bash bench/gpu_check.sh "$RESULTS" || status=$?
+    bash bench/device_check.sh "$RESULTS" || status=$?
     chown vagrant: "$RESULTS" 2>/dev/null || true
-    log "results in $RESULTS (vagrant ssh -c 'cat gpu_check.txt')"
+    log "results in $RESULTS (vagrant ssh -c 'cat device_check.txt')"
     return "$status"
 }
 
