@@ -9,10 +9,11 @@ not their globals (that is the namespace itself); their bytecode gives the globa
 load, which the closure analysis follows transitively. Numpy arrays of objects are walked through
 their elements, which the garbage collector does not see.
 
-Code also finds session names without loading them: pickle, `copy`, `torch.save`, `joblib` and
+Code also finds session names without loading them: pickle, `torch.save`, `joblib` and
 `multiprocessing` save a class or function of `__main__` as its name and look it up there. So the
 names of the notebook classes of the objects reached, and of the notebook functions and classes
-reached themselves, count among the globals a variable's objects read.
+reached themselves, count among the globals a variable's objects read. A notebook class owns its
+methods and class attributes, so a variable that holds one of them groups with the class.
 
 The walk also estimates each group's size in memory (a buffer counts once, by its bytes) and
 notes the packages its objects' types and functions come from: the import closure a fresh worker

@@ -422,7 +422,7 @@ class _Visitor(ast.NodeVisitor):
             self._magic(func.attr, [a.value for a in node.args
                                     if isinstance(a, ast.Constant) and isinstance(a.value, str)])
         called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        self.unpickles |= called in _UNPICKLING_CALLS
+        self.unpickles |= called in _UNPICKLING_CALLS and not _is_json(func)
         if any(_names_main(a) for a in node.args):  # import_module("__main__"), .get("__main__")
             self._whole(f"{ast.unparse(func)}('__main__')")
         self.generic_visit(node)
@@ -463,3 +463,9 @@ def _literal_code(call: ast.Call) -> str | None:
         return None
     arg = call.args[0]
     return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+
+
+def _is_json(func: ast.expr) -> bool:
+    """`json.load(...)`: it builds dicts and lists, never a class of the session."""
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+        and func.value.id == "json"

@@ -279,8 +279,13 @@ def test_refs_are_global_loads_not_attribute_names() -> None:
 
 
 def test_function_reading_the_namespace_by_name_is_marked() -> None:
-    ns = _notebook("def f():\n    return get_ipython().user_ns['x']\n")
-    assert "user_ns" in group_variables(ns, ["f"]).refs["f"]
+    ns = _notebook("def f():\n    return get_ipython().user_ns['x']\n"
+                   "def g(n):\n    return getattr(sys.modules['__main__'], n)\n"
+                   "def h():\n    return sys._getframe().f_globals\n")
+    refs = group_variables(ns, ["f", "g", "h"]).refs
+    assert "user_ns" in refs["f"]
+    assert "__main__" in refs["g"]
+    assert "f_globals" in refs["h"]
 
 
 def test_sizes_count_buffers_once_per_group() -> None:

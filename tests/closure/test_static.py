@@ -334,6 +334,7 @@ def test_loading_pickled_data_is_noted() -> None:
                    "o = pickle.loads(blob)\n", "df = pd.read_pickle(path)\n"):
         assert analyze(source).unpickles, source
     assert not analyze("torch.save(model, path)\n").unpickles
+    assert not analyze("config = json.loads(text)\n").unpickles
 
 
 def test_method_named_eval_is_not_dynamic() -> None:
