@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import shutil
 import statistics
@@ -148,7 +149,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llf-parity-") as tmp:
         root = Path(tmp)
         config = Config(store=root / "store", runtime_dir=root, bind=f"ipc://{root}/s.sock")
-        works = (root / f"w{i}" for i in range(10**6))
+        works = (root / f"w{i}" for i in itertools.count())
         with EmbeddedServer(config, {**environment(), "LLFABRIC_SLOTS": "2",
                                      "LLFABRIC_THREADS": str(args.threads)}):
             for notebook in notebooks:
