@@ -83,6 +83,15 @@ def test_random_state_and_cwd_carry_like_a_kernel(client: Client, session: str,
     assert text(outputs) == f"{random.random()} {tmp_path / 'sub'}\n"
 
 
+def test_a_cwd_gone_is_a_notice_not_an_output(client: Client, session: str, tmp_path) -> None:
+    execute(client, session, "import os\nos.mkdir('gone')\nos.chdir('gone')")
+    (tmp_path / "gone").rmdir()
+    reply, outputs = execute(client, session, "print('ran')")  # a fresh worker restores the cwd
+    assert text(outputs) == "ran\n"
+    [told] = reply["notices"]
+    assert told["topic"] == "ambient" and told["text"].startswith("cannot return to ")
+
+
 def test_fresh_sessions_get_fresh_random_numbers(client: Client, tmp_path) -> None:
     values = []
     for name in ("rng-a", "rng-b"):
