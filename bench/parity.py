@@ -2,11 +2,13 @@
 
 Each notebook runs top to bottom (on a fresh copy of its folder) in a plain python3 ipykernel,
 then through an embedded server with two execution slots: alone, and with a second session
-busy on the other slot (a torch matmul loop, interrupted once the notebook is done). A cell's
-time is its user code's: from the kernel's `started` to its execute_reply, and the worker's
-`run` timing on the fabric. Cells that take at least `--min` seconds in the plain kernel are
-compared; the table gives per-cell ratios (fabric / plain), their median and max.
-Goals: median ratio at most 1.05, no cell over 1.3.
+busy on the other slot (a torch matmul loop, interrupted once the notebook is done). For
+reference, the plain kernel runs it once more beside the same loop in a second plain process
+(threads sized to the host, as a second pinned kernel's). A cell's time is its user code's:
+from the kernel's `started` to its execute_reply, and the worker's `run` timing on the fabric.
+Cells that take at least `--min` seconds in the plain kernel are compared; the table gives
+per-cell ratios (fabric / plain alone; fabric busy / plain alone and / plain busy), their
+medians and maxima. Goals: median ratio at most 1.05, no cell over 1.3.
 Usage: python bench/parity.py [--notebook PATH ...] [--min 0.5] [-n 1] [--threads N]
 """
 
@@ -18,6 +20,8 @@ import itertools
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -131,6 +135,19 @@ class Busy:
             client.call("close", session=self.session)
 
 
+class PlainBusy:
+    """A second plain process spinning beside the plain kernel until stopped."""
+
+    def __enter__(self) -> PlainBusy:
+        self.process = subprocess.Popen([sys.executable, "-c", BUSY], env=environment())
+        time.sleep(3.0)  # past torch's import
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def best(runs: list[list[float]]) -> list[float]:
     return [min(cell) for cell in zip(*runs, strict=True)]
 
@@ -153,31 +170,40 @@ def main() -> None:
         with EmbeddedServer(config, {**environment(), "LLFABRIC_SLOTS": "2",
                                      "LLFABRIC_THREADS": str(args.threads)}):
             for notebook in notebooks:
-                plain, alone, busy = [], [], []
+                plain, alone, busy, plain_busy = [], [], [], []
                 for _ in range(args.n):
                     plain.append(run_plain(notebook, next(works)))
                     alone.append(run_fabric(config.address, notebook, next(works)))
                     with Busy(config.address, root):
                         busy.append(run_fabric(config.address, notebook, next(works)))
+                    with PlainBusy():
+                        plain_busy.append(run_plain(notebook, next(works)))
                 cells = sources(notebook)
-                for index, (p, a, b) in enumerate(zip(best(plain), best(alone), best(busy),
-                                                      strict=True)):
-                    if p >= args.min:
-                        head = cells[index].strip().splitlines()[0][:30] if cells[index].strip() \
+                for index, times in enumerate(zip(best(plain), best(alone), best(busy),
+                                                  best(plain_busy), strict=True)):
+                    if times[0] >= args.min:
+                        head = cells[index].strip().splitlines()[0][:26] if cells[index].strip() \
                             else ""
-                        rows.append((f"{notebook.stem[:22]}#{index}", head, p, a, b))
+                        rows.append((f"{notebook.stem[:22]}#{index}", head, *times))
     print(f"{os.cpu_count()} cores, 2 slots, threads {args.threads or 'cores // slots'}; "
           f"seconds of user code, best of {args.n}; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'cell':26} {'source':30} {'plain':>7} {'alone':>7} {'busy':>7} {'ratio':>6} "
-          f"{'busy':>6}")
-    for name, head, p, a, b in rows:
-        print(f"{name:26} {head:30} {p:7.2f} {a:7.2f} {b:7.2f} {a / p:6.2f} {b / p:6.2f}")
-    for label, column in (("alone", 3), ("busy", 4)):
-        ratios = [row[column] / row[2] for row in rows]
-        if ratios:
-            print(f"{label}: median ratio {statistics.median(ratios):.2f}, max "
-                  f"{max(ratios):.2f} over {len(ratios)} cells (goals: 1.05, 1.3)")
+    print("seconds of user code (plain, alone, busy, plain busy) and ratios to plain (alone,\n"
+          "busy) and of busy to plain busy (b/pb)")
+    print(f"{'cell':26} {'source':26} {'plain':>7} {'alone':>7} {'busy':>7} {'p.busy':>7}  "
+          f"{'alone':>5} {'busy':>5} {'b/pb':>5}")
+    ratios: dict[str, list[float]] = {"alone / plain": [], "busy / plain": [],
+                                      "busy / plain busy": []}
+    for name, head, plain_s, alone_s, busy_s, plain_busy_s in rows:
+        row = (alone_s / plain_s, busy_s / plain_s, busy_s / plain_busy_s)
+        for column, ratio in zip(ratios.values(), row, strict=True):
+            column.append(ratio)
+        print(f"{name:26} {head:26} {plain_s:7.2f} {alone_s:7.2f} {busy_s:7.2f} "
+              f"{plain_busy_s:7.2f}  {row[0]:5.2f} {row[1]:5.2f} {row[2]:5.2f}")
+    for label, column in ratios.items():
+        if column:
+            print(f"{label}: median ratio {statistics.median(column):.2f}, max "
+                  f"{max(column):.2f} over {len(column)} cells (goals: 1.05, 1.3)")
 
 
 if __name__ == "__main__":
