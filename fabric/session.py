@@ -157,7 +157,7 @@ class Session:
         await worker.send(message)
         reply = await worker.recv()
         while reply.get("op") == "notice":  # a long load's progress, before any cell runs
-            self._notify(None, reply)
+            self._notify(None, str(reply.get("topic", "")), str(reply.get("text", "")))
             reply = await worker.recv()
         if reply.get("error"):
             raise LoadFailed(f"could not load the session's state: {reply['error']}",
@@ -266,10 +266,10 @@ class Session:
                 prep, path = self._replace(prep, cl), "cold"
             self._told = []
             if self.lost:
-                self._notify(emit, notices.notice("lost", (
+                self._notify(emit, "lost", (
                     f"the worker that held {', '.join(self.lost)} (which could not be saved) is "
                     f"gone; continuing from version {self.manifest.version} of the store without "
-                    f"them{history.recompute_hint(self.store, self.name, self.lost)}")), lost=True)
+                    f"them{history.recompute_hint(self.store, self.name, self.lost)}"), lost=True)
                 self.lost = []
             run = (source, emit, received, cl, stdin)
             try:
@@ -302,8 +302,7 @@ class Session:
         lease = await self.leases.acquire(self.name, prefer=worker.device)
         if queued:
             emit({"waited": lease.waited}, "leased")
-            self._notify(emit, notices.notice(
-                "queued", f"waited {lease.waited:.1f} s for an execution slot"))
+            self._notify(emit, "queued", f"waited {lease.waited:.1f} s for an execution slot")
         self.running, began = worker, False
         self._stopped, self._saving = None, False
         try:
@@ -327,7 +326,8 @@ class Session:
                 if op == "output":
                     emit(message["output"])
                 elif op == "notice":
-                    self._notify(emit, message)
+                    self._notify(emit, str(message.get("topic", "")),
+                                 str(message.get("text", "")))
                 elif op == "started":
                     started, began = float(message["t"]), True
                 elif op == "saving":
@@ -364,9 +364,9 @@ class Session:
         unsaved = unsaved if kept else []
         if unsaved and unsaved != prep.unsaved:
             reasons = "; ".join(f"{n}: {why}" for n, why in message["unsaved"].items())
-            self._notify(emit, notices.notice("pinned", (
+            self._notify(emit, "pinned", (
                 f"{', '.join(unsaved)} cannot be saved ({reasons}); the session keeps its "
-                "worker alive to hold them")))
+                "worker alive to hold them"))
         if kept:
             self._keep(worker, set(message["owned"]), unsaved)
         return {
@@ -389,18 +389,18 @@ class Session:
             },
         }, kept
 
-    def _notify(self, emit: Emit | None, item: dict, lost: bool = False) -> None:
+    def _notify(self, emit: Emit | None, topic: str, text: str, lost: bool = False) -> None:
         """Tell the client what llfabric did, outside the cell's outputs (see `notices`); a
         `lost` notice also shows in the cell, as an error. Progress is shown, not kept."""
-        item = notices.notice(str(item.get("topic", "")), str(item.get("text", "")))
-        log.info("session %s: %s", self.name, item["text"])
-        if item["topic"] != "progress":
+        item = notices.notice(topic, text)
+        log.info("session %s: %s", self.name, text)
+        if topic != "progress":
             self.notices.append(item)
             self._told.append(item)
         if emit is not None:
             emit(item, "notice")
             if lost:
-                emit(notices.loss(item["text"]))
+                emit(notices.loss(text))
 
     async def _ask(self, worker: WorkerHandle, request: dict, emit: Emit,
                    stdin: bool) -> dict | None:
@@ -440,10 +440,10 @@ class Session:
             if not unsaved:  # the store holds all it had: the next cell starts fresh
                 log.warning("session %s: retiring its warm worker: %s", self.name, exc.message)
                 return False
-            self._notify(emit, notices.notice("lost", (
+            self._notify(emit, "lost", (
                 f"the worker could not be taken off the GPU ({exc.message}); "
                 f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "
-                f"on from version {self.manifest.version}")), lost=True)
+                f"on from version {self.manifest.version}"), lost=True)
             return False
         return True
 

@@ -44,9 +44,14 @@ class Kernel:
 
     @classmethod
     def start(cls, specs: KernelSpecManager, env: dict[str, str], cwd: Path,
-              kernel_name: str = KERNEL_NAME) -> Kernel:
+              kernel_name: str = KERNEL_NAME, log: Path | None = None) -> Kernel:
+        """Start a kernel; with `log`, its stderr (the kernel's log) goes to that file."""
         manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=specs)
-        manager.start_kernel(env=env, cwd=str(cwd))
+        if log is None:
+            manager.start_kernel(env=env, cwd=str(cwd))
+        else:
+            with open(log, "wb") as stderr:
+                manager.start_kernel(env=env, cwd=str(cwd), stderr=stderr)
         return cls(manager)
 
     def restart(self) -> None:

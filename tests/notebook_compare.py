@@ -41,6 +41,9 @@ def notebook_env() -> dict[str, str]:
         https_proxy=CLOSED_PROXY,
         HTTP_PROXY=CLOSED_PROXY,
         HTTPS_PROXY=CLOSED_PROXY,
+        # Workers size their thread pools as a plain kernel does, to all the cores: a float
+        # reduction split over fewer threads rounds differently in its last digits.
+        LLFABRIC_THREADS=str(os.cpu_count() or 1),
     )
     # Local connections (the kernel's own ZMQ/ipc, llfabric's socket) must
     # not be routed through the dead proxy.

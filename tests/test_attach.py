@@ -270,13 +270,21 @@ def test_live_edits_on_the_draft_comm_prepare_a_worker(kernel: Kernel, server: R
     assert _session_status(server, session)["prepared"]
 
 
-def test_a_pinned_session_says_so(kernel: Kernel) -> None:
-    _, outputs = kernel.execute("g = (i for i in range(3))")
-    assert outputs == []  # as in a plain kernel: the notice goes to the status
-    _, outputs = kernel.execute("%llfabric status")
-    assert "pinned:" in text_of(outputs) and "g cannot be saved" in text_of(outputs)
-    _, outputs = kernel.execute("next(g)")
-    assert _results(outputs)[0]["data"]["text/plain"] == "0"
+def test_a_pinned_session_says_so_in_its_status_and_log(server: RunningServer,
+                                                        specs: KernelSpecManager, session: str,
+                                                        tmp_path: Path) -> None:
+    log = tmp_path / "kernel.log"
+    kernel = Kernel.start(specs, kernel_env(server.address, session), tmp_path, log=log)
+    try:
+        _, outputs = kernel.execute("g = (i for i in range(3))")
+        assert outputs == []  # as in a plain kernel: the notice goes to the status and the log
+        _, outputs = kernel.execute("%llfabric status")
+        assert "pinned:" in text_of(outputs) and "g cannot be saved" in text_of(outputs)
+        _, outputs = kernel.execute("next(g)")
+        assert _results(outputs)[0]["data"]["text/plain"] == "0"
+    finally:
+        kernel.stop()
+    assert f"llfabric: session {session}: g cannot be saved" in log.read_text()
 
 
 def test_an_interrupt_while_input_waits(kernel: Kernel) -> None:

@@ -1,9 +1,9 @@
 """One state, whichever path: the versions a session commits do not depend on where its cells
 ran. The same cell sequences run on the session's kept worker (warm), on a fresh worker per cell
 loaded with its closure (fresh), on a template copy per cell (template) and on a pinned worker
-resumed from disk before every cell (cool); every committed version's variables (names, groups,
-value fingerprints) and every cell's outputs must equal the fresh run's. Real servers, workers
-and CRIU.
+resumed from disk before the cell that deletes or rebinds (cool); every committed version's
+variables (names, groups, value fingerprints) and every cell's outputs must equal the fresh
+run's. Real servers, workers and CRIU.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def run_sequences(path: str, tmp_path: Path) -> dict[str, tuple[list[str], list[
         for name, (cells, _) in SEQUENCES.items():
             session, outputs = open_session(client, tmp_path), []
             for i, source in enumerate([PIN, *cells] if path == "cool" else cells):
-                if path == "cool" and i > 0:
+                if path == "cool" and i == 2:  # the sequence's second cell: its worker restored
                     _wait_cool(client, session)
                 reply, out = execute(client, session, source)
                 assert reply.get("type") == "reply", reply

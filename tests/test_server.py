@@ -82,6 +82,15 @@ def test_random_state_and_cwd_carry_like_a_kernel(client: Client, session: str,
     assert text(outputs) == f"{random.random()} {tmp_path / 'sub'}\n"
 
 
+def test_a_cwd_gone_is_a_notice_not_an_output(client: Client, session: str, tmp_path) -> None:
+    execute(client, session, "import os\nos.mkdir('gone')\nos.chdir('gone')")
+    (tmp_path / "gone").rmdir()
+    reply, outputs = execute(client, session, "print('ran')")  # a fresh worker restores the cwd
+    assert text(outputs) == "ran\n"
+    [told] = reply["notices"]
+    assert told["topic"] == "ambient" and told["text"].startswith("cannot return to ")
+
+
 def test_fresh_sessions_get_fresh_random_numbers(client: Client, tmp_path) -> None:
     values = []
     for name in ("rng-a", "rng-b"):
@@ -279,11 +288,11 @@ def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session:
     reply, outputs = execute(client, session, "print(kept, 'gen' in dir())")
     assert reply["path"] == "cold"
     # a loss the user must act on: in the cell, as an error, before what the cell printed
-    lost, printed = outputs
+    lost = outputs[0]
     assert lost["output_type"] == "error" and lost["ename"] == "LLFabricStateLost"
     assert lost["evalue"].startswith("the worker that held gen")
     assert "(re-run cell 1 to recompute them)" in lost["evalue"]  # its lineage
-    assert text([printed]) == "1 False\n"
+    assert text(outputs[1:]) == "1 False\n"
     assert [n["topic"] for n in reply["notices"]] == ["lost"]
 
 
