@@ -57,6 +57,7 @@ class Model:
     setter: str | None = None  # the global that function setg writes
     reader: str | None = None  # the global that lambda reader reads
     graphs: dict[str, str] = field(default_factory=dict)  # graph tensor -> its leaf
+    views: dict[str, str] = field(default_factory=dict)  # view -> the array it was taken of
     regrouped: bool = False  # a name was bound to another name's object
 
     def live(self, *kinds: str) -> list[str]:
@@ -68,6 +69,7 @@ class Model:
     def bind(self, name: str, kind: str) -> None:
         self.kinds[name] = kind
         self.graphs.pop(name, None)
+        self.views.pop(name, None)
 
 
 Draw = Callable  # hypothesis' draw
@@ -343,6 +345,7 @@ def view(draw: Draw, m: Model) -> str:
         return array(draw, m)
     base, name = _pick(draw, arrays), _target(draw)
     m.bind(name, "view")
+    m.views[name] = base
     m.regrouped = True
     return f"{name} = {base}[1:3]\nprint({name}, {name}.base is {base})"
 
@@ -352,7 +355,8 @@ def write_view(draw: Draw, m: Model) -> str:
     if not views:
         return view(draw, m)
     name, k = _pick(draw, views), _k(draw)
-    return f"{name}[0] = {k}\nprint({name}, {name}.base)"
+    base = m.views.get(name, name)
+    return f"{name}[0] = {k}\nprint({name}, {base})"
 
 
 def rebind_np(draw: Draw, m: Model) -> str:

@@ -242,3 +242,11 @@ def test_a_name_moved_into_another_group_keeps_its_mutations(differential: Diffe
                   Step("keep", "b = a"),
                   Step("keep", "a.append(1)"),
                   Step("kill", "print(a is b, b)")])
+
+
+
+@pytest.mark.xfail(strict=True, reason="a view loaded with its array shares its memory, but its "
+                   ".base is the blob's buffer, not the array")
+def test_a_view_keeps_its_base_on_a_fresh_worker(differential: Differential) -> None:
+    differential([Step("keep", "import numpy as np\na = np.arange(5)\nb = a[1:3]"),
+                  Step("retire", "b[0] = 9\nprint(a, b.base is a)")])
