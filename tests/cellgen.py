@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 #  retire - the server retires the worker (a checkout of the head: keep_warm=0's cold path)
 #  reopen - the session is closed and opened again, as after a kernel restart
 #  kill   - the kept worker is killed with SIGKILL; the cell must start on a fresh one
+#  restart - the server is stopped and started again on its store, the session reopened
 KEEPING = ("keep", "draft", "edit")
-LOSING = ("retire", "reopen", "kill")
+LOSING = ("retire", "reopen", "kill", "restart")
 DISRUPTIONS = KEEPING + LOSING
 
 
