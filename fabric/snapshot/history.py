@@ -9,6 +9,12 @@ manifest naming them, and a save that finds an intact blob already there touches
 writing. So only unreachable files older than a grace period are removed, and the chunks of a
 young object are kept with it. A session whose history cannot be read whole is damaged: gc keeps
 every version of it that still reads, and goes on with the others.
+
+Retention (`retain`, the policy in `retention`) thins a session's history: a thinned version
+keeps its manifest, a tombstone `log` still shows, and loses its data. The session's index
+records when each was thinned; gc frees what only thinned versions (or removed sessions) name
+at once, not after the grace period, unless a save touched it after it was released: a save
+that finds an intact blob already there touches it, and a commit then names it.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from dataclasses import dataclass, field
 
 from ..closure.static import analyze
 from ..errors import StoreError
+from . import retention
 from .manifest import Manifest
-from .store import Store, blob_id
-from .tiers import Tier
+from .store import Index, Store, blob_id
+from .tiers import Tier, write_atomic
 
 GRACE_SECONDS = 3600.0  # longer than any save between its first write and its commit
 
@@ -73,22 +80,118 @@ def size(manifest: Manifest) -> int:
     return sum(g.size for g in manifest.groups)
 
 
-def checkout(store: Store, session: str, version: int) -> Manifest:
-    """Make `version`'s state the session's next one; returns the new head manifest."""
-    versions = log(store, session)
-    if not versions:
-        raise StoreError(f"session {session} has no versions", session=session)
-    head_id, head = versions[0]
-    old = next((m for _, m in versions if m.version == version), None)
-    if old is None:
-        raise StoreError(f"session {session} has no version {version} "
-                         f"(it has 0 to {head.version})", session=session)
-    manifest = dataclasses.replace(
-        old, version=head.version + 1, parent=head_id,
-        cell={"execution_count": head.cell.get("execution_count", 0), "status": "ok",
-              "source": "", "checkout": version, "time": time.time()})
-    store.set_head(session, store.put_manifest(manifest.encode()), head_id)
+def checkout(store: Store, session: str, version: int | str) -> Manifest:
+    """Make `version`'s state (a number or a tag) the session's next one; returns the new head
+    manifest. A thinned version is refused, naming those that can still be checked out."""
+    with store.locked(session):  # retention cannot thin `version` between reading and commit
+        versions = log(store, session)
+        if not versions:
+            raise StoreError(f"session {session} has no versions", session=session)
+        index = store.index(session)
+        head_id, head = versions[0]
+        old_id, old = resolve(store, session, version, versions, index)
+        if old_id in index.thinned:
+            raise StoreError(f"version {old.version} of session {session} was thinned away by "
+                             f"retention; these remain: {remaining(versions, index)}",
+                             session=session, version=old.version)
+        manifest = dataclasses.replace(
+            old, version=head.version + 1, parent=head_id,
+            cell={"execution_count": head.cell.get("execution_count", 0), "status": "ok",
+                  "source": "", "checkout": old.version, "time": time.time()})
+        store.set_head(session, store.put_manifest(manifest.encode()), head_id, held=True)
     return manifest
+
+
+def resolve(store: Store, session: str, version: int | str,
+            versions: list[tuple[str, Manifest]], index: Index) -> tuple[str, Manifest]:
+    """The (id, manifest) that a version number or a tag names."""
+    if isinstance(version, str) and not version.isdigit():
+        ident = index.tags.get(version)
+        found = next(((i, m) for i, m in versions if i == ident), None)
+        if found is None:
+            raise StoreError(f"session {session} has no version named {version!r}; its names: "
+                             f"{', '.join(sorted(index.tags)) or 'none'}", session=session)
+        return found
+    found = next(((i, m) for i, m in versions if m.version == int(version)), None)
+    if found is None:
+        raise StoreError(f"session {session} has no version {version} (it has 0 to "
+                         f"{versions[0][1].version})", session=session)
+    return found
+
+
+def remaining(versions: list[tuple[str, Manifest]], index: Index) -> str:
+    """The versions whose state is kept, newest first, with their names."""
+    names: dict[str, list[str]] = {}
+    for name, ident in index.tags.items():
+        names.setdefault(ident, []).append(name)
+    return ", ".join(f"{m.version}" + (f" ({', '.join(sorted(names[i]))})" if i in names else "")
+                     for i, m in versions if i not in index.thinned)
+
+
+def valid_tag(name: str) -> bool:
+    """A tag is a name a version number cannot be: 1-64 letters, digits, '-', '_', '.', not
+    all digits."""
+    return isinstance(name, str) and 0 < len(name) <= 64 and not name.isdigit() and \
+        all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
+
+
+def tag(store: Store, session: str, version: int | str, name: str) -> Manifest:
+    """Name a version (a number or another name): retention keeps it while the name stays."""
+    if not valid_tag(name):
+        raise StoreError(f"invalid version name {name!r}: use 1-64 letters, digits, '-', '_' "
+                         "or '.', not only digits", session=session)
+    with store.locked(session):
+        versions = log(store, session)
+        if not versions:
+            raise StoreError(f"session {session} has no versions", session=session)
+        index = store.index(session)
+        ident, manifest = resolve(store, session, version, versions, index)
+        if ident in index.thinned:
+            raise StoreError(f"version {manifest.version} of session {session} was thinned "
+                             f"away by retention; these remain: {remaining(versions, index)}",
+                             session=session, version=manifest.version)
+        index.tags[name] = ident
+        store.set_index(session, index)
+    return manifest
+
+
+def own_policy(policy: retention.Policy, index: Index) -> retention.Policy:
+    """`policy` with what the session set for itself (`llfabric store retain`) over it."""
+    return dataclasses.replace(policy, **{k: v for k, v in index.policy.items()
+                                          if k in ("last", "hourly", "daily")})
+
+
+def retain(store: Store, session: str, policy: retention.Policy,
+           protect: Iterable[str] = (), now: float | None = None) -> list[int]:
+    """Thin the session's history by `policy` (its own, if it set one); `protect`: manifest ids
+    kept whatever the policy says (what drafts and running cells build on). Returns the
+    numbers of the versions thinned now."""
+    now = time.time() if now is None else now
+    protect = set(protect)
+    with store.locked(session):
+        versions = log(store, session)
+        index = store.index(session)
+        policy = own_policy(policy, index)
+        named = set(index.tags.values())
+        alive = [(i, m) for i, m in versions if i not in index.thinned]
+        kept = retention.keep([retention.Version(m.version, float(m.cell.get("time", 0)),
+                                                 i in named, i in protect)
+                               for i, m in alive], policy, now)
+        thinned = [(i, m) for i, m in alive if m.version not in kept]
+        if thinned:
+            index.thinned.update((i, now) for i, _ in thinned)
+            store.set_index(session, index)
+    return [m.version for _, m in thinned]
+
+
+def remove(store: Store, session: str) -> bool:
+    """Forget a session and release everything its history names, for gc to free."""
+    with contextlib.suppress(StoreError):  # a damaged one is removed too; gc's grace frees it
+        released = Index(thinned={i: time.time() for i, _ in log(store, session)})
+        folder = store.root / "released"
+        folder.mkdir(exist_ok=True)
+        write_atomic(folder / f"{session}.{time.time_ns()}", released.encode())
+    return store.remove_session(session)
 
 
 @dataclass
@@ -98,6 +201,7 @@ class Verified:
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)  # blobs rewritten from a good copy
+    held: dict[str, int] = field(default_factory=dict)  # session -> bytes its history names
 
 
 def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> Verified:
@@ -130,6 +234,7 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
             _mark(store, session, names[session])
         except StoreError as exc:
             result.problems.append(f"session {session}: {exc.message}")
+        result.held[session] = sum(_size(store, ident) for ident in names[session])
     for ident in corrupt:
         users = sorted(s for s, named in names.items() if ident in named)
         result.problems.append(f"blob {ident} is corrupt (hash mismatch)"
@@ -139,15 +244,18 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
 
 
 def _mark(store: Store, session: str, live: set[str]) -> set[str]:
-    """Add to `live` every manifest, object, chunk and blob the session's history names;
-    raise if any of them is missing."""
+    """Add to `live` every manifest of the session's history and every object, chunk and blob
+    its versions that are not thinned name; raise if any of them is missing."""
     def blob(ident: str) -> None:
         if not store.has(ident):
             raise StoreError(f"blob {ident} is missing", blob=ident)
         live.add(ident)
 
+    thinned = store.index(session).thinned
     for ident, manifest in log(store, session):
         live.add(ident)
+        if ident in thinned:
+            continue
         if manifest.ambient:
             blob(manifest.ambient)
         for group in manifest.groups:
@@ -156,6 +264,65 @@ def _mark(store: Store, session: str, live: set[str]) -> set[str]:
                 for chunk in store.object_chunks(group.blob):
                     blob(chunk)
     return live
+
+
+def _size(store: Store, ident: str) -> int:
+    """The bytes a blob or a manifest takes on disk (0 if it is gone)."""
+    for path in (store.disk.path(ident), store.root / "manifests" / ident):
+        with contextlib.suppress(FileNotFoundError):
+            return path.stat().st_size
+    return 0
+
+
+def _released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dict[str, float]:
+    """What retention and removal released and gc has not freed yet: file name -> when
+    (the latest time, if released more than once). A removed session's manifests too."""
+    released: dict[str, float] = {}
+
+    def release(ident: str, when: float, manifest_too: bool) -> None:
+        try:
+            manifest = Manifest.decode(store.get_manifest(ident))
+        except StoreError:  # gone already, or damaged: grace frees it
+            return
+        names = [b for b in (manifest.ambient, *(g.blob for g in manifest.groups)) if b]
+        for blob in list(names):
+            with contextlib.suppress(StoreError, OSError):
+                names += store.object_chunks(blob)
+        for name in [*names, ident] if manifest_too else names:
+            released[name] = max(released.get(name, 0.0), when)
+
+    for session in sessions:
+        if session not in damaged:
+            for ident, when in store.index(session).thinned.items():
+                if when:
+                    release(ident, when, False)
+    for record in _records(store):
+        with contextlib.suppress(OSError, StoreError, ValueError, TypeError, KeyError):
+            for ident, when in Index.decode(record.read_bytes()).thinned.items():
+                release(ident, when, True)
+    return released
+
+
+def _records(store: Store) -> list:
+    """The records of removed sessions (`remove`) gc has not freed yet."""
+    folder = store.root / "released"
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def _freed(store: Store, sessions: list[str], damaged: dict[str, str], done: float) -> None:
+    """Mark what gc has just freed as such, so that the next gc does not read it again."""
+    for session in sessions:
+        if session in damaged:
+            continue
+        with contextlib.suppress(StoreError), store.locked(session):
+            index = store.index(session)
+            if any(0 < when <= done for when in index.thinned.values()):
+                index.thinned = {i: 0.0 if when <= done else when
+                                 for i, when in index.thinned.items()}
+                store.set_index(session, index)
+    for record in _records(store):
+        if record.stat().st_mtime <= done:
+            record.unlink(missing_ok=True)
 
 
 def _keep_damaged(store: Store, sessions: set[str], live: set[str]) -> None:
@@ -188,34 +355,40 @@ class Collected:
 
 
 def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
-    """Remove manifests, blobs and crash leftovers that no session's history names and that are
-    older than `grace` seconds. A damaged session (its history cannot be read completely) is
-    reported and keeps every version that still reads; the others are collected as usual."""
-    young = time.time() - grace
+    """Remove manifests, blobs and crash leftovers that no session's history names: those older
+    than `grace` seconds, and those that retention or removal released, unless touched since.
+    A damaged session (its history cannot be read completely) is reported and keeps every
+    version that still reads; the others are collected as usual."""
+    started = time.time()
+    young = started - grace
     live: set[str] = set()
     result = Collected()
-    for session in store.sessions():
+    sessions = store.sessions()
+    for session in sessions:
         try:
             _mark(store, session, live)
         except StoreError as exc:
             result.damaged[session] = exc.message
     if result.damaged:
         _keep_damaged(store, set(result.damaged), live)
+    released = _released(store, sessions, result.damaged)
     stats = {}
     for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
         with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
             stats[path] = path.stat()
     for path, stat in stats.items():
         if stat.st_mtime >= young and path.parent.parent == store.disk.root \
-                and store.is_object(path.name):
+                and stat.st_mtime >= released.get(path.name, 0.0) and store.is_object(path.name):
             with contextlib.suppress(StoreError):  # a corrupt one names nothing to keep
                 live.update(store.object_chunks(path.name))  # a save in flight: its chunks
     for path, stat in stats.items():
-        if path.name in live or stat.st_mtime >= young:
+        free = stat.st_mtime < young or stat.st_mtime < released.get(path.name, 0.0)
+        if path.name in live or not free:
             result.kept += 1
             result.kept_bytes += stat.st_size
         else:
             path.unlink(missing_ok=True)
             result.removed += 1
             result.freed += stat.st_size
+    _freed(store, sessions, result.damaged, started)
     return result

@@ -6,6 +6,7 @@ Layout under the store root::
     blobs/ab/<xxh3-128 hex>      immutable bytes, named by their hash: chunks, object indexes, ...
     manifests/<hex>              signed msgpack manifests, named by the hash of their bytes
     sessions/<name>/head         the id of the session's latest committed manifest
+    sessions/<name>/index        its tags, thinned versions and retention override (msgpack)
 
 A group of variables is stored as an *object*: an index blob holding the pickle stream, small
 buffers inline and, for each large buffer, the ids of its chunks (CHUNK bytes each). Chunks are
@@ -27,10 +28,12 @@ import hashlib
 import hmac
 import mmap
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
@@ -331,17 +334,17 @@ class Store:
             raise StoreError(f"session {session} has a corrupt head", session=session)
         return ident
 
-    def set_head(self, session: str, manifest: str, parent: str | None) -> None:
+    def set_head(self, session: str, manifest: str, parent: str | None,
+                 held: bool = False) -> None:
         """Move the session's head to `manifest` if it is still at `parent`, the version the
         manifest was built on (compare-and-set): StaleHead, and nothing written, if another
-        commit or a checkout moved it meanwhile."""
+        commit or a checkout moved it meanwhile. `held`: the caller holds `locked(session)`."""
         if not _valid_id(manifest):  # "../blobs" exists too: only a manifest id may be a head
             raise StoreError(f"invalid manifest id {manifest!r}", session=session)
         if not (self.root / "manifests" / manifest).is_file():
             raise StoreError(f"refusing to commit missing manifest {manifest}", session=session)
         path = self._head_path(session)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _flocked(path.parent / "lock"):  # writers of this head, in any process
+        with contextlib.nullcontext() if held else self.locked(session):
             current = self.head(session)
             if current != parent:
                 raise StaleHead(
@@ -350,8 +353,72 @@ class Store:
                     session=session, head=current, parent=parent)
             write_atomic(path, manifest.encode() + b"\n")
 
+    @contextlib.contextmanager
+    def locked(self, session: str) -> Iterator[None]:
+        """Hold the session's lock: its head and index change under it, in any process or
+        thread (flock locks an open file, so two threads of one process exclude each other)."""
+        path = self._head_path(session)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _flocked(path.parent / "lock"):
+            yield
+
+    def index(self, session: str) -> Index:
+        """The session's tags, thinned versions and retention override, checked as input."""
+        path = self._head_path(session).with_name("index")
+        try:
+            return Index.decode(path.read_bytes())
+        except FileNotFoundError:
+            return Index()
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+            raise StoreError(f"session {session} has a malformed index: {exc}",
+                             session=session) from exc
+
+    def set_index(self, session: str, index: Index) -> None:
+        """Write the session's index; the caller holds `locked(session)`."""
+        write_atomic(self._head_path(session).with_name("index"), index.encode())
+
+    def remove_session(self, session: str) -> bool:
+        """Forget the session: its head, index and lock go; gc frees what only it named."""
+        folder = self._head_path(session).parent
+        if not folder.is_dir():
+            return False
+        with self.locked(session):
+            for name in ("index", "head"):  # the head last: a session without one is gone
+                (folder / name).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        return True
+
     def sessions(self) -> list[str]:
         return sorted(p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists())
+
+
+@dataclass
+class Index:
+    """What a session records besides its head: tags (name -> manifest id), thinned versions
+    (manifest id -> when their data was released; 0 once gc has freed it) and a retention
+    policy of its own (last, hourly, daily), if any."""
+
+    tags: dict[str, str] = field(default_factory=dict)
+    thinned: dict[str, float] = field(default_factory=dict)
+    policy: dict[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"tags": self.tags, "thinned": self.thinned,
+                              "policy": self.policy}, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Index:
+        raw = msgpack.unpackb(data, raw=False)
+        if not isinstance(raw, dict):
+            raise ValueError("not a map")
+        tags, thinned, policy = raw["tags"], raw["thinned"], raw["policy"]
+        if not all(isinstance(k, str) and _valid_id(v) for k, v in tags.items()):
+            raise ValueError("bad tags")
+        if not all(_valid_id(k) and isinstance(v, int | float) for k, v in thinned.items()):
+            raise ValueError("bad thinned versions")
+        if not all(isinstance(k, str) and isinstance(v, int) for k, v in policy.items()):
+            raise ValueError("bad policy")
+        return cls(dict(tags), {k: float(v) for k, v in thinned.items()}, dict(policy))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,141 @@
+"""Retention: the policy's properties, and thinning, tags, removal and gc on a real store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fabric.errors import FabricError, StoreError
+from fabric.snapshot import Group, Manifest, Store, dumps, history, loads
+from fabric.snapshot.retention import DAY, HOUR, Policy, Version, keep
+
+CHUNK = 1 << 16
+
+NOW = 1_800_000_000.0
+
+policies = st.builds(Policy, st.integers(0, 30), st.integers(0, 48), st.integers(0, 14))
+
+
+@st.composite
+def histories(draw) -> list[Version]:
+    ages = draw(st.lists(st.floats(0, 30 * DAY), max_size=200))
+    return [Version(n, NOW - age, draw(st.booleans()) and n % 7 == 0, n % 13 == 0)
+            for n, age in enumerate(sorted(ages, reverse=True))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), policies)
+def test_the_policy_keeps_head_named_and_protected_and_a_bounded_rest(versions, policy) -> None:
+    kept = keep(versions, policy, NOW)
+    if versions:
+        assert versions[-1].number in kept  # the head
+    assert {v.number for v in versions if v.named or v.protected} <= kept
+    assert kept <= {v.number for v in versions}
+    pinned = sum(v.named or v.protected for v in versions)
+    assert len(kept) <= policy.bound() + pinned
+    assert keep([v for v in versions if v.number in kept], policy, NOW) == kept  # stable
+
+
+def test_the_policy_thins_old_versions_to_one_per_hour_then_one_per_day() -> None:
+    # a version every 10 minutes for three days
+    versions = [Version(n, NOW - (432 - n) * 600) for n in range(433)]
+    kept = keep(versions, Policy(last=5, hourly=24, daily=7), NOW)
+    assert set(range(428, 433)) <= kept
+    older = [versions[n] for n in kept if n < 428]
+    hours = [int(v.time // HOUR) for v in older if v.time > NOW - 23 * HOUR]
+    assert len(hours) == len(set(hours)) >= 20  # one per hour over the last day
+    days = [int(v.time // DAY) for v in older if v.time <= NOW - 24 * HOUR]
+    assert len(days) == len(set(days)) >= 1  # then one per day
+    assert len(kept) <= 5 + 24 + 7
+    assert not any(v.number in kept for v in versions if v.time < NOW - 4 * DAY)
+
+
+def test_a_policy_refuses_negative_counts() -> None:
+    with pytest.raises(FabricError, match="last"):
+        Policy(last=-1)
+
+
+def _commit(store: Store, session: str, **values: object) -> str:
+    head = store.head(session)
+    parent = Manifest.decode(store.get_manifest(head)) if head else None
+    groups = tuple(Group(store.put_object(dumps({k: v}, {})), (k,), 1) for k, v in values.items())
+    manifest = Manifest(session=session, version=parent.version + 1 if parent else 1,
+                        parent=head, groups=groups, ambient=store.put(b"ambient"),
+                        cell={"execution_count": 1, "status": "ok", "source": "x"})
+    ident = store.put_manifest(manifest.encode())
+    store.set_head(session, ident, head)
+    return ident
+
+
+def _store_with(tmp_path, cells: int) -> Store:
+    store = Store(tmp_path, chunk=CHUNK)
+    for i in range(cells):
+        _commit(store, "s", w=np.random.default_rng(i).random(40_000))
+    return store
+
+
+def test_retention_thins_data_keeps_tombstones_and_gc_frees_it_at_once(tmp_path) -> None:
+    store = _store_with(tmp_path, 12)
+    history.tag(store, "s", 3, "baseline")
+    before = history.verify(store).bytes
+    thinned = history.retain(store, "s", Policy(last=4, hourly=0, daily=0))
+    assert sorted(thinned) == [1, 2, 4, 5, 6, 7, 8]
+    assert [m.version for _, m in history.log(store, "s")] == list(range(12, 0, -1))
+    freed = history.gc(store)  # no grace needed: these were committed, then released
+    assert freed.removed >= 7 and freed.freed >= 7 * 320_000
+    after = history.verify(store)
+    assert not after.problems and after.bytes < before / 2
+    assert after.held["s"] <= 5 * 330_000
+    kept = history.checkout(store, "s", "baseline")
+    blob = kept.variables()["w"].blob
+    assert (loads(store.get_object(blob), {})["w"] == np.random.default_rng(2).random(40_000)).all()
+    with pytest.raises(StoreError, match=r"thinned away.*these remain: 13, 12, 11, 10, 9, "
+                                         r"3 \(baseline\)"):
+        history.checkout(store, "s", 5)
+    assert history.gc(store).removed == 0  # incremental: nothing is released twice
+
+
+def test_a_session_policy_overrides_the_store_one_and_tags_are_checked(tmp_path) -> None:
+    store = _store_with(tmp_path, 6)
+    with store.locked("s"):
+        index = store.index("s")
+        index.policy = {"last": 2}
+        store.set_index("s", index)
+    assert sorted(history.retain(store, "s", Policy(last=20, hourly=0, daily=0))) == [1, 2, 3, 4]
+    with pytest.raises(StoreError, match="invalid version name"):
+        history.tag(store, "s", 6, "123")
+    with pytest.raises(StoreError, match="thinned away"):
+        history.tag(store, "s", 2, "late")
+    with pytest.raises(StoreError, match="no version named 'nope'"):
+        history.checkout(store, "s", "nope")
+
+
+def test_a_malformed_index_is_a_store_error(tmp_path) -> None:
+    store = _store_with(tmp_path, 1)
+    (tmp_path / "sessions" / "s" / "index").write_bytes(b"\x93garbage")
+    with pytest.raises(StoreError, match="malformed index"):
+        history.retain(store, "s", Policy())
+
+
+def test_a_save_that_reuses_a_released_chunk_keeps_it(tmp_path) -> None:
+    store = _store_with(tmp_path, 3)
+    history.retain(store, "s", Policy(last=1, hourly=0, daily=0))
+    # a save in flight writes version 1's bytes again: the intact chunks are touched, not written
+    encoded = dumps({"w": np.random.default_rng(0).random(40_000)}, {})
+    _, _, chunks = store.fingerprint(encoded)
+    ident = store.put_object(encoded)
+    history.gc(store)
+    assert store.has(ident) and all(store.has(c) for c, _ in chunks)
+
+
+def test_removing_a_session_frees_what_only_it_named(tmp_path) -> None:
+    store = _store_with(tmp_path, 3)
+    _commit(store, "t", v=np.arange(1000.0))
+    assert history.remove(store, "s")
+    assert store.sessions() == ["t"]
+    history.gc(store)
+    result = history.verify(store)
+    assert not result.problems and result.manifests == 1 and list(result.held) == ["t"]
+    assert not history.remove(store, "s")
