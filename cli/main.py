@@ -310,7 +310,7 @@ def _store(path: str | None):
 
 @main.group()
 def store() -> None:
-    """A store's history and upkeep: log, checkout, verify, gc."""
+    """A store's history and upkeep: log, checkout, tag, retain, rm, verify, gc."""
 
 
 _store_option = click.option("--store", "path",
@@ -321,19 +321,28 @@ _store_option = click.option("--store", "path",
 @click.argument("session")
 @_store_option
 def store_log(session: str, path: str | None) -> None:
-    """List SESSION's versions, newest first, with their sizes."""
+    """List SESSION's versions, newest first, with their sizes and names; a version retention
+    thinned shows as such (its cell is known, its state is gone)."""
     from fabric.snapshot import history
 
+    store = _store(path)
     try:
-        versions = history.log(_store(path), session)
+        versions = history.log(store, session)
+        index = store.index(session)
     except FabricError as exc:
         raise click.ClickException(exc.message) from exc
     if not versions:
         raise click.ClickException(f"no session {session!r} in the store")
+    names: dict[str, list[str]] = {}
+    for name, ident in index.tags.items():
+        names.setdefault(ident, []).append(name)
     for ident, m in versions:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.cell.get("time", 0)))
-        click.echo(f"{m.version:>5}  {ident[:12]}  {when}  {_mb(history.size(m)):>10}  "
-                   f"{len(m.variables()):>4} vars  {m.cell.get('status', '-'):<5}  {_what(m)}")
+        size = "thinned" if ident in index.thinned else _mb(history.size(m))
+        tags = f"[{', '.join(sorted(names[ident]))}]  " if ident in names else ""
+        click.echo(f"{m.version:>5}  {ident[:12]}  {when}  {size:>10}  "
+                   f"{len(m.variables()):>4} vars  {m.cell.get('status', '-'):<5}  "
+                   f"{tags}{_what(m)}")
 
 
 def _what(manifest: Manifest) -> str:
@@ -347,18 +356,88 @@ def _what(manifest: Manifest) -> str:
 
 @store.command("checkout")
 @click.argument("session")
-@click.argument("version", type=int)
+@click.argument("version")
 @_store_option
-def store_checkout(session: str, version: int, path: str | None) -> None:
-    """Make VERSION's state SESSION's next one: the next cell runs on it."""
+def store_checkout(session: str, version: str, path: str | None) -> None:
+    """Make VERSION's state (a number or a name) SESSION's next one: the next cell runs on it."""
     from fabric.snapshot import history
 
     try:
         m = history.checkout(_store(path), session, version)
     except FabricError as exc:
         raise click.ClickException(exc.message) from exc
-    click.echo(f"session {session} is at version {m.version}, the state of version {version} "
-               f"({len(m.variables())} variables, {_mb(history.size(m))})")
+    click.echo(f"session {session} is at version {m.version}, the state of version "
+               f"{m.cell['checkout']} ({len(m.variables())} variables, {_mb(history.size(m))})")
+
+
+@store.command("tag")
+@click.argument("session")
+@click.argument("version")
+@click.argument("name")
+@_store_option
+def store_tag(session: str, version: str, name: str, path: str | None) -> None:
+    """Name VERSION of SESSION: retention keeps a named version; checkout accepts the name."""
+    from fabric.snapshot import history
+
+    try:
+        m = history.tag(_store(path), session, version, name)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"version {m.version} of session {session} is named {name}")
+
+
+@store.command("retain")
+@click.argument("session")
+@click.option("--last", type=click.IntRange(0), help="Newest versions kept.")
+@click.option("--hourly", type=click.IntRange(0), help="Hours with one version kept each.")
+@click.option("--daily", type=click.IntRange(0), help="Days with one version kept each.")
+@click.option("--default", "default", is_flag=True, help="Back to the configured policy.")
+@_store_option
+def store_retain(session: str, last: int | None, hourly: int | None, daily: int | None,
+                 default: bool, path: str | None) -> None:
+    """Set SESSION's own retention policy over the configured one (keep_versions,
+    keep_hourly, keep_daily), and show what it is."""
+    from fabric.snapshot import history
+    from fabric.snapshot.retention import Policy
+
+    config, store = _config(path), _store(path)
+    if store.head(session) is None:
+        raise click.ClickException(f"no session {session!r} in the store")
+    own = {k: v for k, v in (("last", last), ("hourly", hourly), ("daily", daily))
+           if v is not None}
+    try:
+        with store.locked(session):
+            index = store.index(session)
+            index.policy = {} if default else {**index.policy, **own}
+            store.set_index(session, index)
+        policy = history.own_policy(
+            Policy(config.keep_versions, config.keep_hourly, config.keep_daily), index)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"session {session} keeps its newest {policy.last} versions, one per hour for "
+               f"{policy.hourly} hours, one per day for {policy.daily} days, and named ones")
+
+
+@store.command("rm")
+@click.argument("session")
+@_store_option
+def store_rm(session: str, path: str | None) -> None:
+    """Remove SESSION from the store; gc frees what only it held. A server serving the store
+    removes it (refused while the session runs a cell)."""
+    from fabric.snapshot import history
+
+    config = _config(path)
+    try:
+        with Client(config.address) as client:
+            if client.ping() and client.call("status")["store"] == str(config.store):
+                client.call("rm", session=session)
+                click.echo(f"removed session {session}")
+                return
+        if not history.remove(_store(path), session):
+            raise click.ClickException(f"no session {session!r} in the store")
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(f"removed session {session}")
 
 
 @store.command("verify")
@@ -378,6 +457,8 @@ def store_verify(path: str | None, repair: bool, sources: tuple[Path, ...]) -> N
         click.echo(f"repaired blob {ident}")
     for problem in result.problems:
         click.echo(problem, err=True)
+    for session, held in sorted(result.held.items(), key=lambda item: -item[1]):
+        click.echo(f"session {session} holds {_mb(held)}")
     click.echo(f"{result.manifests} manifests, {result.blobs} blobs ({_mb(result.bytes)}): "
                f"{len(result.problems)} problems")
     sys.exit(1 if result.problems else 0)
@@ -387,12 +468,25 @@ def store_verify(path: str | None, repair: bool, sources: tuple[Path, ...]) -> N
 @_store_option
 @click.option("--grace", type=float, default=GRACE_SECONDS, show_default=True,
               help="Keep unreferenced files younger than this many seconds (saves in flight).")
-def store_gc(path: str | None, grace: float) -> None:
-    """Remove what no session's history names; safe while servers run."""
+@click.option("--keep-all", is_flag=True, help="Thin no history: free only what none names.")
+def store_gc(path: str | None, grace: float, keep_all: bool) -> None:
+    """Thin each session's history by its retention policy, then remove what no session's
+    history needs; safe while servers run."""
     from fabric.snapshot import history
+    from fabric.snapshot.retention import Policy
 
+    config, store = _config(path), _store(path)
+    policy = Policy(config.keep_versions, config.keep_hourly, config.keep_daily)
     try:
-        result = history.gc(_store(path), grace)
+        for session in [] if keep_all else store.sessions():
+            try:
+                thinned = history.retain(store, session, policy)
+            except FabricError as exc:
+                click.echo(f"session {session}: {exc.message}; nothing of it thinned", err=True)
+                continue
+            if thinned:
+                click.echo(f"session {session}: thinned {len(thinned)} versions")
+        result = history.gc(store, grace)
     except FabricError as exc:
         raise click.ClickException(exc.message) from exc
     for session, why in result.damaged.items():

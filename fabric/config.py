@@ -55,6 +55,14 @@ class Config:
     heartbeat: int = 2
     heartbeat_timeout: int = 10
     user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
+    # retention: each session keeps the state of its newest keep_versions versions, of one
+    # version per clock hour for keep_hourly hours and one per day for keep_daily days, and of
+    # every named one (`llfabric store tag`); a session may set its own (`store retain`)
+    keep_versions: int = 20
+    keep_hourly: int = 24
+    keep_daily: int = 7
+    gc_interval: int = 300  # seconds between the server's retention and gc passes; 0: none
+    disk_pressure: int = 90  # percent of the store's disk in use past which a pass runs at once
 
     @property
     def address(self) -> str:

@@ -33,7 +33,7 @@ MAX_FRAME = 16 * 1024 * 1024  # requests are source text and small maps; outputs
 WIRE_LIMIT = 1 << 30
 
 CLIENT_OPS = frozenset({"open", "draft", "execute", "interrupt", "input", "checkout", "close",
-                        "status", "ping"})
+                        "tag", "rm", "status", "ping"})
 
 # Ops and the fields each requires, besides op and msg_id.
 REQUIRED = {
@@ -42,8 +42,10 @@ REQUIRED = {
     "execute": ("session", "source"),
     "interrupt": ("session",),
     "input": ("session",),  # the answer to a running cell's input(): `value`, or `error`
-    "checkout": ("session", "version"),
+    "checkout": ("session", "version"),  # a version number, or a name `tag` gave one
     "close": ("session",),
+    "tag": ("session", "name"),  # name `version` (default: the head): retention keeps it
+    "rm": ("session",),  # remove the session from the store, refused while a cell runs
     "status": (),
     "ping": (),
 }
@@ -95,14 +97,14 @@ def check_request(message: dict) -> dict:
     for field in REQUIRED[op]:
         if field not in message:
             raise ProtocolError(f"op {op!r} needs field {field!r}", op=op)
-    for field in ("session", "source", "cwd", "cell_id", "value", "error"):
+    for field in ("session", "source", "cwd", "cell_id", "value", "error", "name"):
         if field in message and not isinstance(message[field], str):
             raise ProtocolError(f"field {field!r} must be a string", op=op)
     if "stdin" in message and not isinstance(message["stdin"], bool):
         raise ProtocolError("field 'stdin' must be a boolean", op=op)
-    if "version" in message and (not isinstance(message["version"], int)
+    if "version" in message and (not isinstance(message["version"], int | str)
                                  or isinstance(message["version"], bool)):
-        raise ProtocolError("field 'version' must be an integer", op=op)
+        raise ProtocolError("field 'version' must be an integer or a name", op=op)
     session = message.get("session")
     if session is not None and not valid_session_name(session):
         raise ProtocolError(

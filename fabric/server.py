@@ -10,6 +10,11 @@ ipc://); a user reaches only their own sessions, within the configured per-user 
 Clients are watched while their cells run: libzmq pings each connection every `heartbeat`
 seconds and drops one silent for `heartbeat_timeout`; a running cell whose client is no longer
 connected (gone, killed, or silent) is stopped, so that its lease comes back.
+
+The store stays bounded: every `gc_interval` seconds, and at once when the store's disk passes
+`disk_pressure` percent, a thread thins each session's history by the retention policy and
+collects what that released (`history.retain`, `history.gc`), off the cell path. What open
+sessions build on (their heads, what their drafts loaded) is never thinned.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -34,6 +40,7 @@ from .errors import (
     InUse,
     LimitReached,
     ProtocolError,
+    SessionBusy,
     StoreError,
     UnknownSession,
 )
@@ -41,6 +48,7 @@ from .pool import Leases, Pool, cuda
 from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
+from .snapshot.retention import Policy
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,9 @@ class Server:
         # the sessions whose cells run, by the (client, msg_id) of the execute that runs each
         self._executing: dict[tuple[bytes, str | None], Session] = {}
         self._stop = asyncio.Event()
+        self.policy = Policy(config.keep_versions, config.keep_hourly, config.keep_daily)
+        self._pressed = asyncio.Event()  # the store's disk is past disk_pressure: upkeep now
+        self.upkeep: dict = {}  # the latest retention and gc pass, for `status`
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         context = zmq.asyncio.Context()
@@ -109,9 +120,11 @@ class Server:
                 ready.set()
             receiver = asyncio.ensure_future(self._receive())
             watcher = asyncio.ensure_future(self._watch_clients())
+            keeper = asyncio.ensure_future(self._upkeep())
             await self._stop.wait()
             receiver.cancel()
             watcher.cancel()
+            keeper.cancel()
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -156,6 +169,69 @@ class Server:
                     log.warning("session %s: its client went away; stopping its cell",
                                 session.name)
                     session.stop("client")
+
+    async def _upkeep(self) -> None:
+        """Retention and gc in a thread, every `gc_interval` seconds and whenever the store's
+        disk is under pressure; a pass that fails is logged and the next one tries again."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pressed.wait(), self.config.gc_interval or None)
+            try:
+                self.upkeep = await asyncio.to_thread(self.collect, self._protected())
+            except Exception:
+                log.exception("retention and gc failed; retrying in %d s",
+                              self.config.gc_interval)
+            self._pressed.clear()
+
+    def _protected(self) -> set[str]:
+        """The versions open sessions build on: heads, and what prepared workers loaded."""
+        ids = {s.head for s in self.sessions.values()}
+        ids |= {s.prepared.base for s in self.sessions.values() if s.prepared is not None}
+        return {i for i in ids if i}
+
+    def collect(self, protect: set[str]) -> dict:
+        """One pass: thin every session's history, then free what that released."""
+        started, thinned = time.time(), 0
+        for name in self.store.sessions():
+            try:
+                thinned += len(history.retain(self.store, name, self.policy, protect))
+            except StoreError as exc:  # a damaged session keeps everything; gc reports it
+                log.warning("retention skipped session %s: %s", name, exc.message)
+        result = history.gc(self.store)
+        summary = {"time": started, "seconds": time.time() - started, "thinned": thinned,
+                   "removed": result.removed, "freed": result.freed,
+                   "kept_bytes": result.kept_bytes, "disk_percent": self.disk_percent()}
+        log.info("retention thinned %d versions; gc freed %d bytes in %d files", thinned,
+                 result.freed, result.removed)
+        return summary
+
+    def disk_percent(self) -> float:
+        usage = shutil.disk_usage(self.store.root)
+        return 100.0 * (usage.total - usage.free) / usage.total
+
+    def _check_pressure(self) -> None:
+        """After a commit: past `disk_pressure` percent, run retention and gc at once and tell
+        the operator (the log, and `status`)."""
+        percent = self.disk_percent()
+        if self.config.disk_pressure and percent >= self.config.disk_pressure \
+                and not self._pressed.is_set():
+            log.warning("the store's disk is %.0f%% full (disk_pressure = %d): running "
+                        "retention and gc now", percent, self.config.disk_pressure)
+            self.upkeep = {**self.upkeep, "pressure": percent, "pressure_since": time.time()}
+            self._pressed.set()
+
+    def _admit(self, user: str, stored: str, manifest: Manifest) -> None:
+        """Refuse a commit that would take the user past `user_bytes`, before it is written."""
+        if not self.config.user_bytes:
+            return
+        used = self._stored_bytes(user, but=stored) + history.size(manifest)
+        if used > self.config.user_bytes:
+            raise LimitReached(
+                f"the commit of session {self._public_name(user, stored)} is refused: user "
+                f"{user} would store {used} bytes, past this server's limit (user_bytes = "
+                f"{self.config.user_bytes}); the session stays at its last version. Free space "
+                "with `llfabric store rm` or a smaller retention", user=user,
+                limit=self.config.user_bytes, used=used)
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
         identity, msg_id = frames[0].bytes, None
@@ -237,8 +313,13 @@ class Server:
                     raise FabricError(f"working directory {cwd!r} does not exist", session=name)
                 session = Session(stored, cwd, self.store, self.pool, self.leases,
                                   interrupt_grace=self.config.interrupt_grace)
+                session.admit = lambda manifest: self._admit(user, stored, manifest)
                 self.sessions[stored] = session
             return self._public(user, session.status())
+        if op == "rm":
+            return await self._remove(user, name)
+        if op == "tag":  # open or not: a name is the store's
+            return self._tag(user, name, message.get("version"), message["name"])
         session = self._session(user, name)
         if op == "draft":
             return session.draft(message["source"])
@@ -252,6 +333,7 @@ class Server:
                                              stdin=message.get("stdin", False))
             finally:
                 self.running[user] -= 1
+                self._check_pressure()
         if op == "interrupt":
             return {"interrupted": session.interrupt()}
         if op == "input":
@@ -264,17 +346,40 @@ class Server:
             return {"closed": True, "version": session.manifest.version}
         raise ProtocolError(f"unknown op {op!r}")  # check_request lets no other op through
 
+    def _tag(self, user: str, name: str, version: int | str | None, tag: str) -> dict:
+        stored = self._store_name(user, name)
+        if self.store.head(stored) is None:
+            raise UnknownSession(f"no session {name!r} in the store", session=name)
+        manifest = history.tag(self.store, stored, version, tag)
+        return {"version": manifest.version, "name": tag}
+
+    async def _remove(self, user: str, name: str) -> dict:
+        """Close the session if it is open (refused while it runs a cell) and remove it from
+        the store; gc frees its data."""
+        stored = self._store_name(user, name)
+        session = self.sessions.get(stored)
+        if session is not None:
+            if session.lock.locked():
+                raise SessionBusy(f"session {name} is running a cell: interrupt it or wait "
+                                  "before removing it", session=name)
+            await session.close()
+            del self.sessions[stored]
+        if not history.remove(self.store, stored):
+            raise UnknownSession(f"no session {name!r} in the store", session=name)
+        return {"removed": True}
+
     def _check_limit(self, user: str, key: str, used: int, what: str) -> None:
         limit = getattr(self.config, key)
         if limit and used >= limit:
             raise LimitReached(f"user {user} has {used} {what}, the most this server allows "
                                f"({key} = {limit})", user=user, limit=limit)
 
-    def _stored_bytes(self, user: str) -> int:
-        """The bytes of the state at the head of each of `user`'s sessions in the store."""
+    def _stored_bytes(self, user: str, but: str | None = None) -> int:
+        """The bytes of the state at the head of each of `user`'s sessions in the store
+        (`but` one)."""
         total = 0
         for name in self.store.sessions():
-            if self._user_of(name) == user:
+            if self._user_of(name) == user and name != but:
                 try:
                     manifest = Manifest.decode(self.store.get_manifest(self.store.head(name)))
                 except StoreError as exc:  # not this check's to report: the session's own use is
@@ -306,6 +411,7 @@ class Server:
             "user": user,
             "leases": leases,
             **self.pool.status(),
+            "upkeep": self.upkeep,
             "sessions": [self._public(user, s.status()) for s in mine.values()],
         }
 

@@ -103,6 +103,8 @@ class Session:
         self.notices: deque[dict] = deque(maxlen=notices.KEEP)  # the latest, for `status`
         self._told: list[dict] = []  # the running cell's notices, for its reply
         self._background: set[asyncio.Task] = set()
+        # checks a version before it commits (the server's quotas): raises to refuse it
+        self.admit: Callable[[Manifest], None] | None = None
 
     # preparation
     def _prepare(self, cl: Closure) -> Preparation:
@@ -212,14 +214,14 @@ class Session:
                              "can commit on it; `llfabric store verify` tells more",
                              session=self.name, head=head) from exc
 
-    def checkout(self, version: int) -> dict:
+    def checkout(self, version: int | str) -> dict:
         """Go back to `version`'s state: the next cell runs on it. The checkout is a new version,
         so history stays linear and the versions after `version` stay reachable."""
         if self.lock.locked():
             raise SessionBusy(f"session {self.name} is running a cell", session=self.name)
-        manifest = history.checkout(self.store, self.name, int(version))
+        manifest = history.checkout(self.store, self.name, version)
         self._follow_head()
-        return {"version": manifest.version, "checked_out": int(version),
+        return {"version": manifest.version, "checked_out": manifest.cell["checkout"],
                 "execution_count": int(manifest.cell.get("execution_count", 0))}
 
     def draft(self, source: str) -> dict:
@@ -538,6 +540,8 @@ class Session:
             cell={"execution_count": count, "status": done["status"],
                   "source": source, "time": time.time(), "unsaved": unsaved},
         )
+        if self.admit is not None:
+            self.admit(manifest)
         ident = self.store.put_manifest(manifest.encode())
         self.store.set_head(self.name, ident, self.head)  # refused if the head moved
         self.head, self.manifest = ident, manifest

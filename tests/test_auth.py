@@ -278,16 +278,17 @@ def test_private_dirs_are_made_0700_and_a_link_is_never_followed(tmp_path: Path)
         private_dir(tmp_path / "link-to-open")
 
 
-def test_a_user_past_their_stored_bytes_runs_no_more_cells(tcp, users, tmp_path: Path) -> None:
+def test_a_user_past_their_stored_bytes_commits_no_more(tcp, users, tmp_path: Path) -> None:
     server, _ = tcp
     with _client(server, users["erin"]) as erin, _client(server, users["bob"]) as bob:
         erin.call("open", session="big", cwd=str(tmp_path))
-        assert execute(erin, "big", "data = bytes(2 << 20)")[0]["status"] == "ok"
+        assert execute(erin, "big", "data = bytes(600 << 10)")[0]["status"] == "ok"
         erin.call("close", session="big")  # closed, its state is still hers in the store
         erin.call("open", session="next", cwd=str(tmp_path))
-        with pytest.raises(RemoteError) as err:
-            erin.call("execute", session="next", source="1")
-        assert err.value.kind == "limit" and "bytes stored" in err.value.message
+        with pytest.raises(RemoteError) as err:  # the commit, not the disk, refuses it
+            erin.call("execute", session="next", source="more = bytes(600 << 10)")
+        assert err.value.kind == "limit" and "would store" in err.value.message
+        assert erin.call("status")["sessions"][0]["version"] == 0  # nothing was committed
         bob.call("open", session="small", cwd=str(tmp_path))  # the limit is erin's alone
         assert bob.call("execute", session="small", source="1")["status"] == "ok"
         bob.call("close", session="small")

@@ -1,4 +1,4 @@
-"""`%llfabric attach|detach|status|checkout` and `%%local`.
+"""`%llfabric attach|detach|status|checkout|tag|rm` and `%%local`.
 
 `%load_ext fabric.attach.magics` registers them without attaching (as `llfabric attach` does
 for a running kernel, before `%llfabric attach ADDRESS`).
@@ -22,7 +22,9 @@ USAGE = """usage:
   %llfabric status
   %llfabric detach
   %llfabric interrupt            (a cell of the session still running from an earlier kernel)
-  %llfabric checkout VERSION"""
+  %llfabric checkout VERSION|NAME
+  %llfabric tag NAME [VERSION]   (name a version, the latest by default: retention keeps it)
+  %llfabric rm SESSION           (remove another session of yours from the store)"""
 
 
 def _options(words: list[str], names: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
@@ -77,25 +79,56 @@ class FabricMagics(Magics):
                 return
             print("llfabric: " + ("interrupted the running cell" if stopped
                                   else "no cell of the session was running"))
-        elif command == "checkout" and len(words) == 1 and words[0].isdigit():
+        elif command == "checkout" and len(words) == 1:
+            reply = self._call("checkout", version=int(words[0]) if words[0].isdigit()
+                               else words[0])
+            if reply is not None:
+                self.shell.execution_count = int(reply.get("execution_count", 0)) + 1
+                print(f"llfabric: session {current(self.shell).session} is back at version "
+                      f"{reply['checked_out']}")
+        elif command == "tag" and len(words) in (1, 2):
+            fields = {"name": words[0]}
+            if len(words) == 2:
+                fields["version"] = int(words[1]) if words[1].isdigit() else words[1]
+            reply = self._call("tag", **fields)
+            if reply is not None:
+                print(f"llfabric: version {reply['version']} is named {words[0]}")
+        elif command == "rm" and len(words) == 1:
             attachment = current(self.shell)
-            if attachment is None:
-                raise UsageError("not attached: `%llfabric attach` first")
-            try:
-                reply = attachment.call("checkout", version=int(words[0]))
-            except FabricError as exc:
-                print(f"llfabric: {exc.message}", file=sys.stderr)
-                return
-            self.shell.execution_count = int(reply.get("execution_count", 0)) + 1
-            print(f"llfabric: session {attachment.session} is back at version {words[0]}")
+            if attachment is not None and words[0] == attachment.session:
+                raise UsageError("this kernel's own session: `%llfabric detach` first")
+            if self._call("rm", session=words[0]) is not None:
+                print(f"llfabric: removed session {words[0]}")
         else:
             raise UsageError(USAGE)
+
+    def _call(self, op: str, **fields: object) -> dict | None:
+        """A request of the attached session (or `session` in `fields`); None, the error
+        printed, if the server refused it."""
+        attachment = current_attachment(self.shell)
+        try:
+            if "session" in fields:
+                return attachment.client.call(op, **fields)
+            return attachment.call(op, **fields)
+        except FabricError as exc:
+            print(f"llfabric: {exc.message}", file=sys.stderr)
+            return None
 
     @cell_magic
     def local(self, line: str, cell: str) -> None:
         """Run this cell in the kernel itself, not on the fabric (attached kernels route
         `%%local` cells here before this magic is reached)."""
         self.shell.run_cell(cell)
+
+
+def current_attachment(shell: object):
+    """The kernel's attachment; a usage error if it has none."""
+    from . import current
+
+    attachment = current(shell)
+    if attachment is None:
+        raise UsageError("not attached: `%llfabric attach` first")
+    return attachment
 
 
 def load_ipython_extension(shell: object) -> None:

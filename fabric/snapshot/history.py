@@ -102,9 +102,11 @@ def checkout(store: Store, session: str, version: int | str) -> Manifest:
     return manifest
 
 
-def resolve(store: Store, session: str, version: int | str,
+def resolve(store: Store, session: str, version: int | str | None,
             versions: list[tuple[str, Manifest]], index: Index) -> tuple[str, Manifest]:
-    """The (id, manifest) that a version number or a tag names."""
+    """The (id, manifest) that a version number or a tag names; None: the head."""
+    if version is None:
+        return versions[0]
     if isinstance(version, str) and not version.isdigit():
         ident = index.tags.get(version)
         found = next(((i, m) for i, m in versions if i == ident), None)
@@ -135,8 +137,9 @@ def valid_tag(name: str) -> bool:
         all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
 
 
-def tag(store: Store, session: str, version: int | str, name: str) -> Manifest:
-    """Name a version (a number or another name): retention keeps it while the name stays."""
+def tag(store: Store, session: str, version: int | str | None, name: str) -> Manifest:
+    """Name a version (a number, another name, or None: the head): retention keeps it while
+    the name stays."""
     if not valid_tag(name):
         raise StoreError(f"invalid version name {name!r}: use 1-64 letters, digits, '-', '_' "
                          "or '.', not only digits", session=session)
