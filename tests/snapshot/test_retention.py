@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +16,7 @@ from fabric.snapshot import Group, Manifest, Store, dumps, history, loads
 from fabric.snapshot.retention import DAY, HOUR, Policy, Version, keep
 
 CHUNK = 1 << 16
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 NOW = 1_800_000_000.0
 
@@ -139,3 +144,31 @@ def test_removing_a_session_frees_what_only_it_named(tmp_path) -> None:
     result = history.verify(store)
     assert not result.problems and result.manifests == 1 and list(result.held) == ["t"]
     assert not history.remove(store, "s")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_cli_names_thins_checks_out_by_name_and_removes(tmp_path) -> None:
+    store = _store_with(tmp_path / "store", 6)
+    _commit(store, "other", v=np.arange(10.0))
+    where = ("--store", str(tmp_path / "store"))
+    assert _cli("store", "tag", "s", "2", "good", *where).returncode == 0
+    result = _cli("store", "retain", "s", "--last", "2", *where)
+    assert "keeps its newest 2 versions" in result.stdout, result.stderr
+    result = _cli("store", "gc", *where)
+    assert "session s: thinned 3 versions" in result.stdout, result.stderr
+    log = _cli("store", "log", "s", *where).stdout.splitlines()
+    assert [line.split()[0] for line in log] == ["6", "5", "4", "3", "2", "1"]
+    assert "[good]" in log[4] and all("thinned" in log[i] for i in (2, 3, 5))
+    result = _cli("store", "checkout", "s", "good", *where)
+    assert "the state of version 2" in result.stdout, result.stderr
+    result = _cli("store", "checkout", "s", "3", *where)
+    assert result.returncode != 0 and "these remain: 7, 6, 5, 2 (good)" in result.stderr
+    result = _cli("store", "verify", *where)
+    assert result.returncode == 0 and "session s holds" in result.stdout, result.stderr
+    assert _cli("store", "rm", "s", *where).returncode == 0
+    assert Store(tmp_path / "store").sessions() == ["other"]
+    assert _cli("store", "rm", "s", *where).returncode != 0
