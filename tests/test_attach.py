@@ -179,8 +179,10 @@ def test_status_and_checkout_magics(kernel: Kernel) -> None:
     status = text_of(outputs)
     assert "version 1" in status and "lease time so far" in status and "stored:" in status
     assert "hours saved vs pinned" in status
+    _, outputs = kernel.execute("%llfabric tag full")  # the latest version, 1
+    assert "version 1 is named full" in text_of(outputs)
     kernel.execute("data = []")
-    _, outputs = kernel.execute("%llfabric checkout 1")
+    _, outputs = kernel.execute("%llfabric checkout full")
     assert "back at version 1" in text_of(outputs)
     _, outputs = kernel.execute("len(data)")  # the state of version 1 again
     assert _results(outputs)[0]["data"]["text/plain"] == "1000"
