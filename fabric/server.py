@@ -176,12 +176,14 @@ class Server:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._pressed.wait(), self.config.gc_interval or None)
+            pressed = self._pressed.is_set()
+            self._pressed.clear()  # before the pass: a commit during it asks for another
             try:
-                self.upkeep = await asyncio.to_thread(self.collect, self._protected())
+                summary = await asyncio.to_thread(self.collect, self._protected())
+                self.upkeep = {**summary, "pressure": pressed}
             except Exception:
                 log.exception("retention and gc failed; retrying in %d s",
                               self.config.gc_interval)
-            self._pressed.clear()
 
     def _protected(self) -> set[str]:
         """The versions open sessions build on: heads, and what prepared workers loaded."""
@@ -217,7 +219,6 @@ class Server:
                 and not self._pressed.is_set():
             log.warning("the store's disk is %.0f%% full (disk_pressure = %d): running "
                         "retention and gc now", percent, self.config.disk_pressure)
-            self.upkeep = {**self.upkeep, "pressure": percent, "pressure_since": time.time()}
             self._pressed.set()
 
     def _admit(self, user: str, stored: str, manifest: Manifest) -> None:
