@@ -189,6 +189,8 @@ def retain(store: Store, session: str, policy: retention.Policy,
 
 def remove(store: Store, session: str) -> bool:
     """Forget a session and release everything its history names, for gc to free."""
+    if store.head(session) is None:
+        return False
     with contextlib.suppress(StoreError):  # a damaged one is removed too; gc's grace frees it
         released = Index(thinned={i: time.time() for i, _ in log(store, session)})
         folder = store.root / "released"
