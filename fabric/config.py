@@ -61,8 +61,10 @@ class Config:
     keep_versions: int = 20
     keep_hourly: int = 24
     keep_daily: int = 7
-    gc_interval: int = 300  # seconds between the server's retention and gc passes; 0: none
-    disk_pressure: int = 90  # percent of the store's disk in use past which a pass runs at once
+    # the server thins histories and collects garbage after cells commit, and every
+    # gc_interval seconds besides (0: only after commits)
+    gc_interval: int = 300
+    disk_pressure: int = 90  # percent of the store's disk in use past which operators are told
 
     @property
     def address(self) -> str:

@@ -11,10 +11,12 @@ Clients are watched while their cells run: libzmq pings each connection every `h
 seconds and drops one silent for `heartbeat_timeout`; a running cell whose client is no longer
 connected (gone, killed, or silent) is stopped, so that its lease comes back.
 
-The store stays bounded: every `gc_interval` seconds, and at once when the store's disk passes
-`disk_pressure` percent, a thread thins each session's history by the retention policy and
-collects what that released (`history.retain`, `history.gc`), off the cell path. What open
-sessions build on (their heads, what their drafts loaded) is never thinned.
+The store stays bounded: after cells commit, and every `gc_interval` seconds besides (versions
+age out of the policy's hours and days without any commit), a thread thins each session's
+history by the retention policy and collects what that released (`history.retain`,
+`history.gc`), off the cell path: one pass at a time, and commits during a pass ask for one
+more. What open sessions build on (their heads, what their drafts loaded) is never thinned.
+Past `disk_pressure` percent of the store's disk, the operator is told (log and `status`).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class Server:
         self._executing: dict[tuple[bytes, str | None], Session] = {}
         self._stop = asyncio.Event()
         self.policy = Policy(config.keep_versions, config.keep_hourly, config.keep_daily)
-        self._pressed = asyncio.Event()  # the store's disk is past disk_pressure: upkeep now
+        self._wanted = asyncio.Event()  # a cell committed: retention and gc now
+        self._pressure: float | None = None  # the disk's percent in use, while past its limit
         self.upkeep: dict = {}  # the latest retention and gc pass, for `status`
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -171,18 +174,17 @@ class Server:
                     session.stop("client")
 
     async def _upkeep(self) -> None:
-        """Retention and gc in a thread, every `gc_interval` seconds and whenever the store's
-        disk is under pressure; a pass that fails is logged and the next one tries again."""
+        """Retention and gc in a thread, when cells have committed and every `gc_interval`
+        seconds; a pass that fails is logged and the next one tries again."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pressed.wait(), self.config.gc_interval or None)
-            pressed = self._pressed.is_set()
-            self._pressed.clear()  # before the pass: a commit during it asks for another
+                await asyncio.wait_for(self._wanted.wait(), self.config.gc_interval or None)
+            self._wanted.clear()  # before the pass: a commit during it asks for another
             try:
                 summary = await asyncio.to_thread(self.collect, self._protected())
-                self.upkeep = {**summary, "pressure": pressed}
+                self.upkeep = {**summary, "pressure": self._pressure is not None}
             except Exception:
-                log.exception("retention and gc failed; retrying in %d s",
+                log.exception("retention and gc failed; the next commit or %d s retries",
                               self.config.gc_interval)
 
     def _protected(self) -> set[str]:
@@ -211,15 +213,18 @@ class Server:
         usage = shutil.disk_usage(self.store.root)
         return 100.0 * (usage.total - usage.free) / usage.total
 
-    def _check_pressure(self) -> None:
-        """After a commit: past `disk_pressure` percent, run retention and gc at once and tell
-        the operator (the log, and `status`)."""
+    def _after_cell(self) -> None:
+        """Ask for a retention and gc pass; past `disk_pressure` percent, tell the operator
+        (the log, and `status`) once, until the disk is below it again."""
+        self._wanted.set()
         percent = self.disk_percent()
-        if self.config.disk_pressure and percent >= self.config.disk_pressure \
-                and not self._pressed.is_set():
-            log.warning("the store's disk is %.0f%% full (disk_pressure = %d): running "
-                        "retention and gc now", percent, self.config.disk_pressure)
-            self._pressed.set()
+        if not self.config.disk_pressure or percent < self.config.disk_pressure:
+            self._pressure = None
+        elif self._pressure is None:
+            self._pressure = percent
+            log.warning("the store's disk is %.0f%% full (disk_pressure = %d): retention and "
+                        "gc run after every cell until it is below", percent,
+                        self.config.disk_pressure)
 
     def _admit(self, user: str, stored: str, manifest: Manifest) -> None:
         """Refuse a commit that would take the user past `user_bytes`, before it is written."""
@@ -334,7 +339,7 @@ class Server:
                                              stdin=message.get("stdin", False))
             finally:
                 self.running[user] -= 1
-                self._check_pressure()
+                self._after_cell()
         if op == "interrupt":
             return {"interrupted": session.interrupt()}
         if op == "input":
