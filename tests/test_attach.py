@@ -23,6 +23,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from cli.main import main as cli
 from fabric.attach.notebook_file import session_name
 from fabric.errors import RemoteError
+from fabric.snapshot import Store
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +191,20 @@ def test_status_and_checkout_magics(kernel: Kernel) -> None:
     assert "detached" in text_of(outputs)
     _, outputs = kernel.execute("'data' in globals()")  # runs locally now
     assert _results(outputs)[0]["data"]["text/plain"] == "False"
+
+
+def test_the_rm_magic_removes_another_session_but_not_its_own(kernel: Kernel,
+                                                             server: RunningServer) -> None:
+    other = f"o-{uuid.uuid4().hex[:8]}"
+    with server.client() as client:
+        client.call("open", session=other, cwd=tempfile.gettempdir())
+        execute(client, other, "x = 1")
+    kernel.execute("y = 2")
+    _, outputs = kernel.execute(f"%llfabric rm {other}")
+    assert f"removed session {other}" in text_of(outputs)
+    assert other not in Store(server.store).sessions()
+    _, outputs = kernel.execute(f"%llfabric rm {other}")
+    assert "no session" in text_of(outputs, "stderr")
 
 
 def test_a_waiting_cell_says_how_long_it_waits(kernel: Kernel, server: RunningServer) -> None:
