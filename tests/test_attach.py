@@ -193,8 +193,8 @@ def test_status_and_checkout_magics(kernel: Kernel) -> None:
     assert _results(outputs)[0]["data"]["text/plain"] == "False"
 
 
-def test_the_rm_magic_removes_another_session_but_not_its_own(kernel: Kernel,
-                                                             server: RunningServer) -> None:
+def test_the_rm_magic_removes_another_session(kernel: Kernel,
+                                               server: RunningServer) -> None:
     other = f"o-{uuid.uuid4().hex[:8]}"
     with server.client() as client:
         client.call("open", session=other, cwd=tempfile.gettempdir())
