@@ -59,7 +59,7 @@ class Model:
     reader: str | None = None  # the global that lambda reader reads
     graphs: dict[str, str] = field(default_factory=dict)  # graph tensor -> its leaf
     views: dict[str, str] = field(default_factory=dict)  # view -> the array it was taken of
-    regrouped: bool = False  # a name was bound to another name's object
+    regrouped: bool = False  # a bound name was rebound to another name's object
 
     def live(self, *kinds: str) -> list[str]:
         return sorted(n for n, k in self.kinds.items() if not kinds or k in kinds)
@@ -110,8 +110,8 @@ def alias(draw: Draw, m: Model) -> str:
         return assign(draw, m)
     source, name = _pick(draw, live), _target(draw)
     kind = m.kinds[source]
+    m.regrouped |= name in m.kinds
     m.bind(name, kind)
-    m.regrouped = True
     if source in m.graphs:
         m.graphs[name] = m.graphs[source]
     return f"{name} = {source}\nprint({name} is {source})"
@@ -126,8 +126,8 @@ def contain(draw: Draw, m: Model) -> str:
         return assign(draw, m)
     inner, name = _pick(draw, live), _target(draw)
     # holds `inner`'s object: the two share a group (and what cannot be saved stays so)
+    m.regrouped |= name in m.kinds
     m.bind(name, "boxed" if m.kinds[inner] in FRAGILE else "list")
-    m.regrouped = True
     return f"{name} = [{inner}]\nprint({name}[0] is {inner})"
 
 
@@ -345,9 +345,9 @@ def view(draw: Draw, m: Model) -> str:
     if not arrays:
         return array(draw, m)
     base, name = _pick(draw, arrays), _target(draw)
+    m.regrouped |= name in m.kinds
     m.bind(name, "view")
     m.views[name] = base
-    m.regrouped = True
     check = "" if AVOID_ARRAY_BASE else f", {name}.base is {base}"
     return f"{name} = {base}[1:3]\nprint({name}{check})"
 
