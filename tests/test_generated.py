@@ -240,9 +240,6 @@ def test_a_graph_tensor_is_recomputed_after_its_worker_is_killed(
                   Step("kill", "loss.backward()\nprint(w.grad)")])
 
 
-@pytest.mark.xfail(strict=True, reason="after b = a the worker still holds a's old group as "
-                   "unchanged: a mutation through b is committed without a, and a fresh worker "
-                   "loads a as a separate, stale object")
 def test_a_mutation_through_a_new_alias_survives_a_new_worker(
         differential: Differential) -> None:
     differential([Step("keep", "a = [0]"),
@@ -251,15 +248,11 @@ def test_a_mutation_through_a_new_alias_survives_a_new_worker(
                   Step("kill", "print(a is b, a)")])
 
 
-@pytest.mark.xfail(strict=True, reason="after b = a moves b into a's group, the worker still "
-                   "holds b's old group as unchanged: a mutation through a is committed "
-                   "without b, and a fresh worker loads b as a separate, stale object")
 def test_a_name_moved_into_another_group_keeps_its_mutations(differential: Differential) -> None:
     differential([Step("keep", "a = [0]\nb = 5"),
                   Step("keep", "b = a"),
                   Step("keep", "a.append(1)"),
                   Step("kill", "print(a is b, b)")])
-
 
 
 @pytest.mark.xfail(strict=True, reason="a view loaded with its array shares its memory, but its "
