@@ -59,7 +59,6 @@ class Model:
     reader: str | None = None  # the global that lambda reader reads
     graphs: dict[str, str] = field(default_factory=dict)  # graph tensor -> its leaf
     views: dict[str, str] = field(default_factory=dict)  # view -> the array it was taken of
-    regrouped: bool = False  # a name was bound to another name's object
 
     def live(self, *kinds: str) -> list[str]:
         return sorted(n for n, k in self.kinds.items() if not kinds or k in kinds)
@@ -111,7 +110,6 @@ def alias(draw: Draw, m: Model) -> str:
     source, name = _pick(draw, live), _target(draw)
     kind = m.kinds[source]
     m.bind(name, kind)
-    m.regrouped = True
     if source in m.graphs:
         m.graphs[name] = m.graphs[source]
     return f"{name} = {source}\nprint({name} is {source})"
@@ -127,7 +125,6 @@ def contain(draw: Draw, m: Model) -> str:
     inner, name = _pick(draw, live), _target(draw)
     # holds `inner`'s object: the two share a group (and what cannot be saved stays so)
     m.bind(name, "boxed" if m.kinds[inner] in FRAGILE else "list")
-    m.regrouped = True
     return f"{name} = [{inner}]\nprint({name}[0] is {inner})"
 
 
@@ -347,7 +344,6 @@ def view(draw: Draw, m: Model) -> str:
     base, name = _pick(draw, arrays), _target(draw)
     m.bind(name, "view")
     m.views[name] = base
-    m.regrouped = True
     check = "" if AVOID_ARRAY_BASE else f", {name}.base is {base}"
     return f"{name} = {base}[1:3]\nprint({name}{check})"
 
@@ -422,7 +418,6 @@ ALL_ACTIONS: tuple[Action, ...] = (
 # tests/test_generated.py that shows it: when that test starts passing, set its flag False.
 AVOID_DEL = True  # test_a_deleted_name_stays_deleted_*
 AVOID_HISTORY = True  # test_output_history_survives_a_new_worker
-AVOID_LOSS_AFTER_REGROUP = True  # test_a_name_moved_into_another_group_keeps_its_mutations
 AVOID_ARRAY_BASE = True  # test_an_array_owns_its_data_*, test_a_view_keeps_its_base_*
 
 KNOWN_FAILURES = {action for action, avoid in ((delete, AVOID_DEL), (read_history, AVOID_HISTORY))
@@ -488,7 +483,7 @@ for _k in _names:
 
 def _disruption(draw: Draw, m: Model) -> str:
     # Unsaveable values live only in their worker: losing it loses them (issue 13 item 3).
-    keeping = m.fragile() or (AVOID_LOSS_AFTER_REGROUP and m.regrouped)
+    keeping = m.fragile()
     return draw(st.sampled_from(KEEPING if keeping else DISRUPTIONS))
 
 

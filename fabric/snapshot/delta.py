@@ -86,7 +86,17 @@ class DeltaSaver:
                 # Saved member by member instead, so that one generator costs only itself.
                 for name in members:
                     self._put(ns, [name], saved, progress)
+        self._forget_stale(present, set(rest), saved)
         return saved
+
+    def _forget_stale(self, present: set[str], regrouped: set[str], saved: Saved) -> None:
+        """Keep `objects` the partition of the namespace into its current groups. A group this
+        cell regrouped, or one of whose names is gone, no longer exists: were its key kept, a
+        later cell that does not touch it would keep its names as committed though another
+        name now shares their objects (`b = a`, then `a.append(1)` and `b` stays `[0]`)."""
+        current = {frozenset(names) for _, names, _ in saved.groups}
+        self.objects = {key: value for key, value in self.objects.items() if key in current
+                        or (key <= present and key.isdisjoint(regrouped))}
 
     def _put(self, ns: dict, names: list[str], saved: Saved, progress: Progress | None) -> bool:
         """Save `names` as one group; on failure record why, per name."""

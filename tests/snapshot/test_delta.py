@@ -88,3 +88,27 @@ def test_loaded_groups_are_fingerprinted_not_kept(tmp_path: Path) -> None:
     saved = fresh.run("n = 1")
     assert saved.kept == [] and _blob(saved, "data") == blob
     assert np.array_equal(loads(fresh.store.get_object(blob), {})["np_data"], list(range(5)))
+
+
+def test_a_name_regrouped_with_another_is_saved_when_either_changes(tmp_path: Path) -> None:
+    # After `b = a`, b's group from the first cell no longer exists: a cell that touches only
+    # `a` must not keep `b` as committed (it would load apart from `a`, without the append).
+    nb = _Notebook(tmp_path)
+    nb.run("a = [0]\nb = 5")
+    nb.run("b = a")
+    saved = nb.run("a.append(1)")
+    assert "b" not in saved.kept
+    assert [sorted(names) for _, names, _ in saved.groups] == [["a", "b"]]
+    restored = loads(nb.store.get_object(_blob(saved, "b")), {})
+    assert restored["a"] is restored["b"] and restored["b"] == [0, 1]
+
+
+def test_a_name_deleted_from_a_group_leaves_no_stale_group(tmp_path: Path) -> None:
+    nb = _Notebook(tmp_path)
+    nb.run("a = [0]\nb = a\nc = 1")
+    nb.run("del b")
+    nb.run("b = 2")
+    saved = nb.run("a.append(1)")
+    assert saved.kept == ["b", "c"] and [n for _, n, _ in saved.groups] == [["a"]]
+    keys = list(nb.saver.objects)  # the groups it knows partition the namespace
+    assert sorted(sorted(k) for k in keys) == [["a"], ["b"], ["c"]]
