@@ -557,6 +557,12 @@ class Session:
             if not unsaved:  # the store holds all it had: the next cell starts fresh
                 log.warning("session %s: retiring its warm worker: %s", self.name, exc.message)
                 return False
+            with contextlib.suppress(lineage.NotReplayable):
+                lineage.plan(self.store, self.manifest)  # the next cell's worker rebuilds them
+                self._notify(emit, "recompute", (
+                    f"the worker could not be taken off the GPU ({exc.message}); "
+                    f"{', '.join(unsaved)} (which could not be saved) will be recomputed"))
+                return False
             self._notify(emit, "lost", (
                 f"the worker could not be taken off the GPU ({exc.message}); "
                 f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "

@@ -22,7 +22,7 @@ from .store import Store
 MAX_CELLS = 50  # a longer chain costs more than the user would wait for, unasked
 # Before a session's first cell no RNG state was recorded: a chain from there is replayed only
 # when it cannot draw random numbers (conservatively, by the words it uses).
-_RANDOM = re.compile(r"rand|seed|shuffle|sample|choice|torch|numpy|np\.|tensorflow|tf\.|jax|"
+RANDOM = re.compile(r"rand|seed|shuffle|sample|choice|torch|numpy|np\.|tensorflow|tf\.|jax|"
                      r"sklearn|uuid|time|secrets", re.IGNORECASE)
 
 
@@ -45,9 +45,7 @@ class Replay:
 def unsaved(store: Store, head: Manifest) -> tuple[Manifest, list[str]]:
     """The version whose cell made `head`'s state (a checkout's source version), and the names
     it could not save."""
-    made = head
-    if "checkout" in head.cell:  # a checkout copies a version's state, not its cell record
-        made = _version(store, head, int(head.cell["checkout"]))
+    made = _made(store, head)
     return made, sorted(map(str, made.cell.get("unsaved") or ()))
 
 
@@ -64,14 +62,11 @@ def plan(store: Store, head: Manifest) -> Replay | None:
             raise NotReplayable(f"they were made over more than {MAX_CELLS} cells")
         if current.parent is None:
             start = Manifest(session=head.session)
-            if any(_RANDOM.search(str(c.get("source", ""))) for c in chain):
+            if any(RANDOM.search(str(c.get("source", ""))) for c in chain):
                 raise NotReplayable("their cells may draw random numbers, and the session's "
                                     "random state before its first cell is not recorded")
             break
-        parent = Manifest.decode(store.get_manifest(current.parent))
-        if "checkout" in parent.cell:
-            raise NotReplayable("a checkout lies between them and the last version that saved "
-                                "everything")
+        parent = _made(store, Manifest.decode(store.get_manifest(current.parent)))
         if not parent.cell.get("unsaved"):
             start = parent
             break
@@ -83,6 +78,14 @@ def plan(store: Store, head: Manifest) -> Replay | None:
             raise NotReplayable(f"cell {cell.get('execution_count', '?')} {why}, so it is not "
                                 "run again unasked")
     return Replay(names, start, chain)
+
+
+def _made(store: Store, manifest: Manifest) -> Manifest:
+    """The version whose cell made `manifest`'s state: a checkout copies another version's
+    state (its ambient state too), not its cell record."""
+    if "checkout" not in manifest.cell:
+        return manifest
+    return _version(store, manifest, int(manifest.cell["checkout"]))
 
 
 def _version(store: Store, head: Manifest, version: int) -> Manifest:
