@@ -126,6 +126,7 @@ class Session:
         self._answer: asyncio.Future | None = None  # the client's answer to the cell's input()
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
         self.lost_why = ""  # why they cannot be recomputed
+        self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
         self.notices: deque[dict] = deque(maxlen=notices.KEEP)  # the latest, for `status`
         self._told: list[dict] = []  # the running cell's notices, for its reply
         self._background: set[asyncio.Task] = set()
@@ -280,13 +281,14 @@ class Session:
         only a worker held at the head (it died, or this server restarted) is recomputed where
         that is safe, else the user is told it is lost."""
         self._discard(prep)
+        replay = None
         try:
-            replay = lineage.plan(self.store, self.manifest)
+            if self.lost_at != self.head:
+                replay = lineage.plan(self.store, self.manifest)
         except lineage.NotReplayable as exc:
             _, names = lineage.unsaved(self.store, self.manifest)
             self.lost.extend(n for n in names if n not in self.lost)
             self.lost_why = exc.message
-            replay = None
         return self._prepare(cl, replay)
 
     def _describe(self, cl: Closure) -> dict:
@@ -341,7 +343,7 @@ class Session:
             f"the worker that held {', '.join(self.lost)} (which could not be saved) is gone; "
             f"continuing from version {self.manifest.version} of the store without them"
             f"{history.recompute_hint(self.store, self.name, self.lost)}{why}"), lost=True)
-        self.lost, self.lost_why = [], ""
+        self.lost, self.lost_why, self.lost_at = [], "", self.head
 
     async def _run_on(self, prep: Preparation, path: str, source: str, emit: Emit,
                       received: float, cl: Closure, stdin: bool) -> dict:
@@ -475,7 +477,7 @@ class Session:
                 failed = (f"cell {count} ended with {message.get('ename') or 'an error'} this "
                           f"time, not as it first did")
                 break
-        head = self.manifest
+        head, head_id = self.manifest, self.head
         await worker.send({
             "op": "settle", "groups": [[g.blob, list(g.names)] for g in head.groups],
             "imports": head.imports, "ambient": head.ambient,
@@ -492,6 +494,7 @@ class Session:
         lost = replay.names if failed else list(settled.get("missing") or [])
         cells = ", ".join(str(c.get("execution_count", "?")) for c in replay.cells)
         if lost:
+            self.lost_at = head_id
             self._notify(emit, "lost", (
                 f"the worker that held {', '.join(lost)} (which could not be saved) is gone, and "
                 f"re-running cell{'s' if len(replay.cells) > 1 else ''} {cells} did not rebuild "
@@ -563,6 +566,7 @@ class Session:
                     f"the worker could not be taken off the GPU ({exc.message}); "
                     f"{', '.join(unsaved)} (which could not be saved) will be recomputed"))
                 return False
+            self.lost_at = self.head
             self._notify(emit, "lost", (
                 f"the worker could not be taken off the GPU ({exc.message}); "
                 f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "

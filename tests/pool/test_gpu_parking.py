@@ -105,6 +105,7 @@ def test_a_worker_that_cannot_be_parked_is_retired_and_the_session_goes_on(
         reply, outputs = execute(client, session, "print(kept, next(g))")  # g recomputed
         assert reply["path"] == "cold+replay" and text(outputs) == "1 0\n"
         # a value whose cells cannot run again is lost, and the user is told in the cell
+        driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
         reply, outputs = execute(client, session, "h = (i for i in range(5))\n!true")
         assert "could not be taken off the GPU" in text(outputs)
         reply, outputs = execute(client, session, "print(kept)\nh")
