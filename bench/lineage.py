@@ -6,7 +6,7 @@ lineage plan (`fabric.snapshot.lineage`) says whether a fresh worker could rebui
 the cells it would re-run took the first time. At the end of each notebook that still holds such
 values, its worker is killed and one more cell measures the actual replay.
 
-    PYTHONPATH=. .venv/bin/python bench/lineage.py ../shared/corpus/notebooks [--limit N]
+    PYTHONPATH=. .venv/bin/python bench/lineage.py ../shared/corpus/notebooks [--start N] [--limit N]
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ def _run(client, nb_path: Path, work: Path) -> tuple[str, int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("corpus", type=Path)
+    parser.add_argument("--start", type=int, default=0, help="skip the first N notebooks")
     parser.add_argument("--limit", type=int, default=0)
     args = parser.parse_args()
-    notebooks = sorted(args.corpus.glob("*/*.ipynb"))[: args.limit or None]
+    notebooks = sorted(args.corpus.glob("*/*.ipynb"))[args.start:][: args.limit or None]
     rows, reasons = [], collections.Counter()
     with tempfile.TemporaryDirectory() as tmp, \
             serving(Path(tmp) / "store", notebook_env()) as server, \

@@ -463,14 +463,21 @@ class Session:
         replay, prep.replay = prep.replay, None
         assert replay is not None
         began, printed, failed = time.monotonic(), [], ""
+        shown = began
         for cell in replay.cells:
             count = int(cell.get("execution_count") or 0)
+            self._notify(emit, "progress", f"recomputing {', '.join(replay.names)}: re-running "
+                         f"cell {count}")  # the client sees the cell is not stuck
             await worker.send({"op": "run", "source": str(cell.get("source", "")), "replay": True,
                                "execution_count": count, "device": device,
                                "threads": self.leases.threads})
             while (message := await worker.recv()).get("op") != "done":
                 if message.get("op") == "output":
                     printed.append(_text(message["output"]))
+                    if time.monotonic() - shown > 1:
+                        self._notify(emit, "progress", f"recomputing {', '.join(replay.names)}: "
+                                     f"cell {count} runs again")
+                        shown = time.monotonic()
                 elif message.get("op") == "input":
                     await worker.send({"op": "input_reply", "error": "a replayed cell asks no one"})
             if message.get("status") != cell.get("status", "ok"):
