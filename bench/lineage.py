@@ -6,7 +6,7 @@ lineage plan (`fabric.snapshot.lineage`) says whether a fresh worker could rebui
 the cells it would re-run took the first time. At the end of each notebook that still holds such
 values, its worker is killed and one more cell measures the actual replay.
 
-    PYTHONPATH=. .venv/bin/python bench/lineage.py ../shared/corpus/notebooks [--start N] [--limit N]
+    PYTHONPATH=. .venv/bin/python bench/lineage.py CORPUS_DIR [--start N] [--limit N]
 """
 
 from __future__ import annotations
