@@ -495,10 +495,12 @@ class Session:
             raise LoadFailed(f"could not settle on the session's state after recomputing "
                              f"{', '.join(replay.names)}: {settled['error']}", session=self.name,
                              version=head.version, traceback=settled.get("traceback", ""))
-        if settled.get("diverged"):
-            failed = (f"running the cells again gave {', '.join(settled['diverged'])} other "
-                      "values than they first did")
-        lost = replay.names if failed else list(settled.get("missing") or [])
+        lost = replay.names if failed else sorted({*settled.get("dropped", ()),
+                                                   *settled.get("missing", ())})
+        if settled.get("dropped"):
+            failed = (f"running the cells again gave {', '.join(settled['diverged'])}, which "
+                      f"{', '.join(settled['dropped'])} share objects with, other values than "
+                      "they first did")
         cells = ", ".join(str(c.get("execution_count", "?")) for c in replay.cells)
         if lost:
             self.lost_at = head_id

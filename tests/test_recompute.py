@@ -104,9 +104,21 @@ def test_a_replay_leaves_saved_names_as_committed(server, tmp_path: Path) -> Non
         _, outputs = execute(client, session, "print(seen, next(g))")
         assert text(outputs) == "[1, 2] 1\n"
         # a chain that does not reproduce what it saved: its unsaved value is not trusted
-        execute(client, session, "import os\nstamp = [os.urandom(8)]\nh = (i for i in range(5))")
+        execute(client, session, "import os\nstamp = [os.urandom(8)]\nh = (x for x in stamp)")
         _, first = execute(client, session, "print(stamp)")
         _kill_worker(client, session)
         _, outputs = execute(client, session, "print(stamp)\nprint('h' in dir())")
     assert outputs[0]["ename"] == "LLFabricStateLost" and "other values" in outputs[0]["evalue"]
+    assert outputs[0]["evalue"].startswith("the worker that held h ")  # g was rebuilt
     assert text(outputs[1:]) == text(first) + "False\n"  # the committed stamp, not the replay's
+
+
+def test_functions_defined_by_the_replayed_cells_match_the_committed_ones(server,
+                                                                          tmp_path: Path) -> None:
+    with server.client(timeout=120) as client:
+        session = open_session(client, tmp_path)
+        execute(client, session, "n = 3")
+        execute(client, session, "def f():\n    return n\ng = (i for i in range(f()))\nnext(g)")
+        _kill_worker(client, session)
+        reply, outputs = execute(client, session, "print(next(g), f())")
+    assert text(outputs) == "1 3\n", reply["notices"]

@@ -33,6 +33,7 @@ import zmq
 from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
+from ..closure.groups import group_variables
 from ..errors import FabricError
 from ..snapshot import ambient, codec
 from ..snapshot.delta import DeltaSaver, reached_by
@@ -213,12 +214,13 @@ class Worker:
         """After a replay, make every saved name the head's: a group whose value here pickles to
         the head's object is kept (with what the replay made from it), any other is loaded from
         the head, and a name the head does not have is deleted, but for `keep` (what the replay
-        was for). Values differing from the head's mean the replay did not reproduce the cells it
-        ran: then `keep` is deleted too. `want`: names that must be here afterwards."""
+        was for). A value of `keep` sharing objects with a value that pickled otherwise than the
+        head's is not trusted (the replay may not have reproduced it): it is deleted too.
+        `want`: names that must be here afterwards."""
         ns = self.shell.user_ns
         present = set(self.shell.user_variables())
         want, keep = set(message.get("want", ())), set(message.get("keep", ()))
-        diverged, loaded, kept = [], [], []
+        differ, loaded, kept, reload = set(), [], [], []
         try:
             self.saver.objects.clear()  # what it loaded before the replay was another version
             for blob, names in message.get("groups", []):
@@ -231,7 +233,15 @@ class Worker:
                         self.saver.loaded(names, blob, encoded.nbytes)
                         kept.extend(names)
                         continue
-                (diverged if here else loaded).extend(names)
+                differ.update(here)
+                loaded.extend(names)
+                reload.append((blob, names))
+            # Equal values may pickle apart (pickle memoizes by identity): only a value of `keep`
+            # linked to a differing one is in doubt.
+            linked = [set(g) for g in group_variables(ns, sorted((keep | differ) & present)).groups
+                      if keep.intersection(g) and differ.intersection(g)]
+            doubt = set().union(*linked)
+            for blob, names in reload:
                 encoded = self.store.get_object(blob)
                 values = codec.loads(encoded, ns)
                 for name in names:
@@ -242,8 +252,7 @@ class Worker:
                 if alias in present | want and getattr(ns.get(alias), "__name__", None) != module:
                     ns[alias] = importlib.import_module(module)
             named = {n for _, names in message.get("groups", []) for n in names} | set(imports)
-            dropped = sorted(keep & present) if diverged else []
-            for name in present - named - (set() if diverged else keep):
+            for name in present - named - (keep - doubt):
                 del ns[name]
             self.owned.update(self.shell.user_variables())
             if message.get("ambient"):  # the head's RNG states, whatever the replay drew
@@ -252,8 +261,8 @@ class Worker:
         except Exception as exc:
             return {"op": "settled", "error": f"{type(exc).__name__}: {exc}",
                     "traceback": traceback.format_exc()}
-        return {"op": "settled", "diverged": sorted(diverged), "loaded": sorted(loaded),
-                "kept": sorted(kept), "dropped": dropped,
+        return {"op": "settled", "diverged": sorted(doubt - keep), "loaded": sorted(loaded),
+                "kept": sorted(kept), "dropped": sorted(doubt & keep),
                 "missing": sorted(keep - present)}
 
     def _notice(self, topic: str, text: str) -> None:
