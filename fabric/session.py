@@ -4,6 +4,9 @@ The store holds the session; this object only caches the head manifest and owns 
 working for it. A cell runs as: closure -> worker (the session's warm one, prepared by a draft,
 or forked now) -> lease -> run -> save -> commit -> park -> release. The worker stays warm for
 the next cell (`keep_warm` seconds; pinned while it alone holds state that could not be saved).
+When a fresh worker must take over such state, it is rebuilt from its lineage where that is safe
+(`snapshot.lineage`): the worker loads the version the producing cells ran on, runs them again
+under the cell's lease, then settles on the head; only otherwise is the user told of a loss.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .closure.static import analyze
 from .errors import CellStopped, FabricError, RemoteError, SessionBusy, StoreError, WorkerDied
 from .pool import Leases, Pool, WorkerHandle, parking
 from .pool.parking import CoolImage
-from .snapshot import Group, Manifest, Store, history
+from .snapshot import Group, Manifest, Store, history, lineage
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class Preparation:
     ready_at: float | None = None
     cooled: CoolImage | None = None  # the kept worker, dumped to disk until `demand` is set
     demand: asyncio.Event | None = None
+    replay: lineage.Replay | None = None  # to run under the cell's lease, before the cell
 
     @property
     def seconds(self) -> float:
@@ -69,6 +73,27 @@ class Preparation:
     def add(self, groups: list[Group], imports: dict[str, str]) -> None:
         self.holds.update(n for g in groups for n in g.names)
         self.holds.update(imports)
+
+
+REPLAY_SHOWN = 500  # characters of a replay's outputs its notice repeats
+
+
+def _union(closures: list[Closure]) -> Closure:
+    """What loading every closure of a chain of cells loads."""
+    groups = {(g.blob, g.names): g for c in closures for g in c.groups}
+    return Closure(frozenset().union(*(c.names for c in closures)), tuple(groups.values()),
+                   {a: m for c in closures for a, m in c.imports.items()},
+                   frozenset().union(*(c.modules for c in closures)),
+                   any(c.whole for c in closures), all(c.exact for c in closures))
+
+
+def _text(output: dict) -> str:
+    """An output as the text a notice can repeat."""
+    if output.get("output_type") == "stream":
+        return str(output.get("text", ""))
+    if output.get("output_type") == "error":
+        return f"{output.get('ename')}: {output.get('evalue')}\n"
+    return str((output.get("data") or {}).get("text/plain", ""))
 
 
 STOPS = {  # why the server stopped a running cell, as the user is told
@@ -100,6 +125,8 @@ class Session:
         self.opened = time.time()
         self._answer: asyncio.Future | None = None  # the client's answer to the cell's input()
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
+        self.lost_why = ""  # why they cannot be recomputed
+        self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
         self.notices: deque[dict] = deque(maxlen=notices.KEEP)  # the latest, for `status`
         self._told: list[dict] = []  # the running cell's notices, for its reply
         self._background: set[asyncio.Task] = set()
@@ -107,19 +134,33 @@ class Session:
         self.admit: Callable[[Manifest], None] | None = None
 
     # preparation
-    def _prepare(self, cl: Closure) -> Preparation:
+    def _prepare(self, cl: Closure, replay: lineage.Replay | None = None) -> Preparation:
+        """A fresh worker for `cl`; with `replay`, loaded with the state its chain starts from
+        (the cell's own closure is loaded after the replay, see `_recompute`)."""
+        start, needs = self.manifest, cl
+        if replay is not None:
+            start = replay.start
+            needs = _union([closure(str(c.get("source", "")), start) for c in replay.cells])
+
         async def prepare() -> WorkerHandle:
-            worker = await self.pool.new_worker(cl.modules, frozenset(self.manifest.modules))
+            worker = await self.pool.new_worker(cl.modules | needs.modules,
+                                                frozenset(self.manifest.modules))
             try:
-                await self._load(worker, list(cl.groups), cl.imports, first=True)
+                await self._load(worker, list(needs.groups), needs.imports, first=True,
+                                 start=start)
             except BaseException:
                 await worker.close()
                 raise
             prep.ready_at = time.monotonic()
             return worker
 
-        prep = Preparation(self.head, asyncio.ensure_future(prepare()))
-        prep.add(list(cl.groups), cl.imports)
+        prep = Preparation(self.head, asyncio.ensure_future(prepare()), replay=replay)
+        prep.add(list(needs.groups), needs.imports)
+        if replay is not None:  # what its cells bind, and what it is for, come from the replay
+            prep.holds.update(n for c in replay.cells
+                              for n in analyze(str(c.get("source", ""))).writes)
+            prep.holds.update(replay.names)
+            self._extend(prep, cl)
         return prep
 
     def _extend(self, prep: Preparation, cl: Closure) -> bool:
@@ -132,8 +173,8 @@ class Session:
 
         async def extend() -> WorkerHandle:
             worker = await previous
-            try:
-                await self._load(worker, groups, imports)
+            try:  # a worker still to replay loads the head's state after it, see `_recompute`
+                await self._load(worker, groups, imports, defer=prep.replay is not None)
             except BaseException:
                 await worker.close()
                 raise
@@ -145,12 +186,14 @@ class Session:
         return True
 
     async def _load(self, worker: WorkerHandle, groups: list[Group], imports: dict[str, str],
-                    first: bool = False) -> None:
+                    first: bool = False, start: Manifest | None = None,
+                    defer: bool = False) -> None:
         message = {"op": "load", "groups": [[g.blob, list(g.names)] for g in groups],
                    "imports": imports}
         if first:
-            message |= {"cwd": self.cwd, "ambient": self.manifest.ambient}
-        if worker.parked:  # its CUDA calls would block until the lease unparks it: load then
+            message |= {"cwd": self.cwd, "ambient": (start or self.manifest).ambient}
+        if worker.parked or defer:  # a parked one's CUDA calls would block until the lease
+            # unparks it: load then
             worker.deferred.append(message)
             return
         await self._send_load(worker, message)
@@ -236,11 +279,19 @@ class Session:
         return self._describe(cl)
 
     def _replace(self, prep: Preparation | None, cl: Closure) -> Preparation:
-        """A fresh preparation in place of one that is stale or whose worker is gone."""
-        if prep is not None and prep.unsaved and prep.base == self.head:
-            self.lost.extend(prep.unsaved)  # its worker died: what it alone held is gone
+        """A fresh preparation in place of one that is stale or whose worker is gone: what
+        only a worker held at the head (it died, or this server restarted) is recomputed where
+        that is safe, else the user is told it is lost."""
         self._discard(prep)
-        return self._prepare(cl)
+        replay = None
+        try:
+            if self.lost_at != self.head:
+                replay = lineage.plan(self.store, self.manifest)
+        except lineage.NotReplayable as exc:
+            _, names = lineage.unsaved(self.store, self.manifest)
+            self.lost.extend(n for n in names if n not in self.lost)
+            self.lost_why = exc.message
+        return self._prepare(cl, replay)
 
     def _describe(self, cl: Closure) -> dict:
         return {"names": sorted(cl.names), "groups": len(cl.groups), "whole": cl.whole,
@@ -267,21 +318,34 @@ class Session:
             else:
                 prep, path = self._replace(prep, cl), "cold"
             self._told = []
-            if self.lost:
-                self._notify(emit, "lost", (
-                    f"the worker that held {', '.join(self.lost)} (which could not be saved) is "
-                    f"gone; continuing from version {self.manifest.version} of the store without "
-                    f"them{history.recompute_hint(self.store, self.name, self.lost)}"), lost=True)
-                self.lost = []
+            self._tell_lost(emit)
             run = (source, emit, received, cl, stdin)
             try:
-                return await self._run_on(prep, path, *run)
+                return await self._run_on(prep, self._path(path, prep), *run)
             except WorkerDied as exc:
-                if exc.fields.get("started") or not prep.kept or prep.unsaved:
+                if exc.fields.get("started") or not prep.kept:
                     raise
-                log.warning("session %s: its warm worker died before the cell began (%s); "
+                log.warning("session %s: its kept worker died before the cell began (%s); "
                             "starting it on a fresh one", self.name, exc.message)
-                return await self._run_on(self._replace(prep, cl), "cold", *run)
+                prep = self._replace(prep, cl)
+                self._tell_lost(emit)
+                return await self._run_on(prep, self._path("cold", prep), *run)
+
+    @staticmethod
+    def _path(path: str, prep: Preparation) -> str:
+        return path + ("+replay" if prep.replay is not None else "")
+
+    def _tell_lost(self, emit: Emit) -> None:
+        """Tell the user, in the cell, of values only a lost worker held that cannot be
+        recomputed."""
+        if not self.lost:
+            return
+        why = f"; they cannot be recomputed: {self.lost_why}" if self.lost_why else ""
+        self._notify(emit, "lost", (
+            f"the worker that held {', '.join(self.lost)} (which could not be saved) is gone; "
+            f"continuing from version {self.manifest.version} of the store without them"
+            f"{history.recompute_hint(self.store, self.name, self.lost)}{why}"), lost=True)
+        self.lost, self.lost_why, self.lost_at = [], "", self.head
 
     async def _run_on(self, prep: Preparation, path: str, source: str, emit: Emit,
                       received: float, cl: Closure, stdin: bool) -> dict:
@@ -316,7 +380,9 @@ class Session:
                 await worker.close()
                 raise WorkerDied(f"the kept worker could not be put back on the GPU "
                                  f"({exc.message})") from exc
-            while worker.deferred:  # under the lease, back on the GPU
+            if prep.replay is not None:
+                await self._recompute(worker, prep, lease.device, emit)
+            while worker.deferred:  # under the lease, back on the GPU (and after a replay)
                 await self._send_load(worker, worker.deferred.pop(0))
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
             await worker.send({"op": "run", "source": source, "execution_count": count,
@@ -391,6 +457,69 @@ class Session:
             },
         }, kept
 
+    async def _recompute(self, worker: WorkerHandle, prep: Preparation, device: str | None,
+                         emit: Emit) -> None:
+        """Rebuild what `prep.replay` is for on `worker` (loaded with the state its chain starts
+        from) by running the chain again, its outputs told in a notice, then settle the worker
+        on the head: every name `prep` claims to hold is then the head's."""
+        replay, prep.replay = prep.replay, None
+        assert replay is not None
+        began, printed, failed = time.monotonic(), [], ""
+        shown = began
+        for cell in replay.cells:
+            count = int(cell.get("execution_count") or 0)
+            self._notify(emit, "progress", f"recomputing {', '.join(replay.names)}: re-running "
+                         f"cell {count}")  # the client sees the cell is not stuck
+            await worker.send({"op": "run", "source": str(cell.get("source", "")), "replay": True,
+                               "execution_count": count, "device": device,
+                               "threads": self.leases.threads})
+            while (message := await worker.recv()).get("op") != "done":
+                if message.get("op") == "output":
+                    printed.append(_text(message["output"]))
+                    if time.monotonic() - shown > 1:
+                        self._notify(emit, "progress", f"recomputing {', '.join(replay.names)}: "
+                                     f"cell {count} runs again")
+                        shown = time.monotonic()
+                elif message.get("op") == "input":
+                    await worker.send({"op": "input_reply", "error": "a replayed cell asks no one"})
+            if message.get("status") != cell.get("status", "ok"):
+                failed = (f"cell {count} ended with {message.get('ename') or 'an error'} this "
+                          f"time, not as it first did")
+                break
+        head, head_id = self.manifest, self.head
+        await worker.send({
+            "op": "settle", "groups": [[g.blob, list(g.names)] for g in head.groups],
+            "imports": head.imports, "ambient": head.ambient,
+            "keep": [] if failed else replay.names,
+            "want": sorted(prep.holds & head.names())})
+        settled = await worker.recv()
+        if settled.get("error"):
+            raise LoadFailed(f"could not settle on the session's state after recomputing "
+                             f"{', '.join(replay.names)}: {settled['error']}", session=self.name,
+                             version=head.version, traceback=settled.get("traceback", ""))
+        lost = replay.names if failed else sorted({*settled.get("dropped", ()),
+                                                   *settled.get("missing", ())})
+        if settled.get("dropped"):
+            failed = (f"running the cells again gave {', '.join(settled['diverged'])}, which "
+                      f"{', '.join(settled['dropped'])} share objects with, other values than "
+                      "they first did")
+        cells = ", ".join(str(c.get("execution_count", "?")) for c in replay.cells)
+        if lost:
+            self.lost_at = head_id
+            self._notify(emit, "lost", (
+                f"the worker that held {', '.join(lost)} (which could not be saved) is gone, and "
+                f"re-running cell{'s' if len(replay.cells) > 1 else ''} {cells} did not rebuild "
+                f"them{': ' + failed if failed else ''}; continuing from version {head.version} "
+                "without them"), lost=True)
+        if rebuilt := [n for n in replay.names if n not in lost]:
+            prep.unsaved = rebuilt  # the user was told of them already: not again as pinned
+            said = "".join(printed).strip()
+            self._notify(emit, "recomputed", (
+                f"{', '.join(rebuilt)} (which could not be saved) were rebuilt on a fresh worker "
+                f"by re-running cell{'s' if len(replay.cells) > 1 else ''} {cells} from version "
+                f"{replay.start.version} in {time.monotonic() - began:.2f} s"
+                + (f"; they printed: {said[:REPLAY_SHOWN]}" if said else "")))
+
     def _notify(self, emit: Emit | None, topic: str, text: str, lost: bool = False) -> None:
         """Tell the client what llfabric did, outside the cell's outputs (see `notices`); a
         `lost` notice also shows in the cell, as an error. Progress is shown, not kept."""
@@ -442,6 +571,13 @@ class Session:
             if not unsaved:  # the store holds all it had: the next cell starts fresh
                 log.warning("session %s: retiring its warm worker: %s", self.name, exc.message)
                 return False
+            with contextlib.suppress(lineage.NotReplayable):
+                lineage.plan(self.store, self.manifest)  # the next cell's worker rebuilds them
+                self._notify(emit, "recompute", (
+                    f"the worker could not be taken off the GPU ({exc.message}); "
+                    f"{', '.join(unsaved)} (which could not be saved) will be recomputed"))
+                return False
+            self.lost_at = self.head
             self._notify(emit, "lost", (
                 f"the worker could not be taken off the GPU ({exc.message}); "
                 f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "
@@ -538,7 +674,8 @@ class Session:
             modules=tuple(sorted(set(parent.modules) | {
                 m for m in analyze(source).imports if package_of(m) is not None})),
             cell={"execution_count": count, "status": done["status"],
-                  "source": source, "time": time.time(), "unsaved": unsaved},
+                  "source": source, "time": time.time(), "unsaved": unsaved,
+                  "run": float(done.get("run") or 0.0)},
         )
         if self.admit is not None:
             self.admit(manifest)

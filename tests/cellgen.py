@@ -19,6 +19,9 @@ from typing import NamedTuple
 from hypothesis import event
 from hypothesis import strategies as st
 
+from fabric.closure.effects import unsafe
+from fabric.snapshot.lineage import RANDOM
+
 # What happens to the session's worker before a cell:
 #  keep   - nothing: the cell runs on the worker kept warm after the previous one
 #  draft  - the cell's source is sent as a draft first (the worker is prepared for it)
@@ -43,8 +46,10 @@ class Step(NamedTuple):
 
 NAMES = ("a", "b", "c")  # few names, so cells rebind, alias and delete each other's values
 
-# Values that cannot be saved: the session keeps the worker that holds them, and a lost worker
-# loses them (issue 13 item 3 will recompute them); losing disruptions wait until none is live.
+# Values that cannot be saved: the session keeps the worker that holds them, and a fresh worker
+# recomputes them by re-running the cells since the last version that saved everything; where
+# that is not safe (a cell in that chain writes a file or runs a shell command, or the chain
+# starts before any RNG state was recorded) they are lost: losing disruptions wait until then.
 FRAGILE = frozenset({"gen", "file", "graph", "boxed"})
 
 
@@ -59,12 +64,25 @@ class Model:
     reader: str | None = None  # the global that lambda reader reads
     graphs: dict[str, str] = field(default_factory=dict)  # graph tensor -> its leaf
     views: dict[str, str] = field(default_factory=dict)  # view -> the array it was taken of
+    chain: list[str] = field(default_factory=list)  # cells since nothing fragile was live
+    from_root: bool = True  # that chain starts at the session's first cell
 
     def live(self, *kinds: str) -> list[str]:
         return sorted(n for n, k in self.kinds.items() if not kinds or k in kinds)
 
     def fragile(self) -> bool:
         return any(k in FRAGILE for k in self.kinds.values())
+
+    def ran(self, source: str) -> None:
+        if self.fragile():
+            self.chain.append(source)
+        else:
+            self.chain, self.from_root = [], False
+
+    def recomputable(self) -> bool:
+        """Whether a fresh worker can rebuild what cannot be saved (see fabric.snapshot.lineage)."""
+        return not any(unsafe(s) for s in self.chain) and not (
+            self.from_root and any(RANDOM.search(s) for s in self.chain))
 
     def bind(self, name: str, kind: str) -> None:
         self.kinds[name] = kind
@@ -416,11 +434,10 @@ ALL_ACTIONS: tuple[Action, ...] = (
 
 # Known failures the generator steers around, each flag naming the xfail regression test in
 # tests/test_generated.py that shows it: when that test starts passing, set its flag False.
-AVOID_DEL = True  # test_a_deleted_name_stays_deleted_*
 AVOID_HISTORY = True  # test_output_history_survives_a_new_worker
 AVOID_ARRAY_BASE = True  # test_an_array_owns_its_data_*, test_a_view_keeps_its_base_*
 
-KNOWN_FAILURES = {action for action, avoid in ((delete, AVOID_DEL), (read_history, AVOID_HISTORY))
+KNOWN_FAILURES = {action for action, avoid in ((read_history, AVOID_HISTORY),)
                   if avoid}
 ACTIONS = tuple(a for a in ALL_ACTIONS if a not in KNOWN_FAILURES)
 
@@ -482,8 +499,8 @@ for _k in _names:
 
 
 def _disruption(draw: Draw, m: Model) -> str:
-    # Unsaveable values live only in their worker: losing it loses them (issue 13 item 3).
-    keeping = m.fragile()
+    # Unsaveable values that cannot be recomputed live only in their worker: losing it loses them.
+    keeping = m.fragile() and not m.recomputable()
     return draw(st.sampled_from(KEEPING if keeping else DISRUPTIONS))
 
 
@@ -497,5 +514,6 @@ def programs(draw: Draw, max_cells: int = 8) -> list[Step]:
         event(disruption)  # --hypothesis-show-statistics: how often each was tried
         event(action.__name__)
         steps.append(Step(disruption, action(draw, m)))
+        m.ran(steps[-1].source)
     steps.append(Step(_disruption(draw, m), PROBE))
     return steps

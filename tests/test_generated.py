@@ -201,14 +201,12 @@ def test_the_probe_sees_every_kind_of_value(differential: Differential) -> None:
 
 
 
-@pytest.mark.xfail(strict=True, reason="a deleted name comes back from the committed manifest")
 def test_a_deleted_name_stays_deleted_on_the_warm_worker(differential: Differential) -> None:
     differential([Step("keep", "x = 1"),
                   Step("keep", "del x"),
                   Step("keep", "print('x' in dir())")])
 
 
-@pytest.mark.xfail(strict=True, reason="a deleted name comes back from the committed manifest")
 def test_a_deleted_name_stays_deleted_on_a_fresh_worker(differential: Differential) -> None:
     differential([Step("keep", "x = 1"),
                   Step("keep", "del x"),
@@ -230,11 +228,8 @@ def test_an_array_owns_its_data_on_a_fresh_worker(differential: Differential) ->
                   Step("retire", "print(b.base is None, b.flags.owndata)\nb.resize(5)\nprint(b)")])
 
 
-@pytest.mark.xfail(strict=True, reason="a value that cannot be saved is lost with its worker; "
-                   "issue 13 item 3 recomputes it from its lineage")
 def test_a_graph_tensor_is_recomputed_after_its_worker_is_killed(
         differential: Differential) -> None:
-    # Why the generator keeps losing disruptions away while such a value is live (cellgen.FRAGILE)
     differential([Step("keep", "import torch\nw = torch.full((2,), 1.0, requires_grad=True)"),
                   Step("keep", "loss = (w * 3).sum()\nprint(loss)"),
                   Step("kill", "loss.backward()\nprint(w.grad)")])

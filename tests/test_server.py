@@ -280,7 +280,8 @@ def test_closed_files_are_saved_as_closed_files(client: Client, session: str) ->
 
 
 def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session: str) -> None:
-    execute(client, session, "kept = 1\ngen = (i for i in range(3))")
+    # a cell that writes a file is not run again to recompute what it made
+    execute(client, session, "kept = 1\ngen = (i for i in range(3))\nopen('f', 'w').close()")
     info = next(s for s in client.call("status")["sessions"] if s["session"] == session)
     assert info["pinned"]
     os.kill(info["worker"], signal.SIGKILL)
@@ -292,6 +293,8 @@ def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session:
     assert lost["output_type"] == "error" and lost["ename"] == "LLFabricStateLost"
     assert lost["evalue"].startswith("the worker that held gen")
     assert "(re-run cell 1 to recompute them)" in lost["evalue"]  # its lineage
+    assert lost["evalue"].endswith("cannot be recomputed: cell 1 opens a file for writing, so it "
+                                   "is not run again unasked")
     assert text(outputs[1:]) == "1 False\n"
     assert [n["topic"] for n in reply["notices"]] == ["lost"]
 

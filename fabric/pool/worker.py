@@ -1,7 +1,9 @@
 """The worker runtime: the code a forked worker runs, talking to the server over one PAIR socket.
 
 Messages from the server: ``load`` (groups, imports and ambient state to put in the namespace),
-``run`` (a cell), ``sleep`` (close the socket and wait to be dumped; see `wake`), ``exit``.
+``run`` (a cell; with ``replay``, a cell run again to rebuild what could not be saved: nothing
+is saved after it), ``settle`` (after a replay: make the namespace the head's, see `settle`),
+``sleep`` (close the socket and wait to be dumped; see `wake`), ``exit``.
 The worker answers ``hello`` once connected, ``loaded`` after a load, ``output`` frames while a
 cell runs, ``started`` when user code starts, ``saving`` when it has ended and ``done`` after it
 has saved the state the cell may have changed; ``sleeping`` before it sleeps and ``hello`` again
@@ -31,6 +33,7 @@ import zmq
 from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
+from ..closure.groups import group_variables
 from ..errors import FabricError
 from ..snapshot import ambient, codec
 from ..snapshot.delta import DeltaSaver, reached_by
@@ -132,7 +135,8 @@ class Worker:
             op = message.get("op")
             if op == "exit":
                 return
-            handler = {"load": self.load, "run": self.run, "sleep": self.sleep}.get(op)
+            handler = {"load": self.load, "run": self.run, "settle": self.settle,
+                       "sleep": self.sleep}.get(op)
             reply = handler(message) if handler else {"op": "error", "message": f"bad op {op!r}"}
             self.channel.send(reply)
 
@@ -191,7 +195,7 @@ class Worker:
         self.channel.send({"op": "saving"})  # past this, an interrupt has nothing left to stop
         error = result.error_in_exec or result.error_before_exec
         try:
-            report = self.save(message["source"])
+            report = {} if message.get("replay") else self.save(message["source"])
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
             report = {"failed": exc.to_wire()}
         for stream in self._streams:
@@ -205,6 +209,61 @@ class Worker:
             "save": time.monotonic() - ran,
             **report,
         }
+
+    def settle(self, message: dict) -> dict:
+        """After a replay, make every saved name the head's: a group whose value here pickles to
+        the head's object is kept (with what the replay made from it), any other is loaded from
+        the head, and a name the head does not have is deleted, but for `keep` (what the replay
+        was for). A value of `keep` sharing objects with a value that pickled otherwise than the
+        head's is not trusted (the replay may not have reproduced it): it is deleted too.
+        `want`: names that must be here afterwards."""
+        ns = self.shell.user_ns
+        present = set(self.shell.user_variables())
+        want, keep = set(message.get("want", ())), set(message.get("keep", ()))
+        differ, loaded, kept, reload = set(), [], [], []
+        try:
+            self.saver.objects.clear()  # what it loaded before the replay was another version
+            for blob, names in message.get("groups", []):
+                here = [n for n in names if n in present]
+                if not here and not want.intersection(names):
+                    continue
+                if len(here) == len(names):
+                    encoded = codec.dumps({n: ns[n] for n in names}, ns)
+                    if self.store.fingerprint(encoded)[0] == blob:
+                        self.saver.loaded(names, blob, encoded.nbytes)
+                        kept.extend(names)
+                        continue
+                differ.update(here)
+                loaded.extend(names)
+                reload.append((blob, names))
+            # Equal values may pickle apart (pickle memoizes by identity): only a value of `keep`
+            # linked to a differing one is in doubt.
+            linked = [set(g) for g in group_variables(ns, sorted((keep | differ) & present)).groups
+                      if keep.intersection(g) and differ.intersection(g)]
+            doubt = set().union(*linked)
+            for blob, names in reload:
+                encoded = self.store.get_object(blob)
+                values = codec.loads(encoded, ns)
+                for name in names:
+                    ns[name] = values[name]
+                self.saver.loaded(names, blob, encoded.nbytes)
+            imports = message.get("imports", {})
+            for alias, module in imports.items():
+                if alias in present | want and getattr(ns.get(alias), "__name__", None) != module:
+                    ns[alias] = importlib.import_module(module)
+            named = {n for _, names in message.get("groups", []) for n in names} | set(imports)
+            for name in present - named - (keep - doubt):
+                del ns[name]
+            self.owned.update(self.shell.user_variables())
+            if message.get("ambient"):  # the head's RNG states, whatever the replay drew
+                self.ambient = pickle.loads(self.store.get(message["ambient"]))
+                ambient.restore(self.ambient)
+        except Exception as exc:
+            return {"op": "settled", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()}
+        return {"op": "settled", "diverged": sorted(doubt - keep), "loaded": sorted(loaded),
+                "kept": sorted(kept), "dropped": sorted(doubt & keep),
+                "missing": sorted(keep - present)}
 
     def _notice(self, topic: str, text: str) -> None:
         """Tell the server what llfabric did, apart from the cell's outputs."""

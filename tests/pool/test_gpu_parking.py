@@ -17,7 +17,6 @@ from helpers import execute, open_session, require_criu, text
 
 from fabric.client import Client
 from fabric.config import Config
-from fabric.errors import RemoteError
 from fabric.pool import Leases
 from fabric.pool.cuda import State
 from fabric.pool.gpus import Gpu
@@ -101,26 +100,31 @@ def test_a_worker_that_cannot_be_parked_is_retired_and_the_session_goes_on(
         session = open_session(client, tmp_path)
         driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
         reply, outputs = execute(client, session, "kept = 1\ng = (i for i in range(5))")
-        assert reply["status"] == "ok" and reply["unsaved"] == []
+        assert reply["status"] == "ok" and reply["unsaved"] == [] and outputs == []
+        assert "could not be taken off the GPU" in reply["notices"][-1]["text"]
+        reply, outputs = execute(client, session, "print(kept, next(g))")  # g recomputed
+        assert reply["path"] == "cold+replay" and text(outputs) == "1 0\n"
+        # a value whose cells cannot run again is lost, and the user is told in the cell
+        driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
+        reply, outputs = execute(client, session, "h = (i for i in range(5))\n!true")
         assert "could not be taken off the GPU" in text(outputs)
-        reply, outputs = execute(client, session, "print(kept)\ng")
+        reply, outputs = execute(client, session, "print(kept)\nh")
         assert reply["path"] == "cold"
         assert text(outputs).startswith("1\nNameError")
 
     _with_server(tmp_path, driver, scenario)
 
 
-def test_a_worker_that_cannot_be_resumed_fails_its_cell_not_the_session(tmp_path: Path) -> None:
+def test_a_worker_that_cannot_be_resumed_is_replaced_and_its_values_recomputed(
+        tmp_path: Path) -> None:
     driver = FakeDriver()
 
     def scenario(client: Client, server: Server) -> None:
         session = open_session(client, tmp_path)
         execute(client, session, "kept = 1\ng = (i for i in range(5))")
         driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", State.FAILED)
-        with pytest.raises(RemoteError) as failed:
-            execute(client, session, "next(g)")
-        assert failed.value.kind == "worker_died"
-        assert "could not be put back on the GPU" in failed.value.message
+        reply, outputs = execute(client, session, "next(g)")  # on a fresh worker: recomputed
+        assert reply["path"] == "cold+replay" and text(outputs) == "0\n"
         reply, outputs = execute(client, session, "print(kept)")
         assert reply["status"] == "ok" and text(outputs) == "1\n"
 
