@@ -7,26 +7,17 @@ start and its imports; the cell still runs.
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 
 from . import worker
 from .shell import make_shell
-from .zygote import detach_from_cwd, die_with_parent
+from .zygote import detach_from_cwd, die_with_parent, exit_after
 
 
 def main() -> None:
     die_with_parent()  # as a forked worker dies with its zygote, this one dies with the server
     detach_from_cwd()
-    code = 0
-    try:
-        worker.main(make_shell(), sys.argv[1], sys.argv[2])
-    except BaseException:
-        traceback.print_exc(file=sys.__stderr__)
-        code = 1
-    finally:
-        os._exit(code)  # as a forked worker: no interpreter teardown, no atexit of the shell
+    exit_after(lambda: worker.main(make_shell(), sys.argv[1], sys.argv[2]))  # as a forked one
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 from . import wake, worker
-from .zygote import Zygote, detach_from_cwd
+from .zygote import Zygote, detach_from_cwd, exit_after
 
 
 def _redirect_output(path: str) -> None:
@@ -63,14 +63,7 @@ def main() -> None:
     _redirect_output(os.devnull)
     ctrl.close()  # the server dumps once it sees this close: nothing outside may stay open
     endpoint = wake.sleep(socket_dir)
-    code = 0
-    try:
-        worker.main(zygote.shell, endpoint, store)
-    except BaseException:
-        traceback.print_exc(file=sys.__stderr__)
-        code = 1
-    finally:
-        os._exit(code)  # as a forked worker: no interpreter teardown, no atexit of the shell
+    exit_after(lambda: worker.main(zygote.shell, endpoint, store))  # as a forked worker
 
 
 if __name__ == "__main__":

@@ -27,9 +27,25 @@ import signal
 import socket
 import sys
 import time
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
 
 from . import control, worker
 from .shell import make_shell
+
+
+def exit_after(live: Callable[[], object]) -> NoReturn:
+    """Run a forked or started child's whole life, then leave at once: no interpreter teardown,
+    no atexit handler of the parent's or the shell's; a failure's traceback on the real stderr."""
+    code = 0
+    try:
+        live()
+    except BaseException:
+        traceback.print_exc(file=sys.__stderr__)
+        code = 1
+    finally:
+        os._exit(code)
 
 
 def die_with_parent() -> None:
@@ -103,38 +119,26 @@ class Zygote:
     def _fork_worker(self, message: dict) -> None:
         pid = os.fork()
         if pid == 0:
-            code = 0
-            try:
+            def live() -> None:
                 die_with_parent()
                 os.setsid()  # its own session, so that CRIU can dump it (no "shell job")
                 self._child_hygiene()
                 worker.main(self.shell, message["endpoint"], message["store"])
-            except BaseException:
-                import traceback
 
-                traceback.print_exc(file=sys.__stderr__)
-                code = 1
-            finally:
-                os._exit(code)
+            exit_after(live)
         control.send(self.ctrl, {"op": "forked", "req": message["req"], "pid": pid})
 
     def _fork_zygote(self, message: dict) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            code = 0
-            try:
+            def live() -> None:
                 self._child_hygiene(keep=theirs.fileno())
                 self.ctrl = theirs
                 self.import_modules(list(message["modules"]))
                 self.serve()
-            except BaseException:
-                import traceback
 
-                traceback.print_exc(file=sys.__stderr__)
-                code = 1
-            finally:
-                os._exit(code)
+            exit_after(live)
         theirs.close()
         reply = {"op": "zygote", "req": message["req"], "pid": pid}
         control.send(self.ctrl, reply, [mine.fileno()])
