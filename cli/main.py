@@ -20,7 +20,7 @@ from fabric import audit as fabric_audit
 from fabric import config as fabric_config
 from fabric.client import Client
 from fabric.embedded import EmbeddedServer
-from fabric.errors import FabricError, NotebookError, Unreachable
+from fabric.errors import FabricError
 from fabric.notebook import read_notebook, run_notebook, timings_table
 from fabric.protocol import as_session_name
 from fabric.snapshot import Manifest
@@ -36,7 +36,18 @@ def _config(store: str | None = None, bind: str | None = None, **more: object):
         raise click.UsageError(exc.message) from exc
 
 
-@click.group()
+class _Commands(click.Group):
+    """Every command's FabricError (a bad notebook, an unreachable server, a refusal) ends it
+    as a click error: its message and exit status 1, no traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except FabricError as exc:
+            raise click.ClickException(exc.message) from exc
+
+
+@click.group(cls=_Commands)
 @click.option("-v", "--verbose", is_flag=True, help="Log what the server does.")
 def main(verbose: bool) -> None:
     """llfabric: notebook cells on warm workers, the GPU held only while a cell runs."""
@@ -55,10 +66,7 @@ def serve(store: str | None, bind: str | None, slots: int | None) -> None:
     logging.getLogger().setLevel(logging.INFO)
     config = _config(store, bind, slots=slots)
     click.echo(f"llfabric serving on {config.address} (store {config.store})", err=True)
-    try:
-        server.run(config)
-    except FabricError as exc:  # e.g. another server holds the store or the socket
-        raise click.ClickException(exc.message) from exc
+    server.run(config)  # FabricError if another server holds the store or the socket
 
 
 def _print_output(index: int, output: dict) -> None:
@@ -92,20 +100,14 @@ def _server(connect: str | None, store: str | None):
 
 def _run(notebook: Path, connect: str | None, store: str | None, think_time: float,
          output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None) -> bool:
-    try:
-        nb = read_notebook(notebook)
-    except NotebookError as exc:
-        raise click.ClickException(exc.message) from exc
+    nb = read_notebook(notebook)
     session = session or f"{as_session_name(notebook.stem, 80)}-{uuid.uuid4().hex[:8]}"
     workdir = (cwd or notebook.resolve().parent).resolve()
-    try:
-        with _server(connect, store) as client:
-            client.call("open", session=session, cwd=str(workdir))
-            run = run_notebook(client, nb, session, think_time=think_time,
-                               allow_errors=allow_errors, on_output=_print_output)
-            client.call("close", session=session)
-    except (Unreachable, FabricError) as exc:
-        raise click.ClickException(exc.message) from exc
+    with _server(connect, store) as client:
+        client.call("open", session=session, cwd=str(workdir))
+        run = run_notebook(client, nb, session, think_time=think_time,
+                           allow_errors=allow_errors, on_output=_print_output)
+        client.call("close", session=session)
     if output is not None:
         nbformat.write(nb, str(output))
     for cell in run.cells:
@@ -143,10 +145,7 @@ def run(notebook: Path, connect: str | None, store: str | None, think_time: floa
 def audit(notebook: Path, verify: bool, json_out: Path | None) -> None:
     """Check llfabric's closures on NOTEBOOK: run it here, in a copy of its folder, recording
     what each cell looks up. Exits 1 if a cell needed something outside its closure."""
-    try:
-        read_notebook(notebook)  # a clear error for a file that is not a notebook
-    except NotebookError as exc:
-        raise click.ClickException(exc.message) from exc
+    read_notebook(notebook)  # a clear error for a file that is not a notebook
     with tempfile.TemporaryDirectory(prefix="llfabric-audit-") as workdir:
         log = Path(workdir) / "audit.log"
         try:
@@ -176,11 +175,8 @@ def demo(think_time: float) -> None:
 def status(connect: str | None, as_json: bool) -> None:
     """Show the server's slots, leases, zygotes, workers and sessions."""
     config = _config(None, connect)
-    try:
-        with Client(config.address, timeout=5) as client:
-            info = client.call("status")
-    except FabricError as exc:  # unreachable, no key, a socket dir someone else could own
-        raise click.ClickException(exc.message) from exc
+    with Client(config.address, timeout=5) as client:  # unreachable, no key, a foreign dir
+        info = client.call("status")
     info = {k: v for k, v in info.items() if k not in ("type", "msg_id")}
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -223,10 +219,7 @@ def attach(kernel: str, connect: str | None, session: str | None) -> None:
     from fabric.attach.kernels import attach_running
 
     address = _config(None, connect).address
-    try:
-        name = attach_running(kernel, address, session)
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    name = attach_running(kernel, address, session)
     click.echo(f"kernel {kernel} now runs its cells on {address}, session {name}")
 
 
@@ -272,12 +265,9 @@ def keys_new(user: str, out: Path | None) -> None:
     from fabric.auth import write_client_key
 
     out = out or Path(f"{user}.key")
-    try:
-        if out.exists() or out.is_symlink():
-            raise FabricError(f"{out} exists; choose another --out")
-        write_client_key(out, _keys().new_client(user))
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    if out.exists() or out.is_symlink():
+        raise FabricError(f"{out} exists; choose another --out")
+    write_client_key(out, _keys().new_client(user))
     click.echo(f"admitted {user}; give them {out} (secret: it is their key) to install as "
                "~/.config/llfabric/client.key")
 
@@ -326,11 +316,8 @@ def store_log(session: str, path: str | None) -> None:
     from fabric.snapshot import history
 
     store = _store(path)
-    try:
-        versions = history.log(store, session)
-        index = store.index(session)
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    versions = history.log(store, session)
+    index = store.index(session)
     if not versions:
         raise click.ClickException(f"no session {session!r} in the store")
     names: dict[str, list[str]] = {}
@@ -362,10 +349,7 @@ def store_checkout(session: str, version: str, path: str | None) -> None:
     """Make VERSION's state (a number or a name) SESSION's next one: the next cell runs on it."""
     from fabric.snapshot import history
 
-    try:
-        m = history.checkout(_store(path), session, version)
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    m = history.checkout(_store(path), session, version)
     click.echo(f"session {session} is at version {m.version}, the state of version "
                f"{m.cell['checkout']} ({len(m.variables())} variables, {_mb(history.size(m))})")
 
@@ -379,10 +363,7 @@ def store_tag(session: str, version: str, name: str, path: str | None) -> None:
     """Name VERSION of SESSION: retention keeps a named version; checkout accepts the name."""
     from fabric.snapshot import history
 
-    try:
-        m = history.tag(_store(path), session, version, name)
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    m = history.tag(_store(path), session, version, name)
     click.echo(f"version {m.version} of session {session} is named {name}")
 
 
@@ -405,15 +386,12 @@ def store_retain(session: str, last: int | None, hourly: int | None, daily: int 
         raise click.ClickException(f"no session {session!r} in the store")
     own = {k: v for k, v in (("last", last), ("hourly", hourly), ("daily", daily))
            if v is not None}
-    try:
-        with store.locked(session):
-            index = store.index(session)
-            index.policy = {} if default else {**index.policy, **own}
-            store.set_index(session, index)
-        policy = history.own_policy(
-            Policy(config.keep_versions, config.keep_hourly, config.keep_daily), index)
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    with store.locked(session):
+        index = store.index(session)
+        index.policy = {} if default else {**index.policy, **own}
+        store.set_index(session, index)
+    policy = history.own_policy(
+        Policy(config.keep_versions, config.keep_hourly, config.keep_daily), index)
     click.echo(f"session {session} keeps its newest {policy.last} versions, one per hour for "
                f"{policy.hourly} hours, one per day for {policy.daily} days, and named ones")
 
@@ -427,16 +405,13 @@ def store_rm(session: str, path: str | None) -> None:
     from fabric.snapshot import history
 
     config = _config(path)
-    try:
-        with Client(config.address) as client:
-            if client.ping() and client.call("status")["store"] == str(config.store):
-                client.call("rm", session=session)
-                click.echo(f"removed session {session}")
-                return
-        if not history.remove(_store(path), session):
-            raise click.ClickException(f"no session {session!r} in the store")
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    with Client(config.address) as client:
+        if client.ping() and client.call("status")["store"] == str(config.store):
+            client.call("rm", session=session)
+            click.echo(f"removed session {session}")
+            return
+    if not history.remove(_store(path), session):
+        raise click.ClickException(f"no session {session!r} in the store")
     click.echo(f"removed session {session}")
 
 
@@ -477,18 +452,15 @@ def store_gc(path: str | None, grace: float, keep_all: bool) -> None:
 
     config, store = _config(path), _store(path)
     policy = Policy(config.keep_versions, config.keep_hourly, config.keep_daily)
-    try:
-        for session in [] if keep_all else store.sessions():
-            try:
-                thinned = history.retain(store, session, policy)
-            except FabricError as exc:
-                click.echo(f"session {session}: {exc.message}; nothing of it thinned", err=True)
-                continue
-            if thinned:
-                click.echo(f"session {session}: thinned {len(thinned)} versions")
-        result = history.gc(store, grace)
-    except FabricError as exc:
-        raise click.ClickException(exc.message) from exc
+    for session in [] if keep_all else store.sessions():
+        try:
+            thinned = history.retain(store, session, policy)
+        except FabricError as exc:
+            click.echo(f"session {session}: {exc.message}; nothing of it thinned", err=True)
+            continue
+        if thinned:
+            click.echo(f"session {session}: thinned {len(thinned)} versions")
+    result = history.gc(store, grace)
     for session, why in result.damaged.items():
         click.echo(f"session {session} is damaged ({why}); every version of it that still "
                    "reads was kept", err=True)
