@@ -18,6 +18,7 @@ from fabric.config import Config
 from fabric.embedded import EmbeddedServer
 from fabric.errors import RemoteError
 from fabric.pool import criu
+from fabric.snapshot import Group, Manifest, Store, dumps
 
 
 def execute(client: Client, session: str, source: str) -> tuple[dict, list[dict]]:
@@ -130,3 +131,16 @@ def require_criu(what: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{what} cannot work here: {why}", pytrace=False)
         pytest.skip(f"{what} cannot work here: {why}")
+
+
+def commit_values(store: Store, session: str, **values: object) -> str:
+    """Commit a version holding `values` (each its own group) on top of the session's head."""
+    head = store.head(session)
+    parent = Manifest.decode(store.get_manifest(head)) if head else None
+    groups = tuple(Group(store.put_object(dumps({k: v}, {})), (k,), 1) for k, v in values.items())
+    manifest = Manifest(session=session, version=parent.version + 1 if parent else 1,
+                        parent=head, groups=groups, ambient=store.put(b"ambient"),
+                        cell={"execution_count": 1, "status": "ok", "source": "x"})
+    ident = store.put_manifest(manifest.encode())
+    store.set_head(session, ident, head)
+    return ident

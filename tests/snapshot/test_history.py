@@ -8,24 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import commit_values
 
 from fabric.errors import StoreError
-from fabric.snapshot import Group, Manifest, Store, dumps, history, loads
+from fabric.snapshot import Manifest, Store, dumps, history, loads
 
 CHUNK = 1 << 16
-
-
-def _commit(store: Store, session: str, **values: object) -> str:
-    """Commit a version holding `values` (each its own group) on top of the session's head."""
-    head = store.head(session)
-    parent = Manifest.decode(store.get_manifest(head)) if head else None
-    groups = tuple(Group(store.put_object(dumps({k: v}, {})), (k,), 1) for k, v in values.items())
-    manifest = Manifest(session=session, version=parent.version + 1 if parent else 1,
-                        parent=head, groups=groups, ambient=store.put(b"ambient"),
-                        cell={"execution_count": 1, "status": "ok", "source": "x"})
-    ident = store.put_manifest(manifest.encode())
-    store.set_head(session, ident, head)
-    return ident
 
 
 def _age(path: Path, seconds: float) -> None:
@@ -41,8 +29,8 @@ def _age_all(root: Path, seconds: float) -> None:
 
 def test_log_lists_versions_newest_first_and_checkout_appends_the_old_state(tmp_path) -> None:
     store = Store(tmp_path, chunk=CHUNK)
-    _commit(store, "s", x=1)
-    _commit(store, "s", x=2)
+    commit_values(store, "s", x=1)
+    commit_values(store, "s", x=2)
     assert [m.version for _, m in history.log(store, "s")] == [2, 1]
     new = history.checkout(store, "s", 1)
     assert new.version == 3 and new.cell["checkout"] == 1
@@ -56,8 +44,8 @@ def test_log_lists_versions_newest_first_and_checkout_appends_the_old_state(tmp_
 
 def test_gc_keeps_every_blob_a_history_names_and_removes_the_rest(tmp_path) -> None:
     store = Store(tmp_path, chunk=CHUNK)
-    _commit(store, "s", a=np.arange(50_000.0), b="small")
-    _commit(store, "s", a=np.arange(50_000.0) + 1)
+    commit_values(store, "s", a=np.arange(50_000.0), b="small")
+    commit_values(store, "s", a=np.arange(50_000.0) + 1)
     live = {p for p in (tmp_path / "blobs").rglob("*") if p.is_file()}
     noise = np.random.default_rng(0).random(40_000)
     orphan = store.put_object(dumps({"o": noise}, {}))  # a save never committed
@@ -90,13 +78,13 @@ def _flip(path: Path, at: int = 100) -> None:
 
 def test_gc_keeps_a_damaged_session_whole_and_collects_the_others(tmp_path) -> None:
     store = Store(tmp_path, chunk=CHUNK)
-    _commit(store, "broken", a=np.arange(50_000.0))
+    commit_values(store, "broken", a=np.arange(50_000.0))
     first = {p for p in (tmp_path / "blobs").rglob("*") if p.is_file()}
-    head = _commit(store, "broken", b="second")
+    head = commit_values(store, "broken", b="second")
     blob = history.log(store, "broken")[1][1].groups[0].blob
     store.disk.path(store.object_chunks(blob)[0]).unlink()  # a missing chunk, and
     _flip(tmp_path / "manifests" / head, 10)  # a corrupt head: its history ends here
-    _commit(store, "fine", c=np.arange(1000.0))
+    commit_values(store, "fine", c=np.arange(1000.0))
     orphan = store.put_object(dumps({"o": np.random.default_rng(0).random(40_000)}, {}))
     _age_all(tmp_path, 2 * history.GRACE_SECONDS)
     result = history.gc(store)
@@ -123,7 +111,7 @@ def test_a_save_rewrites_a_corrupt_chunk_it_would_have_skipped(tmp_path) -> None
 def test_verify_repairs_corrupt_blobs_from_a_good_copy_and_names_the_rest(tmp_path) -> None:
     store = Store(tmp_path / "store", chunk=CHUNK)
     backup = Store(tmp_path / "backup", chunk=CHUNK)
-    _commit(store, "s", a=np.arange(50_000.0), b=np.arange(20_000.0) * 2)
+    commit_values(store, "s", a=np.arange(50_000.0), b=np.arange(20_000.0) * 2)
     groups = history.log(store, "s")[0][1].groups
     backup.put_object(dumps({"a": np.arange(50_000.0)}, {}))  # a copy of a's bytes only
     healable = store.disk.path(store.object_chunks(groups[0].blob)[0])
@@ -143,7 +131,7 @@ def test_verify_repairs_corrupt_blobs_from_a_good_copy_and_names_the_rest(tmp_pa
 
 def test_verify_reports_corrupt_blobs_and_unsigned_manifests(tmp_path) -> None:
     store = Store(tmp_path, chunk=CHUNK)
-    ident = _commit(store, "s", a=np.arange(50_000.0))
+    ident = commit_values(store, "s", a=np.arange(50_000.0))
     assert history.verify(store).problems == []
     chunk = store.object_chunks(history.log(store, "s")[0][1].groups[0].blob)[2]
     path = store.disk.path(chunk)

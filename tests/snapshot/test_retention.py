@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import commit_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabric.errors import FabricError, StoreError
-from fabric.snapshot import Group, Manifest, Store, dumps, history, loads
+from fabric.snapshot import Store, dumps, history, loads
 from fabric.snapshot.retention import DAY, HOUR, Policy, Version, keep
 
 CHUNK = 1 << 16
@@ -62,22 +63,10 @@ def test_a_policy_refuses_negative_counts() -> None:
         Policy(last=-1)
 
 
-def _commit(store: Store, session: str, **values: object) -> str:
-    head = store.head(session)
-    parent = Manifest.decode(store.get_manifest(head)) if head else None
-    groups = tuple(Group(store.put_object(dumps({k: v}, {})), (k,), 1) for k, v in values.items())
-    manifest = Manifest(session=session, version=parent.version + 1 if parent else 1,
-                        parent=head, groups=groups, ambient=store.put(b"ambient"),
-                        cell={"execution_count": 1, "status": "ok", "source": "x"})
-    ident = store.put_manifest(manifest.encode())
-    store.set_head(session, ident, head)
-    return ident
-
-
 def _store_with(tmp_path, cells: int) -> Store:
     store = Store(tmp_path, chunk=CHUNK)
     for i in range(cells):
-        _commit(store, "s", w=np.random.default_rng(i).random(40_000))
+        commit_values(store, "s", w=np.random.default_rng(i).random(40_000))
     return store
 
 
@@ -137,7 +126,7 @@ def test_a_save_that_reuses_a_released_chunk_keeps_it(tmp_path) -> None:
 
 def test_removing_a_session_frees_what_only_it_named(tmp_path) -> None:
     store = _store_with(tmp_path, 3)
-    _commit(store, "t", v=np.arange(1000.0))
+    commit_values(store, "t", v=np.arange(1000.0))
     assert history.remove(store, "s")
     assert store.sessions() == ["t"]
     history.gc(store)
@@ -153,7 +142,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_cli_names_thins_checks_out_by_name_and_removes(tmp_path) -> None:
     store = _store_with(tmp_path / "store", 6)
-    _commit(store, "other", v=np.arange(10.0))
+    commit_values(store, "other", v=np.arange(10.0))
     where = ("--store", str(tmp_path / "store"))
     assert _cli("store", "tag", "s", "2", "good", *where).returncode == 0
     result = _cli("store", "retain", "s", "--last", "2", *where)
