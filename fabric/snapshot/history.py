@@ -309,13 +309,17 @@ def _released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dic
 
 
 def _records(store: Store) -> list:
-    """The records of removed sessions (`remove`) gc has not freed yet."""
+    """The records of removed sessions (`remove`) gc has not freed yet; not one still being
+    written (`write_atomic`'s temp file, which a concurrent remove renames into place)."""
     folder = store.root / "released"
-    return sorted(folder.iterdir()) if folder.is_dir() else []
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".tmp-")) \
+        if folder.is_dir() else []
 
 
-def _freed(store: Store, sessions: list[str], damaged: dict[str, str], done: float) -> None:
-    """Mark what gc has just freed as such, so that the next gc does not read it again."""
+def _freed(store: Store, sessions: list[str], damaged: dict[str, str], done: float,
+           young: float) -> None:
+    """Mark what gc has just freed as such, so that the next gc does not read it again; and
+    drop a record's temp file that a crash left, once older than the grace period."""
     for session in sessions:
         if session in damaged:
             continue
@@ -328,6 +332,10 @@ def _freed(store: Store, sessions: list[str], damaged: dict[str, str], done: flo
     for record in _records(store):
         if record.stat().st_mtime <= done:
             record.unlink(missing_ok=True)
+    for leftover in (store.root / "released").glob(".tmp-*"):
+        with contextlib.suppress(FileNotFoundError):
+            if leftover.stat().st_mtime < young:
+                leftover.unlink()
 
 
 def _keep_damaged(store: Store, sessions: set[str], live: set[str]) -> None:
@@ -395,5 +403,5 @@ def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
             path.unlink(missing_ok=True)
             result.removed += 1
             result.freed += stat.st_size
-    _freed(store, sessions, result.damaged, started)
+    _freed(store, sessions, result.damaged, started, young)
     return result

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +135,19 @@ def test_removing_a_session_frees_what_only_it_named(tmp_path) -> None:
     result = history.verify(store)
     assert not result.problems and result.manifests == 1 and list(result.held) == ["t"]
     assert not history.remove(store, "s")
+
+
+def test_gc_leaves_a_removal_record_being_written_and_clears_one_a_crash_left(tmp_path) -> None:
+    store = _store_with(tmp_path, 1)
+    folder = store.root / "released"
+    folder.mkdir()
+    writing, crashed = folder / ".tmp-writing", folder / ".tmp-crashed"
+    writing.write_bytes(b"")
+    crashed.write_bytes(b"")
+    old = time.time() - 2 * history.GRACE_SECONDS
+    os.utime(crashed, (old, old))
+    history.gc(store)
+    assert writing.exists() and not crashed.exists()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
