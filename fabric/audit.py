@@ -132,7 +132,7 @@ def session_manifest(namespace: dict, names: list[str]) -> tuple[Manifest, dict[
 
 class Auditor:
     def __init__(self, verify: bool = False) -> None:
-        from .pool.shell import OutStream, make_shell
+        from .worker.shell import OutStream, make_shell
 
         self.namespace = RecordingNamespace()
         self.shell = make_shell(self.namespace)

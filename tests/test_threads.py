@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import execute, open_session, serving, text
 
-from fabric.pool import threads
+from fabric.worker import threads
 
 PROBE = ("import threadpoolctl, torch\n"
          "print(torch.get_num_threads(), sorted({p['num_threads'] for p in "

@@ -15,7 +15,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from . import gpus, threads
+from ..worker import threads
+from . import gpus
 
 
 @dataclass

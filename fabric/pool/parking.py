@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import FabricError
-from . import criu, wake
+from ..worker import wake
+from . import criu
 from .cuda import CudaError, Driver, State
 
 if TYPE_CHECKING:

@@ -33,7 +33,8 @@ import zmq.asyncio
 
 from .. import protocol
 from ..errors import FabricError, WorkerDied
-from . import control, criu, cuda, parking, wake
+from ..worker import control, wake
+from . import criu, cuda, parking
 from .templates import Template, Templates, worker_of
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ class Pool:
     async def start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._base_proc = subprocess.Popen(
-            [sys.executable, "-m", "fabric.pool.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "fabric.worker.zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
         )
         theirs.close()
@@ -383,7 +384,7 @@ class Pool:
         worker = WorkerHandle(self, next(self._ids), None, source="cold")
         try:
             pid = os.posix_spawn(
-                sys.executable, [sys.executable, "-m", "fabric.pool.cold", worker.endpoint,
+                sys.executable, [sys.executable, "-m", "fabric.worker.cold", worker.endpoint,
                                  str(self.store_root)], os.environ, setsid=True,
                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
             worker.process = pid

@@ -1,6 +1,6 @@
 """Templates: CRIU images of dormant workers, one per import family, restored many times.
 
-A template is built once per family: `llfabric-init --pidns python -m fabric.pool.dormant`
+A template is built once per family: `llfabric-init --pidns python -m fabric.worker.dormant`
 imports the family (on a GPU host it also creates its CUDA context, which the server then
 checkpoints off the GPU), reports ready and closes its control socket; CRIU dumps the
 namespace rooted at the init. Each restore brings back a copy in a new PID namespace as a child
@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import control, criu, parking, wake
+from ..worker import control, wake
+from . import criu, parking
 from .cuda import Driver
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Templates:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         mine.setblocking(False)
         launcher = subprocess.Popen(
-            [str(criu.init_binary()), "--pidns", sys.executable, "-m", "fabric.pool.dormant",
+            [str(criu.init_binary()), "--pidns", sys.executable, "-m", "fabric.worker.dormant",
              str(theirs.fileno()), str(self.socket_dir), str(self.store_root),
              str(template.images / "process.log"), *sorted(template.modules)],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from . import control, worker
+from . import control, runner
 from .shell import make_shell
 
 
@@ -123,7 +123,7 @@ class Zygote:
                 die_with_parent()
                 os.setsid()  # its own session, so that CRIU can dump it (no "shell job")
                 self._child_hygiene()
-                worker.main(self.shell, message["endpoint"], message["store"])
+                runner.main(self.shell, message["endpoint"], message["store"])
 
             exit_after(live)
         control.send(self.ctrl, {"op": "forked", "req": message["req"], "pid": pid})

@@ -8,7 +8,7 @@ copy is woken by `WAKE` (sent to its init, which forwards it) and connects to th
 named after its pid as the server sees it (see `wake`); from there on it is a worker like any
 forked one.
 
-    python -m fabric.pool.dormant CTRL_FD SOCKET_DIR STORE LOG [MODULE...]
+    python -m fabric.worker.dormant CTRL_FD SOCKET_DIR STORE LOG [MODULE...]
 
 Until it sleeps, its stdout and stderr go to LOG; then to /dev/null, since CRIU refuses to
 restore a regular file that has changed size since the dump.
@@ -22,7 +22,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import wake, worker
+from . import runner, wake
 from .zygote import Zygote, detach_from_cwd, exit_after
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     _redirect_output(os.devnull)
     ctrl.close()  # the server dumps once it sees this close: nothing outside may stay open
     endpoint = wake.sleep(socket_dir)
-    exit_after(lambda: worker.main(zygote.shell, endpoint, store))  # as a forked worker
+    exit_after(lambda: runner.main(zygote.shell, endpoint, store))  # as a forked worker
 
 
 if __name__ == "__main__":

@@ -2,14 +2,14 @@
 fork one (the base zygote died and is being rebuilt, or a fork failed). It pays an interpreter
 start and its imports; the cell still runs.
 
-    python -m fabric.pool.cold ENDPOINT STORE
+    python -m fabric.worker.cold ENDPOINT STORE
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import worker
+from . import runner
 from .shell import make_shell
 from .zygote import detach_from_cwd, die_with_parent, exit_after
 
@@ -17,7 +17,7 @@ from .zygote import detach_from_cwd, die_with_parent, exit_after
 def main() -> None:
     die_with_parent()  # as a forked worker dies with its zygote, this one dies with the server
     detach_from_cwd()
-    exit_after(lambda: worker.main(make_shell(), sys.argv[1], sys.argv[2]))  # as a forked one
+    exit_after(lambda: runner.main(make_shell(), sys.argv[1], sys.argv[2]))  # as a forked one
 
 
 if __name__ == "__main__":
