@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fabric.pool import Pool, criu, parking
+from fabric.pool import Pool, criu, lifecycle
+from fabric.worker.messages import Load, Loaded
 
 
 def cold(modules: list[str], n: int) -> list[float]:
@@ -89,8 +90,8 @@ async def _warm_resumes(pool: Pool, family: frozenset[str], n: int) -> list[floa
         await pool.park(worker, None)
         start = time.perf_counter()
         await pool.unpark(worker, None)
-        await worker.send({"op": "load", "groups": [], "imports": {}})
-        assert (await worker.recv())["op"] == "loaded"
+        await worker.send(Load())
+        assert isinstance(await worker.recv(), Loaded)
         times.append(time.perf_counter() - start)
     await worker.close()
     return times
@@ -101,9 +102,9 @@ async def _cool_resumes(pool: Pool, family: frozenset[str], n: int) -> list[floa
     worker = await pool.fork_worker(family)
     times = []
     for _ in range(n):
-        image = await parking.cool(pool, worker)
+        image = await lifecycle.cool(pool, worker)
         start = time.perf_counter()
-        worker = await parking.thaw(pool, image)
+        worker = await lifecycle.thaw(pool, image)
         times.append(time.perf_counter() - start)
     await worker.close()
     return times

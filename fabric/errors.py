@@ -118,3 +118,9 @@ class LimitReached(FabricError):
     """A per-user limit of the server's configuration (sessions, running cells)."""
 
     kind = "limit"
+
+
+class LoadFailed(FabricError):
+    """A worker could not load the session's state from the store."""
+
+    kind = "load"

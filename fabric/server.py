@@ -47,6 +47,7 @@ from .errors import (
     UnknownSession,
 )
 from .pool import Leases, Pool, cuda
+from .pool.lifecycle import Keeper
 from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
@@ -68,6 +69,7 @@ class Server:
                          keep_warm=config.keep_warm, cool_after=config.cool_after,
                          zygote_memory=config.zygote_memory,
                          pressure_percent=config.memory_pressure)
+        self.keeper = Keeper(self.pool)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()
             if self.pool.cuda is None:
@@ -132,6 +134,7 @@ class Server:
             for task in list(self._tasks):
                 task.cancel()
             admitting.cancel()
+            await self.keeper.stop()
             await self.pool.stop()
             self.socket.close()
             authenticator.close()
@@ -317,7 +320,7 @@ class Server:
                 cwd = message.get("cwd") or os.getcwd()
                 if not os.path.isdir(cwd):
                     raise FabricError(f"working directory {cwd!r} does not exist", session=name)
-                session = Session(stored, cwd, self.store, self.pool, self.leases,
+                session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
                                   interrupt_grace=self.config.interrupt_grace)
                 session.admit = lambda manifest: self._admit(user, stored, manifest)
                 self.sessions[stored] = session

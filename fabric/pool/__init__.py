@@ -1,7 +1,10 @@
-"""Processes: zygotes, workers and leases. Only this package and the server fork and signal."""
+"""The server's side of processes: zygotes, workers, their lifecycle and leases, and the host
+agent that runs a session's cells on them. Only this package and the server fork and signal;
+what runs inside the processes is `fabric.worker`."""
 
-from . import criu, cuda, gpus, parking
+from . import criu, cuda, gpus, lifecycle, parking
 from .leases import Lease, Leases
 from .pool import Pool, WorkerHandle
 
-__all__ = ["Lease", "Leases", "Pool", "WorkerHandle", "criu", "cuda", "gpus", "parking"]
+__all__ = ["Lease", "Leases", "Pool", "WorkerHandle", "criu", "cuda", "gpus", "lifecycle",
+           "parking"]

@@ -32,8 +32,9 @@ import zmq
 import zmq.asyncio
 
 from .. import protocol
-from ..errors import FabricError, WorkerDied
+from ..errors import FabricError, ProtocolError, WorkerDied
 from ..worker import control, wake
+from ..worker.messages import FROM_WORKER, Exit, Hello, Message, decode
 from . import criu, cuda, parking
 from .templates import Template, Templates, worker_of
 
@@ -142,9 +143,6 @@ class WorkerHandle:
         self.process = 0  # the worker's own pid (the init's child, when it has an init)
         self.parked = False  # its CUDA state is checkpointed off the GPU
         self.device: str | None = None  # the GPU its CUDA state is on, or was parked from
-        # loads held back while parked: unpickling CUDA tensors, or seeding torch's CUDA RNG,
-        # would block in the driver until the worker is back on a GPU (see Session._load)
-        self.deferred: list[dict] = []
         self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
         self.socket.linger = 0
@@ -156,15 +154,21 @@ class WorkerHandle:
     def endpoint(self) -> str:
         return f"ipc://{self.path}"
 
-    async def send(self, message: dict) -> None:
+    async def send(self, message: Message) -> None:
         """Send to the worker; WorkerDied if it exits first (a PAIR socket whose peer is gone
         would hold the message forever)."""
-        await self._unless_dead(self.socket.send(protocol.pack(message)), None)
+        await self._unless_dead(self.socket.send(protocol.pack(message.to_wire())), None)
 
-    async def recv(self, timeout: float | None = None) -> dict:
-        """The worker's next message; WorkerDied if it exits first."""
-        return protocol.unpack(await self._unless_dead(self.socket.recv(), timeout),
-                               max_size=1 << 31)
+    async def recv(self, timeout: float | None = None) -> Message:
+        """The worker's next message; WorkerDied if it exits first, or sends one this wire does
+        not have (it is killed: a worker out of step with the server cannot be trusted)."""
+        frame = await self._unless_dead(self.socket.recv(), timeout)
+        try:
+            return decode(protocol.unpack(frame, max_size=1 << 31), FROM_WORKER)
+        except ProtocolError as exc:
+            self.kill()
+            raise WorkerDied(f"worker {self.pid} sent a malformed message ({exc.message})",
+                             pid=self.pid) from exc
 
     async def _unless_dead(self, operation: Awaitable, timeout: float | None) -> Any:
         """`operation`'s result, or WorkerDied if the worker exits or `timeout` passes first."""
@@ -223,7 +227,7 @@ class WorkerHandle:
         """Retire the worker: ask it to exit, kill it if it does not."""
         if self.pid and not self.died.done():
             with contextlib.suppress(zmq.ZMQError):  # zmq.Again: no worker connected to ask
-                await self.socket.send(protocol.pack({"op": "exit"}), flags=zmq.NOBLOCK)
+                await self.socket.send(protocol.pack(Exit().to_wire()), flags=zmq.NOBLOCK)
             try:
                 await asyncio.wait_for(asyncio.shield(self.died), 5.0)
             except TimeoutError:
@@ -428,8 +432,8 @@ class Pool:
 
     async def _hello(self, worker: WorkerHandle) -> None:
         hello = await worker.recv(timeout=HELLO_TIMEOUT)
-        if hello.get("op") != "hello":
-            raise WorkerDied(f"worker {worker.pid} sent {hello.get('op')!r} before hello")
+        if not isinstance(hello, Hello):
+            raise WorkerDied(f"worker {worker.pid} sent {hello.op!r} before hello")
 
     @property
     def cuda(self) -> cuda.Driver | None:

@@ -34,12 +34,35 @@ from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
 from ..closure.groups import group_variables
-from ..errors import FabricError
+from ..errors import FabricError, ProtocolError
 from ..snapshot import ambient, codec
 from ..snapshot.delta import DeltaSaver, reached_by
 from ..snapshot.store import Store
 from . import threads, wake
 from .fdcapture import FdCapture
+from .messages import (
+    TO_WORKER,
+    Done,
+    Exit,
+    Hello,
+    Input,
+    InputReply,
+    Load,
+    Loaded,
+    Message,
+    Notice,
+    Output,
+    Refused,
+    Run,
+    Saved,
+    Saving,
+    Settle,
+    Settled,
+    Sleep,
+    Sleeping,
+    Started,
+    decode,
+)
 from .shell import OutStream, ZMQInteractiveShell
 
 
@@ -57,12 +80,13 @@ class _Channel:
         self.socket.connect(endpoint)
         self.endpoint = endpoint
 
-    def send(self, message: dict) -> None:
+    def send(self, message: Message) -> None:
         with self._lock:
-            self.socket.send(protocol.pack(message))
+            self.socket.send(protocol.pack(message.to_wire()))
 
-    def recv(self) -> dict:
-        return protocol.unpack(self.socket.recv())
+    def recv(self) -> Message:
+        """The server's next message; ProtocolError if it is not one this wire has."""
+        return decode(protocol.unpack(self.socket.recv()), TO_WORKER)
 
     def close(self) -> None:
         self.socket.close()
@@ -103,13 +127,13 @@ class Worker:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""
         for stream in self._streams:
             stream.flush()
-        self.channel.send({"op": "input", "prompt": str(prompt), "password": password})
+        self.channel.send(Input(str(prompt), password))
         reply = self.channel.recv()
-        if reply.get("op") != "input_reply":
-            raise RuntimeError(f"the server answered input() with {reply.get('op')!r}")
-        if "error" in reply:
-            raise StdinNotImplementedError(str(reply["error"]))
-        return str(reply.get("value", ""))
+        if not isinstance(reply, InputReply):
+            raise ProtocolError(f"the server answered input() with {reply.op!r}")
+        if reply.error is not None:
+            raise StdinNotImplementedError(reply.error)
+        return reply.value or ""
 
     def _input(self, prompt: object = "") -> str:
         return self._ask(str(prompt), password=False)
@@ -119,7 +143,7 @@ class Worker:
 
     def _sink(self, kind: str, **fields: Any) -> None:
         # nbformat's output types, plus clear_output and update_display_data as frontends know them
-        self.channel.send({"op": "output", "output": {"output_type": kind, **fields}})
+        self.channel.send(Output({"output_type": kind, **fields}))
 
     def _flush_forever(self) -> None:
         while True:
@@ -129,33 +153,36 @@ class Worker:
 
     def serve(self) -> None:
         threading.Thread(target=self._flush_forever, daemon=True).start()
-        self.channel.send({"op": "hello", "pid": os.getpid()})
+        self.channel.send(Hello(os.getpid()))
+        handlers = {Load: self.load, Run: self.run, Settle: self.settle, Sleep: self.sleep}
         while True:
-            message = self.channel.recv()
-            op = message.get("op")
-            if op == "exit":
+            try:
+                message = self.channel.recv()
+            except ProtocolError as exc:  # answered, so that the server hears of it
+                self.channel.send(Refused(exc.message))
+                continue
+            if isinstance(message, Exit):
                 return
-            handler = {"load": self.load, "run": self.run, "settle": self.settle,
-                       "sleep": self.sleep}.get(op)
-            reply = handler(message) if handler else {"op": "error", "message": f"bad op {op!r}"}
-            self.channel.send(reply)
+            handler = handlers.get(type(message))
+            self.channel.send(handler(message) if handler is not None
+                              else Refused(f"a worker takes no {message.op!r} here"))
 
-    def sleep(self, message: dict) -> dict:
-        self.channel.send({"op": "sleeping", "pid": os.getpid()})
+    def sleep(self, message: Sleep) -> Hello:
+        self.channel.send(Sleeping(os.getpid()))
         self.channel.sleep()
-        return {"op": "hello", "pid": os.getpid()}
+        return Hello(os.getpid())
 
-    def load(self, message: dict) -> dict:
+    def load(self, message: Load) -> Loaded:
         start = time.monotonic()
         ns = self.shell.user_ns
         try:
-            if "cwd" in message and not self.restored_ambient:
-                os.chdir(message["cwd"])
-                sys.path.insert(0, message["cwd"])
-            for alias, module in message.get("imports", {}).items():
+            if message.cwd is not None and not self.restored_ambient:
+                os.chdir(message.cwd)
+                sys.path.insert(0, message.cwd)
+            for alias, module in message.imports.items():
                 ns[alias] = importlib.import_module(module)
                 self.owned.add(alias)
-            for blob, names in message.get("groups", []):
+            for blob, names in message.groups:
                 encoded = self.store.get_object(blob, self._progress("loading"))
                 values = codec.loads(encoded, ns)
                 for name in names:
@@ -164,53 +191,48 @@ class Worker:
                 self.saver.loaded(names, blob, encoded.nbytes)
             if not self.restored_ambient:
                 ambient.reseed()  # then the session's state, where it has one, overrides it
-                if message.get("ambient"):
-                    self.ambient = pickle.loads(self.store.get(message["ambient"]))
+                if message.ambient:
+                    self.ambient = pickle.loads(self.store.get(message.ambient))
                     for problem in ambient.restore(self.ambient):
                         self._notice("ambient", problem)
                 self.restored_ambient = True
         except Exception as exc:  # reported to the user as the cell's error, never hidden
-            return {"op": "loaded", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()}
-        return {"op": "loaded", "seconds": time.monotonic() - start}
+            return Loaded(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        return Loaded(seconds=time.monotonic() - start)
 
-    def run(self, message: dict) -> dict:
-        if message.get("device"):  # the leased GPU; CUDA reads it when it first initializes
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(message["device"])
-        if int(message.get("threads") or 0) > 0:  # the leased cores
-            self.threads.grant(int(message["threads"]))
+    def run(self, message: Run) -> Done:
+        if message.device:  # the leased GPU; CUDA reads it when it first initializes
+            os.environ["CUDA_VISIBLE_DEVICES"] = message.device
+        if message.threads > 0:  # the leased cores
+            self.threads.grant(message.threads)
             # llfabric's setting, not the session's: never saved as a change it made
             self.base_environ.update(threads.environ(self.threads.count))
-        self.shell.execution_count = int(message.get("execution_count", 1))
+        self.shell.execution_count = message.execution_count
         started = time.monotonic()
-        self.channel.send({"op": "started", "t": started})
+        self.channel.send(Started(started))
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            result = self.shell.run_cell(message["source"], store_history=True)
+            result = self.shell.run_cell(message.source, store_history=True)
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             for stream in self._streams:
                 stream.flush()
         ran = time.monotonic()
-        self.channel.send({"op": "saving"})  # past this, an interrupt has nothing left to stop
+        self.channel.send(Saving())  # past this, an interrupt has nothing left to stop
         error = result.error_in_exec or result.error_before_exec
+        saved = failed = None
         try:
-            report = {} if message.get("replay") else self.save(message["source"])
+            saved = None if message.replay else self.save(message.source)
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
-            report = {"failed": exc.to_wire()}
+            failed = exc.to_wire()
         for stream in self._streams:
             stream.flush()
-        return {
-            "op": "done",
-            "status": "error" if error is not None else "ok",
-            "ename": type(error).__name__ if error is not None else None,
-            "t_started": started,
-            "run": ran - started,
-            "save": time.monotonic() - ran,
-            **report,
-        }
+        return Done(status="error" if error is not None else "ok",
+                    ename=type(error).__name__ if error is not None else None,
+                    t_started=started, run=ran - started, save=time.monotonic() - ran,
+                    saved=saved, failed=failed)
 
-    def settle(self, message: dict) -> dict:
+    def settle(self, message: Settle) -> Settled:
         """After a replay, make every saved name the head's: a group whose value here pickles to
         the head's object is kept (with what the replay made from it), any other is loaded from
         the head, and a name the head does not have is deleted, but for `keep` (what the replay
@@ -219,11 +241,11 @@ class Worker:
         `want`: names that must be here afterwards."""
         ns = self.shell.user_ns
         present = set(self.shell.user_variables())
-        want, keep = set(message.get("want", ())), set(message.get("keep", ()))
+        want, keep = set(message.want), set(message.keep)
         differ, loaded, kept, reload = set(), [], [], []
         try:
             self.saver.objects.clear()  # what it loaded before the replay was another version
-            for blob, names in message.get("groups", []):
+            for blob, names in message.groups:
                 here = [n for n in names if n in present]
                 if not here and not want.intersection(names):
                     continue
@@ -247,34 +269,32 @@ class Worker:
                 for name in names:
                     ns[name] = values[name]
                 self.saver.loaded(names, blob, encoded.nbytes)
-            imports = message.get("imports", {})
+            imports = message.imports
             for alias, module in imports.items():
                 if alias in present | want and getattr(ns.get(alias), "__name__", None) != module:
                     ns[alias] = importlib.import_module(module)
-            named = {n for _, names in message.get("groups", []) for n in names} | set(imports)
+            named = {n for _, names in message.groups for n in names} | set(imports)
             for name in present - named - (keep - doubt):
                 del ns[name]
             self.owned.update(self.shell.user_variables())
-            if message.get("ambient"):  # the head's RNG states, whatever the replay drew
-                self.ambient = pickle.loads(self.store.get(message["ambient"]))
+            if message.ambient:  # the head's RNG states, whatever the replay drew
+                self.ambient = pickle.loads(self.store.get(message.ambient))
                 ambient.restore(self.ambient)
         except Exception as exc:
-            return {"op": "settled", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()}
-        return {"op": "settled", "diverged": sorted(doubt - keep), "loaded": sorted(loaded),
-                "kept": sorted(kept), "dropped": sorted(doubt & keep),
-                "missing": sorted(keep - present)}
+            return Settled(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        return Settled(diverged=sorted(doubt - keep), loaded=sorted(loaded), kept=sorted(kept),
+                       dropped=sorted(doubt & keep), missing=sorted(keep - present))
 
     def _notice(self, topic: str, text: str) -> None:
         """Tell the server what llfabric did, apart from the cell's outputs."""
-        self.channel.send({"op": "notice", "topic": topic, "text": text})
+        self.channel.send(Notice(topic, text))
 
     def _progress(self, doing: str) -> Any:
         def report(done: int, total: int) -> None:
             self._notice("progress", f"{doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB")
         return report
 
-    def save(self, source: str) -> dict:
+    def save(self, source: str) -> Saved:
         """Write the groups the cell may have changed (see `snapshot.delta`)."""
         ns = self.shell.user_ns
         names = self.shell.user_variables()
@@ -282,17 +302,10 @@ class Worker:
         state = [n for n in names if n not in imports]
         saved = self.saver.save(ns, state, reached_by(source), self._progress("saving"))
         self.owned.update(names)
-        return {
-            "groups": saved.groups,
-            "kept": saved.kept,
-            "imports": imports,
-            "refs": saved.refs,
-            "packages": saved.packages,
-            "ambient": self.store.put(pickle.dumps(self._capture_ambient())),
-            "owned": sorted(self.owned),
-            "unsaved": saved.unsaved,
-            "bounded": saved.bounded,
-        }
+        return Saved(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
+                     packages=saved.packages,
+                     ambient=self.store.put(pickle.dumps(self._capture_ambient())),
+                     owned=sorted(self.owned), unsaved=saved.unsaved, bounded=saved.bounded)
 
     def _capture_ambient(self) -> dict[str, Any]:
         self.ambient = ambient.capture(self.ambient, self.base_environ)

@@ -16,6 +16,7 @@ from helpers import execute, open_session, require_criu, serving, text
 
 from fabric.errors import RemoteError
 from fabric.pool import Pool, WorkerHandle
+from fabric.worker.messages import Done, Load, Output, Run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,12 +28,12 @@ def _needs_criu() -> None:
 
 async def _run(worker: WorkerHandle, source: str) -> tuple[str, dict]:
     """Run a cell on `worker` directly (no server); return its stdout and the done report."""
-    await worker.send({"op": "run", "source": source, "execution_count": 1})
+    await worker.send(Run(source, 1))
     out = []
-    while (message := await worker.recv(timeout=30))["op"] != "done":
-        if message["op"] == "output" and message["output"]["output_type"] == "stream":
-            out.append(message["output"]["text"])
-    return "".join(out), message
+    while not isinstance(message := await worker.recv(timeout=30), Done):
+        if isinstance(message, Output) and message.output["output_type"] == "stream":
+            out.append(message.output["text"])
+    return "".join(out), message.to_wire()
 
 
 def test_copies_restore_concurrently_with_distinct_pids_and_identical_state(
@@ -86,8 +87,8 @@ def test_copies_of_one_template_draw_different_random_numbers(tmp_path: Path) ->
             draws = set()
             for _ in range(3):
                 worker = await pool.new_worker(family)
-                await worker.send({"op": "load", "cwd": str(tmp_path), "ambient": None})
-                assert "error" not in await worker.recv(timeout=30)
+                await worker.send(Load(cwd=str(tmp_path)))
+                assert (await worker.recv(timeout=30)).error is None
                 out, _ = await _run(worker, "import random\nprint(random.random())")
                 draws.add(out)
                 await worker.close()

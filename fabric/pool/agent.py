@@ -1,0 +1,549 @@
+"""The host agent: everything one host does for a session's cells.
+
+A `Session` (ordering, its head) hands the agent plain data: a cell (its source and closure) and
+the head it runs on; the agent readies a worker for it (`draft`), runs it under a lease, lets the
+session commit what it saved, then parks the worker for the next cell or retires it (`run`),
+telling the client what happens as events. On one host the session calls it directly; in a
+cluster each host has one, behind the same interface.
+
+A worker readied for a head whose values are not all in the store (some could not be saved, and
+the worker that held them is gone) rebuilds them from their lineage (`replay`) before its first
+cell; if that is not safe, the user is told, in the cell, what is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+
+from .. import notices
+from ..closure import Closure, closure
+from ..closure.static import analyze
+from ..errors import CellStopped, FabricError, LoadFailed, RemoteError, WorkerDied
+from ..snapshot import Group, Manifest, Store, history, lineage
+from ..worker.messages import (
+    Done,
+    Input,
+    InputReply,
+    Load,
+    Loaded,
+    Notice,
+    Output,
+    Run,
+    Saving,
+    Started,
+)
+from .leases import Leases
+from .lifecycle import Keeper, Life, Stage
+from .parking import ParkFailed
+from .pool import Pool, WorkerHandle
+from .replay import recompute
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[..., None]  # emit(payload, event="output"): an event of the running request
+
+
+STOPS = {  # why the server stopped a running cell, as the user is told
+    "interrupt": "the cell did not stop within {grace:g} s of its interrupt",
+    "close": "the session was closed while the cell ran",
+    "client": "the client that ran the cell stopped answering",
+}
+
+
+@dataclass(frozen=True)
+class Head:
+    """The version a cell runs on: its id in the store (None before the first cell)."""
+
+    id: str | None
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class Cell:
+    source: str
+    closure: Closure
+    execution_count: int
+    stdin: bool = False  # the client answers the cell's input()
+    received: float = 0.0  # when the request came (monotonic): the visible delay's start
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How a cell went on this host, for the session's reply."""
+
+    status: str
+    ename: str | None
+    unsaved: list[str]
+    path: str  # the worker it ran on: draft, warm, pinned or cold, +load, +replay
+    source: str  # where that worker came from: zygote, template, cool or cold
+    timings: dict[str, float]
+
+
+class Events:
+    """Where a request's events go: to its client (`emit`; None for a draft) and, for notices,
+    to the session's record (`record`)."""
+
+    def __init__(self, session: str, emit: Emit | None, record: Callable[[dict], None]) -> None:
+        self.session, self.emit, self.record = session, emit, record
+
+    def __call__(self, payload: dict, event: str = "output") -> None:
+        if self.emit is not None:
+            self.emit(payload, event)
+
+    def notice(self, topic: str, text: str, lost: bool = False) -> None:
+        """Tell the client what llfabric did, outside the cell's outputs (see `notices`); a
+        `lost` notice also shows in the cell, as an error. Progress is shown, not kept."""
+        item = notices.notice(topic, text)
+        log.info("session %s: %s", self.session, text)
+        if topic != "progress":
+            self.record(item)
+        self(item, "notice")
+        if lost:
+            self(notices.loss(text))
+
+
+Commit = Callable[[Done], Head]  # folds a cell's save into a new head version
+
+
+def _union(closures: list[Closure]) -> Closure:
+    """What loading every closure of a chain of cells loads."""
+    groups = {(g.blob, g.names): g for c in closures for g in c.groups}
+    return Closure(frozenset().union(*(c.names for c in closures)), tuple(groups.values()),
+                   {a: m for c in closures for a, m in c.imports.items()},
+                   frozenset().union(*(c.modules for c in closures)),
+                   any(c.whole for c in closures), all(c.exact for c in closures))
+
+
+def _load(groups: list[Group] | tuple[Group, ...], imports: dict[str, str],
+          first: Manifest | None, cwd: str) -> Load:
+    """The load of `groups` and `imports`; the `first` of a worker sets its directory and the
+    ambient state of that version."""
+    wire = [(g.blob, list(g.names)) for g in groups]
+    if first is None:
+        return Load(wire, imports)
+    return Load(wire, imports, cwd=cwd, ambient=first.ambient)
+
+
+class HostAgent:
+    """One session's worker on this host, from its draft to its last cell."""
+
+    def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
+                 keeper: Keeper, interrupt_grace: float = 5.0) -> None:
+        self.name, self.cwd, self.store = name, cwd, store
+        self.pool, self.leases, self.keeper = pool, leases, keeper
+        self.interrupt_grace = interrupt_grace
+        self.prepared: Life | None = None  # the worker readied for the session's next cell
+        self.running: WorkerHandle | None = None
+        self.interrupted = False
+        self.busy = False  # a cell is between its request and its reply
+        self._escalation: asyncio.TimerHandle | None = None  # the kill an interrupt schedules
+        self._stopped: str | None = None  # why the running cell's worker was killed
+        self._saving = False  # the running cell's code has ended; its worker saves
+        self._answer: asyncio.Future | None = None  # the client's answer to the cell's input()
+        self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
+        self.lost_why = ""  # why they cannot be recomputed
+        self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
+        self._began = False  # the running cell's code has started
+        self._started: float | None = None  # when, on the worker's monotonic clock
+        self._background: set[asyncio.Task] = set()
+
+    # readying a worker
+    def draft(self, cl: Closure, head: Head, events: Events) -> None:
+        """Ready a worker for a cell of closure `cl` on `head`, while the user edits it."""
+        self._wake(self.prepared)
+        if self._usable(self.prepared, head):
+            self._extend(self.prepared, cl, events)
+        else:
+            self.prepared = self._replace(self.prepared, cl, head, events)
+
+    def _prepare(self, cl: Closure, head: Head, events: Events,
+                 replay: lineage.Replay | None = None) -> Life:
+        """A fresh worker for `cl`; with `replay`, loaded with the state its chain starts from
+        (the cell's own closure is loaded after the replay, see `replay.recompute`)."""
+        start, needs = head.manifest, cl
+        if replay is not None:
+            start = replay.start
+            needs = _union([closure(str(c.get("source", "")), start) for c in replay.cells])
+
+        async def make(life: Life) -> WorkerHandle:
+            worker = await self.pool.new_worker(cl.modules | needs.modules,
+                                                frozenset(head.manifest.modules))
+            try:
+                await self._load(life, worker, _load(needs.groups, needs.imports, start,
+                                                     self.cwd), events)
+            except BaseException:
+                await worker.close()
+                raise
+            life.loaded()
+            return worker
+
+        life = Life.start(self.pool, head.id, make)
+        self._holds(life, list(needs.groups), needs.imports)
+        if replay is not None:  # what its cells bind, and what it is for, come from the replay
+            life.replay = replay
+            life.holds.update(n for c in replay.cells
+                              for n in analyze(str(c.get("source", ""))).writes)
+            life.holds.update(replay.names)
+            self._extend(life, cl, events)
+        return life
+
+    @staticmethod
+    def _holds(life: Life, groups: list[Group], imports: dict[str, str]) -> None:
+        life.holds.update(n for g in groups for n in g.names)
+        life.holds.update(imports)
+
+    def _extend(self, life: Life, cl: Closure, events: Events) -> bool:
+        """Chain a load of what `cl` needs beyond what `life` holds; False if nothing lacks."""
+        groups = [g for g in cl.groups if not life.holds.issuperset(g.names)]
+        imports = {a: m for a, m in cl.imports.items() if a not in life.holds}
+        if not groups and not imports:
+            return False
+        # a worker still to replay loads the head's state after it, see `replay.recompute`
+        defer = life.replay is not None
+        life.chain(lambda worker: self._load(life, worker, _load(groups, imports, None, self.cwd),
+                                             events, defer))
+        self._holds(life, groups, imports)
+        self.keeper.changed()
+        return True
+
+    async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: Events,
+                    defer: bool = False) -> None:
+        """Load now, or, on a parked worker (its CUDA calls would block until the lease unparks
+        it) or with `defer`, under the cell's lease."""
+        if worker.parked or defer:
+            life.deferred.append(message)
+            return
+        await self._send_load(worker, message, events)
+
+    async def _send_load(self, worker: WorkerHandle, message: Load, events: Events) -> None:
+        await worker.send(message)
+        reply = await worker.recv()
+        while isinstance(reply, Notice):  # a long load's progress, before any cell runs
+            events.notice(reply.topic, reply.text)
+            reply = await worker.recv()
+        if not isinstance(reply, Loaded):
+            raise WorkerDied(f"worker {worker.pid} answered a load with {reply.op!r}")
+        if reply.error:
+            raise LoadFailed(f"could not load the session's state: {reply.error}",
+                             session=self.name, traceback=reply.traceback)
+
+    def _usable(self, life: Life | None, head: Head) -> bool:
+        return life is not None and life.usable(head.id)
+
+    def _spawn(self, coro: Coroutine) -> None:
+        """Run clean-up in the background, holding a reference so it is not collected."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _discard(self, life: Life | None) -> None:
+        if life is not None and (closing := life.retire()) is not None:
+            self._spawn(closing)
+        self.keeper.changed()
+
+    def _replace(self, life: Life | None, cl: Closure, head: Head, events: Events) -> Life:
+        """A fresh worker in place of one that is stale or gone: what only a worker held at
+        the head (it died, or this server restarted) is recomputed where that is safe, else the
+        user is told it is lost."""
+        self._discard(life)
+        replay = None
+        try:
+            if self.lost_at != head.id:
+                replay = lineage.plan(self.store, head.manifest)
+        except lineage.NotReplayable as exc:
+            _, names = lineage.unsaved(self.store, head.manifest)
+            self.lost.extend(n for n in names if n not in self.lost)
+            self.lost_why = exc.message
+        return self._prepare(cl, head, events, replay)
+
+    def _wake(self, life: Life | None) -> bool:
+        """Ask for a cool worker back, if `life` is one."""
+        return life is not None and life.wake()
+
+    # running a cell
+    async def run(self, cell: Cell, head: Head, events: Events, commit: Commit) -> Ran:
+        """Run `cell` on the readied worker (or a fresh one) under a lease; `commit` folds its
+        save into the session's next version, then the worker is kept or retired."""
+        self.busy, self.interrupted = True, False
+        try:
+            life, self.prepared = self.prepared, None
+            if self._wake(life):
+                try:
+                    await asyncio.shield(life.task)
+                except ParkFailed as exc:  # unusable now: the cold path below tells
+                    log.warning("session %s: %s", self.name, exc.message)
+            if life is not None and self._usable(life, head):
+                path = "pinned" if life.unsaved else "warm" if life.kept else "draft"
+                path += "+load" if self._extend(life, cell.closure, events) else ""
+            else:
+                life, path = self._replace(life, cell.closure, head, events), "cold"
+            self._tell_lost(events, head)
+            try:
+                return await self._run_on(life, path, cell, head, events, commit)
+            except WorkerDied as exc:
+                if exc.fields.get("started") or not life.kept:
+                    raise
+                log.warning("session %s: its kept worker died before the cell began (%s); "
+                            "starting it on a fresh one", self.name, exc.message)
+                life = self._replace(life, cell.closure, head, events)
+                self._tell_lost(events, head)
+                return await self._run_on(life, "cold", cell, head, events, commit)
+        finally:
+            self.busy = False
+
+    def _tell_lost(self, events: Events, head: Head) -> None:
+        """Tell the user, in the cell, of values only a lost worker held that cannot be
+        recomputed."""
+        if not self.lost:
+            return
+        why = f"; they cannot be recomputed: {self.lost_why}" if self.lost_why else ""
+        events.notice("lost", (
+            f"the worker that held {', '.join(self.lost)} (which could not be saved) is gone; "
+            f"continuing from version {head.manifest.version} of the store without them"
+            f"{history.recompute_hint(self.store, self.name, self.lost)}{why}"), lost=True)
+        self.lost, self.lost_why, self.lost_at = [], "", head.id
+
+    async def _run_on(self, life: Life, path: str, cell: Cell, head: Head, events: Events,
+                      commit: Commit) -> Ran:
+        """Run the cell on `life`'s worker; retire the worker after it unless it is kept."""
+        replay, life.replay = life.replay, None
+        path += "+replay" if replay is not None else ""
+        worker = await life.task
+        life.claim()
+        kept = False
+        try:
+            ran, kept = await self._run(worker, life, replay, path, cell, head, events, commit)
+            return ran
+        finally:
+            if not kept:
+                self._spawn(worker.close())
+
+    async def _run(self, worker: WorkerHandle, life: Life, replay: lineage.Replay | None,
+                   path: str, cell: Cell, head: Head, events: Events,
+                   commit: Commit) -> tuple[Ran, bool]:
+        """Run the cell under a lease and commit; True with the result if the worker is kept."""
+        queued = self.leases.queued > 0 or len(self.leases.held) >= self.leases.slots
+        if queued:  # the client tells the user why nothing happens yet
+            events({"ahead": self.leases.queued, "slots": self.leases.slots}, "queued")
+        lease = await self.leases.acquire(self.name, prefer=worker.device)
+        if queued:
+            events({"waited": lease.waited}, "leased")
+            events.notice("queued", f"waited {lease.waited:.1f} s for an execution slot")
+        self.running, self._began, self._started = worker, False, None
+        self._stopped, self._saving = None, False
+        try:
+            if self.interrupted:
+                raise FabricError("the cell was interrupted before it started", session=self.name)
+            try:
+                await self.pool.unpark(worker, lease.device)
+            except ParkFailed as exc:
+                await worker.close()
+                raise WorkerDied(f"the kept worker could not be put back on the GPU "
+                                 f"({exc.message})") from exc
+            if replay is not None:
+                result = await recompute(worker, replay, head, life.holds, lease.device,
+                                         self.leases.threads, events)
+                if result.lost:
+                    self.lost_at = head.id
+                life.unsaved = result.rebuilt  # told of already: not again as pinned
+            while life.deferred:  # under the lease, back on the GPU (and after a replay)
+                await self._send_load(worker, life.deferred.pop(0), events)
+            await worker.send(Run(cell.source, cell.execution_count, lease.device,
+                                  self.leases.threads))
+            done = await self._relay(worker, cell, events)
+            if done.failed:  # its save failed: the worker, ahead of the store, goes
+                raise RemoteError(done.failed)
+            committed = time.monotonic()
+            head = commit(done)
+            self.running = None  # committed, the cell is over: no stop may kill it while it parks
+            after = time.monotonic()
+            saved = done.saved
+            unsaved = sorted(saved.unsaved) if saved is not None else []
+            kept = await self._park(worker, unsaved, head, events, lease.device)
+        except WorkerDied as exc:
+            if self._stopped is not None:
+                why = STOPS[self._stopped].format(grace=self.interrupt_grace)
+                raise CellStopped(f"{why}: its worker was killed and the session stays at "
+                                  f"version {head.manifest.version}", session=self.name,
+                                  version=head.manifest.version, reason=self._stopped) from exc
+            raise WorkerDied(f"{exc.message}; the session stays at version "
+                             f"{head.manifest.version}", session=self.name,
+                             version=head.manifest.version,
+                             started=self._began) from exc
+        finally:
+            self.running = None
+            if self._escalation is not None:
+                self._escalation.cancel()
+                self._escalation = None
+            self.leases.release(lease)
+        unsaved = unsaved if kept else []
+        if unsaved and unsaved != life.unsaved and saved is not None:
+            reasons = "; ".join(f"{n}: {why}" for n, why in saved.unsaved.items())
+            events.notice("pinned", (
+                f"{', '.join(unsaved)} cannot be saved ({reasons}); the session keeps its "
+                "worker alive to hold them"))
+        if kept:
+            self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved)
+        started = self._started if self._started is not None else cell.received
+        return Ran(done.status, done.ename, unsaved, path, worker.source, {
+            "prepare": life.seconds,
+            "queue": lease.waited,
+            "visible_delay": max(0.0, started - cell.received),
+            "run": done.run,
+            "save": done.save + (after - committed),
+            "lease_held": lease.held,
+        }), kept
+
+    async def _relay(self, worker: WorkerHandle, cell: Cell, events: Events) -> Done:
+        """Relay the running cell's messages to the client until it is done."""
+        while True:
+            message = await worker.recv()
+            if isinstance(message, Output):
+                events(message.output)
+            elif isinstance(message, Notice):
+                events.notice(message.topic, message.text)
+            elif isinstance(message, Started):
+                self._started, self._began = message.t, True
+            elif isinstance(message, Saving):
+                self._saving = True
+            elif isinstance(message, Input):
+                answer = await self._ask(worker, message, events, cell.stdin)
+                if answer is not None:  # None: interrupted; the worker stopped waiting
+                    await worker.send(answer)
+            elif isinstance(message, Done):
+                return message
+            else:
+                worker.kill()
+                raise WorkerDied(f"worker {worker.pid} sent {message.op!r} during a cell")
+
+    async def _ask(self, worker: WorkerHandle, request: Input, events: Events,
+                   stdin: bool) -> InputReply | None:
+        """Relay the cell's input() to the client; its answer, or None if the cell was
+        interrupted or its worker died first."""
+        if not stdin:
+            return InputReply(error="input() was called, but the client that runs this cell "
+                              "does not answer input requests")
+        self._answer = asyncio.get_running_loop().create_future()
+        events({"prompt": request.prompt, "password": request.password}, "input_request")
+        try:
+            await asyncio.wait({self._answer, worker.died}, return_when=asyncio.FIRST_COMPLETED)
+            answer = self._answer.result() if self._answer.done() else None
+        finally:
+            self._answer = None
+        return None if answer is None else InputReply(**answer)
+
+    def answer(self, value: str | None, error: str | None) -> dict:
+        """The client's answer to the running cell's input request."""
+        if self._answer is None or self._answer.done():
+            raise FabricError(f"no cell of session {self.name} is waiting for input",
+                              session=self.name)
+        self._answer.set_result({"error": error} if error is not None else {"value": value or ""})
+        return {"answered": True}
+
+    # after a cell
+    async def _park(self, worker: WorkerHandle, unsaved: list[str], head: Head, events: Events,
+                    device: str | None) -> bool:
+        """Take the worker off the GPU before its lease ends if it is to be kept: warm for the
+        next cell, or pinned because it alone holds `unsaved`. False: it is retired; if parking
+        failed, what only it held is lost and the session goes on from the store."""
+        if not unsaved and not self.pool.keep_warm:
+            return False
+        try:
+            await self.pool.park(worker, device)
+        except ParkFailed as exc:
+            if not unsaved:  # the store holds all it had: the next cell starts fresh
+                log.warning("session %s: retiring its warm worker: %s", self.name, exc.message)
+                return False
+            with contextlib.suppress(lineage.NotReplayable):
+                lineage.plan(self.store, head.manifest)  # the next cell's worker rebuilds them
+                events.notice("recompute", (
+                    f"the worker could not be taken off the GPU ({exc.message}); "
+                    f"{', '.join(unsaved)} (which could not be saved) will be recomputed"))
+                return False
+            self.lost_at = head.id
+            events.notice("lost", (
+                f"the worker could not be taken off the GPU ({exc.message}); "
+                f"{', '.join(unsaved)} (which could not be saved) are lost, the session goes "
+                f"on from version {head.manifest.version}"), lost=True)
+            return False
+        return True
+
+    def _keep(self, worker: WorkerHandle, head: Head, owned: set[str],
+              unsaved: list[str]) -> None:
+        """Keep the worker as the session's next: it holds the state the head names, so the
+        next cell needs no load (and, pinned, it alone holds what could not be saved)."""
+        self._discard(self.prepared)  # a draft sent while the cell ran was made for the old head
+        self.prepared = Life.after_cell(self.pool, worker, head.id, owned, unsaved)
+        self.keeper.keep(self.prepared)
+
+    # stopping
+    def interrupt(self) -> bool:
+        """KeyboardInterrupt in the running cell; its worker is killed if the cell still runs
+        `interrupt_grace` seconds later (it swallowed the interrupt), so its lease comes back."""
+        if self.running is not None:
+            if self._answer is not None and not self._answer.done():
+                self._answer.set_result(None)
+            self.running.interrupt()
+            if self._escalation is None:
+                self._escalation = asyncio.get_running_loop().call_later(
+                    self.interrupt_grace, self._escalate)
+            return True
+        if self.busy:
+            self.interrupted = True
+            return True
+        return False
+
+    def _escalate(self) -> None:
+        self._escalation = None
+        if not self._saving:  # the interrupt worked: the cell's code is over, its state saves
+            self.stop("interrupt")
+
+    def stop(self, reason: str) -> None:
+        """Stop the running cell now (`reason`, a key of STOPS): kill the worker running it, or
+        make sure a cell still waiting for its worker or lease never starts."""
+        self.interrupted = self.busy
+        if self.running is not None and not self.running.died.done():
+            self._stopped = reason
+            self.running.kill()
+
+    async def close(self) -> None:
+        self.stop("close")
+        life, self.prepared = self.prepared, None
+        self._discard(life)
+
+    # what it holds
+    def _current(self) -> Life | None:
+        if self.prepared is not None and self.prepared.stage is Stage.RETIRED:
+            self.prepared = None  # the keeper retired it
+        return self.prepared
+
+    def worker_pid(self) -> int | None:
+        """The worker running a cell, else the one prepared for the next, once it is forked."""
+        if self.running is not None:
+            return self.running.pid
+        life = self._current()
+        worker = life.worker() if life is not None else None
+        return worker.pid if worker is not None else None
+
+    def status(self, head: Head) -> dict:
+        """hot (running a cell), warm (a live worker kept), cool (on disk) or cold (store only),
+        the bytes that tier holds, and the worker."""
+        life = self._current()
+        tier: dict = {"tier": "cold", "memory": 0}
+        if self.running is not None:
+            tier = {"tier": "hot", "memory": self.pool.memory(self.running)}
+        elif life is not None and life.cooled is not None:
+            tier = {"tier": "cool", "memory": life.cooled.size}
+        elif life is not None and (worker := life.worker()) is not None:
+            tier = {"tier": "warm", "memory": self.pool.memory(worker)}
+        return {"running": self.running is not None,
+                "pinned": bool(life and life.unsaved and self._usable(life, head)),
+                "worker": self.worker_pid(),
+                "prepared": life is not None,
+                **tier,
+                "lease_seconds": self.leases.seconds.get(self.name, 0.0)}

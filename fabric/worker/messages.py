@@ -1,0 +1,285 @@
+"""The server <-> worker wire: every message either end sends, defined once.
+
+One msgpack map per ZeroMQ PAIR frame (`fabric.protocol`), tagged by `op`. Both ends build
+messages as these dataclasses and read them back with `decode`, which checks every field's type:
+a message that is malformed, or whose `op` is unknown, raises `ProtocolError` and is never
+dropped or half-read.
+
+A cell, as the server drives it: `Load` (0..n, each answered by `Loaded`, with `Notice`s of a
+long load's progress before it), then `Run`, answered by `Started`, `Output`s, `Notice`s,
+`Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
+as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Sleep` -> `Sleeping` takes a worker
+to a dump (cool tier); on waking it says `Hello` again, as it does when it first connects.
+`Exit` ends it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, ClassVar
+
+from ..errors import ProtocolError
+
+Groups = list[tuple[str, list[str]]]  # [blob, names] of each group to load
+
+
+class Message:
+    """A message of this wire: `op` names it; its fields are its dataclass fields."""
+
+    op: ClassVar[str]
+
+    def to_wire(self) -> dict:
+        return {"op": self.op, **_plain(self)}
+
+    @classmethod
+    def from_wire(cls, wire: dict) -> Message:
+        """The message `wire` holds, every field checked; ProtocolError names what is wrong."""
+        return _checked(wire, cls, repr(cls.op))
+
+
+def _plain(record: Any) -> dict:
+    """A dataclass's fields as a map (nested ones too), without copying their values."""
+    return {f.name: _plain(value) if dataclasses.is_dataclass(value := getattr(record, f.name))
+            else value for f in dataclasses.fields(record)}
+
+
+def _checked(value: Any, kind: Any, where: str) -> Any:
+    """`value` as `kind` (a type hint of this module's shapes), or ProtocolError."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return value
+    if origin in (types.UnionType, typing.Union):
+        if value is not None and len(options := [a for a in args if a is not type(None)]) == 1:
+            return _checked(value, options[0], where)  # an optional's own error, if any
+        for option in args:
+            try:
+                return _checked(value, option, where)
+            except ProtocolError:
+                continue
+    elif dataclasses.is_dataclass(kind):
+        if isinstance(value, dict):
+            return kind(**_record(value, kind, where))
+    elif kind is type(None):
+        if value is None:
+            return None
+    elif kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif origin is list:
+        if isinstance(value, list | tuple):
+            return [_checked(v, args[0], f"{where}[]") for v in value]
+    elif origin is tuple:
+        if isinstance(value, list | tuple) and len(value) == len(args):
+            return tuple(_checked(v, a, f"{where}[]") for v, a in zip(value, args, strict=True))
+    elif origin is dict:
+        if isinstance(value, dict):
+            return {_checked(k, args[0], f"{where} key"): _checked(v, args[1], f"{where}[]")
+                    for k, v in value.items()}
+    elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ProtocolError(f"worker message field {where} is a {type(value).__name__}, "
+                        f"not {getattr(kind, '__name__', kind)}")
+
+
+def _record(wire: dict, kind: type, where: str) -> dict:
+    """The checked fields of dataclass `kind` in `wire`; unknown keys are ignored."""
+    values = {}
+    for name, (hint, required) in _fields(kind).items():
+        if name in wire:
+            values[name] = _checked(wire[name], hint, f"{where}.{name}")
+        elif required:
+            raise ProtocolError(f"worker message field {where}.{name} is missing")
+    return values
+
+
+@cache
+def _fields(kind: type) -> dict[str, tuple[Any, bool]]:
+    hints = typing.get_type_hints(kind)
+    return {f.name: (hints[f.name], f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(kind)}
+
+
+# server -> worker
+
+@dataclass(frozen=True)
+class Load(Message):
+    """Load groups and imports; the first load of a worker also sets its directory and ambient
+    state (`cwd`, `ambient`: the blob of the session's ambient state)."""
+
+    op: ClassVar[str] = "load"
+    groups: Groups = field(default_factory=list)
+    imports: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    ambient: str | None = None
+
+
+@dataclass(frozen=True)
+class Run(Message):
+    """Run a cell on the leased `device` (a GPU's UUID) with `threads` intra-op threads; a
+    `replay` runs a cell of a lineage again and saves nothing."""
+
+    op: ClassVar[str] = "run"
+    source: str
+    execution_count: int = 1
+    device: str | None = None
+    threads: int = 0
+    replay: bool = False
+
+
+@dataclass(frozen=True)
+class Settle(Message):
+    """After a replay, make the worker's state the head's but for `keep` (see
+    `Worker.settle`); `want`: names that must be there afterwards."""
+
+    op: ClassVar[str] = "settle"
+    groups: Groups
+    imports: dict[str, str]
+    ambient: str | None
+    keep: list[str]
+    want: list[str]
+
+
+@dataclass(frozen=True)
+class InputReply(Message):
+    """The answer to an `Input`: the user's `value`, or why there is none."""
+
+    op: ClassVar[str] = "input_reply"
+    value: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Sleep(Message):
+    op: ClassVar[str] = "sleep"
+
+
+@dataclass(frozen=True)
+class Exit(Message):
+    op: ClassVar[str] = "exit"
+
+
+# worker -> server
+
+@dataclass(frozen=True)
+class Hello(Message):
+    op: ClassVar[str] = "hello"
+    pid: int
+
+
+@dataclass(frozen=True)
+class Loaded(Message):
+    op: ClassVar[str] = "loaded"
+    seconds: float = 0.0
+    error: str | None = None
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Started(Message):
+    op: ClassVar[str] = "started"
+    t: float  # the worker's monotonic clock, when the cell's code began
+
+
+@dataclass(frozen=True)
+class Saving(Message):
+    """The cell's code is over; its state saves (an interrupt has nothing left to stop)."""
+
+    op: ClassVar[str] = "saving"
+
+
+@dataclass(frozen=True)
+class Output(Message):
+    """An nbformat output (or clear_output, update_display_data) of the running cell."""
+
+    op: ClassVar[str] = "output"
+    output: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Notice(Message):
+    """What llfabric did, apart from the cell's outputs (`fabric.notices`)."""
+
+    op: ClassVar[str] = "notice"
+    topic: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Input(Message):
+    op: ClassVar[str] = "input"
+    prompt: str
+    password: bool = False
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a cell's save wrote (see `snapshot.delta`): the parts of `Done` a commit reads."""
+
+    groups: list[tuple[str, list[str], int]]  # [blob, names, bytes] of each group written
+    kept: list[str]  # names whose group did not change
+    imports: dict[str, str]
+    refs: dict[str, list[str]]
+    packages: dict[str, list[str]]
+    ambient: str
+    owned: list[str]  # every name the worker speaks for: one missing was deleted
+    unsaved: dict[str, str]  # name -> why it cannot be saved
+    bounded: bool = False  # its grouping walk was cut short
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    """The cell ended (`status` ok or error, `ename`); `saved`, unless it was a replay or its
+    save `failed` (a FabricError's wire form: a full disk)."""
+
+    op: ClassVar[str] = "done"
+    status: str
+    ename: str | None = None
+    t_started: float = 0.0
+    run: float = 0.0
+    save: float = 0.0
+    saved: Saved | None = None
+    failed: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Settled(Message):
+    op: ClassVar[str] = "settled"
+    diverged: list[str] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    error: str | None = None
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Sleeping(Message):
+    op: ClassVar[str] = "sleeping"
+    pid: int
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """The worker could not read a message (malformed, or of an op it does not take)."""
+
+    op: ClassVar[str] = "error"
+    message: str
+
+
+TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Sleep, Exit)}
+FROM_WORKER = {m.op: m for m in (Hello, Loaded, Started, Saving, Output, Notice, Input, Done,
+                                 Settled, Sleeping, Refused)}
+
+
+def decode(wire: dict, ops: dict[str, type[Message]]) -> Message:
+    """The message of `ops` (TO_WORKER or FROM_WORKER) that `wire` holds."""
+    kind = ops.get(wire.get("op"))  # type: ignore[arg-type]
+    if kind is None:
+        raise ProtocolError(f"unknown worker message {wire.get('op')!r}")
+    return kind.from_wire(wire)
