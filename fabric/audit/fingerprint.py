@@ -27,8 +27,9 @@ class Fingerprint:
     Pickled bytes will not do: pickle's memo follows object identity, and a set of objects
     iterates in the order of their addresses. So the walk digests sets by their sorted element
     digests, arrays and tensors by their bytes, objects by their type and attributes, and code
-    by its bytecode; a reference back into the path being walked digests as a cycle marker.
-    The walk keeps its own stack: object graphs (an autograd tape) nest deeper than Python's.
+    by its bytecode, the names it uses and its constants; a reference back into the path being
+    walked digests as a cycle marker. The walk keeps its own stack: object graphs (an autograd
+    tape) nest deeper than Python's.
     """
 
     budget = 2_000_000  # objects; past it the value is summarised by its type alone
@@ -95,8 +96,11 @@ def _expand(obj: Any) -> tuple[list[str], list, str]:
         return [getattr(obj, "__module__", "") or "", name], [], "ordered"
     if isinstance(obj, types.FunctionType):
         cells = [c.cell_contents for c in obj.__closure__ or () if _has_contents(c)]
-        return ([obj.__qualname__, xxhash.xxh3_64_hexdigest(obj.__code__.co_code)],
-                [obj.__defaults__, obj.__kwdefaults__, *cells], "ordered")
+        children = [obj.__code__, obj.__defaults__, obj.__kwdefaults__, *cells]
+        return [obj.__qualname__], children, "ordered"
+    if isinstance(obj, types.CodeType):  # not its file: a cell's file is named after its process
+        return ([obj.co_qualname, xxhash.xxh3_64_hexdigest(obj.co_code),
+                 repr((obj.co_names, obj.co_varnames))], list(obj.co_consts), "ordered")
     if (memory := _memory_of(obj)) is not None:
         return memory, [], "ordered"
     kind = type(obj)
