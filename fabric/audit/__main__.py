@@ -14,7 +14,7 @@ from .recorder import Auditor
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m fabric.audit NOTEBOOK RESULT.json [--verify]: audit in this directory."""
+    """Run the audit the command line names, telling stderr of each cell as it ends."""
     args = sys.argv[1:] if argv is None else argv
     notebook, result, verify = Path(args[0]), Path(args[1]), "--verify" in args[2:]
     nb = read_notebook(notebook)
