@@ -10,6 +10,7 @@ import nbformat
 import pytest
 
 from fabric import audit
+from fabric.audit import recorder
 from fabric.closure import Closure
 
 CELLS = [
@@ -48,7 +49,7 @@ def test_a_closure_that_is_too_small_is_caught(tmp_path: Path,
     def nothing(source: str, manifest: object) -> Closure:
         return Closure(frozenset(), (), {}, frozenset(), False, True)
 
-    monkeypatch.setattr(audit, "closure", nothing)
+    monkeypatch.setattr(recorder, "closure", nothing)
     monkeypatch.chdir(tmp_path)  # each verified cell runs in a copy of the working directory
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the auditor sets it; undo that after
     auditor = audit.Auditor(verify=True)
@@ -67,14 +68,14 @@ def test_lookups_by_name_through_main_are_recorded(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """pickle finds a notebook class in __main__ by name, where no source names it: a closure
     that leaves the class out must show as a miss."""
-    real = audit.closure
+    real = recorder.closure
 
     def without_box(source: str, manifest: object) -> Closure:
         found = real(source, manifest)
         return dataclasses.replace(found, names=found.names - {"Box"},
                                    groups=tuple(g for g in found.groups if "Box" not in g.names))
 
-    monkeypatch.setattr(audit, "closure", without_box)
+    monkeypatch.setattr(recorder, "closure", without_box)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     auditor = audit.Auditor(verify=True)

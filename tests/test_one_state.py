@@ -8,20 +8,17 @@ run's. Real servers, workers and CRIU.
 
 from __future__ import annotations
 
-import io
-import pickle
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import nbformat
 import pytest
-import xxhash
 from helpers import execute, open_session, require_criu, serving, text
 from nbformat.v4 import new_code_cell, new_notebook
 
+from fabric.audit import fingerprints
 from fabric.client import Client
 from fabric.snapshot import Store, codec, history
 
@@ -55,35 +52,18 @@ PATHS = {
 }
 
 
-class _Canonical(pickle.Pickler):
-    """Pickles decoded values alike wherever they were made: a function by its code, not by
-    the cell file (named after the worker's pid) it was compiled in."""
-
-    def reducer_override(self, obj: object) -> object:
-        if isinstance(obj, types.FunctionType):
-            code = obj.__code__
-            return str, (f"{obj.__qualname__} {code.co_code.hex()} {code.co_consts!r}",)
-        return NotImplemented
-
-
-def _fingerprint(value: object) -> str:
-    out = io.BytesIO()
-    _Canonical(out, protocol=5).dump(value)
-    return xxhash.xxh3_128_hexdigest(out.getvalue())
-
-
 def committed(store: Path, session: str) -> list[dict]:
     """Every committed version, oldest first: its variables' groups and fingerprints, imports
     and cell status."""
     versions = []
     for _, manifest in reversed(history.log(Store(store), session)):
         ns: dict = {}
-        fingerprints, groups = {}, set()
+        variables, groups = {}, set()
         for group in manifest.groups:
             values = codec.loads(Store(store).get_object(group.blob), ns)
             groups.add(frozenset(group.names))
-            fingerprints |= {n: _fingerprint(values[n]) for n in group.names}
-        versions.append({"variables": fingerprints, "groups": groups,
+            variables |= fingerprints(values, list(group.names))
+        versions.append({"variables": variables, "groups": groups,
                          "imports": manifest.imports, "status": manifest.cell.get("status")})
     return versions
 

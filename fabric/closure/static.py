@@ -70,6 +70,12 @@ _transformer = TransformerManager()
 
 @lru_cache(maxsize=1024)
 def analyze(source: str) -> CellAnalysis:
+    """What `source` needs and binds; cached, as the server and its sessions ask again."""
+    return analyze_uncached(source)
+
+
+def analyze_uncached(source: str) -> CellAnalysis:
+    """`analyze` computed afresh, leaving the cache alone: what a cold analysis costs."""
     transformed = _transformer.transform_cell(source)
     visitor = _Visitor()
     try:

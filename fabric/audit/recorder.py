@@ -32,17 +32,14 @@ import tempfile
 import time
 import traceback
 import types
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from .closure import Closure, closure, group_variables
-from .closure.static import analyze
-from .notebook import read_notebook
-from .snapshot import Group, Manifest, ambient, codec
+from ..closure import Closure, closure, group_variables
+from ..closure.static import analyze_uncached
+from ..snapshot import Group, Manifest, ambient, codec
+from .fingerprint import fingerprints
 
 
 class RecordingNamespace(dict):
@@ -99,7 +96,8 @@ class CellAudit:
     forced_by: str  # whole: the construct that forced it (`globals()` in the cell, ...)
     analysis_seconds: float  # static analysis of the cell, cold
     draft_seconds: float  # the slowest analysis of a half-typed prefix of the cell
-    closure_seconds: float  # the server's closure computation, cold
+    closure_seconds: float  # the server's closure computation; cold unless the notebook ran
+    # the same source before, as the server's cache would be
     grouping_seconds: float  # the worker's grouping of the namespace before the cell
     bounded: bool  # the grouping walk hit its budget
     touched: list[str]  # session variables the cell looked up
@@ -131,8 +129,11 @@ def session_manifest(namespace: dict, names: list[str]) -> tuple[Manifest, dict[
 
 
 class Auditor:
+    """Runs cells one by one in a worker's IPython shell over a `RecordingNamespace`, and
+    audits each against the closure the server would compute for it."""
+
     def __init__(self, verify: bool = False) -> None:
-        from .worker.shell import OutStream, make_shell
+        from ..worker.shell import OutStream, make_shell
 
         self.namespace = RecordingNamespace()
         self.shell = make_shell(self.namespace)
@@ -170,7 +171,6 @@ class Auditor:
         manifest, sizes, grouping = session_manifest(ns, names)
         grouping_seconds = time.perf_counter() - start
         analysis_seconds, draft_seconds = _analysis_times(source)
-        analyze.cache_clear()
         start = time.perf_counter()
         cl = closure(source, manifest)
         closure_seconds = time.perf_counter() - start
@@ -289,156 +289,11 @@ class Auditor:
                     f"{ours.get(name, 'absent')} on the whole session")
 
 
-def fingerprints(namespace: dict, names: list[str]) -> dict[str, str]:
-    """A digest of each variable's value (module aliases and absent names skipped)."""
-    return {name: Fingerprint().of(namespace[name]) for name in names
-            if name in namespace and not isinstance(namespace[name], types.ModuleType)}
-
-
-class Fingerprint:
-    """A digest of an object's value that two processes agree on for equal values.
-
-    Pickled bytes will not do: pickle's memo follows object identity, and a set of objects
-    iterates in the order of their addresses. So the walk digests sets by their sorted element
-    digests, arrays and tensors by their bytes, objects by their type and attributes, and code
-    by its bytecode; a reference back into the path being walked digests as a cycle marker.
-    The walk keeps its own stack: object graphs (an autograd tape) nest deeper than Python's.
-    """
-
-    budget = 2_000_000  # objects; past it the value is summarised by its type alone
-
-    def __init__(self) -> None:
-        # id -> (object, digest): holding the object keeps its id from being reused by a
-        # temporary made later in the walk (a __getstate__ copy)
-        self.memo: dict[int, tuple[Any, str]] = {}
-        self.path: set[int] = set()
-        self.left = self.budget
-
-    def of(self, root: Any) -> str:
-        result: list[str] = []
-        # frames: [object, prefix parts, children, how to combine, child digests]
-        stack: list[list] = []
-        self._visit(root, stack, result)
-        while stack:
-            frame = stack[-1]
-            obj, prefix, children, combine, digests = frame
-            if len(digests) < len(children):
-                self._visit(children[len(digests)], stack, digests)
-                continue
-            stack.pop()
-            self.path.discard(id(obj))
-            if combine == "pairs":
-                digests = [f"{k}={v}" for k, v in zip(digests[::2], digests[1::2], strict=True)]
-            elif combine == "sorted":
-                digests = sorted(digests)
-            kind = type(obj)
-            digest = _hash(f"{kind.__module__}.{kind.__qualname__}", [*prefix, *digests])
-            self.memo[id(obj)] = (obj, digest)
-            (stack[-1][4] if stack else result).append(digest)
-        return result[0] if self.left >= 0 else f"too large: {type(root).__qualname__}"
-
-    def _visit(self, obj: Any, stack: list[list], out: list[str]) -> None:
-        """Append `obj`'s digest to `out` if it is known now, else push a frame for it."""
-        kind = type(obj)
-        key = id(obj)
-        if kind in _ATOM_TYPES:
-            out.append(f"{kind.__name__}:{obj!r}")
-        elif key in self.memo:
-            out.append(self.memo[key][1])
-        elif key in self.path:
-            out.append(f"cycle:{kind.__qualname__}")
-        else:
-            self.left -= 1
-            if self.left < 0:
-                out.append("?")
-                return
-            self.path.add(key)
-            stack.append([obj, *_expand(obj), []])
-
-
-def _expand(obj: Any) -> tuple[list[str], list, str]:
-    """What an object's digest is made of: fixed parts, children, and how children combine."""
-    if isinstance(obj, (list, tuple)):
-        return [], list(obj), "ordered"
-    if isinstance(obj, dict):
-        return [], [x for item in obj.items() for x in item], "pairs"
-    if isinstance(obj, (set, frozenset)):
-        return [], list(obj), "sorted"
-    if isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
-        name = getattr(obj, "__qualname__", None) or obj.__name__
-        return [getattr(obj, "__module__", "") or "", name], [], "ordered"
-    if isinstance(obj, types.FunctionType):
-        cells = [c.cell_contents for c in obj.__closure__ or () if _has_contents(c)]
-        return ([obj.__qualname__, xxhash.xxh3_64_hexdigest(obj.__code__.co_code)],
-                [obj.__defaults__, obj.__kwdefaults__, *cells], "ordered")
-    if (memory := _memory_of(obj)) is not None:
-        return memory, [], "ordered"
-    kind = type(obj)
-    if kind.__reduce_ex__ is not object.__reduce_ex__ or kind.__reduce__ is not object.__reduce__:
-        try:  # how the object pickles itself: its value, without its caches
-            made, *rest = obj.__reduce_ex__(4)
-            parts = [list(x) if isinstance(x, Iterator) else x for x in rest]
-            return [getattr(made, "__qualname__", repr(made))], parts, "ordered"
-        except Exception:
-            pass
-    getstate = getattr(kind, "__getstate__", None)
-    if getstate is not None and getstate is not object.__getstate__:
-        try:  # what the object itself calls its state (caches left out)
-            return [], [obj.__getstate__()], "ordered"
-        except Exception:
-            pass
-    state = getattr(obj, "__dict__", None)
-    slots = [getattr(obj, n, None) for c in type(obj).__mro__
-             for n in getattr(c, "__slots__", ()) if isinstance(n, str)]
-    if state is not None or slots:
-        return [], [state, *slots], "ordered"
-    try:
-        encoded = codec.dumps({"value": obj}, {})
-    except Exception:
-        return [repr(type(obj))], [], "ordered"
-    digest = xxhash.xxh3_64(encoded.stream)
-    for buffer in encoded.buffers:
-        digest.update(buffer)
-    return [digest.hexdigest()], [], "ordered"
-
-
-_ATOM_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, range,
-                         type(Ellipsis)})
-
-
-def _memory_of(obj: Any) -> list[str] | None:
-    """An array's or tensor's dtype, shape and values (and a parameter's gradient)."""
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(obj, np.ndarray) and obj.dtype != object:
-        data = np.ascontiguousarray(obj).view(np.uint8).tobytes() if obj.size else b""
-        return [str(obj.dtype), str(obj.shape), xxhash.xxh3_64_hexdigest(data)]
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        flat = obj.detach().cpu().contiguous().reshape(-1)
-        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        grad = obj.grad if obj.is_leaf and obj.requires_grad else None
-        return [str(obj.dtype), str(tuple(obj.shape)), str(obj.requires_grad),
-                xxhash.xxh3_64_hexdigest(data), "" if grad is None else _memory_of(grad)[2]]
-    return None
-
-
-def _hash(kind: str, parts: list[str]) -> str:
-    return xxhash.xxh3_64_hexdigest("\x00".join([kind, *parts]).encode(errors="surrogatepass"))
-
-
-def _has_contents(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
-
-
 def _analysis_times(source: str) -> tuple[float, float]:
     """Cold static analysis of the cell, and the slowest of its prefixes as typed (drafts)."""
     def timed(text: str) -> float:
         start = time.perf_counter()
-        analyze.__wrapped__(text)
+        analyze_uncached(text)
         return time.perf_counter() - start
 
     cut = [len(source) * k // 4 for k in (1, 2, 3)]
@@ -465,40 +320,3 @@ def audit_notebook(notebook: Path, workdir: Path, verify: bool = False,
         subprocess.run(command + (["--verify"] if verify else []), cwd=copy, env=env,
                        timeout=timeout, check=True, stdout=stderr, stderr=stderr)
     return json.loads(result.read_text())
-
-
-def report(cells: list[dict]) -> str:
-    """A table of the audit, one row per cell, then what went wrong."""
-    lines = [f"{'cell':>4}  {'closure/session vars':>20}  {'closure/session MB':>20}  "
-             f"{'touched':>7}  first line"]
-    for c in cells:
-        whole = "*" if c["whole"] else " "
-        lines.append(
-            f"{c['index']:>4}  {c['closure_variables']:>9}/{c['session_variables']:<9}{whole}  "
-            f"{c['closure_bytes'] / 1e6:>9.2f}/{c['session_bytes'] / 1e6:<10.2f}  "
-            f"{len(c['touched']):>7}  {c['head'][:40]}")
-    lines.append("(* the cell defeats static analysis: its closure is the whole session)")
-    for c in cells:
-        if c["whole"]:
-            lines.append(f"WHOLE cell {c['index']}: {c['forced_by']}")
-        for name in c["misses"]:
-            lines.append(f"MISS cell {c['index']}: looked up {name!r} outside its closure")
-        for diff in c["variable_diffs"]:
-            lines.append(f"DIFF cell {c['index']}: {diff}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """python -m fabric.audit NOTEBOOK RESULT.json [--verify]: audit in this directory."""
-    args = sys.argv[1:] if argv is None else argv
-    notebook, result, verify = Path(args[0]), Path(args[1]), "--verify" in args[2:]
-    nb = read_notebook(notebook)
-    sources = [c.source for c in nb.cells if c.cell_type == "code"]
-    audits = Auditor(verify).run(sources, on_cell=lambda a: print(
-        f"cell {a.index}: {a.closure_variables}/{a.session_variables} variables, "
-        f"{len(a.misses)} misses", file=sys.__stderr__, flush=True))
-    result.write_text(json.dumps([asdict(a) for a in audits]))
-
-
-if __name__ == "__main__":
-    main()
