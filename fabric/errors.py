@@ -27,6 +27,14 @@ class ProtocolError(FabricError):
     kind = "protocol"
 
 
+class ZygoteProtocolError(ProtocolError):
+    """A packet on a zygote's control channel that is not one of its messages for that end (an
+    unknown op, a missing or mistyped field), or a zygote's refusal of a request it could not
+    read; see `fabric.worker.control`."""
+
+    kind = "zygote_protocol"
+
+
 class UnknownSession(FabricError):
     kind = "unknown_session"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -32,7 +33,7 @@ import zmq
 import zmq.asyncio
 
 from .. import protocol
-from ..errors import FabricError, ProtocolError, WorkerDied
+from ..errors import FabricError, ProtocolError, WorkerDied, ZygoteProtocolError
 from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Message, decode
 from . import criu, cuda, parking
@@ -53,56 +54,81 @@ class ZygoteHandle:
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.failed: dict[str, str] = {}
         self.last_used = time.monotonic()
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future] = {}  # req -> (answer, descriptors)
         self._reqs = itertools.count()
         ctrl.setblocking(False)
         asyncio.get_running_loop().add_reader(ctrl.fileno(), self._readable)
 
     def _readable(self) -> None:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.ctrl, control.PACKET, 4)
+            received = control.receive(self.ctrl, control.TO_SERVER)
         except (BlockingIOError, InterruptedError):
             return
+        except ZygoteProtocolError as exc:  # a zygote that sends nonsense is as good as dead
+            log.error("zygote %d sent what is not a control message (%s); killing it",
+                      self.pid, exc)
+            self._fail(ZygoteProtocolError(f"zygote {self.pid}: {exc.message}", pid=self.pid,
+                                           **exc.fields))
+            self._kill()  # dropped like any dead one once its socket closes
+            return
         except OSError as exc:
-            data, fds = b"", []
+            received = None
             log.warning("zygote %d control socket failed: %s", self.pid, exc)
-        if not data:
+        if received is None:
             self._lost()
             return
-        message = control.decode(data)
-        op = message.get("op")
-        if op == "ready":
-            self.failed = message.get("failed", {})
+        message, fds = received
+        if isinstance(message, control.Ready):
+            self.failed = message.failed
             if not self.ready.done():
                 self.ready.set_result(message)
-        elif op == "exited":
-            self.pool.child_exited(message["pid"], message["status"])
-        elif (future := self._pending.pop(message.get("req"), None)) is not None:
+        elif isinstance(message, control.Exited):
+            self.pool.child_exited(message.pid, message.status)
+        elif (future := self._pending.pop(message.req, None)) is not None and not future.done():
             future.set_result((message, fds))
-        else:
+        else:  # a request whose waiter gave up, or a refusal of a message without a req
+            log.warning("zygote %d: %s answers no waiting request", self.pid, message)
             for fd in fds:
                 os.close(fd)
 
     def _lost(self) -> None:
         asyncio.get_running_loop().remove_reader(self.ctrl.fileno())
         self.ctrl.close()
-        error = FabricError(f"zygote {self.pid} exited", pid=self.pid)
+        self._fail(FabricError(f"zygote {self.pid} exited", pid=self.pid))
+        self.pool.zygote_lost(self)
+
+    def _fail(self, error: FabricError) -> None:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
         if not self.ready.done():
             self.ready.set_exception(error)
-        self.pool.zygote_lost(self)
 
-    async def request(self, message: dict) -> tuple[dict, list[int]]:
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    async def request(self, message: control.ForkWorker | control.ForkZygote,
+                      ) -> tuple[control.Message, list[int]]:
+        """The zygote's answer to `message` and the descriptors it carries; a refusal, or an
+        answer of another kind, is a ZygoteProtocolError."""
         if self.ctrl.fileno() < 0:
             raise FabricError(f"zygote {self.pid} is gone", pid=self.pid)
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
         self._pending[req] = future
-        control.send(self.ctrl, {**message, "req": req})
+        control.send(self.ctrl, dataclasses.replace(message, req=req))
         self.last_used = time.monotonic()
-        return await self._within(future)
+        answer, fds = await self._within(future)
+        if isinstance(answer, control.Refused):
+            raise ZygoteProtocolError(f"zygote {self.pid} refused {message.op}: {answer.error}",
+                                      pid=self.pid, op=message.op)
+        if not isinstance(answer, message.answer):
+            for fd in fds:
+                os.close(fd)
+            raise ZygoteProtocolError(f"zygote {self.pid} answered {message.op} with {answer.op}",
+                                      pid=self.pid, op=message.op)
+        return answer, fds
 
     async def until_ready(self) -> None:
         await self._within(asyncio.shield(self.ready))  # others may wait for it too
@@ -113,8 +139,7 @@ class ZygoteHandle:
         try:
             return await asyncio.wait_for(answer, START_TIMEOUT)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+            self._kill()
             raise
 
     def stop(self) -> None:
@@ -320,8 +345,8 @@ class Pool:
             if parent is None:
                 raise FabricError(f"no zygote is ready to build {sorted(modules)} from")
             missing = sorted(modules - parent.modules)
-            reply, fds = await parent.request({"op": "fork_zygote", "modules": missing})
-            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply["pid"], modules)
+            reply, fds = await parent.request(control.ForkZygote(modules=missing))
+            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules)
             self.zygotes[modules] = zygote
             await zygote.until_ready()
             self._evict()
@@ -373,9 +398,9 @@ class Pool:
         zygote = await self.zygote_for(needs, family)
         worker = WorkerHandle(self, next(self._ids), zygote)
         try:
-            reply, _ = await zygote.request({"op": "fork_worker", "endpoint": worker.endpoint,
-                                             "store": str(self.store_root)})
-            worker.pid = worker.process = reply["pid"]
+            reply, _ = await zygote.request(control.ForkWorker(endpoint=worker.endpoint,
+                                                               store=str(self.store_root)))
+            worker.pid = worker.process = reply.pid
             self.workers[worker.pid] = worker
             await self._hello(worker)
         except BaseException:

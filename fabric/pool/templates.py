@@ -116,8 +116,8 @@ class Templates:
                     raise criu.CheckpointError(
                         f"the template process exited before it was ready; see "
                         f"{template.images / 'process.log'}")
-                ready = control.decode(data)
-                template.failed_imports = dict(ready.get("failed", {}))
+                ready = control.decode(data, [], (control.Ready,))
+                template.failed_imports = ready.failed
                 if await loop.sock_recv(mine, control.PACKET):  # then EOF: it is going to sleep
                     raise criu.CheckpointError("the template process sent more than ready")
             root = worker_of(launcher.pid)

@@ -5,13 +5,10 @@ forking it gives a worker that starts a cell in milliseconds instead of paying a
 start and the imports. The base zygote is started by the server; every other zygote is forked
 from its nearest ancestor and imports only what is missing.
 
-Control protocol, one SOCK_SEQPACKET unix socket per zygote, one msgpack map per packet:
-  server -> zygote  {op: fork_worker, req, endpoint, store}     -> {op: forked, req, pid}
-                    {op: fork_zygote, req, modules}             -> {op: zygote, req, pid} + fd
-                    {op: exit}
-  zygote -> server  {op: ready, imported, failed}   once, after its imports
-                    {op: exited, pid, status}       a child of this zygote ended
-The fd sent with `zygote` is the new zygote's control socket. A zygote exits when its control
+The server drives a zygote over its control socket (see `control` for the messages): fork a
+worker, fork a child zygote (whose control socket goes back with the answer); the zygote reports
+`Ready` once after its imports and `Exited` for each child that ends. A message it cannot read
+gets a `Refused` answer, and the zygote goes on serving. A zygote exits when its control
 socket closes (the server evicted it or went away); a worker dies with its zygote
 (PR_SET_PDEATHSIG). Zygotes do not die with their parent zygote: evicting an ancestor must not
 take the families forked from it.
@@ -26,11 +23,11 @@ import selectors
 import signal
 import socket
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from ..errors import ZygoteProtocolError
 from . import control, runner
 from .shell import make_shell
 
@@ -67,8 +64,7 @@ class Zygote:
                 imported.append(name)
             except BaseException as exc:  # a module may even sys.exit(); the zygote must live
                 failed[name] = f"{type(exc).__name__}: {exc}"
-        control.send(self.ctrl, {"op": "ready", "pid": os.getpid(), "imported": imported,
-                          "failed": failed, "t": time.monotonic()})
+        control.send(self.ctrl, control.Ready(pid=os.getpid(), imported=imported, failed=failed))
 
     def serve(self) -> None:
         wake_r, wake_w = os.pipe()
@@ -85,15 +81,18 @@ class Zygote:
                     os.read(wake_r, 512)
                     self._reap()
                     continue
-                data = self.ctrl.recv(control.PACKET)
-                if not data:
+                try:
+                    received = control.receive(self.ctrl, control.TO_ZYGOTE)
+                except ZygoteProtocolError as exc:  # the server's mistake: answered, not dropped
+                    control.send(self.ctrl, control.Refused(req=exc.fields.get("req"),
+                                                            error=exc.message))
+                    continue
+                if received is None:
                     os._exit(0)  # the server went away
-                message = control.decode(data)
-                if message["op"] == "exit":
-                    os._exit(0)
-                if message["op"] == "fork_worker":
+                message, _ = received
+                if isinstance(message, control.ForkWorker):
                     self._fork_worker(message)
-                elif message["op"] == "fork_zygote":
+                else:
                     self._fork_zygote(message)
 
     def _reap(self) -> None:
@@ -104,7 +103,7 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            control.send(self.ctrl, {"op": "exited", "pid": pid, "status": status})
+            control.send(self.ctrl, control.Exited(pid=pid, status=status))
 
     def _child_hygiene(self, keep: int | None = None) -> None:
         """A child keeps stdio and `keep`; every other inherited descriptor is closed."""
@@ -116,32 +115,31 @@ class Zygote:
             os.closerange(3, keep)
             os.closerange(keep + 1, 1 << 16)
 
-    def _fork_worker(self, message: dict) -> None:
+    def _fork_worker(self, message: control.ForkWorker) -> None:
         pid = os.fork()
         if pid == 0:
             def live() -> None:
                 die_with_parent()
                 os.setsid()  # its own session, so that CRIU can dump it (no "shell job")
                 self._child_hygiene()
-                runner.main(self.shell, message["endpoint"], message["store"])
+                runner.main(self.shell, message.endpoint, message.store)
 
             exit_after(live)
-        control.send(self.ctrl, {"op": "forked", "req": message["req"], "pid": pid})
+        control.send(self.ctrl, control.Forked(req=message.req, pid=pid))
 
-    def _fork_zygote(self, message: dict) -> None:
+    def _fork_zygote(self, message: control.ForkZygote) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             def live() -> None:
                 self._child_hygiene(keep=theirs.fileno())
                 self.ctrl = theirs
-                self.import_modules(list(message["modules"]))
+                self.import_modules(message.modules)
                 self.serve()
 
             exit_after(live)
         theirs.close()
-        reply = {"op": "zygote", "req": message["req"], "pid": pid}
-        control.send(self.ctrl, reply, [mine.fileno()])
+        control.send(self.ctrl, control.ZygoteForked(req=message.req, pid=pid), [mine.fileno()])
         mine.close()
 
 

@@ -1,14 +1,24 @@
-"""The zygote tree: families forked from their nearest ancestor, bounded by count and memory."""
+"""The zygote tree: families forked from their nearest ancestor, bounded by count and memory;
+its control channel, where what is not a message is an error at either end."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import msgpack
+import pytest
+
+from fabric.errors import ZygoteProtocolError
 from fabric.pool import Pool
 from fabric.pool import pool as pool_module
+from fabric.pool.pool import ZygoteHandle
+from fabric.worker import control
 
 
 def test_families_past_the_memory_bound_are_evicted_least_recently_used_first(
@@ -65,6 +75,101 @@ def test_a_dead_or_hung_base_zygote_is_replaced_and_workers_start_cold_meanwhile
             assert worker.source == "zygote"
             await worker.close()
         finally:
+            await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_zygote_refuses_what_is_not_its_message_and_serves_on() -> None:
+    ctrl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = subprocess.Popen([sys.executable, "-m", "fabric.worker.zygote", str(theirs.fileno())],
+                              pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+    theirs.close()
+    ctrl.settimeout(120)
+    bad = [
+        (msgpack.packb({"op": "exit", "req": 1}), [], 1, "unknown op 'exit'"),
+        (msgpack.packb({"op": "forked", "req": 2, "pid": 9}), [], 2, "unknown op 'forked'"),
+        (msgpack.packb({"op": "fork_worker", "req": 3, "endpoint": "ipc:///w"}), [], 3,
+         "fork_worker lacks its field 'store'"),
+        (msgpack.packb({"op": "fork_zygote", "req": 4, "modules": "json"}), [], 4,
+         "fork_zygote.modules is 'json', not list[str]"),
+        (msgpack.packb({"op": "fork_zygote", "req": 5, "modules": [], "lazy": True}), [], 5,
+         "fork_zygote has unknown fields ['lazy']"),
+        (msgpack.packb({"op": "fork_zygote", "req": 6, "modules": []}),
+         [os.open(os.devnull, os.O_RDONLY)], 6, "fork_zygote came with 1 descriptors, not 0"),
+        (msgpack.packb([1, 2]), [], None, "a control packet holding a list, not a map"),
+        (b"\xc1", [], None, "a control packet that is not msgpack"),
+    ]
+    try:
+        ready, _ = control.receive(ctrl, (control.Ready,))
+        assert ready.pid == zygote.pid
+        for packet, fds, req, why in bad:
+            socket.send_fds(ctrl, [packet], fds)
+            for fd in fds:
+                os.close(fd)
+            refused, fds = control.receive(ctrl, (control.Refused,))
+            assert (refused.req, fds) == (req, [])
+            assert why in refused.error
+        control.send(ctrl, control.ForkZygote(modules=["json"], req=7))
+        forked, fds = control.receive(ctrl, (control.ZygoteForked,))
+        with socket.socket(fileno=fds[0]) as child:
+            child.settimeout(120)
+            ready, _ = control.receive(child, (control.Ready,))
+            assert (ready.pid, ready.imported) == (forked.pid, ["json"])
+    finally:
+        ctrl.close()  # the zygote exits on EOF
+        assert zygote.wait(30) == 0
+
+
+def test_a_request_the_zygote_refuses_fails_with_its_reason(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        pool = Pool(tmp_path)
+        await pool.start()
+        try:
+            base = pool.zygotes[frozenset()]
+            with pytest.raises(ZygoteProtocolError,
+                               match=r"refused fork_zygote: fork_zygote.modules is \[1\]"):
+                await base.request(control.ForkZygote(modules=[1]))  # type: ignore[list-item]
+            worker = await pool.new_worker(frozenset())
+            assert worker.zygote is base  # it served on
+            await worker.close()
+        finally:
+            await pool.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("packet", "why"), [
+    ({"op": "ready", "pid": 1, "imported": "json", "failed": {}}, "ready.imported is 'json'"),
+    ({"op": "hello", "req": 0}, "unknown op 'hello'"),
+])
+def test_a_zygote_that_sends_what_is_not_a_message_fails_its_requests_and_is_killed(
+        tmp_path: Path, packet: dict, why: str) -> None:
+    async def scenario() -> None:
+        pool = Pool(tmp_path)
+        stand_in = subprocess.Popen(["sleep", "60"])  # the zygote process the server kills
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        zygote = ZygoteHandle(pool, mine, stand_in.pid, frozenset({"json"}))
+        try:
+            request = asyncio.ensure_future(
+                zygote.request(control.ForkWorker(endpoint="ipc:///w", store=str(tmp_path))))
+            await asyncio.sleep(0)
+            assert control.receive(theirs, control.TO_ZYGOTE) is not None  # it was sent
+            theirs.send(msgpack.packb(packet))
+            for waiting in (request, zygote.until_ready()):
+                with pytest.raises(ZygoteProtocolError, match=why):
+                    await waiting
+            assert await asyncio.to_thread(stand_in.wait, 10) == -signal.SIGKILL
+            theirs.close()
+            for _ in range(100):  # its socket's close drops it, as any dead zygote
+                if mine.fileno() < 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert mine.fileno() < 0
+        finally:
+            theirs.close()
+            stand_in.kill()
+            stand_in.wait()
             await pool.stop()
 
     asyncio.run(scenario())
