@@ -20,10 +20,9 @@ from .closure.groups import package_of
 from .closure.static import analyze
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool
-from .pool.agent import Cell, Emit, Events, Head, HostAgent
+from .pool.agent import Cell, Done, Emit, Events, Head, HostAgent
 from .pool.lifecycle import Keeper, Life
 from .snapshot import Group, Manifest, Store, history
-from .worker.messages import Done
 
 
 class Session:

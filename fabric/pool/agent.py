@@ -107,7 +107,7 @@ class Events:
             self(notices.loss(text))
 
 
-Commit = Callable[[Done], Head]  # folds a cell's save into a new head version
+Commit = Callable[[Done], Head]  # folds a cell's report (its save) into a new head version
 
 
 def _union(closures: list[Closure]) -> Closure:
