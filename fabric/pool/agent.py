@@ -23,36 +23,25 @@ from dataclasses import dataclass
 from .. import notices
 from ..closure import Closure, closure
 from ..closure.static import analyze
-from ..errors import CellStopped, FabricError, LoadFailed, RemoteError, WorkerDied
+from ..errors import FabricError, LoadFailed, RemoteError, WorkerDied
 from ..snapshot import Group, Manifest, Store, history, lineage
 from ..worker.messages import (
     Done,
-    Input,
-    InputReply,
     Load,
     Loaded,
     Notice,
-    Output,
     Run,
-    Saving,
-    Started,
 )
 from .leases import Leases
 from .lifecycle import Keeper, Life, Stage
 from .parking import ParkFailed
 from .pool import Pool, WorkerHandle
 from .replay import recompute
+from .running import Running
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[..., None]  # emit(payload, event="output"): an event of the running request
-
-
-STOPS = {  # why the server stopped a running cell, as the user is told
-    "interrupt": "the cell did not stop within {grace:g} s of its interrupt",
-    "close": "the session was closed while the cell ran",
-    "client": "the client that ran the cell stopped answering",
-}
 
 
 @dataclass(frozen=True)
@@ -138,18 +127,12 @@ class HostAgent:
         self.pool, self.leases, self.keeper = pool, leases, keeper
         self.interrupt_grace = interrupt_grace
         self.prepared: Life | None = None  # the worker readied for the session's next cell
-        self.running: WorkerHandle | None = None
+        self.running: Running | None = None  # the cell running now, until it commits
         self.interrupted = False
         self.busy = False  # a cell is between its request and its reply
-        self._escalation: asyncio.TimerHandle | None = None  # the kill an interrupt schedules
-        self._stopped: str | None = None  # why the running cell's worker was killed
-        self._saving = False  # the running cell's code has ended; its worker saves
-        self._answer: asyncio.Future | None = None  # the client's answer to the cell's input()
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
         self.lost_why = ""  # why they cannot be recomputed
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
-        self._began = False  # the running cell's code has started
-        self._started: float | None = None  # when, on the worker's monotonic clock
         self._background: set[asyncio.Task] = set()
 
     # readying a worker
@@ -334,8 +317,8 @@ class HostAgent:
         if queued:
             events({"waited": lease.waited}, "leased")
             events.notice("queued", f"waited {lease.waited:.1f} s for an execution slot")
-        self.running, self._began, self._started = worker, False, None
-        self._stopped, self._saving = None, False
+        running = self.running = Running(self.name, worker, events, cell.stdin,
+                                         self.interrupt_grace)
         try:
             if self.interrupted:
                 raise FabricError("the cell was interrupted before it started", session=self.name)
@@ -355,7 +338,7 @@ class HostAgent:
                 await self._send_load(worker, life.deferred.pop(0), events)
             await worker.send(Run(cell.source, cell.execution_count, lease.device,
                                   self.leases.threads))
-            done = await self._relay(worker, cell, events)
+            done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)
             committed = time.monotonic()
@@ -366,20 +349,10 @@ class HostAgent:
             unsaved = sorted(saved.unsaved) if saved is not None else []
             kept = await self._park(worker, unsaved, head, events, lease.device)
         except WorkerDied as exc:
-            if self._stopped is not None:
-                why = STOPS[self._stopped].format(grace=self.interrupt_grace)
-                raise CellStopped(f"{why}: its worker was killed and the session stays at "
-                                  f"version {head.manifest.version}", session=self.name,
-                                  version=head.manifest.version, reason=self._stopped) from exc
-            raise WorkerDied(f"{exc.message}; the session stays at version "
-                             f"{head.manifest.version}", session=self.name,
-                             version=head.manifest.version,
-                             started=self._began) from exc
+            raise running.failed(exc, head.manifest.version) from exc
         finally:
             self.running = None
-            if self._escalation is not None:
-                self._escalation.cancel()
-                self._escalation = None
+            running.end()
             self.leases.release(lease)
         unsaved = unsaved if kept else []
         if unsaved and unsaved != life.unsaved and saved is not None:
@@ -389,7 +362,7 @@ class HostAgent:
                 "worker alive to hold them"))
         if kept:
             self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved)
-        started = self._started if self._started is not None else cell.received
+        started = running.started if running.started is not None else cell.received
         return Ran(done.status, done.ename, unsaved, path, worker.source, {
             "prepare": life.seconds,
             "queue": lease.waited,
@@ -399,51 +372,12 @@ class HostAgent:
             "lease_held": lease.held,
         }), kept
 
-    async def _relay(self, worker: WorkerHandle, cell: Cell, events: Events) -> Done:
-        """Relay the running cell's messages to the client until it is done."""
-        while True:
-            message = await worker.recv()
-            if isinstance(message, Output):
-                events(message.output)
-            elif isinstance(message, Notice):
-                events.notice(message.topic, message.text)
-            elif isinstance(message, Started):
-                self._started, self._began = message.t, True
-            elif isinstance(message, Saving):
-                self._saving = True
-            elif isinstance(message, Input):
-                answer = await self._ask(worker, message, events, cell.stdin)
-                if answer is not None:  # None: interrupted; the worker stopped waiting
-                    await worker.send(answer)
-            elif isinstance(message, Done):
-                return message
-            else:
-                worker.kill()
-                raise WorkerDied(f"worker {worker.pid} sent {message.op!r} during a cell")
-
-    async def _ask(self, worker: WorkerHandle, request: Input, events: Events,
-                   stdin: bool) -> InputReply | None:
-        """Relay the cell's input() to the client; its answer, or None if the cell was
-        interrupted or its worker died first."""
-        if not stdin:
-            return InputReply(error="input() was called, but the client that runs this cell "
-                              "does not answer input requests")
-        self._answer = asyncio.get_running_loop().create_future()
-        events({"prompt": request.prompt, "password": request.password}, "input_request")
-        try:
-            await asyncio.wait({self._answer, worker.died}, return_when=asyncio.FIRST_COMPLETED)
-            answer = self._answer.result() if self._answer.done() else None
-        finally:
-            self._answer = None
-        return None if answer is None else InputReply(**answer)
-
     def answer(self, value: str | None, error: str | None) -> dict:
         """The client's answer to the running cell's input request."""
-        if self._answer is None or self._answer.done():
+        if self.running is None:
             raise FabricError(f"no cell of session {self.name} is waiting for input",
                               session=self.name)
-        self._answer.set_result({"error": error} if error is not None else {"value": value or ""})
-        return {"answered": True}
+        return self.running.answer(value, error)
 
     # after a cell
     async def _park(self, worker: WorkerHandle, unsaved: list[str], head: Head, events: Events,
@@ -483,33 +417,22 @@ class HostAgent:
 
     # stopping
     def interrupt(self) -> bool:
-        """KeyboardInterrupt in the running cell; its worker is killed if the cell still runs
-        `interrupt_grace` seconds later (it swallowed the interrupt), so its lease comes back."""
+        """KeyboardInterrupt in the running cell (see `running`); a cell still waiting for its
+        worker or lease never starts."""
         if self.running is not None:
-            if self._answer is not None and not self._answer.done():
-                self._answer.set_result(None)
             self.running.interrupt()
-            if self._escalation is None:
-                self._escalation = asyncio.get_running_loop().call_later(
-                    self.interrupt_grace, self._escalate)
             return True
         if self.busy:
             self.interrupted = True
             return True
         return False
 
-    def _escalate(self) -> None:
-        self._escalation = None
-        if not self._saving:  # the interrupt worked: the cell's code is over, its state saves
-            self.stop("interrupt")
-
     def stop(self, reason: str) -> None:
-        """Stop the running cell now (`reason`, a key of STOPS): kill the worker running it, or
-        make sure a cell still waiting for its worker or lease never starts."""
+        """Stop the running cell now (`reason`, a key of `running.STOPS`): kill the worker
+        running it, or make sure a cell still waiting for its worker or lease never starts."""
         self.interrupted = self.busy
-        if self.running is not None and not self.running.died.done():
-            self._stopped = reason
-            self.running.kill()
+        if self.running is not None:
+            self.running.stop(reason)
 
     async def close(self) -> None:
         self.stop("close")
@@ -525,7 +448,7 @@ class HostAgent:
     def worker_pid(self) -> int | None:
         """The worker running a cell, else the one prepared for the next, once it is forked."""
         if self.running is not None:
-            return self.running.pid
+            return self.running.worker.pid
         life = self._current()
         worker = life.worker() if life is not None else None
         return worker.pid if worker is not None else None
@@ -536,7 +459,7 @@ class HostAgent:
         life = self._current()
         tier: dict = {"tier": "cold", "memory": 0}
         if self.running is not None:
-            tier = {"tier": "hot", "memory": self.pool.memory(self.running)}
+            tier = {"tier": "hot", "memory": self.pool.memory(self.running.worker)}
         elif life is not None and life.cooled is not None:
             tier = {"tier": "cool", "memory": life.cooled.size}
         elif life is not None and (worker := life.worker()) is not None:
