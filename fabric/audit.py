@@ -42,6 +42,7 @@ import xxhash
 from .closure import Closure, closure, group_variables
 from .closure.static import analyze
 from .notebook import read_notebook
+from .plan import plan
 from .snapshot import Group, Manifest, ambient, codec
 
 
@@ -170,9 +171,10 @@ class Auditor:
         manifest, sizes, grouping = session_manifest(ns, names)
         grouping_seconds = time.perf_counter() - start
         analysis_seconds, draft_seconds = _analysis_times(source)
+        plan.cache_clear()
         analyze.cache_clear()
         start = time.perf_counter()
-        cl = closure(source, manifest)
+        cl = closure(plan(source), manifest)
         closure_seconds = time.perf_counter() - start
         before = {n: id(ns[n]) for n in names}
 

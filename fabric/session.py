@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 
 from . import notices
 from .closure import Closure, closure
-from .closure.groups import package_of
-from .closure.static import analyze
 from .errors import CellStopped, FabricError, RemoteError, SessionBusy, StoreError, WorkerDied
+from .plan import plan
 from .pool import Leases, Pool, WorkerHandle, parking
 from .pool.parking import CoolImage
 from .snapshot import Group, Manifest, Store, history, lineage
@@ -140,7 +139,8 @@ class Session:
         start, needs = self.manifest, cl
         if replay is not None:
             start = replay.start
-            needs = _union([closure(str(c.get("source", "")), start) for c in replay.cells])
+            needs = _union([closure(plan(str(c.get("source", ""))), start)
+                            for c in replay.cells])
 
         async def prepare() -> WorkerHandle:
             worker = await self.pool.new_worker(cl.modules | needs.modules,
@@ -158,7 +158,7 @@ class Session:
         prep.add(list(needs.groups), needs.imports)
         if replay is not None:  # what its cells bind, and what it is for, come from the replay
             prep.holds.update(n for c in replay.cells
-                              for n in analyze(str(c.get("source", ""))).writes)
+                              for n in plan(str(c.get("source", ""))).analysis.writes)
             prep.holds.update(replay.names)
             self._extend(prep, cl)
         return prep
@@ -270,7 +270,7 @@ class Session:
     def draft(self, source: str) -> dict:
         """Prepare a worker for `source` now, while the user is still editing it."""
         self._follow_head()
-        cl = closure(source, self.manifest)
+        cl = closure(plan(source), self.manifest)
         self._thaw(self.prepared)
         if self._usable(self.prepared):
             self._extend(self.prepared, cl)
@@ -305,7 +305,7 @@ class Session:
         async with self.lock:
             self.interrupted = False
             self._follow_head()
-            cl = closure(source, self.manifest)
+            cl = closure(plan(source), self.manifest)
             prep, self.prepared = self.prepared, None
             if self._thaw(prep):
                 try:
@@ -671,8 +671,7 @@ class Session:
             refs={n: r for n, r in parent.refs.items() if n not in owned} | refs,
             packages={n: p for n, p in parent.packages.items() if n not in owned} | packages,
             ambient=done["ambient"],
-            modules=tuple(sorted(set(parent.modules) | {
-                m for m in analyze(source).imports if package_of(m) is not None})),
+            modules=tuple(sorted(set(parent.modules) | plan(source).modules)),
             cell={"execution_count": count, "status": done["status"],
                   "source": source, "time": time.time(), "unsaved": unsaved,
                   "run": float(done.get("run") or 0.0)},

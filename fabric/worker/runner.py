@@ -35,8 +35,9 @@ from IPython.core.error import StdinNotImplementedError
 from .. import protocol
 from ..closure.groups import group_variables
 from ..errors import FabricError
+from ..plan import plan
 from ..snapshot import ambient, codec
-from ..snapshot.delta import DeltaSaver, reached_by
+from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
 from . import threads, wake
 from .fdcapture import FdCapture
@@ -280,7 +281,7 @@ class Worker:
         names = self.shell.user_variables()
         imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
         state = [n for n in names if n not in imports]
-        saved = self.saver.save(ns, state, reached_by(source), self._progress("saving"))
+        saved = self.saver.save(ns, state, plan(source).reached, self._progress("saving"))
         self.owned.update(names)
         return {
             "groups": saved.groups,
