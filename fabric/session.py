@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 
 from . import notices
 from .closure import Closure, closure
-from .errors import CellStopped, FabricError, RemoteError, SessionBusy, StoreError, WorkerDied
+from .errors import CellStopped, FabricError, RemoteError, SessionBusy, WorkerDied
 from .plan import plan
 from .pool import Leases, Pool, WorkerHandle, parking
 from .pool.parking import CoolImage
 from .snapshot import Group, Manifest, Store, history, lineage
+from .snapshot.commit import commit, head_manifest
 
 log = logging.getLogger(__name__)
 
@@ -242,20 +243,9 @@ class Session:
         runs on that version, and a worker prepared for the old head is no longer usable.
         The head is read again even if it has not moved: a cell never runs on a damaged one."""
         head = self.store.head(self.name)
-        manifest = self._head_manifest(head)
+        manifest = head_manifest(self.store, self.name, head)
         if head != self.head:
             self.manifest, self.head = manifest, head
-
-    def _head_manifest(self, head: str | None) -> Manifest:
-        """The manifest `head` names, checked (hash, signature) as a new version's parent."""
-        if head is None:
-            return Manifest(session=self.name)
-        try:
-            return Manifest.decode(self.store.get_manifest(head))
-        except StoreError as exc:
-            raise StoreError(f"session {self.name}'s head is damaged ({exc.message}): no cell "
-                             "can commit on it; `llfabric store verify` tells more",
-                             session=self.name, head=head) from exc
 
     def checkout(self, version: int | str) -> dict:
         """Go back to `version`'s state: the next cell runs on it. The checkout is a new version,
@@ -643,44 +633,9 @@ class Session:
         return True
 
     def _commit(self, done: dict, source: str, count: int) -> None:
-        """Fold the worker's report into a new manifest and move the head to it."""
-        try:
-            owned = set(done["owned"]) - set(done.get("kept", ()))  # kept: stay as committed
-            new_groups = [Group(str(b), tuple(map(str, names)), int(size))
-                          for b, names, size in done["groups"]]
-            imports = {str(k): str(v) for k, v in done["imports"].items()}
-            refs = {str(k): tuple(map(str, v)) for k, v in done["refs"].items()}
-            packages = {str(k): tuple(map(str, v)) for k, v in done["packages"].items()}
-            unsaved = sorted(map(str, done.get("unsaved") or {}))  # lineage for a cold restore
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StoreError(f"the worker sent a malformed save report: {exc}") from exc
-        blobs = [g.blob for g in new_groups] + [done.get("ambient")]
-        for blob in blobs:  # a head must never point at missing data
-            if not isinstance(blob, str) or not self.store.has(blob):
-                raise StoreError(f"the worker reported blob {blob!r} that is not in the store")
-        self._head_manifest(self.head)  # a commit never builds on a damaged parent
-        parent = self.manifest
-        kept = [Group(g.blob, tuple(n for n in g.names if n not in owned), g.size)
-                for g in parent.groups]
-        manifest = Manifest(
-            session=self.name,
-            version=parent.version + 1,
-            parent=self.head,
-            groups=tuple(g for g in kept if g.names) + tuple(new_groups),
-            imports={a: m for a, m in parent.imports.items() if a not in owned} | imports,
-            refs={n: r for n, r in parent.refs.items() if n not in owned} | refs,
-            packages={n: p for n, p in parent.packages.items() if n not in owned} | packages,
-            ambient=done["ambient"],
-            modules=tuple(sorted(set(parent.modules) | plan(source).modules)),
-            cell={"execution_count": count, "status": done["status"],
-                  "source": source, "time": time.time(), "unsaved": unsaved,
-                  "run": float(done.get("run") or 0.0)},
-        )
-        if self.admit is not None:
-            self.admit(manifest)
-        ident = self.store.put_manifest(manifest.encode())
-        self.store.set_head(self.name, ident, self.head)  # refused if the head moved
-        self.head, self.manifest = ident, manifest
+        """Fold the worker's report into a new version (`snapshot.commit`); follow the head."""
+        self.head, self.manifest = commit(self.store, self.name, self.head, done, plan(source),
+                                          count, self.admit)
 
     def _worker_pid(self) -> int | None:
         """The worker running a cell, else the one prepared for the next, once it is forked."""
