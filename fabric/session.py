@@ -15,14 +15,13 @@ from collections import deque
 from collections.abc import Callable
 
 from . import notices
-from .closure import Closure, closure
-from .closure.groups import package_of
-from .closure.static import analyze
+from .closure import CellPlan, Closure, closure, plan
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool
 from .pool.agent import Cell, Done, Emit, Events, Head, HostAgent
 from .pool.lifecycle import Keeper, Life
-from .snapshot import Group, Manifest, Store, history
+from .snapshot import Manifest, Store, history
+from .snapshot.commit import CellRecord, commit, head_manifest
 
 
 class Session:
@@ -58,21 +57,10 @@ class Session:
         runs on that version, and a worker prepared for the old head is no longer usable.
         The head is read again even if it has not moved: a cell never runs on a damaged one."""
         head = self.store.head(self.name)
-        manifest = self._head_manifest(head)
+        manifest = head_manifest(self.store, self.name, head)
         if head != self.head:
             self.manifest, self.head = manifest, head
         return Head(self.head, self.manifest)
-
-    def _head_manifest(self, head: str | None) -> Manifest:
-        """The manifest `head` names, checked (hash, signature) as a new version's parent."""
-        if head is None:
-            return Manifest(session=self.name)
-        try:
-            return Manifest.decode(self.store.get_manifest(head))
-        except StoreError as exc:
-            raise StoreError(f"session {self.name}'s head is damaged ({exc.message}): no cell "
-                             "can commit on it; `llfabric store verify` tells more",
-                             session=self.name, head=head) from exc
 
     def checkout(self, version: int | str) -> dict:
         """Go back to `version`'s state: the next cell runs on it. The checkout is a new version,
@@ -87,7 +75,7 @@ class Session:
     def draft(self, source: str) -> dict:
         """Ready a worker for `source` now, while the user is still editing it."""
         head = self._follow_head()
-        cl = closure(source, self.manifest)
+        cl = closure(plan(source), self.manifest)
         self.agent.draft(cl, head, self._events(None))
         return self._describe(cl)
 
@@ -101,54 +89,26 @@ class Session:
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
         async with self.lock:
             head = self._follow_head()
-            cl = closure(source, self.manifest)
+            cell = plan(source)
+            cl = closure(cell, self.manifest)
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
             self._told = []
-            ran = await self.agent.run(Cell(source, cl, count, stdin, received), head,
+            ran = await self.agent.run(Cell(cell, cl, count, stdin, received), head,
                                        self._events(emit),
-                                       lambda done: self._commit(done, source, count))
+                                       lambda done: self._commit(done, cell, count))
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
                     "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
                     "path": ran.path, "source": ran.source, "closure": self._describe(cl),
                     "timings": ran.timings}
 
-    def _commit(self, done: Done, source: str, count: int) -> Head:
-        """Fold the worker's save into a new manifest and move the head to it."""
-        saved = done.saved
-        if saved is None:
+    def _commit(self, done: Done, cell: CellPlan, count: int) -> Head:
+        """Fold the worker's save into a new version (`snapshot.commit`); the head moves to it."""
+        if done.saved is None:
             raise StoreError("the worker ran the cell but sent no save report")
-        owned = set(saved.owned) - set(saved.kept)  # kept: stay as committed
-        new_groups = [Group(blob, tuple(names), size) for blob, names, size in saved.groups]
-        for blob in [g.blob for g in new_groups] + [saved.ambient]:
-            if not self.store.has(blob):  # a head must never point at missing data
-                raise StoreError(f"the worker reported blob {blob!r} that is not in the store")
-        self._head_manifest(self.head)  # a commit never builds on a damaged parent
-        parent = self.manifest
-        kept = [Group(g.blob, tuple(n for n in g.names if n not in owned), g.size)
-                for g in parent.groups]
-        manifest = Manifest(
-            session=self.name,
-            version=parent.version + 1,
-            parent=self.head,
-            groups=tuple(g for g in kept if g.names) + tuple(new_groups),
-            imports={a: m for a, m in parent.imports.items() if a not in owned} | saved.imports,
-            refs={n: r for n, r in parent.refs.items() if n not in owned}
-            | {n: tuple(r) for n, r in saved.refs.items()},
-            packages={n: p for n, p in parent.packages.items() if n not in owned}
-            | {n: tuple(p) for n, p in saved.packages.items()},
-            ambient=saved.ambient,
-            modules=tuple(sorted(set(parent.modules) | {
-                m for m in analyze(source).imports if package_of(m) is not None})),
-            cell={"execution_count": count, "status": done.status, "source": source,
-                  "time": time.time(), "unsaved": sorted(saved.unsaved),  # lineage, cold
-                  "run": done.run},
-        )
-        if self.admit is not None:
-            self.admit(manifest)
-        ident = self.store.put_manifest(manifest.encode())
-        self.store.set_head(self.name, ident, self.head)  # refused if the head moved
-        self.head, self.manifest = ident, manifest
-        return Head(ident, manifest)
+        self.head, self.manifest = commit(
+            self.store, self.name, self.head, done.saved,
+            CellRecord(cell.source, count, done.status, done.run, cell.modules), self.admit)
+        return Head(self.head, self.manifest)
 
     def interrupt(self) -> bool:
         """KeyboardInterrupt in the running cell (see `HostAgent.interrupt`)."""

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..closure import Closure, closure, group_variables
+from ..closure.plan import plan
 from ..closure.static import analyze_uncached
 from ..snapshot import Group, Manifest, ambient, codec
 from .fingerprint import fingerprints
@@ -172,7 +173,7 @@ class Auditor:
         grouping_seconds = time.perf_counter() - start
         analysis_seconds, draft_seconds = _analysis_times(source)
         start = time.perf_counter()
-        cl = closure(source, manifest)
+        cl = closure(plan(source), manifest)
         closure_seconds = time.perf_counter() - start
         before = {n: id(ns[n]) for n in names}
 

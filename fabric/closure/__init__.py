@@ -1,7 +1,14 @@
-"""Closure analysis: what a cell needs from its session (pure functions, no processes)."""
+"""Closure analysis: what a cell needs from its session.
 
-from .closure import Closure, closure
+Pure functions of plain data (a cell's source, a session version read through `State`, an object
+graph): no processes, and nothing from the store, whose manifests satisfy `State` as they are.
+A cell's source is analysed once into its `plan`, which every other part asks.
+"""
+
+from .closure import Cell, Closure, State, StoredGroup, closure
 from .groups import Grouping, group_variables
+from .plan import CellPlan, plan
 from .static import CellAnalysis, analyze
 
-__all__ = ["CellAnalysis", "Closure", "Grouping", "analyze", "closure", "group_variables"]
+__all__ = ["Cell", "CellAnalysis", "CellPlan", "Closure", "Grouping", "State", "StoredGroup",
+           "analyze", "closure", "group_variables", "plan"]

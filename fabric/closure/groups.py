@@ -26,6 +26,7 @@ import dis
 import gc
 import sys
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -74,6 +75,12 @@ def package_of(module: object) -> str | None:
         return None
     top = module.partition(".")[0]
     return None if top in _NOT_PACKAGES or top.startswith("_") else top
+
+
+def packaged(modules: Iterable[object]) -> frozenset[str]:
+    """The modules that count toward an import closure: those of a package, not the standard
+    library's, which any worker imports in milliseconds."""
+    return frozenset(m for m in modules if package_of(m) is not None)
 
 
 def _nbytes(obj: Any, key: object) -> int:

@@ -21,8 +21,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
 from .. import notices
-from ..closure import Closure, closure
-from ..closure.static import analyze
+from ..closure import CellPlan, Closure, closure, plan
 from ..errors import FabricError, LoadFailed, RemoteError, WorkerDied
 from ..snapshot import Group, Manifest, Store, history, lineage
 from ..worker.messages import (
@@ -54,7 +53,7 @@ class Head:
 
 @dataclass(frozen=True)
 class Cell:
-    source: str
+    plan: CellPlan  # its source, analysed
     closure: Closure
     execution_count: int
     stdin: bool = False  # the client answers the cell's input()
@@ -151,7 +150,8 @@ class HostAgent:
         start, needs = head.manifest, cl
         if replay is not None:
             start = replay.start
-            needs = _union([closure(str(c.get("source", "")), start) for c in replay.cells])
+            needs = _union([closure(plan(str(c.get("source", ""))), start)
+                            for c in replay.cells])
 
         async def make(life: Life) -> WorkerHandle:
             worker = await self.pool.new_worker(cl.modules | needs.modules,
@@ -170,7 +170,7 @@ class HostAgent:
         if replay is not None:  # what its cells bind, and what it is for, come from the replay
             life.replay = replay
             life.holds.update(n for c in replay.cells
-                              for n in analyze(str(c.get("source", ""))).writes)
+                              for n in plan(str(c.get("source", ""))).analysis.writes)
             life.holds.update(replay.names)
             self._extend(life, cl, events)
         return life
@@ -336,8 +336,10 @@ class HostAgent:
                 life.unsaved = result.rebuilt  # told of already: not again as pinned
             while life.deferred:  # under the lease, back on the GPU (and after a replay)
                 await self._send_load(worker, life.deferred.pop(0), events)
-            await worker.send(Run(cell.source, cell.execution_count, lease.device,
-                                  self.leases.threads))
+            reached = cell.plan.reached
+            await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
+                                  self.leases.threads,
+                                  reached=None if reached is None else sorted(reached)))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)

@@ -1,4 +1,5 @@
-"""Snapshots: the codec, the content-addressed store and manifests (the source of truth)."""
+"""Snapshots: the codec, the content-addressed store, manifests and their commits (the source
+of truth)."""
 
 from . import history
 from .codec import Encoded, dumps, loads

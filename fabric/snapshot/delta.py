@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..closure.groups import group_variables
-from ..closure.static import analyze
 from ..errors import DiskFull
 from . import codec
 from .store import Progress, Store
@@ -32,14 +31,6 @@ class Saved:
     packages: dict[str, list[str]] = field(default_factory=dict)  # likewise
     unsaved: dict[str, str] = field(default_factory=dict)  # name -> why it could not be saved
     bounded: bool = False
-
-
-def reached_by(source: str) -> set[str] | None:
-    """The names a cell reads or writes; None when it can reach the whole namespace."""
-    cell = analyze(source)
-    if cell.dynamic or not cell.parsed:
-        return None
-    return set(cell.reads | cell.writes)
 
 
 class DeltaSaver:
@@ -60,9 +51,10 @@ class DeltaSaver:
                 todo.extend(self.refs.get(name, ()))
         return out
 
-    def save(self, ns: dict, state: list[str], reached: set[str] | None,
+    def save(self, ns: dict, state: list[str], reached: Iterable[str] | None,
              progress: Progress | None = None) -> Saved:
-        """Save `state` (names in `ns`) after a cell that reached `reached` (None: anything)."""
+        """Save `state` (names in `ns`) after a cell that reached `reached` (None: anything),
+        as its plan says (`closure.plan`)."""
         present = set(state)
         touched = present if reached is None else set(reached)
         while True:

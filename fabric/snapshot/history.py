@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..closure.static import analyze
+from ..closure.plan import plan
 from ..errors import StoreError
 from . import retention
 from .manifest import Manifest
@@ -58,7 +58,7 @@ def lineage(store: Store, session: str, names: list[str]) -> list[int]:
         reached = []
         for _, manifest in log(store, session):
             cell = manifest.cell
-            analysis = analyze(str(cell.get("source") or ""))
+            analysis = plan(str(cell.get("source") or "")).analysis
             if name in analysis.reads | analysis.writes or not analysis.parsed:
                 reached.append(int(cell.get("execution_count", 0)))
             if name in analysis.writes and name in cell.get("unsaved", ()):

@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any, ClassVar
 
 from ..errors import ProtocolError
+from ..snapshot.commit import Report
 
 Groups = list[tuple[str, list[str]]]  # [blob, names] of each group to load
 
@@ -120,8 +121,9 @@ class Load(Message):
 
 @dataclass(frozen=True)
 class Run(Message):
-    """Run a cell on the leased `device` (a GPU's UUID) with `threads` intra-op threads; a
-    `replay` runs a cell of a lineage again and saves nothing."""
+    """Run a cell on the leased `device` (a GPU's UUID) with `threads` intra-op threads; its
+    save keeps the groups the cell cannot have `reached`. A `replay` runs a cell of a lineage
+    again and saves nothing."""
 
     op: ClassVar[str] = "run"
     source: str
@@ -129,6 +131,7 @@ class Run(Message):
     device: str | None = None
     threads: int = 0
     replay: bool = False
+    reached: list[str] | None = None  # the names the cell reads or writes; None: any
 
 
 @dataclass(frozen=True)
@@ -217,21 +220,6 @@ class Input(Message):
 
 
 @dataclass(frozen=True)
-class Saved:
-    """What a cell's save wrote (see `snapshot.delta`): the parts of `Done` a commit reads."""
-
-    groups: list[tuple[str, list[str], int]]  # [blob, names, bytes] of each group written
-    kept: list[str]  # names whose group did not change
-    imports: dict[str, str]
-    refs: dict[str, list[str]]
-    packages: dict[str, list[str]]
-    ambient: str
-    owned: list[str]  # every name the worker speaks for: one missing was deleted
-    unsaved: dict[str, str]  # name -> why it cannot be saved
-    bounded: bool = False  # its grouping walk was cut short
-
-
-@dataclass(frozen=True)
 class Done(Message):
     """The cell ended (`status` ok or error, `ename`); `saved`, unless it was a replay or its
     save `failed` (a FabricError's wire form: a full disk)."""
@@ -242,7 +230,7 @@ class Done(Message):
     t_started: float = 0.0
     run: float = 0.0
     save: float = 0.0
-    saved: Saved | None = None
+    saved: Report | None = None
     failed: dict[str, Any] | None = None
 
 

@@ -36,7 +36,8 @@ from .. import protocol
 from ..closure.groups import group_variables
 from ..errors import FabricError, ProtocolError
 from ..snapshot import ambient, codec
-from ..snapshot.delta import DeltaSaver, reached_by
+from ..snapshot.commit import Report
+from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
 from . import threads, wake
 from .fdcapture import FdCapture
@@ -54,7 +55,6 @@ from .messages import (
     Output,
     Refused,
     Run,
-    Saved,
     Saving,
     Settle,
     Settled,
@@ -222,7 +222,7 @@ class Worker:
         error = result.error_in_exec or result.error_before_exec
         saved = failed = None
         try:
-            saved = None if message.replay else self.save(message.source)
+            saved = None if message.replay else self.save(message.reached)
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
             failed = exc.to_wire()
         for stream in self._streams:
@@ -294,15 +294,15 @@ class Worker:
             self._notice("progress", f"{doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB")
         return report
 
-    def save(self, source: str) -> Saved:
+    def save(self, reached: list[str] | None) -> Report:
         """Write the groups the cell may have changed (see `snapshot.delta`)."""
         ns = self.shell.user_ns
         names = self.shell.user_variables()
         imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
         state = [n for n in names if n not in imports]
-        saved = self.saver.save(ns, state, reached_by(source), self._progress("saving"))
+        saved = self.saver.save(ns, state, reached, self._progress("saving"))
         self.owned.update(names)
-        return Saved(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
+        return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self.store.put(pickle.dumps(self._capture_ambient())),
                      owned=sorted(self.owned), unsaved=saved.unsaved, bounded=saved.bounded)

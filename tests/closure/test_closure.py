@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from fabric.closure import closure
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fabric.closure import Closure
+from fabric.closure import closure as closure_of
+from fabric.closure.plan import plan
 from fabric.snapshot import Group, Manifest
 
 BLOB_A = "a" * 32
 BLOB_B = "b" * 32
 BLOB_C = "c" * 32
 BLOB_D = "d" * 32
+
+
+def closure(source: str, manifest: Manifest) -> Closure:
+    """The closure of `source` on `manifest`, as the server computes it."""
+    return closure_of(plan(source), manifest)
 
 
 def _manifest(**kw: object) -> Manifest:
@@ -171,3 +184,41 @@ def test_a_variable_bound_to_the_main_module_takes_the_whole_session() -> None:
     c = closure("print(getattr(main, name))\n", _manifest(imports={"main": "__main__"}))
     assert c.whole
     assert c.forced_by == "'main' is the __main__ module"
+
+
+# Closures are pure: any state with the fields of a manifest will do.
+
+@dataclass(frozen=True)
+class _Slot:
+    blob: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _State:
+    slots: tuple[_Slot, ...]
+    imports: dict[str, str] = field(default_factory=dict)
+    refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def variables(self) -> dict[str, _Slot]:
+        return {name: s for s in self.slots for name in s.names}
+
+
+def test_a_closure_over_plain_data_gives_back_that_data_s_own_groups() -> None:
+    pair, alone = _Slot(BLOB_A, ("a", "b")), _Slot(BLOB_B, ("c",))
+    state = _State((pair, alone), imports={"np": "numpy", "os": "os"},
+                   packages={"a": ("torch",)})
+    c = closure("import json, sklearn\nprint(a, np, os)\n", state)
+    assert c.groups == (pair,) and c.groups[0] is pair
+    assert c.names == {"a", "b", "np", "os"}
+    assert c.modules == {"sklearn", "numpy", "torch"}
+
+
+def test_closure_analysis_imports_nothing_from_snapshots() -> None:
+    probe = ("import json, sys\nimport fabric.closure\n"
+             "print(json.dumps([m for m in sys.modules if m.startswith('fabric.')]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[2]).stdout
+    loaded = json.loads(out)
+    assert loaded and all(m.startswith("fabric.closure") for m in loaded), loaded

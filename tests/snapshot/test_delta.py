@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fabric.closure.plan import plan
 from fabric.snapshot import Store, loads
-from fabric.snapshot.delta import DeltaSaver, reached_by
+from fabric.snapshot.delta import DeltaSaver
 
 
 class _Notebook:
@@ -21,7 +22,7 @@ class _Notebook:
     def run(self, source: str):
         exec(compile(source, "<cell>", "exec"), self.ns)
         state = [n for n in self.ns if not n.startswith("__")]
-        return self.saver.save(self.ns, state, reached_by(source))
+        return self.saver.save(self.ns, state, plan(source).reached)
 
     def files(self) -> dict[Path, int]:
         return {p: p.stat().st_mtime_ns for p in (self.store.root / "blobs").rglob("*")

@@ -23,6 +23,7 @@ import zmq
 
 from fabric import protocol
 from fabric.snapshot import Store
+from fabric.snapshot.commit import Report
 from fabric.worker.messages import (
     TO_WORKER,
     Done,
@@ -33,7 +34,6 @@ from fabric.worker.messages import (
     Message,
     Output,
     Run,
-    Saved,
     Started,
     decode,
 )
@@ -69,8 +69,8 @@ def run(send, socket: zmq.Socket, store: Store, fault: str) -> None:
     else:
         send(Output({"output_type": "stream", "name": "stdout", "text": "fake\n"}))
         ambient = store.put(pickle.dumps({})) if fault == "ok" else "0" * 32
-        send(Done("ok", saved=Saved(groups=[], kept=[], imports={}, refs={}, packages={},
-                                    ambient=ambient, owned=[], unsaved={})))
+        send(Done("ok", saved=Report(groups=[], kept=[], imports={}, refs={}, packages={},
+                                     ambient=ambient, owned=[], unsaved={})))
 
 
 if __name__ == "__main__":

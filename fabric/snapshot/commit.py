@@ -1,0 +1,93 @@
+"""Committing a version: a worker's save report folded into a new manifest, the head moved.
+
+The report comes from a worker process, so it is checked as input from outside: its shape on
+receipt (`worker.messages`), then here: one that names a blob the store does not hold commits
+nothing (a head must never point at missing data), and no version is built on a head whose
+manifest is damaged. The head moves by compare-and-set: a commit on a head that moved meanwhile
+is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import StoreError
+from .manifest import Group, Manifest
+from .store import Store
+
+
+def head_manifest(store: Store, session: str, head: str | None) -> Manifest:
+    """The manifest `head` names, checked (hash, signature) as a new version's parent."""
+    if head is None:
+        return Manifest(session=session)
+    try:
+        return Manifest.decode(store.get_manifest(head))
+    except StoreError as exc:
+        raise StoreError(f"session {session}'s head is damaged ({exc.message}): no cell "
+                         "can commit on it; `llfabric store verify` tells more",
+                         session=session, head=head) from exc
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a worker's save after a cell wrote (`Worker.save`), as its `done` message carries
+    it (checked there, on receipt)."""
+
+    groups: list[tuple[str, list[str], int]]  # [blob, names, bytes] of each group written
+    kept: list[str]  # names whose group did not change
+    imports: dict[str, str]  # alias -> module
+    refs: dict[str, list[str]]  # of the regrouped names only
+    packages: dict[str, list[str]]  # likewise
+    ambient: str  # the blob of the ambient state after the cell
+    owned: list[str]  # every name the worker speaks for: one missing was deleted
+    unsaved: dict[str, str]  # name -> why it cannot be saved
+    bounded: bool = False  # its grouping walk was cut short
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """The cell a version records: its source, how it ended, and the packages it imports."""
+
+    source: str
+    execution_count: int
+    status: str
+    run: float  # seconds its code ran
+    modules: frozenset[str]  # what it imports that counts toward an import closure
+
+
+def commit(store: Store, session: str, head: str | None, report: Report, cell: CellRecord,
+           admit: Callable[[Manifest], None] | None = None) -> tuple[str, Manifest]:
+    """Commit what `cell` left, as its worker's save `report` says, on `head`; `admit` may
+    refuse the version (it raises). The new head's id and manifest."""
+    owned = set(report.owned) - set(report.kept)  # kept: stay as committed
+    new_groups = [Group(blob, tuple(names), size) for blob, names, size in report.groups]
+    for blob in [g.blob for g in new_groups] + [report.ambient]:
+        if not store.has(blob):  # a head must never point at missing data
+            raise StoreError(f"the worker reported blob {blob!r} that is not in the store")
+    parent = head_manifest(store, session, head)
+    kept = [Group(g.blob, tuple(n for n in g.names if n not in owned), g.size)
+            for g in parent.groups]
+    manifest = Manifest(
+        session=session,
+        version=parent.version + 1,
+        parent=head,
+        groups=tuple(g for g in kept if g.names) + tuple(new_groups),
+        imports={a: m for a, m in parent.imports.items() if a not in owned} | report.imports,
+        refs={n: r for n, r in parent.refs.items() if n not in owned}
+        | {n: tuple(r) for n, r in report.refs.items()},
+        packages={n: p for n, p in parent.packages.items() if n not in owned}
+        | {n: tuple(p) for n, p in report.packages.items()},
+        ambient=report.ambient,
+        modules=tuple(sorted(set(parent.modules) | cell.modules)),
+        cell={"execution_count": cell.execution_count, "status": cell.status,
+              "source": cell.source, "time": time.time(),
+              "unsaved": sorted(report.unsaved),  # lineage, for a cold restore
+              "run": cell.run},
+    )
+    if admit is not None:
+        admit(manifest)
+    ident = store.put_manifest(manifest.encode())
+    store.set_head(session, ident, head)  # refused if the head moved
+    return ident, manifest
