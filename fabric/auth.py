@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils import z85
 
-from .errors import FabricError, Forbidden
+from .errors import AlreadyExists, BadKey, Forbidden, InvalidName
 from .private import private_dir, read_private, write_new
 from .protocol import as_session_name, valid_session_name
 
@@ -78,7 +78,7 @@ class Keys:
     def new_client(self, user: str) -> ClientKey:
         """Admit `user` with a fresh key pair; the client key file's content for them."""
         if not valid_session_name(user):
-            raise FabricError(f"{user!r} is not a user name: 1-128 letters, digits, '-', '_' "
+            raise InvalidName(f"{user!r} is not a user name: 1-128 letters, digits, '-', '_' "
                               "and '.'", user=user)
         server, _ = self.server_pair()
         path = private_dir(self.authorized) / f"{user}.pub"
@@ -86,7 +86,7 @@ class Keys:
         try:
             write_new(path, public + b"\n")
         except FileExistsError as exc:
-            raise FabricError(f"user {user} already has a key; `llfabric keys revoke {user}` "
+            raise AlreadyExists(f"user {user} already has a key; `llfabric keys revoke {user}` "
                               "first to replace it", user=user) from exc
         return ClientKey(user, public.decode(), secret.decode(), server)
 
@@ -146,16 +146,16 @@ def _json(path: Path) -> dict:
     try:
         data = json.loads(read_private(path))
     except ValueError as exc:
-        raise FabricError(f"{path} is not a key file: {exc}", path=str(path)) from exc
+        raise BadKey(f"{path} is not a key file: {exc}", path=str(path)) from exc
     if not isinstance(data, dict):
-        raise FabricError(f"{path} is not a key file", path=str(path))
+        raise BadKey(f"{path} is not a key file", path=str(path))
     return data
 
 
 def _key(data: dict, field: str, path: Path) -> str:
     key = data.get(field)
     if not isinstance(key, str) or len(key) != 40:
-        raise FabricError(f"{path} has no valid {field} key", path=str(path))
+        raise BadKey(f"{path} has no valid {field} key", path=str(path))
     return key
 
 

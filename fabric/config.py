@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import FabricError
+from .errors import ConfigError
 
 
 def _data_home() -> Path:
@@ -80,14 +80,15 @@ def _convert(values: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in values.items():
         if key not in types:
-            raise FabricError(f"unknown configuration key {key!r}", key=key)
+            raise ConfigError(f"unknown configuration key {key!r}", key=key)
         kind = types[key]
         try:
             out[key] = Path(value).expanduser() if kind == "Path" else (
                 int(value) if kind == "int" else str(value)
             )
         except (TypeError, ValueError) as exc:
-            raise FabricError(f"configuration {key}={value!r} is not a valid {kind}") from exc
+            raise ConfigError(f"configuration {key}={value!r} is not a valid {kind}",
+                              key=key) from exc
     return out
 
 
@@ -101,7 +102,7 @@ def load(path: Path | None = None, env: dict[str, str] | None = None) -> Config:
         try:
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise FabricError(f"cannot read {path}: {exc}") from exc
+            raise ConfigError(f"cannot read {path}: {exc}", path=str(path)) from exc
         config = replace(config, **_convert(data.get("llfabric", data)))
     names = {f.name for f in fields(Config)}
     from_env = {

@@ -1,7 +1,9 @@
 """Exceptions, named for whose fault they are.
 
 Every error that crosses the wire is a `FabricError` with a machine-readable `kind`; the message is
-built from structured fields so the client can show it without parsing text.
+built from structured fields so the client can show it without parsing text. Each kind is one
+class here, and clients match on kinds (`RemoteError` carries the server's), so a kind once sent
+keeps its name. Only `RemoteError` has no kind of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class ZygoteProtocolError(ProtocolError):
 
 
 class UnknownSession(FabricError):
+    """No session of that name is open (or in the store, for what works on stored ones)."""
+
     kind = "unknown_session"
 
 
@@ -132,3 +136,64 @@ class LoadFailed(FabricError):
     """A worker could not load the session's state from the store."""
 
     kind = "load"
+
+
+class ConfigError(FabricError):
+    """A configuration file, key or value that cannot be used (the user's to fix); `key` names
+    the setting where one is at fault."""
+
+    kind = "config"
+
+
+class InvalidName(FabricError):
+    """A user, session or tag name outside what names may hold."""
+
+    kind = "invalid_name"
+
+
+class AlreadyExists(FabricError):
+    """What a command would create exists already; nothing was overwritten."""
+
+    kind = "exists"
+
+
+class UnknownUser(FabricError):
+    """No key of that user is admitted."""
+
+    kind = "unknown_user"
+
+
+class BadKey(FabricError):
+    """A key file that is not one `llfabric keys new` (or the server's first start) wrote."""
+
+    kind = "bad_key"
+
+
+class KernelError(FabricError):
+    """A Jupyter kernel that could not be found, did not answer, or refused to attach."""
+
+    kind = "kernel"
+
+
+class AuditFailed(FabricError):
+    """The audit's own interpreter failed (not a cell of the notebook); `log` is its tail."""
+
+    kind = "audit"
+
+
+class CheckpointError(FabricError):
+    """CRIU refused or failed a dump or restore; `log` holds the tail of CRIU's own log."""
+
+    kind = "checkpoint"
+
+
+class CudaError(FabricError):
+    """The driver refused a checkpoint step; `error` is its own name for why."""
+
+    kind = "cuda"
+
+
+class NotReplayable(StoreError):
+    """Lost values cannot be rebuilt safely from their cells; `message` says why."""
+
+    kind = "not_replayable"

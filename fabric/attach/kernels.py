@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import FabricError
+from ..errors import KernelError
 
 DISPLAY_NAME = "Python 3 (llfabric)"
 CURRENT = "__import__('fabric.attach', fromlist=['current']).current(get_ipython())"
@@ -51,7 +51,7 @@ def attach_running(kernel: str, address: str, session: str | None = None,
         try:
             path = find_connection_file(kernel)
         except OSError as exc:
-            raise FabricError(f"no running kernel {kernel!r}: {exc}", kernel=kernel) from exc
+            raise KernelError(f"no running kernel {kernel!r}: {exc}", kernel=kernel) from exc
     code = f"%load_ext fabric.attach.magics\n%llfabric attach {shlex.quote(address)}"
     if session:
         code += f" --session {shlex.quote(session)}"
@@ -67,12 +67,12 @@ def attach_running(kernel: str, address: str, session: str | None = None,
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
     except (RuntimeError, queue.Empty) as exc:
-        raise FabricError(f"the kernel at {path} did not answer: {exc}", kernel=kernel) from exc
+        raise KernelError(f"the kernel at {path} did not answer: {exc}", kernel=kernel) from exc
     finally:
         client.stop_channels()
     content = reply["content"]
     result = content.get("user_expressions", {}).get("session", {})
     if content.get("status") != "ok" or result.get("status") != "ok":
         why = content.get("evalue") or result.get("evalue") or "unknown error"
-        raise FabricError(f"the kernel could not attach: {why}", kernel=kernel)
+        raise KernelError(f"the kernel could not attach: {why}", kernel=kernel)
     return ast.literal_eval(result["data"]["text/plain"])

@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..errors import FabricError
+from ..status import ServerStatus
 
 NOTICES = 5  # of a session's latest notices, those `%llfabric status` shows
 
@@ -65,7 +66,8 @@ class FabricMagics(Magics):
                 print("llfabric: not attached; cells run in this kernel")
                 return
             try:
-                print(describe(attachment.client.call("status"), attachment.session))
+                status = ServerStatus.from_wire(attachment.client.call("status"))
+                print(describe(status, attachment.session))
             except FabricError as exc:
                 print(f"llfabric: {exc.message}", file=sys.stderr)
         elif command == "interrupt" and not words:
@@ -135,29 +137,28 @@ def load_ipython_extension(shell: object) -> None:
     shell.register_magics(FabricMagics)
 
 
-def describe(status: dict, session: str) -> str:
+def describe(status: ServerStatus, session: str) -> str:
     """`%llfabric status`: the session's tier, lease time, savings against pinning, bytes."""
-    mine = next((s for s in status.get("sessions", []) if s.get("session") == session), None)
+    mine = status.session(session)
     if mine is None:
-        return f"llfabric: the server at {status.get('address')} has no session {session!r} open"
-    leases = status.get("leases", {})
-    held = float(mine.get("lease_seconds", 0.0))
-    pinned = max(time.time() - float(mine.get("opened", time.time())), held)
+        return f"llfabric: the server at {status.address} has no session {session!r} open"
+    leases = status.leases
+    held = mine.lease_seconds
+    pinned = max(time.time() - mine.opened, held)
     saved = (pinned - held) / 3600
     share = f" ({100 * (pinned - held) / pinned:.0f}%)" if pinned > 0 else ""
     lines = [
-        f"llfabric session {session} on {status.get('address')}: version {mine.get('version')}",
-        f"tier: {leases.get('kind')} ({leases.get('slots')} slots, {leases.get('held')} held, "
-        f"{leases.get('queued')} queued)",
+        f"llfabric session {session} on {status.address}: version {mine.version}",
+        f"tier: {leases.kind} ({leases.slots} slots, {leases.held} held, "
+        f"{leases.queued} queued)",
         f"lease time so far: {held:.1f} s of {pinned:.0f} s open; "
-        f"{leases.get('kind')}-hours saved vs pinned: {saved:.4f}{share}",
-        f"stored: {mine.get('bytes', 0)} bytes in {mine.get('variables', 0)} variables",
+        f"{leases.kind}-hours saved vs pinned: {saved:.4f}{share}",
+        f"stored: {mine.bytes} bytes in {mine.variables} variables",
     ]
-    if mine.get("pinned"):
+    if mine.pinned:
         lines.append("pinned: a worker is kept alive for state that cannot be saved")
-    recent = mine.get("notices") or []
-    if recent:
+    if mine.notices:
         lines.append("notices (latest last):")
-        lines += [f"  {time.strftime('%H:%M:%S', time.localtime(float(n.get('time', 0))))} "
-                  f"{n.get('text', '')}" for n in recent[-NOTICES:]]
+        lines += [f"  {time.strftime('%H:%M:%S', time.localtime(n.time))} {n.text}"
+                  for n in mine.notices[-NOTICES:]]
     return "\n".join(lines)

@@ -39,6 +39,7 @@ from typing import Any
 from ..closure import Closure, closure, group_variables
 from ..closure.plan import plan
 from ..closure.static import analyze_uncached
+from ..errors import AuditFailed
 from ..snapshot import Group, Manifest, ambient, codec
 from .fingerprint import fingerprints
 
@@ -311,13 +312,17 @@ def audit_notebook(notebook: Path, workdir: Path, verify: bool = False,
                    env: dict[str, str] | None = None, timeout: float | None = None,
                    log: Path | None = None) -> list[dict]:
     """Audit `notebook` in a fresh interpreter, working in a fresh copy of its folder under
-    `workdir` (notebooks write next to themselves); the audits of its cells, as dicts."""
+    `workdir` (notebooks write next to themselves); the audits of its cells, as dicts.
+    AuditFailed when that interpreter fails, with the tail of `log`."""
     copy = workdir / notebook.parent.name
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(notebook.parent, copy)
     result = workdir / f"{notebook.stem}.audit.json"
     command = [sys.executable, "-m", "fabric.audit", notebook.name, str(result)]
     with open(log or os.devnull, "w") as stderr:
-        subprocess.run(command + (["--verify"] if verify else []), cwd=copy, env=env,
-                       timeout=timeout, check=True, stdout=stderr, stderr=stderr)
+        done = subprocess.run(command + (["--verify"] if verify else []), cwd=copy, env=env,
+                              timeout=timeout, stdout=stderr, stderr=stderr)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace")[-4000:] if log is not None else ""
+        raise AuditFailed(f"the audit failed:\n{tail}", returncode=done.returncode, log=tail)
     return json.loads(result.read_text())

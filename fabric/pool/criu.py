@@ -15,33 +15,40 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import FabricError
+from ..errors import CheckpointError
 
-_REPO = Path(__file__).resolve().parents[2]
-_NATIVE = _REPO / "build" / "native"
+# the source checkout this runs from, where `make criu` and `make native` put their builds
+# (installed from a wheel, nothing is there)
+_CHECKOUT = Path(__file__).resolve().parents[2]
+CRIU, INIT = "LLFABRIC_CRIU", "LLFABRIC_INIT"  # the settings: paths of the binaries
 
 
-class CheckpointError(FabricError):
-    """CRIU refused or failed a dump or restore; `log` holds the tail of CRIU's own log."""
+def locate(configured: str, name: str, built: Path) -> Path | None:
+    """The binary `configured` names, if set; else the checkout's `built` one (vetted by the
+    Makefile: a distro's criu on PATH may predate the kernel); else `name` on PATH. None when
+    that is not an executable: a setting that is wrong must not quietly fall back to another.
 
-    kind = "checkpoint"
+    The settings are environment variables (LLFABRIC_*, as the configuration's), read here:
+    the pool sits below the configuration and is not handed one."""
+    if configured:
+        path = Path(configured).expanduser()
+        return path if path.is_file() and os.access(path, os.X_OK) else None
+    for candidate in (built, shutil.which(name)):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
 
 
 def criu_binary() -> Path | None:
-    """`LLFABRIC_CRIU`, else the CRIU provisioned into the checkout, else `criu` on PATH."""
-    for candidate in (os.environ.get("LLFABRIC_CRIU"), _REPO / ".criu" / "bin" / "criu",
-                      shutil.which("criu")):
-        if candidate and os.access(candidate, os.X_OK):
-            return Path(candidate)
-    return None
+    """The CRIU to run: LLFABRIC_CRIU, else `make criu`'s build, else PATH's."""
+    return locate(os.environ.get(CRIU, ""), "criu", _CHECKOUT / ".criu" / "bin" / "criu")
 
 
 def init_binary() -> Path | None:
-    """`LLFABRIC_INIT`, else the pid-1 init built by `make -C native`."""
-    for candidate in (os.environ.get("LLFABRIC_INIT"), _NATIVE / "llfabric-init"):
-        if candidate and os.access(candidate, os.X_OK):
-            return Path(candidate)
-    return None
+    """The workers' pid-1 init: LLFABRIC_INIT, else `make native`'s build, else PATH's
+    `llfabric-init`."""
+    return locate(os.environ.get(INIT, ""), "llfabric-init",
+                  _CHECKOUT / "build" / "native" / "llfabric-init")
 
 
 def unavailable() -> str | None:
@@ -49,14 +56,20 @@ def unavailable() -> str | None:
     if os.geteuid() != 0:
         return "CRIU needs root"
     if criu_binary() is None:
-        return "no criu binary (run `bash scripts/provision-criu.sh`)"
+        return _missing(CRIU, "criu", "`make criu`")
     if init_binary() is None:
-        return "no llfabric-init (run `make -C native`)"
+        return _missing(INIT, "llfabric-init", "`make native`")
     try:
         import pycriu  # noqa: F401  (provisioned into the venv by scripts/provision-criu.sh)
     except ImportError as exc:
         return f"pycriu is not importable: {exc}"
     return None
+
+
+def _missing(variable: str, name: str, build: str) -> str:
+    if os.environ.get(variable):
+        return f"{variable}={os.environ[variable]} is not an executable file"
+    return f"no {name} binary: set {variable}, put it on PATH, or run {build} in a checkout"
 
 
 def _log_tail(images: Path, name: str, lines: int = 15) -> str:

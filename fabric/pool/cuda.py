@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ..errors import FabricError
+from ..errors import CudaError
 
 MIN_DRIVER = 12080  # cuDriverGetVersion of driver 570, the first with cuCheckpointProcess*
 
@@ -34,12 +34,6 @@ class State(enum.Enum):
     LOCKED = 1
     CHECKPOINTED = 2
     FAILED = 3
-
-
-class CudaError(FabricError):
-    """The driver refused a checkpoint step; `error` is its own name for why."""
-
-    kind = "cuda"
 
 
 class Driver(Protocol):

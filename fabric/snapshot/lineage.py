@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ..closure.effects import unsafe
-from ..errors import StoreError
+from ..errors import NotReplayable
 from .manifest import Manifest
 from .store import Store
 
@@ -24,10 +24,6 @@ MAX_CELLS = 50  # a longer chain costs more than the user would wait for, unaske
 # when it cannot draw random numbers (conservatively, by the words it uses).
 RANDOM = re.compile(r"rand|seed|shuffle|sample|choice|torch|numpy|np\.|tensorflow|tf\.|jax|"
                      r"sklearn|uuid|time|secrets", re.IGNORECASE)
-
-
-class NotReplayable(StoreError):
-    """The lost values cannot be rebuilt safely; `message` says why."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..errors import FabricError
+from ..errors import ConfigError
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -36,7 +36,7 @@ class Policy:
         for name in ("last", "hourly", "daily"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise FabricError(f"retention {name} must be a whole number >= 0, not {value!r}",
+                raise ConfigError(f"retention {name} must be a whole number >= 0, not {value!r}",
                                   key=name)
 
     def bound(self) -> int:

@@ -1,0 +1,53 @@
+"""`llfabric status`: the server's slots, leases, zygotes, workers, templates and sessions."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from fabric.client import Client
+from fabric.status import ServerStatus, SessionStatus, SlotStatus
+
+from .common import config, mib
+
+
+@click.command()
+@click.option("--connect", help="Server address (default: the configured one).")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+def status(connect: str | None, as_json: bool) -> None:
+    """Show the server's slots, leases, zygotes, workers and sessions."""
+    with Client(config(None, connect).address, timeout=5) as client:  # unreachable, no key...
+        raw = client.call("status")
+    if as_json:
+        click.echo(json.dumps({k: v for k, v in raw.items() if k not in ("type", "msg_id")},
+                              indent=2))
+        return
+    click.echo("\n".join(describe(ServerStatus.from_wire(raw))))
+
+
+def describe(info: ServerStatus) -> list[str]:
+    leases = info.leases
+    lines = [f"server pid {info.pid} on {info.address}, store {info.store}",
+             f"{leases.kind} slots {leases.slots}: {leases.held} held, {leases.queued} queued"]
+    lines += [_slot(slot) for slot in leases.leases]
+    lines += [f"  queued {w.session} for {w.waiting:.1f} s" for w in leases.queue]
+    lines += [f"zygote {z.pid}: {', '.join(z.modules) or '(base)'}" for z in info.zygotes]
+    lines.append(f"workers ({info.worker_source}): {len(info.workers)}")
+    lines += [f"template {', '.join(t.modules) or '(base)'}: {t.state}, {mib(t.bytes)} MiB, "
+              f"{t.restores} restores {t.error}".rstrip() for t in info.templates]
+    lines += [_session(s) for s in info.sessions]
+    return lines
+
+
+def _slot(slot: SlotStatus) -> str:
+    gpu = (f" {slot.name} {slot.uuid}, {mib(slot.memory_used)}/{mib(slot.memory_total)} MiB, "
+           f"{slot.utilization}% busy" if slot.uuid is not None else "")
+    held = f": {slot.session} for {slot.held or 0.0:.1f} s" if slot.session else ": free"
+    return f"  slot {slot.slot}{gpu}{held}"
+
+
+def _session(s: SessionStatus) -> str:
+    flags = "".join(f", {flag}" for flag in s.flags)
+    return (f"session {s.session}: version {s.version}, {s.variables} variables, {s.bytes} "
+            f"bytes, {s.tier} ({mib(s.memory)} MiB), lease {s.lease_seconds:.1f} s{flags}")

@@ -1,0 +1,180 @@
+"""`llfabric store`: a store's history (log, checkout, tag, retain) and upkeep (rm, verify,
+gc), working on the store's files; `rm` asks a server that serves the store to do it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from fabric.client import Client
+from fabric.errors import FabricError, UnknownSession
+from fabric.snapshot import Manifest, Store, history
+from fabric.snapshot.history import GRACE_SECONDS
+from fabric.snapshot.tiers import DiskTier
+from fabric.status import ServerStatus
+
+from .common import config, mb, policy
+
+
+def _store(path: str | None) -> Store:
+    return Store(config(path).store)
+
+
+def _no_session(session: str) -> UnknownSession:
+    return UnknownSession(f"no session {session!r} in the store", session=session)
+
+
+@click.group()
+def store() -> None:
+    """A store's history and upkeep: log, checkout, tag, retain, rm, verify, gc."""
+
+
+_store_option = click.option("--store", "path",
+                             help="Store directory (default: the configured one).")
+
+
+@store.command("log")
+@click.argument("session")
+@_store_option
+def store_log(session: str, path: str | None) -> None:
+    """List SESSION's versions, newest first, with their sizes and names; a version retention
+    thinned shows as such (its cell is known, its state is gone)."""
+    store = _store(path)
+    versions = history.log(store, session)
+    if not versions:
+        raise _no_session(session)
+    index = store.index(session)
+    names: dict[str, list[str]] = {}
+    for name, ident in index.tags.items():
+        names.setdefault(ident, []).append(name)
+    for ident, m in versions:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.cell.get("time", 0)))
+        size = "thinned" if ident in index.thinned else mb(history.size(m))
+        tags = f"[{', '.join(sorted(names[ident]))}]  " if ident in names else ""
+        click.echo(f"{m.version:>5}  {ident[:12]}  {when}  {size:>10}  "
+                   f"{len(m.variables()):>4} vars  {m.cell.get('status', '-'):<5}  "
+                   f"{tags}{_what(m)}")
+
+
+def _what(manifest: Manifest) -> str:
+    if "checkout" in manifest.cell:
+        return f"checkout of version {manifest.cell['checkout']}"
+    lines = str(manifest.cell.get("source") or "").strip().splitlines()
+    unsaved = manifest.cell.get("unsaved")
+    return (lines[0][:60] if lines else "") + (f"  [unsaved: {', '.join(unsaved)}]"
+                                               if unsaved else "")
+
+
+@store.command("checkout")
+@click.argument("session")
+@click.argument("version")
+@_store_option
+def store_checkout(session: str, version: str, path: str | None) -> None:
+    """Make VERSION's state (a number or a name) SESSION's next one: the next cell runs on it."""
+    m = history.checkout(_store(path), session, version)
+    click.echo(f"session {session} is at version {m.version}, the state of version "
+               f"{m.cell['checkout']} ({len(m.variables())} variables, {mb(history.size(m))})")
+
+
+@store.command("tag")
+@click.argument("session")
+@click.argument("version")
+@click.argument("name")
+@_store_option
+def store_tag(session: str, version: str, name: str, path: str | None) -> None:
+    """Name VERSION of SESSION: retention keeps a named version; checkout accepts the name."""
+    m = history.tag(_store(path), session, version, name)
+    click.echo(f"version {m.version} of session {session} is named {name}")
+
+
+@store.command("retain")
+@click.argument("session")
+@click.option("--last", type=click.IntRange(0), help="Newest versions kept.")
+@click.option("--hourly", type=click.IntRange(0), help="Hours with one version kept each.")
+@click.option("--daily", type=click.IntRange(0), help="Days with one version kept each.")
+@click.option("--default", "default", is_flag=True, help="Back to the configured policy.")
+@_store_option
+def store_retain(session: str, last: int | None, hourly: int | None, daily: int | None,
+                 default: bool, path: str | None) -> None:
+    """Set SESSION's own retention policy over the configured one (keep_versions,
+    keep_hourly, keep_daily), and show what it is."""
+    configured = config(path)
+    store = Store(configured.store)
+    if store.head(session) is None:
+        raise _no_session(session)
+    own = {k: v for k, v in (("last", last), ("hourly", hourly), ("daily", daily))
+           if v is not None}
+    with store.locked(session):
+        index = store.index(session)
+        index.policy = {} if default else {**index.policy, **own}
+        store.set_index(session, index)
+    kept = history.own_policy(policy(configured), index)
+    click.echo(f"session {session} keeps its newest {kept.last} versions, one per hour for "
+               f"{kept.hourly} hours, one per day for {kept.daily} days, and named ones")
+
+
+@store.command("rm")
+@click.argument("session")
+@_store_option
+def store_rm(session: str, path: str | None) -> None:
+    """Remove SESSION from the store; gc frees what only it held. A server serving the store
+    removes it (refused while the session runs a cell)."""
+    configured = config(path)
+    with Client(configured.address) as client:
+        served = client.ping() and \
+            ServerStatus.from_wire(client.call("status")).store == str(configured.store)
+        if served:
+            client.call("rm", session=session)
+    if not served and not history.remove(Store(configured.store), session):
+        raise _no_session(session)
+    click.echo(f"removed session {session}")
+
+
+@store.command("verify")
+@_store_option
+@click.option("--repair", is_flag=True, help="Rewrite corrupt blobs from a good copy.")
+@click.option("--from", "sources", multiple=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Another store to take good copies from (repeatable).")
+def store_verify(path: str | None, repair: bool, sources: tuple[Path, ...]) -> None:
+    """Check every manifest's signature, every blob's hash, every session's history."""
+    result = history.verify(_store(path), repair,
+                            [DiskTier(source / "blobs") for source in sources])
+    for ident in result.repaired:
+        click.echo(f"repaired blob {ident}")
+    for problem in result.problems:
+        click.echo(problem, err=True)
+    for session, held in sorted(result.held.items(), key=lambda item: -item[1]):
+        click.echo(f"session {session} holds {mb(held)}")
+    click.echo(f"{result.manifests} manifests, {result.blobs} blobs ({mb(result.bytes)}): "
+               f"{len(result.problems)} problems")
+    sys.exit(1 if result.problems else 0)
+
+
+@store.command("gc")
+@_store_option
+@click.option("--grace", type=float, default=GRACE_SECONDS, show_default=True,
+              help="Keep unreferenced files younger than this many seconds (saves in flight).")
+@click.option("--keep-all", is_flag=True, help="Thin no history: free only what none names.")
+def store_gc(path: str | None, grace: float, keep_all: bool) -> None:
+    """Thin each session's history by its retention policy, then remove what no session's
+    history needs; safe while servers run."""
+    configured = config(path)
+    store, keep = Store(configured.store), policy(configured)
+    for session in [] if keep_all else store.sessions():
+        try:
+            thinned = history.retain(store, session, keep)
+        except FabricError as exc:
+            click.echo(f"session {session}: {exc.message}; nothing of it thinned", err=True)
+            continue
+        if thinned:
+            click.echo(f"session {session}: thinned {len(thinned)} versions")
+    result = history.gc(store, grace)
+    for session, why in result.damaged.items():
+        click.echo(f"session {session} is damaged ({why}); every version of it that still "
+                   "reads was kept", err=True)
+    click.echo(f"removed {result.removed} files ({mb(result.freed)}), kept {result.kept} "
+               f"({mb(result.kept_bytes)})")

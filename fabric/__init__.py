@@ -1,0 +1,113 @@
+"""llfabric: notebook cells on warm workers, the GPU held only while a cell runs.
+
+What users and `cli/` may rely on is named here; the modules behind it may change. Every
+worker imports this package (as the parent of `fabric.worker`), so it stays light: the errors
+cost nothing to import, everything else is imported on first use (`__getattr__`), and
+`import fabric` alone pulls in neither ZeroMQ nor IPython nor numpy.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .errors import (
+    AlreadyExists,
+    AuditFailed,
+    BadKey,
+    CellStopped,
+    CheckpointError,
+    ConfigError,
+    CudaError,
+    DiskFull,
+    FabricError,
+    Forbidden,
+    FrameTooLarge,
+    InUse,
+    InvalidName,
+    KernelError,
+    LimitReached,
+    LoadFailed,
+    NotebookError,
+    NotReplayable,
+    ProtocolError,
+    RemoteError,
+    SessionBusy,
+    StaleHead,
+    StoreError,
+    UnknownSession,
+    UnknownUser,
+    Unreachable,
+    UnsafePath,
+    WorkerDied,
+    ZygoteProtocolError,
+)
+
+# public name -> (module, attribute), imported when first asked for
+_LAZY = {
+    "Client": ("client", "Client"),
+    "Config": ("config", "Config"),
+    "load_config": ("config", "load"),
+    "EmbeddedServer": ("embedded", "EmbeddedServer"),
+    "Store": ("snapshot", "Store"),
+    "Manifest": ("snapshot", "Manifest"),
+    "ServerStatus": ("status", "ServerStatus"),
+    "SessionStatus": ("status", "SessionStatus"),
+}
+
+__all__ = [
+    "AlreadyExists",
+    "AuditFailed",
+    "BadKey",
+    "CellStopped",
+    "CheckpointError",
+    "Client",
+    "Config",
+    "ConfigError",
+    "CudaError",
+    "DiskFull",
+    "EmbeddedServer",
+    "FabricError",
+    "Forbidden",
+    "FrameTooLarge",
+    "InUse",
+    "InvalidName",
+    "KernelError",
+    "LimitReached",
+    "LoadFailed",
+    "Manifest",
+    "NotReplayable",
+    "NotebookError",
+    "ProtocolError",
+    "RemoteError",
+    "ServerStatus",
+    "SessionBusy",
+    "SessionStatus",
+    "StaleHead",
+    "Store",
+    "StoreError",
+    "UnknownSession",
+    "UnknownUser",
+    "Unreachable",
+    "UnsafePath",
+    "WorkerDied",
+    "ZygoteProtocolError",
+    "load_config",
+]
+
+
+def __getattr__(name: str) -> object:
+    """The lazily imported part of the public face, and `__version__` (the installed one)."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("llfabric")
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(f".{module}", __name__), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

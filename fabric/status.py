@@ -1,0 +1,193 @@
+"""The server's `status` reply and a session's status (in `status` and `open` replies), typed.
+
+The wire keeps its plain msgpack maps, which other clients read as they are; a client that
+prints or decides from them reads these classes instead, built by `from_wire`. It checks every
+field it knows against its declared type (a float accepts an int, a tuple a list) and ignores
+keys it does not know, so a newer server that adds a key does not break an older client, and a
+reply that lacks a key or has one of the wrong type is a `ProtocolError`, not a KeyError deep in
+a printer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Self
+
+from .errors import ProtocolError
+
+
+class _Wire:
+    """`from_wire` for a dataclass of the wire's scalars, tuples, dicts and other `_Wire`s."""
+
+    @classmethod
+    def from_wire(cls, raw: object) -> Self:
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"{cls.__name__} must be a map, not {type(raw).__name__}")
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name in raw:
+                values[f.name] = _checked(raw[f.name], hints[f.name], f"{cls.__name__}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{cls.__name__} lacks {f.name!r}", key=f.name)
+        return cls(**values)
+
+
+def _checked(value: object, hint: Any, where: str) -> Any:
+    """`value` as the type `hint` declares, or ProtocolError naming the field."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):  # X | None, the only unions here
+        if value is None:
+            return None
+        (option,) = (a for a in args if a is not type(None))
+        return _checked(value, option, where)
+    if origin is tuple and isinstance(value, list | tuple):
+        return tuple(_checked(item, args[0], f"{where}[{i}]") for i, item in enumerate(value))
+    elif origin is dict and isinstance(value, dict):
+        return dict(value)
+    elif origin is None and isinstance(hint, type) and issubclass(hint, _Wire):
+        return hint.from_wire(value)
+    elif hint is float and type(value) in (int, float):
+        return float(value)
+    elif type(value) is hint and hint in (int, str, bool):  # a bool is no int
+        return value
+    raise ProtocolError(f"status field {where} should be {getattr(hint, '__name__', hint)}, "
+                        f"not {value!r}"[:300], field=where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Notice(_Wire):
+    """What llfabric said about itself during a cell (`fabric.notices`)."""
+
+    topic: str
+    text: str
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionStatus(_Wire):
+    """One open session: its version, where its worker is (`tier`) and what it cost."""
+
+    session: str
+    version: int
+    head: str | None
+    execution_count: int
+    opened: float  # epoch seconds
+    variables: int
+    bytes: int  # of the state it stores
+    running: bool
+    pinned: bool  # a worker kept alive for values that cannot be saved
+    worker: int | None
+    prepared: bool
+    tier: str  # hot, warm, cool or cold
+    memory: int  # bytes that tier holds
+    lease_seconds: float
+    notices: tuple[Notice, ...] = ()
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return tuple(name for name in ("running", "pinned", "prepared") if getattr(self, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotStatus(_Wire):
+    """One execution slot: on GPU hosts a device and its use now; the session holding it."""
+
+    slot: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_used: int = 0
+    memory_total: int = 0
+    utilization: int = 0
+    error: str | None = None  # NVML's, when it could not read the device
+    session: str | None = None
+    held: float | None = None  # seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class WaiterStatus(_Wire):
+    session: str
+    waiting: float  # seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseStatus(_Wire):
+    """The host's slots: who holds them and who waits."""
+
+    kind: str  # gpu or cpu
+    slots: int
+    threads: int
+    held: int
+    queued: int
+    leases: tuple[SlotStatus, ...]
+    queue: tuple[WaiterStatus, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ZygoteStatus(_Wire):
+    pid: int
+    modules: tuple[str, ...]
+    ready: bool
+    memory: int  # bytes only it holds
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatus(_Wire):
+    pid: int
+    source: str
+    zygote: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TemplateStatus(_Wire):
+    modules: tuple[str, ...]
+    state: str  # building, ready or failed
+    error: str
+    bytes: int
+    built_in: float
+    restores: int
+    failed_imports: dict[str, str]
+    cuda: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class UpkeepStatus(_Wire):
+    """The latest retention and gc pass."""
+
+    time: float
+    seconds: float
+    thinned: int
+    removed: int
+    freed: int
+    kept_bytes: int
+    disk_percent: float
+    pressure: bool  # the store's disk was past `disk_pressure`
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerStatus(_Wire):
+    """The server as one user may see it: their sessions; others' only as busy slots."""
+
+    pid: int
+    uptime: float
+    address: str
+    store: str
+    user: str
+    leases: LeaseStatus
+    zygotes: tuple[ZygoteStatus, ...]
+    workers: tuple[WorkerStatus, ...]
+    worker_source: str
+    templates: tuple[TemplateStatus, ...]
+    sessions: tuple[SessionStatus, ...]
+    upkeep: UpkeepStatus | None = None  # None before the first pass
+
+    @classmethod
+    def from_wire(cls, raw: object) -> Self:
+        if isinstance(raw, dict) and raw.get("upkeep") == {}:  # the wire's "no pass yet"
+            raw = {k: v for k, v in raw.items() if k != "upkeep"}
+        return super().from_wire(raw)
+
+    def session(self, name: str) -> SessionStatus | None:
+        return next((s for s in self.sessions if s.session == name), None)
