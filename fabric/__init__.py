@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from .errors import (
+    AddressRefused,
     AlreadyExists,
     AuditFailed,
     BadKey,
@@ -29,6 +30,9 @@ from .errors import (
     LoadFailed,
     NotebookError,
     NotReplayable,
+    NotWaiting,
+    NoZygote,
+    ParkFailed,
     ProtocolError,
     RemoteError,
     SessionBusy,
@@ -55,6 +59,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AddressRefused",
     "AlreadyExists",
     "AuditFailed",
     "BadKey",
@@ -75,8 +80,11 @@ __all__ = [
     "LimitReached",
     "LoadFailed",
     "Manifest",
+    "NoZygote",
     "NotReplayable",
+    "NotWaiting",
     "NotebookError",
+    "ParkFailed",
     "ProtocolError",
     "RemoteError",
     "ServerStatus",

@@ -197,3 +197,28 @@ class NotReplayable(StoreError):
     """Lost values cannot be rebuilt safely from their cells; `message` says why."""
 
     kind = "not_replayable"
+
+
+class ParkFailed(FabricError):
+    """A worker could not be parked, cooled or resumed; the session falls back to the store."""
+
+    kind = "park"
+
+
+class NoZygote(FabricError):
+    """No zygote can fork a worker now (it died, or none is ready); the pool starts a cold
+    worker instead."""
+
+    kind = "no_zygote"
+
+
+class NotWaiting(FabricError):
+    """An answer to an input request when no cell of the session waits for one."""
+
+    kind = "not_waiting"
+
+
+class AddressRefused(FabricError):
+    """The server cannot serve on the address it was given (its scheme, or tcp without keys)."""
+
+    kind = "address"

@@ -37,6 +37,7 @@ from . import auth, protocol
 from .claim import claim_server
 from .config import Config
 from .errors import (
+    AddressRefused,
     FabricError,
     Forbidden,
     InUse,
@@ -443,11 +444,12 @@ def _check_address(config: Config) -> auth.Keys | None:
         private_dir(folder, shared=folder != Path(config.runtime_dir))
         return None
     if not address.startswith("tcp://"):
-        raise FabricError(f"cannot serve on {address}: use ipc:// or tcp://", address=address)
+        raise AddressRefused(f"cannot serve on {address}: use ipc:// or tcp://",
+                             address=address)
     keys = auth.Keys(config.key_dir)
     keys.server_pair()  # made on the first start
     if not keys.users():
-        raise FabricError(
+        raise AddressRefused(
             f"refusing to serve {address} without client keys: a tcp:// bind admits only "
             f"clients whose public keys are in {keys.authorized}. Make one with `llfabric keys "
             "new NAME` and give NAME the file it writes", address=address)

@@ -16,10 +16,12 @@ from fabric import errors
 ROOT = Path(__file__).resolve().parent.parent
 
 PUBLIC = [
-    "AlreadyExists", "AuditFailed", "BadKey", "CellStopped", "CheckpointError", "Client",
+    "AddressRefused", "AlreadyExists", "AuditFailed", "BadKey", "CellStopped", "CheckpointError",
+    "Client",
     "Config", "ConfigError", "CudaError", "DiskFull", "EmbeddedServer", "FabricError",
     "Forbidden", "FrameTooLarge", "InUse", "InvalidName", "KernelError", "LimitReached",
-    "LoadFailed", "Manifest", "NotReplayable", "NotebookError", "ProtocolError", "RemoteError",
+    "LoadFailed", "Manifest", "NoZygote", "NotReplayable", "NotWaiting", "NotebookError",
+    "ParkFailed", "ProtocolError", "RemoteError",
     "ServerStatus", "SessionBusy", "SessionStatus", "StaleHead", "Store", "StoreError",
     "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
     "ZygoteProtocolError", "load_config",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .. import notices
 from ..closure import CellPlan, Closure, closure, plan
-from ..errors import FabricError, LoadFailed, RemoteError, WorkerDied
+from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
 from ..snapshot import Group, Manifest, Store, history, lineage
 from ..worker.messages import (
     Done,
@@ -33,7 +33,6 @@ from ..worker.messages import (
 )
 from .leases import Leases
 from .lifecycle import Keeper, Life, Stage
-from .parking import ParkFailed
 from .pool import Pool, WorkerHandle
 from .replay import recompute
 from .running import Running
@@ -321,7 +320,8 @@ class HostAgent:
                                          self.interrupt_grace)
         try:
             if self.interrupted:
-                raise FabricError("the cell was interrupted before it started", session=self.name)
+                raise CellStopped("the cell was interrupted before it started",
+                                  session=self.name, reason="interrupt")
             try:
                 await self.pool.unpark(worker, lease.device)
             except ParkFailed as exc:
@@ -377,7 +377,7 @@ class HostAgent:
     def answer(self, value: str | None, error: str | None) -> dict:
         """The client's answer to the running cell's input request."""
         if self.running is None:
-            raise FabricError(f"no cell of session {self.name} is waiting for input",
+            raise NotWaiting(f"no cell of session {self.name} is waiting for input",
                               session=self.name)
         return self.running.answer(value, error)
 

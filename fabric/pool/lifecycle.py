@@ -28,12 +28,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import FabricError
+from ..errors import FabricError, ParkFailed
 from ..snapshot import lineage
 from ..worker import wake
 from ..worker.messages import Load, Sleep, Sleeping
 from . import criu
-from .parking import ParkFailed
 from .pool import Pool, WorkerHandle
 
 log = logging.getLogger(__name__)

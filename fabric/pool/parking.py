@@ -10,16 +10,10 @@ from __future__ import annotations
 
 import contextlib
 
-from ..errors import FabricError
+from ..errors import ParkFailed
 from .cuda import CudaError, Driver, State
 
 LOCK_TIMEOUT_MS = 10_000  # a cell's stray CUDA work (async kernels) must finish within this
-
-
-class ParkFailed(FabricError):
-    """A worker could not be parked or resumed; the session falls back to the store."""
-
-    kind = "park"
 
 
 def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> bool:

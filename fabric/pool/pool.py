@@ -33,7 +33,14 @@ import zmq
 import zmq.asyncio
 
 from .. import protocol
-from ..errors import FabricError, ProtocolError, WorkerDied, ZygoteProtocolError
+from ..errors import (
+    ConfigError,
+    FabricError,
+    NoZygote,
+    ProtocolError,
+    WorkerDied,
+    ZygoteProtocolError,
+)
 from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Message, decode
 from . import criu, cuda, parking
@@ -113,7 +120,7 @@ class ZygoteHandle:
         """The zygote's answer to `message` and the descriptors it carries; a refusal, or an
         answer of another kind, is a ZygoteProtocolError."""
         if self.ctrl.fileno() < 0:
-            raise FabricError(f"zygote {self.pid} is gone", pid=self.pid)
+            raise NoZygote(f"zygote {self.pid} is gone", pid=self.pid)
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
         self._pending[req] = future
@@ -268,7 +275,7 @@ class Pool:
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
                  zygote_memory: int = 0, pressure_percent: int = 90) -> None:
         if worker_source not in ("zygote", "template"):
-            raise FabricError(f"worker_source must be zygote or template, not {worker_source!r}")
+            raise ConfigError(f"worker_source must be zygote or template, not {worker_source!r}")
         if worker_source == "template" and (why := criu.unavailable()):
             log.warning("workers fork from zygotes: templates cannot work here (%s)", why)
             worker_source = "zygote"
@@ -343,7 +350,7 @@ class Pool:
                           and z.ready.exception() is None), key=lambda z: len(z.modules),
                          default=None)
             if parent is None:
-                raise FabricError(f"no zygote is ready to build {sorted(modules)} from")
+                raise NoZygote(f"no zygote is ready to build {sorted(modules)} from")
             missing = sorted(modules - parent.modules)
             reply, fds = await parent.request(control.ForkZygote(modules=missing))
             zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules)

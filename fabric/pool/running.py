@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..errors import CellStopped, FabricError, WorkerDied
+from ..errors import CellStopped, FabricError, NotWaiting, WorkerDied
 from ..worker.messages import Done, Input, InputReply, Notice, Output, Saving, Started
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Running:
     def answer(self, value: str | None, error: str | None) -> dict:
         """The client's answer to the cell's input request."""
         if self._answer is None or self._answer.done():
-            raise FabricError(f"no cell of session {self.session} is waiting for input",
+            raise NotWaiting(f"no cell of session {self.session} is waiting for input",
                               session=self.session)
         self._answer.set_result({"error": error} if error is not None else {"value": value or ""})
         return {"answered": True}
