@@ -63,13 +63,11 @@ class Server:
         self.keys = _check_address(config)
         self.store = Store(private_dir(config.store))
         self.leases = Leases.for_host(config.slots, config.threads)
-        source = config.worker_source
-        if source == "auto":
-            source = "template" if self.leases.kind == "gpu" else "zygote"
-        self.pool = Pool(config.store, max_zygotes=config.max_zygotes, worker_source=source,
-                         keep_warm=config.keep_warm, cool_after=config.cool_after,
-                         zygote_memory=config.zygote_memory,
-                         pressure_percent=config.memory_pressure)
+        self.pool = Pool(config.store, max_zygotes=config.max_zygotes,
+                         worker_source=config.worker_source, keep_warm=config.keep_warm,
+                         cool_after=config.cool_after, zygote_memory=config.zygote_memory,
+                         pressure_percent=config.memory_pressure,
+                         gpu=self.leases.kind == "gpu")
         self.keeper = Keeper(self.pool)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()

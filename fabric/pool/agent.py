@@ -309,7 +309,7 @@ class HostAgent:
                    path: str, cell: Cell, head: Head, events: Events,
                    commit: Commit) -> tuple[Ran, bool]:
         """Run the cell under a lease and commit; True with the result if the worker is kept."""
-        queued = self.leases.queued > 0 or len(self.leases.held) >= self.leases.slots
+        queued = self.leases.full
         if queued:  # the client tells the user why nothing happens yet
             events({"ahead": self.leases.queued, "slots": self.leases.slots}, "queued")
         lease = await self.leases.acquire(self.name, prefer=worker.device)

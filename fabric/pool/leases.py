@@ -114,6 +114,11 @@ class Leases:
     def queued(self) -> int:
         return len(self._waiters)
 
+    @property
+    def full(self) -> bool:
+        """Whether a lease asked for now would wait: cells queue, or every slot is held."""
+        return self.queued > 0 or len(self.held) >= self.slots
+
     def status(self) -> dict:
         now = time.monotonic()
         slots = []

@@ -273,17 +273,12 @@ class WorkerHandle:
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
-                 zygote_memory: int = 0, pressure_percent: int = 90) -> None:
-        if worker_source not in ("zygote", "template"):
-            raise ConfigError(f"worker_source must be zygote or template, not {worker_source!r}")
-        if worker_source == "template" and (why := criu.unavailable()):
-            log.warning("workers fork from zygotes: templates cannot work here (%s)", why)
-            worker_source = "zygote"
+                 zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False) -> None:
         self.store_root = store_root
         self.max_zygotes = max_zygotes
         # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
         self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4
-        self.worker_source = worker_source
+        self.worker_source = choose_source(worker_source, gpu)
         # seconds a session's worker stays warm after its cell; 0: retired after each cell
         self.keep_warm = keep_warm
         # seconds a pinned worker idles before it is dumped to disk; 0: never
@@ -549,6 +544,20 @@ class Pool:
             "worker_source": self.worker_source,
             "templates": self.templates.status(),
         }
+
+
+def choose_source(configured: str, gpu: bool) -> str:
+    """Where fresh workers come from: `configured` (zygote, template, or auto: templates on GPU
+    hosts, where a fork cannot carry a CUDA context), zygotes where CRIU cannot work."""
+    if configured not in ("zygote", "template", "auto"):
+        raise ConfigError(f"worker_source must be zygote, template or auto, not {configured!r}")
+    source = "template" if configured == "auto" and gpu else configured
+    if source == "auto":
+        return "zygote"
+    if source == "template" and (why := criu.unavailable()):
+        log.warning("workers fork from zygotes: templates cannot work here (%s)", why)
+        return "zygote"
+    return source
 
 
 def _unique_memory(pid: int) -> int:
