@@ -12,7 +12,6 @@ from fabric import config as fabric_config
 from fabric.client import Client
 from fabric.embedded import EmbeddedServer
 from fabric.errors import Unreachable
-from fabric.snapshot.retention import Policy
 
 
 def config(store: str | None = None, bind: str | None = None,
@@ -35,11 +34,6 @@ def client_of(connect: str | None, store: str | None) -> Iterator[Client]:
     click.echo(f"starting an embedded server on {configured.address}", err=True)
     with EmbeddedServer(configured), Client(configured.address) as client:
         yield client
-
-
-def policy(configured: fabric_config.Config) -> Policy:
-    """The configured retention policy: keep_versions, keep_hourly, keep_daily."""
-    return Policy(configured.keep_versions, configured.keep_hourly, configured.keep_daily)
 
 
 def mib(nbytes: int) -> str:

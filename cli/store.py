@@ -16,7 +16,7 @@ from fabric.snapshot.history import GRACE_SECONDS
 from fabric.snapshot.tiers import DiskTier
 from fabric.status import ServerStatus
 
-from .common import config, mb, policy
+from .common import config, mb
 
 
 def _store(path: str | None) -> Store:
@@ -111,7 +111,7 @@ def store_retain(session: str, last: int | None, hourly: int | None, daily: int 
         index = store.index(session)
         index.policy = {} if default else {**index.policy, **own}
         store.set_index(session, index)
-    kept = history.own_policy(policy(configured), index)
+    kept = history.own_policy(configured.policy, index)
     click.echo(f"session {session} keeps its newest {kept.last} versions, one per hour for "
                f"{kept.hourly} hours, one per day for {kept.daily} days, and named ones")
 
@@ -163,7 +163,7 @@ def store_gc(path: str | None, grace: float, keep_all: bool) -> None:
     """Thin each session's history by its retention policy, then remove what no session's
     history needs; safe while servers run."""
     configured = config(path)
-    store, keep = Store(configured.store), policy(configured)
+    store, keep = Store(configured.store), configured.policy
     for session in [] if keep_all else store.sessions():
         try:
             thinned = history.retain(store, session, keep)

@@ -6,9 +6,12 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .snapshot.retention import Policy
 
 
 def _data_home() -> Path:
@@ -69,6 +72,13 @@ class Config:
     @property
     def address(self) -> str:
         return self.bind or f"ipc://{self.runtime_dir / 'server.sock'}"
+
+    @property
+    def policy(self) -> Policy:
+        """The retention policy: keep_versions, keep_hourly, keep_daily."""
+        from .snapshot.retention import Policy  # the store's code, loaded only by its users
+
+        return Policy(self.keep_versions, self.keep_hourly, self.keep_daily)
 
     def with_overrides(self, **values: Any) -> Config:
         """Apply the non-None values (CLI flags), converting types as declared."""

@@ -52,7 +52,6 @@ from .pool.lifecycle import Keeper
 from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
-from .snapshot.retention import Policy
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ class Server:
         # the sessions whose cells run, by the (client, msg_id) of the execute that runs each
         self._executing: dict[tuple[bytes, str | None], Session] = {}
         self._stop = asyncio.Event()
-        self.policy = Policy(config.keep_versions, config.keep_hourly, config.keep_daily)
+        self.policy = config.policy
         self._wanted = asyncio.Event()  # a cell committed: retention and gc now
         self._pressure: float | None = None  # the disk's percent in use, while past its limit
         self.upkeep: dict = {}  # the latest retention and gc pass, for `status`
