@@ -47,6 +47,25 @@ from .errors import (
     StoreError,
     UnknownSession,
 )
+from .messages import (
+    EVENTS,
+    Answer,
+    Checkout,
+    Close,
+    Draft,
+    Error,
+    Execute,
+    Heartbeat,
+    Interrupt,
+    Open,
+    Output,
+    Ping,
+    Remove,
+    Reply,
+    Request,
+    Status,
+    Tag,
+)
 from .pool import Leases, Pool, cuda
 from .pool.lifecycle import Keeper
 from .private import private_dir
@@ -249,30 +268,31 @@ class Server:
             msg_id = protocol.peek_msg_id(data)  # so that even a refused frame is answered
             message = protocol.unpack(data, self.config.max_frame)
             user = self._user(frames[1])
-            protocol.check_request(message)
+            request = Request.from_wire(message)
+            msg_id = message["msg_id"]  # a valid one, however far into the frame it was
 
             def emit(payload: dict, event: str = "output") -> None:
-                fields = {"output": payload} if event == "output" else payload
-                self._send(identity, protocol.event(msg_id, event, **fields))
+                sent = Output(payload) if event == "output" else EVENTS[event](**payload)
+                self._send(identity, sent.to_wire(msg_id))
 
             call = (identity, msg_id)
-            if message["op"] == "execute":
-                session = self.sessions.get(self._store_name(user, message["session"]))
+            if isinstance(request, Execute):
+                session = self.sessions.get(self._store_name(user, request.session))
                 if session is not None:
                     self._executing[call] = session
             try:
-                result = await self._dispatch(user, message, emit)
+                result = await self._dispatch(user, request, emit)
             finally:
                 self._executing.pop(call, None)
-            self._send(identity, protocol.reply(msg_id, **result))
+            self._send(identity, Reply(result).to_wire(msg_id))
         except FabricError as exc:
-            self._send(identity, protocol.error(msg_id, exc.to_wire()))
+            self._send(identity, Error(exc.to_wire()).to_wire(msg_id))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: the client hears of it, the server keeps serving
             log.exception("request failed")
-            self._send(identity, protocol.error(msg_id, {
-                "kind": "internal", "message": f"{type(exc).__name__}: {exc}"}))
+            self._send(identity, Error({
+                "kind": "internal", "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id))
 
     def _user(self, frame: zmq.Frame) -> str:
         """The user the connection was admitted as; a revoked key is refused at once."""
@@ -302,56 +322,59 @@ class Server:
             raise UnknownSession(f"no open session {name!r}; open it first", session=name)
         return session
 
-    async def _dispatch(self, user: str, message: dict, emit) -> dict:
-        op = message["op"]
-        if op == "ping":
-            return {"pong": True, "pid": os.getpid(), "user": user}
-        if op == "status":
-            return self.status(user)
-        name = message["session"]
-        if op == "open":
-            stored = self._store_name(user, name)
-            session = self.sessions.get(stored)
-            if session is None:
-                self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
-                                  "open sessions")
-                cwd = message.get("cwd") or os.getcwd()
-                if not os.path.isdir(cwd):
-                    raise FabricError(f"working directory {cwd!r} does not exist", session=name)
-                session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
-                                  interrupt_grace=self.config.interrupt_grace)
-                session.admit = lambda manifest: self._admit(user, stored, manifest)
-                self.sessions[stored] = session
-            return self._public(user, session.status())
-        if op == "rm":
-            return await self._remove(user, name)
-        if op == "tag":  # open or not: a name is the store's
-            return self._tag(user, name, message.get("version"), message["name"])
-        session = self._session(user, name)
-        if op == "draft":
-            return session.draft(message["source"])
-        if op == "execute":
-            self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
-            if self.config.user_bytes:
-                self._check_limit(user, "user_bytes", self._stored_bytes(user), "bytes stored")
-            self.running[user] = self.running.get(user, 0) + 1
-            try:
-                return await session.execute(message["source"], emit,
-                                             stdin=message.get("stdin", False))
-            finally:
-                self.running[user] -= 1
-                self._after_cell()
-        if op == "interrupt":
-            return {"interrupted": session.interrupt()}
-        if op == "input":
-            return session.answer(message.get("value"), message.get("error"))
-        if op == "checkout":
-            return session.checkout(message["version"])
-        if op == "close":
-            await session.close()
-            del self.sessions[session.name]
-            return {"closed": True, "version": session.manifest.version}
-        raise ProtocolError(f"unknown op {op!r}")  # check_request lets no other op through
+    async def _dispatch(self, user: str, request: Request, emit) -> dict:
+        match request:
+            case Ping():
+                return {"pong": True, "pid": os.getpid(), "user": user}
+            case Status():
+                return self.status(user)
+            case Open(session=name, cwd=cwd):
+                return self._open(user, name, cwd)
+            case Remove(session=name):
+                return await self._remove(user, name)
+            case Tag(session=name, name=tag, version=version):  # open or not: tags are the store's
+                return self._tag(user, name, version, tag)
+        session = self._session(user, request.session)
+        match request:
+            case Draft(source=source):
+                return session.draft(source)
+            case Execute(source=source, stdin=stdin):
+                self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
+                if self.config.user_bytes:
+                    self._check_limit(user, "user_bytes", self._stored_bytes(user),
+                                      "bytes stored")
+                self.running[user] = self.running.get(user, 0) + 1
+                try:
+                    return await session.execute(source, emit, stdin=stdin)
+                finally:
+                    self.running[user] -= 1
+                    self._after_cell()
+            case Interrupt():
+                return {"interrupted": session.interrupt()}
+            case Answer(value=value, error=error):
+                return session.answer(value, error)
+            case Checkout(version=version):
+                return session.checkout(version)
+            case Close():
+                await session.close()
+                del self.sessions[session.name]
+                return {"closed": True, "version": session.manifest.version}
+        raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
+
+    def _open(self, user: str, name: str, cwd: str | None) -> dict:
+        stored = self._store_name(user, name)
+        session = self.sessions.get(stored)
+        if session is None:
+            self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
+                              "open sessions")
+            cwd = cwd or os.getcwd()
+            if not os.path.isdir(cwd):
+                raise FabricError(f"working directory {cwd!r} does not exist", session=name)
+            session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
+                              interrupt_grace=self.config.interrupt_grace)
+            session.admit = lambda manifest: self._admit(user, stored, manifest)
+            self.sessions[stored] = session
+        return self._public(user, session.status())
 
     def _tag(self, user: str, name: str, version: int | str | None, tag: str) -> dict:
         stored = self._store_name(user, name)
@@ -453,7 +476,7 @@ def _check_address(config: Config) -> auth.Keys | None:
     return keys
 
 
-HEARTBEAT = protocol.pack({"type": "heartbeat"})  # no msg_id: clients drop it
+HEARTBEAT = protocol.pack(Heartbeat().to_wire())
 
 
 def _undelivered(sent: asyncio.Future) -> None:

@@ -17,7 +17,7 @@ from helpers import RunningServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric import protocol
+from fabric import messages, protocol
 
 FRAMES = int(os.environ.get("LLFABRIC_FUZZ_FRAMES", "300"))
 
@@ -25,7 +25,7 @@ scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.flo
            | st.text(max_size=40) | st.binary(max_size=40))
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-ops = st.sampled_from(sorted(protocol.CLIENT_OPS - {"open"})) | st.text(max_size=12)
+ops = st.sampled_from(sorted(messages.CLIENT_OPS - {"open"})) | st.text(max_size=12)
 fields = st.sampled_from(["session", "source", "cwd", "version", "name", "value", "error",
                           "stdin", "cell_id", "timeout"])
 requests = st.fixed_dictionaries(

@@ -1,0 +1,342 @@
+"""The messages of the client <-> server wire, each defined once; both ends use them.
+
+A message is a frozen dataclass. ``to_wire(msg_id)`` builds its msgpack map (framing:
+`fabric.protocol`); ``from_wire(map)`` checks the map on receipt (each field present if required,
+of its declared type) and raises `ProtocolError` for anything else. An unknown op, event or frame
+type is an error, never dropped.
+
+Requests (client -> server) carry ``op``, ``msg_id`` and the fields of their dataclass. A field
+name has one type on this wire: a field a request does not use is still checked, then ignored.
+
+The server answers each request with zero or more ``event`` frames and exactly one final frame,
+``reply`` (its fields depend on the op) or ``error`` (``error``: a `FabricError`'s wire map), all
+carrying the request's ``msg_id``. The events of an ``execute``: `Output` (an nbformat output),
+`Queued` (the cell waits for a lease), `Leased` (it got one), `InputRequest` (the cell called
+input() or getpass(); answered by an `Answer` of the same session, only when the execute said
+``stdin``) and `Notice` (what llfabric says about itself, never a cell output; see
+`fabric.notices`).
+
+While a client's cell runs, the server probes it with `Heartbeat` frames (no msg_id) and ZMTP
+pings; a client gone or silent has its cell stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+from .errors import ProtocolError, RemoteError
+from .protocol import valid_session_name
+
+Version = int | str  # a version number, or a name `Tag` gave one
+
+OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
+                          "error", "clear_output"})
+
+_WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an integer",
+                             float: "a number", dict: "a map", Version: "an integer or a name"}
+
+
+def _required(hint: Any) -> Any:
+    """`X | None` -> X."""
+    if isinstance(hint, types.UnionType):
+        args = tuple(a for a in typing.get_args(hint) if a is not type(None))
+        return functools.reduce(lambda a, b: a | b, args) if len(args) > 1 else args[0]
+    return hint
+
+
+def _is(value: object, kind: Any) -> bool:
+    if isinstance(kind, types.UnionType):
+        return any(_is(value, k) for k in typing.get_args(kind))
+    if kind in (int, float) and isinstance(value, bool):  # msgpack keeps them apart
+        return False
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)
+
+
+class Message:
+    """Fields from the dataclass; `_where` names the message in errors."""
+
+    @classmethod
+    @functools.cache
+    def _types(cls) -> dict[str, Any]:
+        """Each field's type, None stripped: an optional field is absent, never nil."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: _required(hints[f.name]) for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def _required_fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+    @classmethod
+    def _build(cls, message: dict, where: str, checked: dict[str, Any]) -> Self:
+        for name in cls._required_fields():
+            if name not in message:
+                raise ProtocolError(f"{where} needs field {name!r}")
+        for name, kind in checked.items():
+            if name in message and not _is(message[name], kind):
+                raise ProtocolError(f"field {name!r} must be {_WORDS.get(kind, kind)}")
+        return cls(**{name: message[name] for name in cls._types() if name in message})
+
+    def _fields(self) -> dict[str, Any]:
+        """The fields that go on the wire: an unset optional one stays off it."""
+        values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return {name: value for name, value in values if value is not None}
+
+
+# Requests
+
+
+class Request(Message):
+    op: ClassVar[str]
+
+    def to_wire(self, msg_id: str) -> dict:
+        return {"op": self.op, "msg_id": msg_id, **self._fields()}
+
+    @staticmethod
+    def from_wire(message: dict) -> Request:
+        """The request a client sent, checked; ProtocolError (its `op` named) if it is none."""
+        op = message.get("op")
+        if not isinstance(op, str):
+            raise ProtocolError("request has no 'op'")
+        if op not in REQUESTS:
+            raise ProtocolError(f"unknown op {op!r}", op=op)
+        try:
+            if not isinstance(message.get("msg_id"), str):
+                raise ProtocolError("request has no string 'msg_id'")
+            request = REQUESTS[op]._build(message, f"op {op!r}", REQUEST_FIELDS)
+            session = message.get("session")
+            if session is not None and not valid_session_name(session):
+                raise ProtocolError(
+                    "session names are 1-128 characters of letters, digits, '-', '_' and '.'")
+        except ProtocolError as exc:
+            raise ProtocolError(exc.message, op=op) from None
+        return request
+
+
+@dataclass(frozen=True)
+class Open(Request):
+    """Open a session (or rejoin it); the reply is its status."""
+
+    op = "open"
+    session: str
+    cwd: str | None = None  # where its cells run; default the server's
+
+
+@dataclass(frozen=True)
+class Draft(Request):
+    """The cell being edited: prepare a worker holding its closure."""
+
+    op = "draft"
+    session: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Execute(Request):
+    """Run a cell and commit its state; events stream until the reply (status, timings)."""
+
+    op = "execute"
+    session: str
+    source: str
+    stdin: bool = False  # the client answers the cell's input() (see `InputRequest`)
+    cell_id: str | None = None  # the frontend's id of the cell, where it has one
+
+
+@dataclass(frozen=True)
+class Interrupt(Request):
+    op = "interrupt"
+    session: str
+
+
+@dataclass(frozen=True)
+class Answer(Request):
+    """The answer to a running cell's input(): `value`, or the `error` its input() raises."""
+
+    op = "input"
+    session: str
+    value: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Checkout(Request):
+    op = "checkout"
+    session: str
+    version: Version
+
+
+@dataclass(frozen=True)
+class Close(Request):
+    op = "close"
+    session: str
+
+
+@dataclass(frozen=True)
+class Tag(Request):
+    """Name `version` (default: the head): retention keeps it."""
+
+    op = "tag"
+    session: str
+    name: str
+    version: Version | None = None
+
+
+@dataclass(frozen=True)
+class Remove(Request):
+    """Remove the session from the store; refused while a cell of it runs."""
+
+    op = "rm"
+    session: str
+
+
+@dataclass(frozen=True)
+class Status(Request):
+    op = "status"
+
+
+@dataclass(frozen=True)
+class Ping(Request):
+    op = "ping"
+
+
+REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
+    Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Status, Ping)}
+CLIENT_OPS = frozenset(REQUESTS)
+
+
+def _field_types(classes: typing.Iterable[type[Message]]) -> dict[str, Any]:
+    """One type per field name across `classes`; two that disagree are a bug here."""
+    table: dict[str, Any] = {}
+    for cls in classes:
+        for name, kind in cls._types().items():
+            if table.setdefault(name, kind) != kind:
+                raise TypeError(f"field {name!r} has two types: {table[name]}, {kind}")
+    return table
+
+
+REQUEST_FIELDS = _field_types(REQUESTS.values())
+
+
+def request(op: str, **fields: Any) -> Request:
+    """A request named by its op (a command line's, a magic's), checked as the server will."""
+    return Request.from_wire({"op": op, "msg_id": "", **fields})
+
+
+# What the server sends
+
+
+class Event(Message):
+    event: ClassVar[str]
+
+    def to_wire(self, msg_id: str) -> dict:
+        return {"type": "event", "msg_id": msg_id, "event": self.event, **self._fields()}
+
+    @classmethod
+    def _check(cls, message: dict) -> None:
+        """Checks beyond the fields' types."""
+
+
+@dataclass(frozen=True)
+class Output(Event):
+    """An nbformat output of the running cell (``output_type`` and its own fields)."""
+
+    event = "output"
+    output: dict
+
+    @classmethod
+    def _check(cls, message: dict) -> None:
+        if message["output"].get("output_type") not in OUTPUT_TYPES:
+            raise ProtocolError(f"an output of unknown type "
+                                f"{message['output'].get('output_type')!r}")
+
+
+@dataclass(frozen=True)
+class Queued(Event):
+    """The cell waits for an execution slot: `ahead` cells wait before it, for `slots`."""
+
+    event = "queued"
+    ahead: int
+    slots: int
+
+
+@dataclass(frozen=True)
+class Leased(Event):
+    event = "leased"
+    waited: float  # seconds in the queue
+
+
+@dataclass(frozen=True)
+class InputRequest(Event):
+    event = "input_request"
+    prompt: str
+    password: bool = False
+
+
+@dataclass(frozen=True)
+class Notice(Event):
+    """What llfabric did, for status and logs (`fabric.notices`)."""
+
+    event = "notice"
+    topic: str
+    text: str
+    time: float
+
+
+EVENTS: dict[str, type[Event]] = {cls.event: cls for cls in (
+    Output, Queued, Leased, InputRequest, Notice)}
+
+
+@dataclass(frozen=True)
+class Reply(Message):
+    """A request's final answer; its fields depend on the op."""
+
+    fields: dict
+
+    def to_wire(self, msg_id: str) -> dict:
+        return {"type": "reply", "msg_id": msg_id, **self.fields}
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """A request's final answer when it failed: a `FabricError`'s wire map."""
+
+    error: dict
+
+    def to_wire(self, msg_id: str | None) -> dict:
+        return {"type": "error", "msg_id": msg_id, "error": self.error}
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """The server's probe of a client whose cell runs; no msg_id, answers nothing."""
+
+    def to_wire(self) -> dict:
+        return {"type": "heartbeat"}
+
+
+def from_server(message: dict) -> Event | Reply:
+    """What the server sent for a request, checked; an error frame raises RemoteError."""
+    kind = message.get("type")
+    if kind == "reply":
+        return Reply({k: v for k, v in message.items() if k not in ("type", "msg_id")})
+    if kind == "error":
+        error = message.get("error")
+        if not isinstance(error, dict):
+            raise ProtocolError("an error frame without an error map")
+        raise RemoteError(error)
+    if kind != "event":
+        raise ProtocolError(f"unknown frame type {kind!r}")
+    event = message.get("event")
+    cls = EVENTS.get(event) if isinstance(event, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown event {event!r}")
+    result = cls._build(message, f"event {event!r}", cls._types())
+    cls._check(message)
+    return result
