@@ -34,7 +34,7 @@ def session(address: str, name: str, cells: int, workdir: str, out: dict) -> Non
         try:
             client.call("open", session=name, cwd=workdir)
             for _ in range(cells):
-                *_, reply = client.stream("execute", timeout=600, session=name, source=CELL)
+                reply = client.call("execute", timeout=600, session=name, source=CELL)
                 replies.append(reply)
             client.call("close", session=name)
         except FabricError as exc:

@@ -97,10 +97,7 @@ def run_fabric(address: str, notebook: Path, work: Path) -> list[float]:
         client.call("open", session=session, cwd=str(copy_of(notebook, work).parent))
         times = []
         for source in cells:
-            reply: dict = {}
-            for message in client.stream("execute", timeout=0, session=session, source=source):
-                if message["type"] == "reply":
-                    reply = message
+            reply = client.call("execute", timeout=0, session=session, source=source)
             times.append(float(reply["timings"]["run"]) if reply else float("nan"))
         client.call("close", session=session)
     return times
@@ -117,8 +114,7 @@ class Busy:
 
     def _spin(self) -> None:
         with Client(self.address) as client:
-            for _ in client.stream("execute", timeout=0, session=self.session, source=BUSY):
-                pass
+            client.call("execute", timeout=0, session=self.session, source=BUSY)
 
     def __enter__(self) -> Busy:
         self.thread.start()

@@ -83,10 +83,10 @@ def _run(notebook: Path, connect: str | None, store: str | None, think_time: flo
     session = session or f"{as_session_name(notebook.stem, 80)}-{uuid.uuid4().hex[:8]}"
     workdir = (cwd or notebook.resolve().parent).resolve()
     with client_of(connect, store) as client:
-        client.call("open", session=session, cwd=str(workdir))
+        client.open(session, str(workdir))
         run = run_notebook(client, nb, session, think_time=think_time,
                            allow_errors=allow_errors, on_output=_print_output)
-        client.call("close", session=session)
+        client.close_session(session)
     if output is not None:
         nbformat.write(nb, str(output))
     for cell in run.cells:

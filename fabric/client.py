@@ -1,21 +1,45 @@
-"""A synchronous client of `llfabric serve`: one DEALER socket, requests by msg_id."""
+"""A synchronous client of `llfabric serve`: one DEALER socket, one method per request.
+
+Requests may overlap (an interrupt while a cell runs): frames are routed by msg_id, and those of a
+request not being read yet wait for it.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import time
-from collections.abc import Container, Iterator
+from collections import deque
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from . import protocol
+from . import messages, protocol
 from .auth import ClientKey, Keys
-from .errors import FrameTooLarge, RemoteError, Unreachable
+from .errors import FabricError, FrameTooLarge, Unreachable
+from .messages import (
+    Answer,
+    Checkout,
+    Close,
+    Draft,
+    Event,
+    Execute,
+    Interrupt,
+    Open,
+    Ping,
+    Remove,
+    Reply,
+    Request,
+    Status,
+    Tag,
+)
 from .private import check_dir
+
+log = logging.getLogger(__name__)
 
 
 class Client:
@@ -37,6 +61,7 @@ class Client:
             key.apply(self.socket)
         self.socket.connect(address)
         self._ids = (f"{os.getpid()}-{n}" for n in itertools.count(1))
+        self._pending: dict[str, deque[dict]] = {}  # frames of requests sent, not yet read
 
     def close(self) -> None:
         self.socket.close()
@@ -48,63 +73,193 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def send(self, op: str, **fields: Any) -> str:
-        """Send a request without waiting; return its msg_id, for `receive`."""
+    def send(self, request: Request) -> str:
+        """Send a request without waiting; return its msg_id, for `receive` or `events`."""
         msg_id = next(self._ids)
-        frame = protocol.pack({"op": op, "msg_id": msg_id, **fields})
+        frame = protocol.pack(request.to_wire(msg_id))
         if len(frame) > protocol.WIRE_LIMIT:  # the server could not even answer it
             raise FrameTooLarge(f"a request of {len(frame)} bytes exceeds the limit of "
                                 f"{protocol.WIRE_LIMIT}", size=len(frame),
                                 limit=protocol.WIRE_LIMIT)
         self.socket.send(frame)
+        self._pending[msg_id] = deque()
         return msg_id
 
-    def receive(self, msg_ids: Container[str], wait: float) -> dict | None:
-        """The next frame answering one of `msg_ids`, or None after `wait` seconds of silence.
+    def receive(self, msg_ids: Collection[str], wait: float) -> dict | None:
+        """The next frame answering one of `msg_ids`, or None after `wait` seconds of silence;
+        an error frame raises RemoteError.
 
-        Frames answering other requests (late, abandoned) are dropped. An error frame raises
-        RemoteError.
+        Frames of the other requests still awaited are kept for them, in order; those of
+        requests given up on (`forget`) and heartbeats are dropped.
         """
+        message = self._frame(msg_ids, wait)
+        if message is not None and message.get("type") == "error":
+            messages.from_server(message)  # raises
+        return message
+
+    def _frame(self, msg_ids: Collection[str], wait: float) -> dict | None:
+        for msg_id in msg_ids:
+            if self._pending.get(msg_id):
+                return self._settled(self._pending[msg_id].popleft())
         deadline = time.monotonic() + wait
         while (left := deadline - time.monotonic()) > 0:
             if not self.socket.poll(None if left == math.inf else int(left * 1000)):
                 return None
             message = protocol.unpack(self.socket.recv(), max_size=1 << 31)
-            if message.get("msg_id") not in msg_ids:
-                continue
-            if message.get("type") == "error":
-                raise RemoteError(message.get("error") or {})
-            return message
+            msg_id = message.get("msg_id")
+            if msg_id in msg_ids:
+                return self._settled(message)
+            if msg_id in self._pending:
+                self._pending[msg_id].append(message)
         return None
 
-    def stream(self, op: str, timeout: float | None = None, **fields: Any) -> Iterator[dict]:
-        """Send a request; yield its events, then its reply. An error reply raises RemoteError.
+    def _settled(self, message: dict) -> dict:
+        """A request's final frame ends the wait for it."""
+        if message.get("type") in ("reply", "error"):
+            self.forget(message["msg_id"])
+        return message
+
+    def forget(self, msg_id: str) -> None:
+        """No longer await `msg_id`: what still comes for it is dropped."""
+        self._pending.pop(msg_id, None)
+
+    def events(self, msg_id: str, timeout: float | None = None, probe: bool = False) -> Events:
+        """The answer to request `msg_id`: its events, typed, then its Reply.
 
         `timeout` bounds the silence between two frames (None: the client's default; 0: wait
-        forever, as for a cell that computes quietly for hours).
+        forever). With `probe`, silence is not failure while the server answers a ping: a cell
+        may compute quietly for hours.
         """
-        msg_id = self.send(op, **fields)
         wait = self.timeout if timeout is None else timeout
-        while True:
-            message = self.receive({msg_id}, wait or math.inf)
-            if message is None:
-                raise Unreachable(f"no answer from {self.address} within {wait:.0f} s",
-                                  address=self.address)
-            yield message
-            if message.get("type") == "reply":
-                return
+        return Events(self, msg_id, wait or math.inf, probe)
+
+    def request(self, request: Request, timeout: float | None = None) -> dict:
+        """Send `request`, wait for its reply (its events are not needed); the reply's fields."""
+        events = self.events(self.send(request), timeout, probe=isinstance(request, Execute))
+        *_, reply = events
+        return reply.fields
 
     def call(self, op: str, timeout: float | None = None, **fields: Any) -> dict:
-        """A request whose events are not needed: return its reply."""
-        *_, reply = self.stream(op, timeout=timeout, **fields)
-        return reply
+        """A request named by its op, as a magic or a script names it: its reply's fields."""
+        return self.request(messages.request(op, **fields), timeout)
+
+    # one method per request
+    def open(self, session: str, cwd: str | None = None) -> dict:
+        return self.request(Open(session, cwd))
+
+    def draft(self, session: str, source: str, timeout: float | None = None) -> dict:
+        return self.request(Draft(session, source), timeout)
+
+    def execute(self, session: str, source: str, *, stdin: bool = False,
+                cell_id: str | None = None, timeout: float | None = None) -> Events:
+        """Start a cell; iterate the result for its outputs and notices, then its Reply. Its
+        silence is probed with pings (see `events`)."""
+        return self.events(self.send(Execute(session, source, stdin, cell_id)), timeout,
+                           probe=True)
+
+    def interrupt(self, session: str) -> bool:
+        """Interrupt the session's running cell; False if none ran."""
+        return bool(self.request(Interrupt(session))["interrupted"])
+
+    def answer(self, session: str, value: str | None = None, error: str | None = None) -> dict:
+        return self.request(Answer(session, value, error))
+
+    def checkout(self, session: str, version: int | str) -> dict:
+        return self.request(Checkout(session, version))
+
+    def close_session(self, session: str, timeout: float | None = None) -> dict:
+        return self.request(Close(session), timeout)
+
+    def tag(self, session: str, name: str, version: int | str | None = None) -> dict:
+        return self.request(Tag(session, name, version))
+
+    def remove(self, session: str) -> dict:
+        return self.request(Remove(session))
+
+    def status(self) -> dict:
+        return self.request(Status())
 
     def ping(self, timeout: float = 1.0) -> bool:
+        """Whether a server answers at the address within `timeout` seconds."""
         try:
-            self.call("ping", timeout=timeout)
+            self.request(Ping(), timeout)
         except Unreachable:
             return False
         return True
+
+
+class Events:
+    """The frames answering one request, as messages: events, then the Reply (an error frame
+    raises RemoteError). Iteration may go on after a KeyboardInterrupt between two frames.
+
+    Requests about the one answered (an interrupt, an input answer, a probing ping) are sent
+    with `send`: their replies are read and dropped here, their errors logged.
+    """
+
+    def __init__(self, client: Client, msg_id: str, wait: float, probe: bool) -> None:
+        self.client = client
+        self.msg_id = msg_id
+        self.wait = wait
+        self.probe = probe
+        self.done = False
+        self._side: set[str] = set()
+        self._ping: str | None = None
+        self._heard = time.monotonic()
+
+    def send(self, request: Request) -> None:
+        self._side.add(self.client.send(request))
+
+    def __iter__(self) -> Events:
+        return self
+
+    def __next__(self) -> Event | Reply:
+        while not self.done:
+            frame = self.client._frame({self.msg_id, *self._side},
+                                       self._heard + self.wait - time.monotonic())
+            if frame is None:
+                self._silent()
+                continue
+            self._heard = time.monotonic()
+            if frame["msg_id"] != self.msg_id:
+                self._aside(frame)
+                continue
+            try:
+                message = messages.from_server(frame)
+            except FabricError:
+                self._finish()
+                raise
+            if isinstance(message, Reply):
+                self._finish()
+            return message
+        raise StopIteration
+
+    def _aside(self, frame: dict) -> None:
+        """The answer to a request sent with `send` (or a probe): done once it is final."""
+        if frame.get("type") not in ("reply", "error"):
+            return
+        self._side.discard(frame["msg_id"])
+        if frame["msg_id"] == self._ping:
+            self._ping = None
+        try:
+            messages.from_server(frame)
+        except FabricError as exc:
+            log.warning("a request about request %s failed: %s", self.msg_id, exc.message)
+
+    def _silent(self) -> None:
+        """`wait` seconds without a frame: probe the server, or give up."""
+        if self.probe and self._ping is None:
+            self._ping = self.client.send(Ping())
+            self._side.add(self._ping)
+            self._heard = time.monotonic()
+            return
+        self._finish()
+        address = self.client.address
+        raise Unreachable(f"no answer from {address} within {self.wait:.0f} s", address=address)
+
+    def _finish(self) -> None:
+        self.done = True
+        for msg_id in (self.msg_id, *self._side):
+            self.client.forget(msg_id)
 
 
 def _check_socket_dir(folder: Path) -> None:

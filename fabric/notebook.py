@@ -12,6 +12,7 @@ import nbformat
 from . import notices
 from .client import Client
 from .errors import NotebookError, RemoteError
+from .messages import Notice, Output, Reply
 
 OnOutput = Callable[[int, dict], None]
 
@@ -22,7 +23,7 @@ class CellRun:
     outputs: list[dict] = field(default_factory=list)
     reply: dict | None = None  # the server's reply: status, version, timings
     failure: RemoteError | None = None  # the request itself failed (worker died, bad state...)
-    notices: list[dict] = field(default_factory=list)  # what llfabric said of it, not outputs
+    notices: list[Notice] = field(default_factory=list)  # what llfabric said of it, not outputs
 
     @property
     def ok(self) -> bool:
@@ -103,22 +104,21 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
             continue
         source = cell.source
         if think_time > 0:
-            client.call("draft", session=session, source=source)
+            client.draft(session, source)
             time.sleep(think_time)
         run = CellRun(index)
         outputs = _Outputs()
         first = time.monotonic() if first is None else first
         try:
-            for message in client.stream("execute", timeout=0, session=session, source=source):
-                if message["type"] == "event" and message.get("event") == "output":
-                    outputs.add(message["output"])
+            for message in client.execute(session, source, timeout=0):  # cells may run for hours
+                if isinstance(message, Output):
+                    outputs.add(message.output)
                     if on_output is not None:
-                        on_output(index, message["output"])
-                elif message["type"] == "event" and message.get("event") == "notice" \
-                        and message.get("topic") != "progress":
+                        on_output(index, message.output)
+                elif isinstance(message, Notice) and message.topic != "progress":
                     run.notices.append(message)
-                elif message["type"] != "event":
-                    run.reply = message
+                elif isinstance(message, Reply):
+                    run.reply = message.fields
         except RemoteError as exc:
             run.failure = exc
         last = time.monotonic()
@@ -151,7 +151,7 @@ def timings_table(run: NotebookRun) -> str:
                      f"{cell.reply.get('source', '-'):<8} {t['prepare']:>8.3f} "
                      f"{t['visible_delay']:>8.3f} {t['run']:>8.3f} {t['save']:>7.3f} "
                      f"{t['lease_held']:>8.3f}  {cell.reply['status']:<6}  "
-                     f"{notices.topics(cell.notices)}".rstrip())
+                     f"{notices.topics(n.topic for n in cell.notices)}".rstrip())
     lines.append("-" * len(head))
     pinned = run.pinned_seconds
     saved = 100 * (1 - lease_total / pinned) if pinned > 0 else 0.0
@@ -162,7 +162,7 @@ def timings_table(run: NotebookRun) -> str:
                      f"max {delays[-1]:.3f} s, {under}/{len(delays)} cells under 100 ms")
     lines.append(f"lease held {lease_total:.2f} s; a pinned session holds {pinned:.2f} s "
                  f"(first execute to last done): {saved:.0f}% less")
-    told = [f"  cell {c.index}: {n.get('text', '')}" for c in run.cells for n in c.notices]
+    told = [f"  cell {c.index}: {n.text}" for c in run.cells for n in c.notices]
     if told:
         lines += ["notices:", *told]
     return "\n".join(lines)

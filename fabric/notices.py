@@ -11,6 +11,7 @@ saved nor held any more, is also shown in the cell, as an error output (`loss`).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 KEEP = 20  # notices a session keeps for `status`
 LOSS = "LLFabricStateLost"  # the ename of a loss shown in a cell
@@ -26,6 +27,6 @@ def loss(text: str) -> dict:
             "traceback": [f"llfabric: {text}"]}
 
 
-def topics(items: list[dict]) -> str:
+def topics(names: Iterable[str]) -> str:
     """A cell's notices in a word or two each, for a table column."""
-    return ",".join(dict.fromkeys(str(n.get("topic", "?")) for n in items))
+    return ",".join(dict.fromkeys(names))

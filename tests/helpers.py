@@ -17,6 +17,7 @@ from fabric.client import Client
 from fabric.config import Config
 from fabric.embedded import EmbeddedServer
 from fabric.errors import RemoteError
+from fabric.messages import Output, Reply
 from fabric.pool import criu
 from fabric.snapshot import Group, Manifest, Store, dumps
 
@@ -24,11 +25,11 @@ from fabric.snapshot import Group, Manifest, Store, dumps
 def execute(client: Client, session: str, source: str) -> tuple[dict, list[dict]]:
     """Run one cell; return the server's reply and the cell's outputs."""
     outputs, reply = [], {}
-    for message in client.stream("execute", timeout=120, session=session, source=source):
-        if message["type"] == "event" and message.get("event") == "output":
-            outputs.append(message["output"])
-        else:
-            reply = message
+    for message in client.execute(session, source, timeout=120):
+        if isinstance(message, Output):
+            outputs.append(message.output)
+        elif isinstance(message, Reply):
+            reply = message.fields
     return reply, outputs
 
 

@@ -23,6 +23,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from cli.main import main as cli
 from fabric.attach.notebook_file import session_name
 from fabric.errors import RemoteError
+from fabric.messages import Output, Reply
 from fabric.snapshot import Store
 
 
@@ -216,10 +217,9 @@ def test_a_waiting_cell_says_how_long_it_waits(kernel: Kernel, server: RunningSe
 
     def hold_the_slot() -> None:
         with server.client() as client:
-            for message in client.stream("execute", timeout=60, session=other,
-                                         source="import time\nprint('go', flush=True)\n"
-                                                "time.sleep(3)"):
-                if message.get("event") == "output":
+            for message in client.execute(other, "import time\nprint('go', flush=True)\n"
+                                                 "time.sleep(3)", timeout=60):
+                if isinstance(message, Output):
                     started.set()
 
     holder = threading.Thread(target=hold_the_slot)
@@ -359,11 +359,10 @@ def test_a_cell_left_running_is_reported_and_can_be_interrupted(kernel: Kernel,
     def left_running() -> None:  # as a cell of a kernel that has since been restarted
         with server.client() as client:
             try:
-                for message in client.stream("execute", timeout=60, session=session,
-                                             source="print('go', flush=True)\n"
-                                                    "import time\ntime.sleep(40)"):
+                for message in client.execute(session, "print('go', flush=True)\n"
+                                                       "import time\ntime.sleep(40)", timeout=60):
                     started.set()
-                    replies.append(message)
+                    replies.append(message.fields if isinstance(message, Reply) else message)
             except RemoteError as exc:
                 replies.append(exc)
 

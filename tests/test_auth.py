@@ -23,6 +23,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from fabric.auth import ClientKey, Keys, write_client_key
 from fabric.client import Client
 from fabric.errors import RemoteError, UnsafePath
+from fabric.messages import Execute
 from fabric.private import open_private, private_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,8 +159,8 @@ def test_per_user_limits_on_sessions_and_running_cells(tcp, users, tmp_path: Pat
             carol.call("open", session=names[3], cwd=str(tmp_path))
         assert err.value.kind == "limit"
         # one cell at a time: a second, while the first runs, is refused
-        first = carol.send("execute", session=names[0],
-                           source="print('go', flush=True)\nimport time\ntime.sleep(3)")
+        first = carol.send(Execute(session=names[0],
+                                   source="print('go', flush=True)\nimport time\ntime.sleep(3)"))
         assert carol.receive({first}, 60)["event"] in ("output", "queued", "leased")
         with pytest.raises(RemoteError) as err:
             carol.call("execute", session=names[1], source="1")

@@ -30,6 +30,7 @@ import pytest
 from helpers import RunningServer, execute, open_session, require_criu, serving, text
 
 from fabric.client import Client
+from fabric.messages import Output, Reply
 from fabric.pool import gpus
 from fabric.pool.cuda import find_driver
 
@@ -167,16 +168,15 @@ def run_holding(server: RunningServer, session: str, source: str, flag: Path,
     outputs, reply, seen = [], {}, None
     with server.client(timeout=300) as client:
         try:
-            for message in client.stream("execute", timeout=300, session=session,
-                                         source=source):
-                if message["type"] == "event" and message.get("event") == "output":
-                    if text([message["output"]]) == "holding\n" and seen is None:
+            for message in client.execute(session, source, timeout=300):
+                if isinstance(message, Output):
+                    if text([message.output]) == "holding\n" and seen is None:
                         seen = (while_held(),)
                         flag.touch()
                     else:
-                        outputs.append(message["output"])
-                else:
-                    reply = message
+                        outputs.append(message.output)
+                elif isinstance(message, Reply):
+                    reply = message.fields
         finally:
             flag.touch()  # never leave the cell waiting, whatever failed
     assert seen is not None, text(outputs)
@@ -211,12 +211,12 @@ def test_a_template_copy_carries_its_cuda_context_and_a_prepared_cell_runs_at_on
     worker = wait_for(lambda: session_status(client, session)["worker"], "the drafted worker")
     assert not holders(tree(worker)), "a copy not yet leased must hold no GPU memory"
     sent, first_output, outputs = time.monotonic(), None, []
-    for message in client.stream("execute", timeout=120, session=session, source=cell):
-        if message["type"] == "event" and message.get("event") == "output":
+    for message in client.execute(session, cell, timeout=120):
+        if isinstance(message, Output):
             first_output = first_output or time.monotonic()
-            outputs.append(message["output"])
-        else:
-            reply = message
+            outputs.append(message.output)
+        elif isinstance(message, Reply):
+            reply = message.fields
     assert (reply["path"], reply["source"]) == ("draft", "template")
     assert text(outputs) == "True 0 8.0\n"  # the context came with the copy, not from the cell
     # the visible delay (the lease, CUDA back on the GPU, the state's load) is what the user

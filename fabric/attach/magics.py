@@ -75,7 +75,7 @@ class FabricMagics(Magics):
             if attachment is None:
                 raise UsageError("not attached: `%llfabric attach` first")
             try:
-                stopped = attachment.call("interrupt")["interrupted"]
+                stopped = attachment.client.interrupt(attachment.session)
             except FabricError as exc:
                 print(f"llfabric: {exc.message}", file=sys.stderr)
                 return

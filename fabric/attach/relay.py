@@ -4,9 +4,9 @@ Outputs arrive as nbformat output dicts and are re-published on the kernel's IOP
 the request's parent header, so frontends cannot tell them from the kernel's own. The kernel's
 namespace is never used: what a cell defines lives in the session's store.
 
-While a cell runs the relay waits in one-second ticks: a Jupyter interrupt (SIGINT, delivered as
-KeyboardInterrupt in the kernel's main thread) becomes an `interrupt` request, and a server that
-stops answering is noticed by a ping after ten seconds of silence.
+While a cell runs, a Jupyter interrupt (SIGINT, delivered as KeyboardInterrupt in the kernel's
+main thread while it waits for the server) becomes an `interrupt` request, and a server that stops
+answering is noticed by a ping after ten seconds of silence.
 
 What llfabric says about itself (a wait for an execution slot, a value only its worker holds)
 goes to the kernel's log and `%llfabric status`, never into the cell's outputs (see
@@ -19,24 +19,21 @@ import logging
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
-from ..client import Client
+from ..client import Client, Events
 from ..errors import FabricError, RemoteError, Unreachable
+from ..messages import Answer, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
 
-TICK = 1.0  # seconds between checks for an interrupt or a silent server
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
-OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
-                          "error", "clear_output"})
 # Cells the kernel runs itself: `%%local` ones and those that manage the attachment.
 LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b)")
 
@@ -72,7 +69,7 @@ class Attachment:
         keeps its state)."""
         if forget and self.opened:
             try:
-                self.client.call("close", session=self.session, timeout=2.0)
+                self.client.close_session(self.session, timeout=2.0)
             except FabricError as exc:
                 print(f"llfabric: detached, but the server did not close the session: "
                       f"{exc.message}", file=sys.stderr)
@@ -83,7 +80,7 @@ class Attachment:
         if not self.client.ping(timeout=2.0):
             raise Unreachable(f"no llfabric server answers at {self.address}",
                               address=self.address)
-        reply = self.client.call("open", session=self.session, cwd=os.getcwd())
+        reply = self.client.open(self.session, os.getcwd())
         self.opened = True
         self.shell.execution_count = int(reply.get("execution_count", 0)) + 1
         return reply
@@ -120,51 +117,40 @@ class Attachment:
         return result
 
     def _execute(self, source: str, result: ExecutionResult) -> dict:
-        waiting = {self.client.send("execute", session=self.session, source=source, stdin=True)}
-        heard, ping, pinged = time.monotonic(), None, 0.0
+        events = self.client.execute(self.session, source, stdin=True,
+                                     cell_id=result.info.cell_id, timeout=SILENCE)
         while True:
             try:
-                message = self.client.receive(waiting, TICK)
-                now = time.monotonic()
-                if message is None:
-                    if ping is None and now - heard > SILENCE:
-                        ping, pinged = self.client.send("ping"), now
-                        waiting.add(ping)
-                    elif ping is not None and now - pinged > SILENCE:
-                        raise Unreachable(
-                            f"the llfabric server at {self.address} stopped answering while "
-                            "the cell ran", address=self.address)
-                    continue
-                heard = now
-                if message["msg_id"] == ping:
-                    waiting.discard(ping)
-                    ping = None
-                elif message["type"] == "reply":
-                    return message
-                elif message.get("event") == "output":
-                    self._publish_output(message.get("output"), result)
-                elif message.get("event") == "queued":
-                    self._log(f"waiting for an execution slot, {message.get('ahead', 0)} cells "
-                              "of other sessions ahead")
-                elif message.get("event") == "notice":
-                    self._log(str(message.get("text", "")))
-                elif message.get("event") == "input_request":
-                    self._answer(message)
+                for message in events:
+                    match message:
+                        case Reply(fields=reply):
+                            return reply
+                        case Output(output=output):
+                            self._publish_output(output, result)
+                        case Queued(ahead=ahead):
+                            self._log(f"waiting for an execution slot, {ahead} cells of other "
+                                      "sessions ahead")
+                        case Notice(text=text):
+                            self._log(text)
+                        case InputRequest():
+                            self._answer(message, events)
             except KeyboardInterrupt:  # Jupyter's interrupt: the cell's worker gets it
-                self.client.send("interrupt", session=self.session)
+                events.send(Interrupt(self.session))
+            except Unreachable as exc:
+                raise Unreachable(f"the llfabric server at {self.address} stopped answering "
+                                  "while the cell ran", address=self.address) from exc
 
-    def _answer(self, request: dict) -> None:
+    def _answer(self, request: InputRequest, events: Events) -> None:
         """Ask the frontend through the kernel's stdin channel, as the cell's own input() would."""
-        prompt = str(request.get("prompt", ""))
         try:
-            if request.get("password"):
-                value = self.kernel.getpass(prompt)
+            if request.password:
+                value = self.kernel.getpass(request.prompt)
             else:
-                value = self.kernel.raw_input(prompt)
+                value = self.kernel.raw_input(request.prompt)
         except StdinNotImplementedError as exc:
-            self.client.send("input", session=self.session, error=str(exc))
+            events.send(Answer(self.session, error=str(exc)))
             return
-        self.client.send("input", session=self.session, value=str(value))
+        events.send(Answer(self.session, value=str(value)))
 
     def _log(self, text: str) -> None:
         """The kernel's log: where a kernel's own news goes, apart from the notebook."""
@@ -179,10 +165,7 @@ class Attachment:
         kernel.session.send(kernel.iopub_socket, msg_type, content,
                             parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type))
 
-    def _publish_output(self, output: object, result: ExecutionResult) -> None:
-        if not isinstance(output, dict) or output.get("output_type") not in OUTPUT_TYPES:
-            log.warning("ignoring a malformed output from the server: %r", output)
-            return
+    def _publish_output(self, output: dict, result: ExecutionResult) -> None:
         kind = output["output_type"]
         content = {k: v for k, v in output.items() if k != "output_type"}
         if kind == "error":
@@ -212,7 +195,7 @@ class Attachment:
         if is_local(source) or not self.opened:
             return
         try:
-            self.call("draft", source=source, timeout=CALL_TIMEOUT)
+            self.client.draft(self.session, source, timeout=CALL_TIMEOUT)
         except FabricError as exc:  # a draft only saves time: the cell runs without it
             log.info("draft not sent: %s", exc.message)
 

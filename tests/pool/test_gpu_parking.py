@@ -17,6 +17,7 @@ from helpers import execute, open_session, require_criu, text
 
 from fabric.client import Client
 from fabric.config import Config
+from fabric.messages import Output
 from fabric.pool import Leases
 from fabric.pool.cuda import State
 from fabric.pool.gpus import Gpu
@@ -249,10 +250,10 @@ def _hold_a_gpu(address: str, session: str, flag: Path) -> threading.Thread:
 
     def run() -> None:
         with Client(address, timeout=60) as client:
-            for message in client.stream("execute", timeout=60, session=session, source=(
+            for message in client.execute(session, (
                     f"import os, time\nprint('holding', flush=True)\n"
-                    f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)")):
-                if message.get("event") == "output":
+                    f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)"), timeout=60):
+                if isinstance(message, Output):
                     started.set()
 
     thread = threading.Thread(target=run)
