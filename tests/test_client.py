@@ -1,0 +1,167 @@
+"""The client against a scripted server on a real ROUTER socket: routing of overlapping requests,
+the typed events of a cell, a silent cell probed with pings, and frames that are no message."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from fabric.client import Client
+from fabric.errors import ProtocolError, RemoteError, Unreachable
+from fabric.messages import (
+    Error,
+    Heartbeat,
+    Interrupt,
+    Notice,
+    Output,
+    Queued,
+    Reply,
+    Request,
+    Status,
+)
+from fabric.protocol import pack, unpack
+
+Script = Callable[[Request, str], list[dict]]  # a request and its msg_id -> the frames to send
+
+
+class Scripted:
+    """A ROUTER that answers each request with the frames its script returns."""
+
+    def __init__(self, address: str, script: Script) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.linger = 0
+        self.socket.bind(address)
+        self.script = script
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.socket.poll(20):
+                continue
+            identity, frame = self.socket.recv_multipart()
+            message = unpack(frame)
+            for answer in self.script(Request.from_wire(message), message["msg_id"]):
+                self.socket.send_multipart([identity, pack(answer)])
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join()
+        self.socket.close()
+        self.context.term()
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> Iterator[Callable[[Script], Client]]:
+    """A client of a scripted server: `scripted(script)`."""
+    opened: list[Scripted | Client] = []
+
+    def start(script: Script) -> Client:
+        address = f"ipc://{tmp_path}/s.sock"
+        opened.append(Scripted(address, script))
+        opened.append(Client(address, timeout=5))
+        return opened[-1]
+
+    yield start
+    for thing in reversed(opened):
+        thing.close()
+
+
+OUT = {"output_type": "stream", "name": "stdout", "text": "hi\n"}
+
+
+def test_a_cell_streams_typed_events_then_its_reply(scripted) -> None:
+    def script(request: Request, msg_id: str) -> list[dict]:
+        return [Queued(1, 1).to_wire(msg_id), Heartbeat().to_wire(), Output(OUT).to_wire(msg_id),
+                Notice("queued", "waited", 1.0).to_wire(msg_id),
+                Reply({"status": "ok"}).to_wire(msg_id)]
+
+    client = scripted(script)
+    assert list(client.execute("s", "print('hi')")) == [
+        Queued(1, 1), Output(OUT), Notice("queued", "waited", 1.0), Reply({"status": "ok"})]
+    assert client.call("execute", session="s", source="1") == {"status": "ok"}
+
+
+def test_frames_of_overlapping_requests_reach_each_in_order(scripted) -> None:
+    cell: dict[str, str] = {}
+
+    def script(request: Request, msg_id: str) -> list[dict]:
+        if isinstance(request, Status):  # the cell's frames around the status reply
+            return [Output(OUT).to_wire(cell["id"]), Reply({"pid": 1}).to_wire(msg_id),
+                    Reply({"status": "ok"}).to_wire(cell["id"])]
+        cell["id"] = msg_id
+        return []
+
+    client = scripted(script)
+    events = client.execute("s", "1")
+    assert client.status() == {"pid": 1}
+    assert list(events) == [Output(OUT), Reply({"status": "ok"})]
+
+
+def test_requests_about_a_running_cell_are_answered_aside(scripted) -> None:
+    cell: dict[str, str] = {}
+
+    def script(request: Request, msg_id: str) -> list[dict]:
+        if isinstance(request, Interrupt):
+            return [Error({"kind": "fabric", "message": "no cell"}).to_wire(msg_id),
+                    Reply({"status": "error"}).to_wire(cell["id"])]
+        cell["id"] = msg_id
+        return [Output(OUT).to_wire(msg_id)]
+
+    client = scripted(script)
+    events = client.execute("s", "1")
+    assert next(events) == Output(OUT)
+    events.send(Interrupt("s"))  # its error is logged, not the cell's
+    assert list(events) == [Reply({"status": "error"})]
+
+
+def test_a_silent_cell_is_probed_and_waited_for(scripted) -> None:
+    cell: dict[str, str] = {}
+    pings: list[str] = []
+
+    def script(request: Request, msg_id: str) -> list[dict]:
+        if request.op == "ping":
+            pings.append(msg_id)
+            frames = [Reply({"pong": True}).to_wire(msg_id)]
+            return frames + ([Reply({"status": "ok"}).to_wire(cell["id"])] if len(pings) == 3
+                             else [])
+        cell["id"] = msg_id
+        return []
+
+    client = scripted(script)
+    assert list(client.execute("s", "1", timeout=0.2)) == [Reply({"status": "ok"})]
+    assert len(pings) == 3
+
+
+def test_a_server_that_stops_answering_is_unreachable(scripted) -> None:
+    client = scripted(lambda request, msg_id: [])
+    with pytest.raises(Unreachable):
+        list(client.execute("s", "1", timeout=0.2))
+    with pytest.raises(Unreachable):
+        client.draft("s", "1", timeout=0.2)
+    assert not client.ping(timeout=0.2)
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "event", "event": "progress", "percent": 5},
+    {"type": "event", "event": "output", "output": "not a map"},
+    {"type": "outcome"},
+], ids=["unknown-event", "bad-field", "unknown-type"])
+def test_a_frame_that_is_no_message_is_an_error_not_dropped(scripted, frame: dict) -> None:
+    client = scripted(lambda request, msg_id: [{**frame, "msg_id": msg_id}])
+    with pytest.raises(ProtocolError):
+        list(client.execute("s", "1"))
+
+
+def test_an_error_reply_raises_it(scripted) -> None:
+    client = scripted(lambda request, msg_id: [
+        Error({"kind": "busy", "message": "a cell runs", "session": "s"}).to_wire(msg_id)])
+    with pytest.raises(RemoteError) as err:
+        client.interrupt("s")
+    assert err.value.kind == "busy" and err.value.fields == {"session": "s"}

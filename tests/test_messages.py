@@ -1,0 +1,118 @@
+"""The client <-> server messages: each survives its trip, and what is not one is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabric.errors import ProtocolError, RemoteError
+from fabric.messages import (
+    EVENTS,
+    REQUESTS,
+    Answer,
+    Checkout,
+    Close,
+    Draft,
+    Error,
+    Execute,
+    InputRequest,
+    Interrupt,
+    Leased,
+    Notice,
+    Open,
+    Output,
+    Ping,
+    Queued,
+    Remove,
+    Reply,
+    Request,
+    Status,
+    Tag,
+    from_server,
+    request,
+)
+from fabric.protocol import pack, unpack
+
+EVERY_REQUEST = [
+    Open("s"), Open("s", "/tmp"), Draft("s", "x = 1"), Execute("s", "x", stdin=True, cell_id="c"),
+    Interrupt("s"), Answer("s", value="42"), Answer("s", error="no stdin"), Checkout("s", 3),
+    Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
+    Status(), Ping(),
+]
+EVERY_EVENT = [
+    Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),
+    Leased(0.5), InputRequest("? "), InputRequest("pw: ", password=True),
+    Notice("pinned", "g cannot be saved", 1.0),
+]
+
+
+def test_every_op_has_a_request_and_every_request_is_tested() -> None:
+    assert {type(r) for r in EVERY_REQUEST} == set(REQUESTS.values())
+    assert {type(e) for e in EVERY_EVENT} == set(EVENTS.values())
+
+
+@pytest.mark.parametrize("sent", EVERY_REQUEST, ids=repr)
+def test_a_request_arrives_as_it_was_sent(sent: Request) -> None:
+    wire = unpack(pack(sent.to_wire("m1")))
+    assert wire["op"] == sent.op and wire["msg_id"] == "m1"
+    assert Request.from_wire(wire) == sent
+
+
+def test_an_unset_optional_field_stays_off_the_wire() -> None:
+    assert Tag("s", "best").to_wire("m") == {"op": "tag", "msg_id": "m", "session": "s",
+                                             "name": "best"}
+
+
+def test_a_request_named_by_its_op_is_checked_before_it_is_sent() -> None:
+    assert request("checkout", session="s", version=2) == Checkout("s", 2)
+    with pytest.raises(ProtocolError, match="unknown op"):
+        request("shutdown")
+    with pytest.raises(ProtocolError, match="needs field 'source'"):
+        request("draft", session="s")
+    with pytest.raises(ProtocolError, match="'stdin' must be a boolean"):
+        request("execute", session="s", source="1", stdin=1)
+
+
+@pytest.mark.parametrize("sent", EVERY_EVENT, ids=repr)
+def test_an_event_arrives_as_it_was_sent(sent) -> None:
+    wire = unpack(pack(sent.to_wire("m1")))
+    assert wire["type"] == "event" and wire["event"] == sent.event and wire["msg_id"] == "m1"
+    assert from_server(wire) == sent
+
+
+def test_a_reply_carries_its_fields() -> None:
+    wire = unpack(pack(Reply({"status": "ok", "version": 3}).to_wire("m1")))
+    assert from_server(wire) == Reply({"status": "ok", "version": 3})
+
+
+def test_an_error_frame_raises_its_error() -> None:
+    wire = Error({"kind": "busy", "message": "running", "session": "s"}).to_wire("m1")
+    with pytest.raises(RemoteError) as err:
+        from_server(unpack(pack(wire)))
+    assert (err.value.kind, err.value.message, err.value.fields) == ("busy", "running",
+                                                                      {"session": "s"})
+
+
+@pytest.mark.parametrize(("frame", "match"), [
+    ({"msg_id": "m"}, "unknown frame type"),
+    ({"type": "result", "msg_id": "m"}, "unknown frame type"),
+    ({"type": "event", "msg_id": "m", "event": "progress"}, "unknown event"),
+    ({"type": "event", "msg_id": "m"}, "unknown event"),
+    ({"type": "event", "msg_id": "m", "event": "queued", "ahead": 1}, "needs field 'slots'"),
+    ({"type": "event", "msg_id": "m", "event": "leased", "waited": "1"}, "must be a number"),
+    ({"type": "event", "msg_id": "m", "event": "queued", "ahead": True, "slots": 1},
+     "must be an integer"),
+    ({"type": "event", "msg_id": "m", "event": "output", "output": "text"}, "must be a map"),
+    ({"type": "event", "msg_id": "m", "event": "output", "output": {"output_type": "x"}},
+     "unknown type"),
+    ({"type": "event", "msg_id": "m", "event": "input_request", "prompt": "?", "password": 1},
+     "must be a boolean"),
+    ({"type": "error", "msg_id": "m", "error": "failed"}, "error map"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_what_is_not_a_server_message_is_refused(frame: dict, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        from_server(frame)
+
+
+def test_fields_a_newer_server_adds_are_ignored() -> None:
+    wire = {**Leased(0.5).to_wire("m"), "device": "cuda:0"}
+    assert from_server(wire) == Leased(0.5)
