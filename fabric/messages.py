@@ -60,7 +60,8 @@ def _is(value: object, kind: Any) -> bool:
 
 
 class Message:
-    """Fields from the dataclass; `_where` names the message in errors."""
+    """A message of this wire: a frozen dataclass whose fields' types are what `from_wire`
+    checks on receipt."""
 
     @classmethod
     @functools.cache
@@ -71,8 +72,7 @@ class Message:
 
     @classmethod
     def _required_fields(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        return [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
 
     @classmethod
     def _build(cls, message: dict, where: str, checked: dict[str, Any]) -> Self:
@@ -238,6 +238,16 @@ class Event(Message):
     def to_wire(self, msg_id: str) -> dict:
         return {"type": "event", "msg_id": msg_id, "event": self.event, **self._fields()}
 
+    @staticmethod
+    def from_wire(message: dict) -> Event:
+        """An event frame, checked; ProtocolError if it is none."""
+        kind = message.get("event")
+        cls = EVENTS.get(kind) if isinstance(kind, str) else None
+        if cls is None:
+            raise ProtocolError(f"unknown event {kind!r}")
+        cls._check(message)
+        return cls._build(message, f"event {kind!r}", cls._types())
+
     @classmethod
     def _check(cls, message: dict) -> None:
         """Checks beyond the fields' types."""
@@ -252,9 +262,9 @@ class Output(Event):
 
     @classmethod
     def _check(cls, message: dict) -> None:
-        if message["output"].get("output_type") not in OUTPUT_TYPES:
-            raise ProtocolError(f"an output of unknown type "
-                                f"{message['output'].get('output_type')!r}")
+        output = message.get("output")
+        if isinstance(output, dict) and output.get("output_type") not in OUTPUT_TYPES:
+            raise ProtocolError(f"an output of unknown type {output.get('output_type')!r}")
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,10 @@ class Reply(Message):
     def to_wire(self, msg_id: str) -> dict:
         return {"type": "reply", "msg_id": msg_id, **self.fields}
 
+    @staticmethod
+    def from_wire(message: dict) -> Reply:
+        return Reply({k: v for k, v in message.items() if k not in ("type", "msg_id")})
+
 
 @dataclass(frozen=True)
 class Error(Message):
@@ -311,6 +325,10 @@ class Error(Message):
 
     def to_wire(self, msg_id: str | None) -> dict:
         return {"type": "error", "msg_id": msg_id, "error": self.error}
+
+    @classmethod
+    def from_wire(cls, message: dict) -> Error:
+        return cls._build(message, "an error frame", cls._types())
 
 
 @dataclass(frozen=True)
@@ -322,21 +340,12 @@ class Heartbeat(Message):
 
 
 def from_server(message: dict) -> Event | Reply:
-    """What the server sent for a request, checked; an error frame raises RemoteError."""
+    """What the server sent for a request, checked; an error frame raises its RemoteError."""
     kind = message.get("type")
+    if kind == "event":
+        return Event.from_wire(message)
     if kind == "reply":
-        return Reply({k: v for k, v in message.items() if k not in ("type", "msg_id")})
+        return Reply.from_wire(message)
     if kind == "error":
-        error = message.get("error")
-        if not isinstance(error, dict):
-            raise ProtocolError("an error frame without an error map")
-        raise RemoteError(error)
-    if kind != "event":
-        raise ProtocolError(f"unknown frame type {kind!r}")
-    event = message.get("event")
-    cls = EVENTS.get(event) if isinstance(event, str) else None
-    if cls is None:
-        raise ProtocolError(f"unknown event {event!r}")
-    result = cls._build(message, f"event {event!r}", cls._types())
-    cls._check(message)
-    return result
+        raise RemoteError(Error.from_wire(message).error)
+    raise ProtocolError(f"unknown frame type {kind!r}")

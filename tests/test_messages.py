@@ -106,7 +106,8 @@ def test_an_error_frame_raises_its_error() -> None:
      "unknown type"),
     ({"type": "event", "msg_id": "m", "event": "input_request", "prompt": "?", "password": 1},
      "must be a boolean"),
-    ({"type": "error", "msg_id": "m", "error": "failed"}, "error map"),
+    ({"type": "error", "msg_id": "m", "error": "failed"}, "must be a map"),
+    ({"type": "error", "msg_id": "m"}, "needs field .error."),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_what_is_not_a_server_message_is_refused(frame: dict, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
