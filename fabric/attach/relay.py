@@ -134,6 +134,8 @@ class Attachment:
                             self._log(text)
                         case InputRequest():
                             self._answer(message, events)
+                # an interrupt landed as the reply was read: the cell is over, its reply lost
+                raise FabricError("the cell ended as it was interrupted", session=self.session)
             except KeyboardInterrupt:  # Jupyter's interrupt: the cell's worker gets it
                 events.send(Interrupt(self.session))
             except Unreachable as exc:
