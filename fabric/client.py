@@ -89,8 +89,8 @@ class Client:
         """The next frame answering one of `msg_ids`, or None after `wait` seconds of silence;
         an error frame raises RemoteError.
 
-        Frames of the other requests still awaited are kept for them, in order; those of
-        requests given up on (`forget`) and heartbeats are dropped.
+        Frames of the other requests still awaited are kept for them, in order; heartbeats and
+        the frames of requests given up on (`forget`) are dropped.
         """
         message = self._frame(msg_ids, wait)
         if message is not None and message.get("type") == "error":
@@ -107,6 +107,8 @@ class Client:
                 return None
             message = protocol.unpack(self.socket.recv(), max_size=1 << 31)
             msg_id = message.get("msg_id")
+            if not isinstance(msg_id, str):  # a heartbeat, or an answer to no request of ours
+                continue
             if msg_id in msg_ids:
                 return self._settled(message)
             if msg_id in self._pending:
@@ -133,10 +135,14 @@ class Client:
         wait = self.timeout if timeout is None else timeout
         return Events(self, msg_id, wait or math.inf, probe)
 
+    def start(self, request: Request, timeout: float | None = None) -> Events:
+        """Send `request`; its events and reply to iterate. A cell's silence is probed: it may
+        compute quietly for hours."""
+        return self.events(self.send(request), timeout, probe=isinstance(request, Execute))
+
     def request(self, request: Request, timeout: float | None = None) -> dict:
         """Send `request`, wait for its reply (its events are not needed); the reply's fields."""
-        events = self.events(self.send(request), timeout, probe=isinstance(request, Execute))
-        *_, reply = events
+        *_, reply = self.start(request, timeout)
         return reply.fields
 
     def call(self, op: str, timeout: float | None = None, **fields: Any) -> dict:
@@ -152,10 +158,8 @@ class Client:
 
     def execute(self, session: str, source: str, *, stdin: bool = False,
                 cell_id: str | None = None, timeout: float | None = None) -> Events:
-        """Start a cell; iterate the result for its outputs and notices, then its Reply. Its
-        silence is probed with pings (see `events`)."""
-        return self.events(self.send(Execute(session, source, stdin, cell_id)), timeout,
-                           probe=True)
+        """Start a cell; iterate the result for its outputs and notices, then its Reply."""
+        return self.start(Execute(session, source, stdin, cell_id), timeout)
 
     def interrupt(self, session: str) -> bool:
         """Interrupt the session's running cell; False if none ran."""
