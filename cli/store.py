@@ -14,7 +14,6 @@ from fabric.errors import FabricError, UnknownSession
 from fabric.snapshot import Manifest, Store, history
 from fabric.snapshot.history import GRACE_SECONDS
 from fabric.snapshot.tiers import DiskTier
-from fabric.status import ServerStatus
 
 from .common import config, mb
 
@@ -125,9 +124,9 @@ def store_rm(session: str, path: str | None) -> None:
     configured = config(path)
     with Client(configured.address) as client:
         served = client.ping() and \
-            ServerStatus.from_wire(client.call("status")).store == str(configured.store)
+            client.status().store == str(configured.store)
         if served:
-            client.call("rm", session=session)
+            client.remove(session)
     if not served and not history.remove(Store(configured.store), session):
         raise _no_session(session)
     click.echo(f"removed session {session}")

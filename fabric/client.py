@@ -38,6 +38,7 @@ from .messages import (
     Tag,
 )
 from .private import check_dir
+from .status import ServerStatus, SessionStatus
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,8 @@ class Client:
         return self.request(messages.request(op, **fields), timeout)
 
     # one method per request
-    def open(self, session: str, cwd: str | None = None) -> dict:
-        return self.request(Open(session, cwd))
+    def open(self, session: str, cwd: str | None = None) -> SessionStatus:
+        return SessionStatus.from_wire(self.request(Open(session, cwd)))
 
     def draft(self, session: str, source: str, timeout: float | None = None) -> dict:
         return self.request(Draft(session, source), timeout)
@@ -180,8 +181,8 @@ class Client:
     def remove(self, session: str) -> dict:
         return self.request(Remove(session))
 
-    def status(self) -> dict:
-        return self.request(Status())
+    def status(self) -> ServerStatus:
+        return ServerStatus.from_wire(self.request(Status()))
 
     def ping(self, timeout: float = 1.0) -> bool:
         """Whether a server answers at the address within `timeout` seconds."""

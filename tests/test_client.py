@@ -100,7 +100,7 @@ def test_frames_of_overlapping_requests_reach_each_in_order(scripted) -> None:
 
     client = scripted(script)
     events = client.execute("s", "1")
-    assert client.status() == {"pid": 1}
+    assert client.request(Status()) == {"pid": 1}
     assert list(events) == [Output(OUT), Reply({"status": "ok"})]
 
 

@@ -70,8 +70,7 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
         print(f"llfabric: attached to {address}, but {exc.message}. Cells will fail until a "
               "server answers there (start one with `llfabric serve`).", file=sys.stderr)
         return attachment
-    state = (f"continuing at version {reply['version']}" if reply.get("version")
-             else "a new session")
+    state = f"continuing at version {reply.version}" if reply.version else "a new session"
     print(f"llfabric: cells run on {address}, session {session} ({state})")
     return attachment
 

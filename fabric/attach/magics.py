@@ -66,8 +66,7 @@ class FabricMagics(Magics):
                 print("llfabric: not attached; cells run in this kernel")
                 return
             try:
-                status = ServerStatus.from_wire(attachment.client.call("status"))
-                print(describe(status, attachment.session))
+                print(describe(attachment.client.status(), attachment.session))
             except FabricError as exc:
                 print(f"llfabric: {exc.message}", file=sys.stderr)
         elif command == "interrupt" and not words:

@@ -28,6 +28,7 @@ from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, Intera
 from ..client import Client, Events
 from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, InputRequest, Interrupt, Notice, Output, Queued, Reply
+from ..status import SessionStatus
 from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
@@ -75,14 +76,14 @@ class Attachment:
                       f"{exc.message}", file=sys.stderr)
         self.client.close()
 
-    def open(self) -> dict:
+    def open(self) -> SessionStatus:
         """Open (or rejoin) the session; the kernel's prompt numbers continue the session's."""
         if not self.client.ping(timeout=2.0):
             raise Unreachable(f"no llfabric server answers at {self.address}",
                               address=self.address)
         reply = self.client.open(self.session, os.getcwd())
         self.opened = True
-        self.shell.execution_count = int(reply.get("execution_count", 0)) + 1
+        self.shell.execution_count = reply.execution_count + 1
         return reply
 
     def call(self, op: str, **fields: Any) -> dict:
