@@ -2,8 +2,8 @@
 
 Layer 1 (ZeroMQ): a client's DEALER talks to the server's ROUTER; the ROUTER sees
 ``[identity, payload]``, the DEALER sees ``[payload]``. A worker has a PAIR socket of its own.
-Layer 2 (payload): one msgpack map per frame, at most `MAX_FRAME` bytes. What the maps of the
-client <-> server wire hold is `fabric.messages`.
+Layer 2 (payload): one msgpack map per frame, at most `MAX_FRAME` bytes. What the maps hold is
+defined once per wire: `fabric.messages` (client <-> server), `fabric.worker.messages`.
 """
 
 from __future__ import annotations
