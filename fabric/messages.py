@@ -29,6 +29,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
+from . import typed
 from .errors import ProtocolError, RemoteError
 from .protocol import valid_session_name
 
@@ -47,16 +48,6 @@ def _required(hint: Any) -> Any:
         args = tuple(a for a in typing.get_args(hint) if a is not type(None))
         return functools.reduce(lambda a, b: a | b, args) if len(args) > 1 else args[0]
     return hint
-
-
-def _is(value: object, kind: Any) -> bool:
-    if isinstance(kind, types.UnionType):
-        return any(_is(value, k) for k in typing.get_args(kind))
-    if kind in (int, float) and isinstance(value, bool):  # msgpack keeps them apart
-        return False
-    if kind is float:
-        return isinstance(value, int | float)
-    return isinstance(value, kind)
 
 
 class Message:
@@ -80,8 +71,11 @@ class Message:
             if name not in message:
                 raise ProtocolError(f"{where} needs field {name!r}")
         for name, kind in checked.items():
-            if name in message and not _is(message[name], kind):
-                raise ProtocolError(f"field {name!r} must be {_WORDS.get(kind, kind)}")
+            try:
+                if name in message:
+                    typed.check(message[name], kind, name)
+            except typed.Mismatch:
+                raise ProtocolError(f"field {name!r} must be {_WORDS.get(kind, kind)}") from None
         return cls(**{name: message[name] for name in cls._types() if name in message})
 
     def _fields(self) -> dict[str, Any]:

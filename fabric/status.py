@@ -11,10 +11,9 @@ a printer.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
-from typing import Any, Self
+from typing import Self
 
+from . import typed
 from .errors import ProtocolError
 
 
@@ -25,36 +24,14 @@ class _Wire:
     def from_wire(cls, raw: object) -> Self:
         if not isinstance(raw, dict):
             raise ProtocolError(f"{cls.__name__} must be a map, not {type(raw).__name__}")
-        hints = typing.get_type_hints(cls)
-        values = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name in raw:
-                values[f.name] = _checked(raw[f.name], hints[f.name], f"{cls.__name__}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"{cls.__name__} lacks {f.name!r}", key=f.name)
-        return cls(**values)
-
-
-def _checked(value: object, hint: Any, where: str) -> Any:
-    """`value` as the type `hint` declares, or ProtocolError naming the field."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):  # X | None, the only unions here
-        if value is None:
-            return None
-        (option,) = (a for a in args if a is not type(None))
-        return _checked(value, option, where)
-    if origin is tuple and isinstance(value, list | tuple):
-        return tuple(_checked(item, args[0], f"{where}[{i}]") for i, item in enumerate(value))
-    elif origin is dict and isinstance(value, dict):
-        return dict(value)
-    elif origin is None and isinstance(hint, type) and issubclass(hint, _Wire):
-        return hint.from_wire(value)
-    elif hint is float and type(value) in (int, float):
-        return float(value)
-    elif type(value) is hint and hint in (int, str, bool):  # a bool is no int
-        return value
-    raise ProtocolError(f"status field {where} should be {getattr(hint, '__name__', hint)}, "
-                        f"not {value!r}"[:300], field=where)
+        try:
+            return cls(**typed.record(cls, raw, cls.__name__))
+        except typed.Mismatch as exc:
+            owner, _, key = exc.where.rpartition(".")
+            if exc.missing:
+                raise ProtocolError(f"{owner} lacks {key!r}", key=key) from None
+            raise ProtocolError(f"status field {exc.where} should be {exc.expected}, "
+                                f"not {exc.value!r}"[:300], field=exc.where) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FABRIC = ROOT / "fabric"
-# Modules every part may use: the wire's framing and errors, and what notices look like.
-FOUNDATION = {"errors", "protocol", "notices", "messages"}
+# Modules every part may use: the wire framing, its typed fields, errors, what notices are.
+FOUNDATION = {"errors", "protocol", "notices", "typed"}
 # What a worker may import of fabric: it runs cells and saves them, nothing more.
 WORKER_MAY = {"worker", "snapshot", "closure"} | FOUNDATION
 

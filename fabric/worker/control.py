@@ -21,17 +21,15 @@ zygote that sends one is broken: the server kills it and fails what waited on it
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Self, TypeVar
+from typing import ClassVar, Self, TypeVar
 
 import msgpack
 
+from .. import typed
 from ..errors import ZygoteProtocolError
 
 PACKET = 1 << 20  # largest control packet
@@ -52,16 +50,16 @@ class Message:
     def from_wire(cls, wire: dict) -> Self:
         """The message `wire` holds, refused unless it has exactly this message's fields, each of
         its type: a peer of another version, or a broken one, fails here rather than later."""
-        hints = _fields(cls)
+        hints = typed.fields(cls)
         extra = [key for key in wire if key != "op" and key not in hints]
         if extra:
             raise _refusal(wire, f"{cls.op} has unknown fields {extra}")
-        for name, kind in hints.items():
-            if name not in wire:
-                raise _refusal(wire, f"{cls.op} lacks its field {name!r}")
-            if not _is(wire[name], kind):
-                raise _refusal(wire, f"{cls.op}.{name} is {wire[name]!r}, not {_name(kind)}")
-        return cls(**{name: wire[name] for name in hints})
+        if missing := [name for name in hints if name not in wire]:
+            raise _refusal(wire, f"{cls.op} lacks its field {missing[0]!r}")
+        try:
+            return cls(**typed.record(cls, wire, cls.op))
+        except typed.Mismatch as exc:
+            raise _refusal(wire, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -173,32 +171,7 @@ def _refusal(wire: dict, message: str) -> ZygoteProtocolError:
     """The error about `wire`, naming its op and req (when readable) so that it can be answered."""
     req = wire.get("req")
     return ZygoteProtocolError(message, op=wire.get("op"),
-                               req=req if _is(req, int) else None)
-
-
-@functools.cache
-def _fields(cls: type[Message]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)}
-
-
-def _is(value: object, kind: Any) -> bool:
-    """Whether a decoded msgpack value is of the type a message field declares."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is types.UnionType:
-        return any(_is(value, arg) for arg in args)
-    if origin is list:
-        return isinstance(value, list) and all(_is(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(_is(k, args[0]) and _is(v, args[1])
-                                               for k, v in value.items())
-    if kind is type(None):
-        return value is None
-    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-
-
-def _name(kind: Any) -> str:
-    return str(kind) if typing.get_origin(kind) else kind.__name__
+                               req=req if type(req) is int else None)
 
 
 def _close(fds: Sequence[int]) -> None:

@@ -16,12 +16,10 @@ to a dump (cool tier); on waking it says `Hello` again, as it does when it first
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, ClassVar
 
+from .. import typed
 from ..errors import ProtocolError
 from ..snapshot.commit import Report
 
@@ -39,70 +37,16 @@ class Message:
     @classmethod
     def from_wire(cls, wire: dict) -> Message:
         """The message `wire` holds, every field checked; ProtocolError names what is wrong."""
-        return _checked(wire, cls, repr(cls.op))
+        try:
+            return cls(**typed.record(cls, wire, cls.op))
+        except typed.Mismatch as exc:
+            raise ProtocolError(f"worker message field {exc}") from None
 
 
 def _plain(record: Any) -> dict:
     """A dataclass's fields as a map (nested ones too), without copying their values."""
     return {f.name: _plain(value) if dataclasses.is_dataclass(value := getattr(record, f.name))
             else value for f in dataclasses.fields(record)}
-
-
-def _checked(value: Any, kind: Any, where: str) -> Any:
-    """`value` as `kind` (a type hint of this module's shapes), or ProtocolError."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if kind is Any:
-        return value
-    if origin in (types.UnionType, typing.Union):
-        if value is not None and len(options := [a for a in args if a is not type(None)]) == 1:
-            return _checked(value, options[0], where)  # an optional's own error, if any
-        for option in args:
-            try:
-                return _checked(value, option, where)
-            except ProtocolError:
-                continue
-    elif dataclasses.is_dataclass(kind):
-        if isinstance(value, dict):
-            return kind(**_record(value, kind, where))
-    elif kind is type(None):
-        if value is None:
-            return None
-    elif kind is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    elif origin is list:
-        if isinstance(value, list | tuple):
-            return [_checked(v, args[0], f"{where}[]") for v in value]
-    elif origin is tuple:
-        if isinstance(value, list | tuple) and len(value) == len(args):
-            return tuple(_checked(v, a, f"{where}[]") for v, a in zip(value, args, strict=True))
-    elif origin is dict:
-        if isinstance(value, dict):
-            return {_checked(k, args[0], f"{where} key"): _checked(v, args[1], f"{where}[]")
-                    for k, v in value.items()}
-    elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    raise ProtocolError(f"worker message field {where} is a {type(value).__name__}, "
-                        f"not {getattr(kind, '__name__', kind)}")
-
-
-def _record(wire: dict, kind: type, where: str) -> dict:
-    """The checked fields of dataclass `kind` in `wire`; unknown keys are ignored."""
-    values = {}
-    for name, (hint, required) in _fields(kind).items():
-        if name in wire:
-            values[name] = _checked(wire[name], hint, f"{where}.{name}")
-        elif required:
-            raise ProtocolError(f"worker message field {where}.{name} is missing")
-    return values
-
-
-@cache
-def _fields(kind: type) -> dict[str, tuple[Any, bool]]:
-    hints = typing.get_type_hints(kind)
-    return {f.name: (hints[f.name], f.default is dataclasses.MISSING
-                     and f.default_factory is dataclasses.MISSING)
-            for f in dataclasses.fields(kind)}
 
 
 # server -> worker

@@ -128,7 +128,7 @@ def test_a_request_the_zygote_refuses_fails_with_its_reason(tmp_path: Path) -> N
         try:
             base = pool.zygotes[frozenset()]
             with pytest.raises(ZygoteProtocolError,
-                               match=r"refused fork_zygote: fork_zygote.modules is \[1\]"):
+                               match=r"refused fork_zygote: fork_zygote.modules\[0\] is 1,"):
                 await base.request(control.ForkZygote(modules=[1]))  # type: ignore[list-item]
             worker = await pool.new_worker(frozenset())
             assert worker.zygote is base  # it served on
