@@ -24,13 +24,7 @@ from .. import notices
 from ..closure import CellPlan, Closure, closure, plan
 from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
 from ..snapshot import Group, Manifest, Store, history, lineage
-from ..worker.messages import (
-    Done,
-    Load,
-    Loaded,
-    Notice,
-    Run,
-)
+from ..worker.messages import Done, Load, Loaded, Notice, Run
 from .leases import Leases
 from .lifecycle import Keeper, Life, Stage
 from .pool import Pool, WorkerHandle
