@@ -23,13 +23,14 @@ from fabric.snapshot import Group, Manifest, Store, dumps
 
 
 def execute(client: Client, session: str, source: str) -> tuple[dict, list[dict]]:
-    """Run one cell; return the server's reply and the cell's outputs."""
+    """Run one cell; return the server's reply frame and the cell's outputs."""
     outputs, reply = [], {}
-    for message in client.execute(session, source, timeout=120):
+    events = client.execute(session, source, timeout=120)
+    for message in events:
         if isinstance(message, Output):
             outputs.append(message.output)
         elif isinstance(message, Reply):
-            reply = message.fields
+            reply = message.to_wire(events.msg_id)
     return reply, outputs
 
 
