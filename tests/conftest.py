@@ -14,7 +14,8 @@ from fabric.client import Client
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     # Every cell on a fresh worker loaded with its closure (no warm worker kept between cells):
-    # each cell's state makes the round trip through the store. tests/test_warm.py tests warm.
+    # each cell's state makes the round trip through the store (warm workers:
+    # tests/integration/test_warm.py).
     with serving(tmp_path_factory.mktemp("store"), keep_warm=0) as running:
         yield running
 

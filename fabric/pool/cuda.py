@@ -12,7 +12,7 @@ as NVML names them), so a parked worker resumes on whichever GPU its next lease 
 
 Two implementations: cuda-python's `cuda.bindings.driver` (driver 570 or newer), and the
 `cuda-checkpoint` binary when the bindings are absent. The server calls them, never a worker.
-Tests use a fake with the same interface (tests/pool/fake_cuda.py).
+Tests use a fake with the same interface (tests/support/fake_cuda.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """bench/gpu.py's probe of the CUDA checkpoint API, which decides what bench/device_check.sh runs
 on a GPU machine: it must say why a driver refuses, answers wrongly or never answers, and not
-wait on one that hangs. The driver is faked (tests/pool/fake_cuda.py), and so is the CUDA
+wait on one that hangs. The driver is faked (tests/support/fake_cuda.py), and so is the CUDA
 process it is asked about."""
 
 from __future__ import annotations

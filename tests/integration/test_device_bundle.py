@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import require_criu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "build" / "device-bundle"
 SCRIPT = ROOT / "bench" / "device_check.sh"
 MIB = 1 << 20
@@ -115,7 +115,7 @@ def test_the_dry_run_installs_the_bundle_and_runs_every_step_but_cuda(
 def test_without_the_checkpoint_api_the_suite_leaves_out_exactly_the_tests_that_need_it() -> None:
     """The dry run has no GPU to take that path: check its -k keywords against the tests."""
     keywords = re.search(r'NEEDS_CHECKPOINT="([^"]+)"', SCRIPT.read_text())[1].split(" or ")
-    for module in ("tests/test_gpu_cells.py", "tests/pool/test_gpu.py"):
+    for module in ("tests/integration/test_gpu_cells.py", "tests/pool/test_gpu.py"):
         for node in ast.parse((ROOT / module).read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 needs = "find_driver" in ast.unparse(node)

@@ -129,7 +129,7 @@ def test_a_del_stays_deleted_through_llfabric_run_and_a_restart(tmp_path: Path) 
     with serving(store) as server:  # the default: warm workers
         result = subprocess.run(
             [sys.executable, "-m", "cli.main", "run", str(nb), "--connect", server.address,
-             "--session", "del"], cwd=Path(__file__).resolve().parent.parent,
+             "--session", "del"], cwd=Path(__file__).resolve().parents[2],
             capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         assert "False" in result.stdout and "True" not in result.stdout, result.stdout

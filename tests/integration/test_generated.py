@@ -1,9 +1,10 @@
-"""Generated notebooks, differential: each generated cell sequence (tests/cellgen.py) runs in a
-plain ipykernel and, cell by cell, through a real server whose worker is kept, retired or killed
-before each cell as the example says; every cell's outputs, and the final probe's fingerprints of
-every variable, must be the same. What may differ is masked as in the corpus differential
-(notebook_compare.MASKS, each with its reason: object addresses in reprs, %time's durations,
-temporary paths; llfabric's own `llfabric: ` notices); the probe prints no addresses at all.
+"""Generated notebooks, differential: each generated cell sequence (tests/support/cellgen.py) runs
+in a plain ipykernel and, cell by cell, through a real server whose worker is kept, retired or
+killed before each cell as the example says; every cell's outputs, and the final probe's
+fingerprints of every variable, must be the same. What may differ is masked as in the corpus
+differential (notebook_compare.MASKS, each with its reason: object addresses in reprs, %time's
+durations, temporary paths; llfabric's own `llfabric: ` notices); the probe prints no addresses
+at all.
 
 One server and one plain kernel serve every example (starting them is the cost); the kernel is
 reset to a new session before each. CI runs a seeded, bounded number of examples; `make

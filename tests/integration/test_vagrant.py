@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-VAGRANT_DIR = Path(__file__).resolve().parent.parent / "vagrant"
+VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 
 pytestmark = pytest.mark.skipif(shutil.which("vagrant") is None, reason="vagrant is not installed")
 

@@ -433,7 +433,8 @@ ALL_ACTIONS: tuple[Action, ...] = (
 )
 
 # Known failures the generator steers around, each flag naming the xfail regression test in
-# tests/test_generated.py that shows it: when that test starts passing, set its flag False.
+# tests/integration/test_generated.py that shows it: when that test starts passing, set its flag
+# False.
 AVOID_HISTORY = True  # test_output_history_survives_a_new_worker
 AVOID_ARRAY_BASE = True  # test_an_array_owns_its_data_*, test_a_view_keeps_its_base_*
 

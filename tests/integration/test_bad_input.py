@@ -1,5 +1,5 @@
 """Inputs a server must survive with a typed answer: a full disk at commit, notebooks with any
-file name. (Oversized and malformed frames: tests/test_server.py.)"""
+file name. (Oversized and malformed frames: tests/integration/test_server.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from fabric.errors import RemoteError
 from fabric.snapshot import Store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

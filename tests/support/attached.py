@@ -13,7 +13,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from fabric.attach.kernels import install_kernelspec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KERNEL_NAME = "llfabric-test"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CRIU_BIN = REPO / ".criu" / "bin" / "criu"
 
 # The checkpointed process: a secret token and a counter that live only in its memory; it

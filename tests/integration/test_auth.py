@@ -26,7 +26,7 @@ from fabric.errors import RemoteError, UnsafePath
 from fabric.messages import Execute
 from fabric.private import open_private, private_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LLFABRIC = [sys.executable, "-m", "cli.main"]
 
 

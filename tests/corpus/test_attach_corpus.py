@@ -1,9 +1,9 @@
 """Corpus differential through an attached kernel: each dev-corpus notebook, executed by nbclient
 in the "Python 3 (llfabric)" kernel, must give the outputs of a plain ipykernel.
 
-Same notebooks and masks as tests/test_corpus.py; the llfabric side differs: a Jupyter frontend
-drives a kernel whose cells run on the fabric, instead of `llfabric run`, and the server keeps
-each session's worker warm between cells, as it does by default (test_corpus.py starts every
+Same notebooks and masks as tests/corpus/test_corpus.py; the llfabric side differs: a Jupyter
+frontend drives a kernel whose cells run on the fabric, instead of `llfabric run`, and the server
+keeps each session's worker warm between cells, as it does by default (test_corpus.py starts every
 cell on a fresh worker loaded with its closure).
 """
 

@@ -12,7 +12,7 @@ from helpers import execute
 from nbformat.v4 import new_code_cell, new_notebook
 
 LLFABRIC = [sys.executable, "-m", "cli.main"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ from notebook_compare import (
     run_plain,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO.parent / "shared" / "corpus" / "notebooks"
 if not CORPUS.is_dir():  # the shared checkout sits beside the repo or inside it
     CORPUS = REPO / "shared" / "corpus" / "notebooks"
@@ -69,7 +69,8 @@ def _tail(path: Path, n: int = 40) -> str:
 @pytest.fixture(scope="module")
 def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     # Every cell on a fresh worker holding only its closure, loaded from the store: the
-    # strictest test of closures (tests/test_attach_corpus.py runs warm workers, the default).
+    # strictest test of closures (tests/corpus/test_attach_corpus.py runs warm workers, the
+    # default).
     with serving(tmp_path_factory.mktemp("fabric-store"), notebook_env(), keep_warm=0) as server:
         yield server
 
