@@ -55,10 +55,13 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
 
 
 class _Outputs:
-    """Outputs of one cell, with clear_output and display updates applied as a frontend would."""
+    """Outputs of one cell, with clear_output and display updates applied as a frontend would:
+    an update changes every output shown with its display id, in this cell or an earlier one
+    (`displays`, shared by the cells of a notebook)."""
 
-    def __init__(self) -> None:
-        self.items: list[dict] = []
+    def __init__(self, displays: dict[str, list]) -> None:
+        self.items: list = []  # nbformat outputs
+        self.displays = displays
         self._clear_pending = False
 
     def add(self, output: dict) -> None:
@@ -71,9 +74,8 @@ class _Outputs:
             return
         display_id = (output.get("transient") or {}).get("display_id")
         if kind == "update_display_data":
-            for item in self.items:
-                if item.get("transient", {}).get("display_id") == display_id:
-                    item["data"], item["metadata"] = output["data"], output.get("metadata", {})
+            for shown in self.displays.get(display_id, ()):
+                shown["data"], shown["metadata"] = output["data"], output.get("metadata", {})
             return
         if self._clear_pending:
             self.items.clear()
@@ -82,14 +84,11 @@ class _Outputs:
                 and self.items[-1]["name"] == output["name"]:
             self.items[-1]["text"] += output["text"]
             return
-        self.items.append(dict(output))
-
-    def nbformat(self) -> list:
-        outputs = []
-        for item in self.items:
-            fields = {k: v for k, v in item.items() if k not in ("output_type", "transient")}
-            outputs.append(nbformat.v4.new_output(item["output_type"], **fields))
-        return outputs
+        fields = {k: v for k, v in output.items() if k not in ("output_type", "transient")}
+        shown = nbformat.v4.new_output(kind, **fields)
+        self.items.append(shown)
+        if display_id:
+            self.displays.setdefault(display_id, []).append(shown)
 
 
 def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
@@ -97,6 +96,7 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
                  on_output: OnOutput | None = None) -> NotebookRun:
     """Execute the code cells in order; with `think_time`, draft each cell that long before."""
     cells: list[CellRun] = []
+    displays: dict[str, list] = {}  # display id -> the outputs showing it, in any cell
     first: float | None = None
     last = time.monotonic()
     for index, cell in enumerate(nb.cells):
@@ -107,7 +107,7 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
             client.draft(session, source)
             time.sleep(think_time)
         run = CellRun(index)
-        outputs = _Outputs()
+        outputs = _Outputs(displays)
         first = time.monotonic() if first is None else first
         try:
             for message in client.execute(session, source, timeout=0):  # cells may run for hours
@@ -122,7 +122,7 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         except RemoteError as exc:
             run.failure = exc
         last = time.monotonic()
-        cell.outputs = outputs.nbformat()
+        cell.outputs = outputs.items
         if run.reply is not None:
             cell.execution_count = run.reply["execution_count"]
         cells.append(run)

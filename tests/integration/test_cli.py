@@ -39,6 +39,22 @@ def test_run_prints_outputs_table_and_writes_the_executed_notebook(server, tmp_p
     assert [c.execution_count for c in cells] == [1, 2, 3]
 
 
+def test_run_applies_a_display_update_to_the_cell_that_showed_it(server, tmp_path) -> None:
+    nb = _notebook(tmp_path / "display.ipynb",
+                   "h = display('first', display_id=True)\nprint('shown')",
+                   "h.update('second')", "display('mine', display_id='m')",
+                   "from IPython.display import update_display\nupdate_display('new', "
+                   "display_id='m')\nprint('updated')")
+    out = tmp_path / "out.ipynb"
+    result = _run("run", str(nb), "--connect", server.address, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    cells = nbformat.read(str(out), as_version=4).cells
+    assert cells[0].outputs[0].data["text/plain"] == "'second'"  # as a kernel's frontend shows
+    assert cells[0].outputs[1].text == "shown\n" and cells[1].outputs == []
+    assert cells[2].outputs[0].data["text/plain"] == "'new'"
+    assert [o.text for o in cells[3].outputs] == ["updated\n"]
+
+
 def test_run_shows_llfabric_notices_in_its_table_not_in_the_outputs(server, tmp_path) -> None:
     nb = _notebook(tmp_path / "pin.ipynb", "g = (i for i in range(3))", "next(g)")
     out = tmp_path / "out.ipynb"
