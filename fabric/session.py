@@ -18,7 +18,8 @@ from . import notices
 from .closure import CellPlan, Closure, closure, plan
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool
-from .pool.agent import Cell, Done, Emit, Events, Head, HostAgent
+from .pool.agent import HostAgent
+from .pool.cells import Cell, Done, Emit, Events, Head
 from .pool.lifecycle import Keeper, Life
 from .snapshot import Manifest, Store, history
 from .snapshot.commit import CellRecord, commit, head_manifest

@@ -17,7 +17,7 @@ from ..snapshot import lineage
 from ..worker.messages import Done, Input, InputReply, Output, Run, Settle, Settled
 
 if TYPE_CHECKING:
-    from .agent import Events, Head
+    from .cells import Events, Head
     from .pool import WorkerHandle
 
 REPLAY_SHOWN = 500  # characters of a replay's outputs its notice repeats

@@ -15,7 +15,7 @@ from ..errors import CellStopped, FabricError, NotWaiting, WorkerDied
 from ..worker.messages import Done, Input, InputReply, Notice, Output, Saving, Started
 
 if TYPE_CHECKING:
-    from .agent import Events
+    from .cells import Events
     from .pool import WorkerHandle
 
 STOPS = {  # why the server stopped a running cell, as the user is told

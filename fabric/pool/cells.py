@@ -1,0 +1,72 @@
+"""What a session hands its host agent, and what it gets back, as plain data: the cell and the
+head it runs on, where its events go, how it ran. The seam a cluster cuts at: these cross hosts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import notices
+from ..closure import CellPlan, Closure
+from ..snapshot import Manifest
+from ..worker.messages import Done
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[..., None]  # emit(payload, event="output"): an event of the running request
+
+
+@dataclass(frozen=True)
+class Head:
+    """The version a cell runs on: its id in the store (None before the first cell)."""
+
+    id: str | None
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class Cell:
+    plan: CellPlan  # its source, analysed
+    closure: Closure
+    execution_count: int
+    stdin: bool = False  # the client answers the cell's input()
+    received: float = 0.0  # when the request came (monotonic): the visible delay's start
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How a cell went on this host, for the session's reply."""
+
+    status: str
+    ename: str | None
+    unsaved: list[str]
+    path: str  # the worker it ran on: draft, warm, pinned or cold, +load, +replay
+    source: str  # where that worker came from: zygote, template, cool or cold
+    timings: dict[str, float]
+
+
+class Events:
+    """Where a request's events go: to its client (`emit`; None for a draft) and, for notices,
+    to the session's record (`record`)."""
+
+    def __init__(self, session: str, emit: Emit | None, record: Callable[[dict], None]) -> None:
+        self.session, self.emit, self.record = session, emit, record
+
+    def __call__(self, payload: dict, event: str = "output") -> None:
+        if self.emit is not None:
+            self.emit(payload, event)
+
+    def notice(self, topic: str, text: str, lost: bool = False) -> None:
+        """Tell the client what llfabric did, outside the cell's outputs (see `notices`); a
+        `lost` notice also shows in the cell, as an error. Progress is shown, not kept."""
+        item = notices.notice(topic, text)
+        log.info("session %s: %s", self.session, text)
+        if topic != "progress":
+            self.record(item)
+        self(item, "notice")
+        if lost:
+            self(notices.loss(text))
+
+
+Commit = Callable[[Done], Head]  # folds a cell's report (its save) into a new head version
