@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from notebook_compare import VOLATILE_CELLS, normalize, notebook_env
-from test_corpus import LONG, NOTEBOOKS, _nb_id, skip_unless_full
+from test_corpus import LONG, NOTEBOOK_PARAMS, _nb_id, skip_unless_full
 
 from fabric.audit import audit_notebook
 
@@ -44,7 +44,7 @@ VOLATILE_VARIABLES: dict[str, set[str]] = {
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S)
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
+@pytest.mark.parametrize("nb_path", NOTEBOOK_PARAMS)
 def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path) -> None:
     skip_unless_full(nb_path, LONG)
     cells = audit_notebook(nb_path, tmp_path, verify=True, env=notebook_env(),
