@@ -215,6 +215,7 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
         16: ("text", "unseeded np.random.random"),
         17: ("text", "unseeded np.random.normal"),
         18: ("text", "unseeded np.random.randint"),
+        20: ("text", "np.empty shows whatever the memory held"),
     },
     "PythonDataScienceHandbook/05.08-Random-Forests": {
         14: ("numbers", "report of a RandomForestClassifier fitted without random_state"),
