@@ -42,7 +42,8 @@ test-corpus-full: $(STAMP) $(CRIU) $(INIT) sysdeps
 test-fast: $(STAMP) $(INIT)
 	$(VENV)/bin/pytest -m "not gpu and not slow and not deep" -q
 
-# Thousands of generated notebooks against a plain kernel (LLFABRIC_DEEP_EXAMPLES, default 3000).
+# Thousands of generated notebooks against a plain kernel (LLFABRIC_DEEP_EXAMPLES, default 3000),
+# and the corpus differentials on every notebook of corpus/.
 test-deep: $(STAMP) $(CRIU) $(INIT) sysdeps
 	$(VENV)/bin/pytest -m deep -q
 

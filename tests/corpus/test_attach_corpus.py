@@ -1,4 +1,4 @@
-"""Corpus differential through an attached kernel: each dev-corpus notebook, executed by nbclient
+"""Corpus differential through an attached kernel: each corpus notebook, executed by nbclient
 in the "Python 3 (llfabric)" kernel, must give the outputs of a plain ipykernel.
 
 Same notebooks and masks as tests/corpus/test_corpus.py; the llfabric side differs: a Jupyter
@@ -27,7 +27,27 @@ from notebook_compare import (
     fresh_copy,
     notebook_env,
 )
-from test_corpus import LONG, NOTEBOOKS, TEST_TIMEOUT_S, _nb_id, plain_run, skip_unless_full
+from test_corpus import (
+    LONG,
+    NOTEBOOK_PARAMS,
+    TEST_TIMEOUT_S,
+    _nb_id,
+    plain_run,
+    skip_unless_full,
+)
+
+# Notebooks whose attached run differs from the plain one through a fault of llfabric: what differs.
+ATTACHED_FAULTS = {
+    "ipython-in-depth/Importing_Notebooks":
+        "code cell 6 (`ls nbpackage`): a worker's shell runs with colors='nocolor', which makes "
+        "IPython define the `ls` alias as `ls -F` instead of a kernel's `ls -F --color`, so the "
+        "listing lacks the ANSI colour codes a plain kernel prints",
+    "learn-python3/intermediate_01_std_lib2":
+        "code cell 3 leaves a unittest.mock.MagicMock in the session (app.client); the cell's "
+        "code runs, then the worker is killed by SIGKILL while the session is saved, the session "
+        "stays at the version before, and cells 4-5 fail (NameError, AttributeError) for want "
+        "of the classes cell 3 defined",
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +86,13 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
 
 @pytest.mark.slow
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
+@pytest.mark.parametrize("nb_path", NOTEBOOK_PARAMS)
 def test_attached_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
-                                         specs: KernelSpecManager, tmp_path: Path) -> None:
+                                         specs: KernelSpecManager, tmp_path: Path,
+                                         request: pytest.FixtureRequest) -> None:
     skip_unless_full(nb_path, LONG)
+    if fault := ATTACHED_FAULTS.get(_nb_id(nb_path)):
+        request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     plain = plain_run(nb_path, tmp_path / "plain")
     attached = run_attached(fabric_server, specs, nb_path, tmp_path / "attached")
     diffs = compare(plain, attached, VOLATILE_CELLS.get(_nb_id(nb_path), {}))

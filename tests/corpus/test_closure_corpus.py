@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from notebook_compare import VOLATILE_CELLS, normalize, notebook_env
-from test_corpus import LONG, NOTEBOOKS, _nb_id, skip_unless_full
+from test_corpus import LONG, NOTEBOOK_PARAMS, _nb_id, skip_unless_full
 
 from fabric.audit import audit_notebook
 
@@ -39,14 +39,29 @@ VOLATILE_VARIABLES: dict[str, set[str]] = {
     "nn-zero-to-hero/micrograd_lecture_second_half_roughly": {"loss", "n", "p", "ypred"},
     # torch seeds its default generator from the OS at import: an unseeded torch.rand
     "pytorch-deep-learning/00_pytorch_fundamentals_exercise_solutions": {"X", "Y"},
+    # this project's corpus: a colorbar is a matplotlib artist too
+    "PythonDataScienceHandbook/04.05-Histograms-and-Binnings": _MATPLOTLIB | {"cb"},
+    # display ids drawn at random: a DisplayHandle's uuid, the progress bar's os.urandom
+    "ipython-in-depth/Updating_Displays": {"handle", "bar"},
+}
+
+# Notebooks whose cells give other state on their closure alone through a fault of llfabric.
+CLOSURE_FAULTS = {
+    "pydata-book/ch03":
+        "state that does not survive the codec as it was: exhausted iterators (`zipped`, a zip, "
+        "code cell 58; `dict_iterator`, code cell 91) and a closed file (`f`, code cell 107) "
+        "come back on the closure with other fingerprints than on the whole session",
 }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S)
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
-def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("nb_path", NOTEBOOK_PARAMS)
+def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path,
+                                                request: pytest.FixtureRequest) -> None:
     skip_unless_full(nb_path, LONG)
+    if fault := CLOSURE_FAULTS.get(_nb_id(nb_path)):
+        request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     cells = audit_notebook(nb_path, tmp_path, verify=True, env=notebook_env(),
                            timeout=TIMEOUT_S - 60, log=tmp_path / "audit.log")
     volatile = VOLATILE_VARIABLES.get(_nb_id(nb_path), set())

@@ -1,5 +1,8 @@
-"""Corpus differential test: every dev-corpus notebook must produce the same
-(normalized) outputs through llfabric as in a plain ipykernel.
+"""Corpus differential test: every corpus notebook must produce the same (normalized) outputs
+through llfabric as in a plain ipykernel.
+
+Two corpora: the dev corpus shared by the projects (``../shared/corpus``) and this project's own
+(``corpus/``, sources and licences in ``corpus/sources.json``).
 
 One llfabric server serves the whole module; each notebook runs plain and
 through ``llfabric run`` on separate fresh copies of its folder, because
@@ -8,6 +11,7 @@ notebooks write files into their working directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,12 +35,35 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO.parent / "shared" / "corpus" / "notebooks"
 if not CORPUS.is_dir():  # the shared checkout sits beside the repo or inside it
     CORPUS = REPO / "shared" / "corpus" / "notebooks"
-NOTEBOOKS = sorted(CORPUS.glob("*/*.ipynb"))
+SHARED_NOTEBOOKS = sorted(CORPUS.glob("*/*.ipynb"))
+OWN_CORPUS = REPO / "corpus"
+OWN_NOTEBOOKS = sorted(OWN_CORPUS.glob("*/*.ipynb"))
+NOTEBOOKS = SHARED_NOTEBOOKS + OWN_NOTEBOOKS
 
 # Plain runs are expected to be clean: the corpus was recorded with
 # allow_errors=False.  A plain error means a broken environment (e.g. no
 # `dot`), and would let an identically broken llfabric run pass vacuously.
-PLAIN_ERRORS_ALLOWED: dict[str, set[int]] = {}
+# Only cells that raise on purpose, to show an error, may: code cell -> why.
+PLAIN_ERRORS_ALLOWED: dict[str, dict[int, str]] = {
+    "PythonDataScienceHandbook/02.05-Computation-on-arrays-broadcasting": {
+        12: "shows the ValueError of shapes that do not broadcast",
+    },
+    "pydata-book/appa": {31: "shows the ValueError of shapes that do not broadcast"},
+    "pydata-book/ch02": {
+        8: 'shows the TypeError of "5" + 5',
+        21: "shows that a tuple does not support item assignment",
+        28: "shows that a str does not support item assignment",
+    },
+    "pydata-book/ch03": {
+        6: "shows that a tuple does not support item assignment",
+        46: "shows that a list is unhashable",
+        98: "shows float() raising on a non-number",
+        101: "shows float() raising on a tuple",
+        103: "shows attempt_float passing on a TypeError it does not catch",
+        118: "shows decoding a truncated UTF-8 byte string",
+        121: "shows reading a file in the wrong encoding",
+    },
+}
 
 # One notebook = plain run + llfabric run.  The heaviest (makemore_part3_bn)
 # takes ~95 s per run on the reference 2-core box but ~6 min on a slow VM.
@@ -122,7 +149,7 @@ def plain_run(nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
     if nb_path not in _PLAIN_RUNS:
         plain = run_plain(nb_path, workdir)
         unexpected = {i: e for i, e in _plain_error_cells(plain).items()
-                      if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), set())}
+                      if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), {})}
         assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
         _PLAIN_RUNS[nb_path] = plain
     return _PLAIN_RUNS[nb_path]
@@ -156,6 +183,39 @@ LONG = HEAVY | {
 FULL_CORPUS = os.environ.get("LLFABRIC_CORPUS") == "full"
 
 
+# This project's own corpus runs whole under the deep marker (`make test-deep`) and with
+# LLFABRIC_CORPUS=full; CI's default selection runs OWN_DEFAULT, one notebook or two of each kind
+# (about two and a half minutes for the three differentials on 2 cores).
+OWN_DEFAULT = {
+    "PythonDataScienceHandbook/03.03-Operations-in-Pandas",  # pandas index alignment
+    "PythonDataScienceHandbook/04.05-Histograms-and-Binnings",  # matplotlib figures
+    "d2l-pytorch/ch07_File_I_O",  # torch.save and torch.load of files it wrote
+    "d2l-pytorch/ch07_Custom_Layers",  # nn.Module subclasses defined in cells
+    "ipython-in-depth/Capturing_Output",  # %%capture
+    "ipython-in-depth/Updating_Displays",  # display ids updated in place, a progress bar
+    "learn-python3/intermediate_04_idiomatic_misc2",  # try/finally, context managers, a file
+    "pydata-book/ch02",  # builtins and numpy, errors raised on purpose
+    "scipy-2018-sklearn/13.Cross_Validation",  # scikit-learn cross-validation
+}
+
+
+def _marks(nb_path: Path) -> list[pytest.MarkDecorator]:
+    deep = nb_path in OWN_NOTEBOOKS and _nb_id(nb_path) not in OWN_DEFAULT
+    return [pytest.mark.deep] if deep else []
+
+
+NOTEBOOK_PARAMS = [pytest.param(p, id=_nb_id(p), marks=_marks(p)) for p in NOTEBOOKS]
+
+
+# Notebooks whose `llfabric run` differs from the plain run through a fault of llfabric.
+FABRIC_RUN_FAULTS = {
+    "ipython-in-depth/Updating_Displays":
+        "`llfabric run` leaves updated displays as first shown: code cells 1, 2, 5 and 6 keep "
+        "'x' or 'y' where a kernel's update_display_data (cells 3 and 7) made them 'z', and the "
+        "progress bar of code cell 8 stays at 0/10 instead of 10/10",
+}
+
+
 def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
     """Skip `nb_path` outside the full corpus run if it is one of `left_out`."""
     if _nb_id(nb_path) in left_out and not FULL_CORPUS:
@@ -164,10 +224,12 @@ def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[_nb_id(p) for p in NOTEBOOKS])
+@pytest.mark.parametrize("nb_path", NOTEBOOK_PARAMS)
 def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
-                                tmp_path: Path) -> None:
+                                tmp_path: Path, request: pytest.FixtureRequest) -> None:
     skip_unless_full(nb_path, HEAVY)
+    if fault := FABRIC_RUN_FAULTS.get(_nb_id(nb_path)):
+        request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     plain = plain_run(nb_path, tmp_path / "plain")
     fabric = run_fabric(fabric_server, nb_path, tmp_path / "fabric")
     # Cells printing unseeded random values are compared with numbers masked.
@@ -177,11 +239,34 @@ def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
 
 def test_corpus_present() -> None:
     # Guard against a silently empty parametrization (wrong corpus path).
-    assert len(NOTEBOOKS) >= 39, f"expected the 39-notebook dev corpus under {CORPUS}"
+    assert len(SHARED_NOTEBOOKS) >= 39, f"expected the 39-notebook dev corpus under {CORPUS}"
+    assert len(OWN_NOTEBOOKS) >= 40, f"expected this project's corpus under {OWN_CORPUS}"
+    assert len({_nb_id(p) for p in NOTEBOOKS}) == len(NOTEBOOKS), "two notebooks share an id"
 
 
 def test_left_out_notebooks_are_in_the_corpus() -> None:
-    assert {_nb_id(p) for p in NOTEBOOKS} >= LONG
+    ids = {_nb_id(p) for p in NOTEBOOKS}
+    assert ids >= LONG
+    assert {_nb_id(p) for p in OWN_NOTEBOOKS} >= OWN_DEFAULT
+    assert set(PLAIN_ERRORS_ALLOWED) <= ids
+
+
+def test_own_corpus_records_its_sources() -> None:
+    # Every notebook of corpus/ says where it comes from, under which licence, what was changed,
+    # and which files beside it came from its repository; the licence's text lies beside it.
+    sources = json.loads((OWN_CORPUS / "sources.json").read_text())
+    repos = sources["repositories"]
+    for folder, repo in repos.items():
+        assert len(repo["commit"]) == 40 and repo["license"], folder
+        assert (OWN_CORPUS / repo["license_file"]).is_file(), repo["license_file"]
+    entries = {entry["notebook"]: entry for entry in sources["notebooks"]}
+    assert set(entries) == {_nb_id(p) for p in OWN_NOTEBOOKS}
+    for nid, entry in entries.items():
+        folder = nid.split("/", 1)[0]
+        assert folder in repos and entry["source_path"].endswith(".ipynb"), nid
+        missing = [d["file"] for d in entry["data"]
+                   if not (OWN_CORPUS / folder / d["file"]).is_file()]
+        assert not missing, f"{nid}: data files missing: {missing}"
 
 
 def test_volatile_cells_name_real_code_cells() -> None:

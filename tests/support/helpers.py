@@ -124,7 +124,8 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
             yield server
         finally:
             server.stop()
-    assert server.process.returncode == 0, server.log.read_text()
+        # its log lies in `sockdir`: read it before the directory goes
+        assert server.process.returncode == 0, server.log.read_text()
 
 
 def require_criu(what: str) -> None:

@@ -209,6 +209,52 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
         9: ("numbers", "predictions of the unseeded model_0"),
         11: ("numbers", "training of model_0 (seeded loop, unseeded initial weights)"),
     },
+    # this project's corpus (corpus/)
+    # "text" where numpy pads each number of an array to the width of the widest, random one
+    "PythonDataScienceHandbook/02.01-Understanding-Data-Types": {
+        16: ("text", "unseeded np.random.random"),
+        17: ("text", "unseeded np.random.normal"),
+        18: ("text", "unseeded np.random.randint"),
+        20: ("text", "np.empty shows whatever the memory held"),
+    },
+    "PythonDataScienceHandbook/05.08-Random-Forests": {
+        14: ("numbers", "report of a RandomForestClassifier fitted without random_state"),
+    },
+    "d2l-pytorch/ch06_Numerical_Stability_and_Initialization": {
+        1: ("numbers", "products of unseeded torch.rand and torch.randn matrices"),
+        2: ("numbers", "weights drawn by an unseeded xavier_uniform_"),
+    },
+    "d2l-pytorch/ch07_Custom_Layers": {
+        i: ("numbers", "layers initialized unseeded, applied to unseeded torch.rand")
+        for i in (4, 8, 9)
+    },
+    "d2l-pytorch/ch07_Deferred_Initialization": {
+        3: ("numbers", "weights of nn.Linear layers initialized unseeded"),
+    },
+    "d2l-pytorch/ch07_Parameter_Management": {
+        i: ("numbers", "parameters of layers initialized unseeded, or their outputs")
+        for i in (0, 3, 6, 7, 9, 10, 11, 12, 14, 15, 16)
+    },
+    "ipython-in-depth/Updating_Displays": {
+        4: ("text", "display(display_id=True) names the display by a random uuid"),
+    },
+    "learn-python3/beginner_15_std_lib": {
+        0: ("numbers", "datetime.now() and datetime.utcnow()"),
+        1: ("numbers", "datetime.now() formatted"),
+        3: ("numbers", "datetime.now() plus a day"),
+        4: ("numbers", "datetime.utcnow() in three time zones"),
+        7: ("numbers", "log records stamped with the time (asctime)"),
+        9: ("numbers", "unseeded random.randint and random.random"),
+    },
+    "scipy-2018-sklearn/13.Cross_Validation": {
+        16: ("text", "scores of a ShuffleSplit without random_state"),
+    },
+    "scipy-2018-sklearn/14.Model_Complexity_and_GridSearchCV": {
+        # cells 1, 13 and 15 split with KFold(shuffle=True) / ShuffleSplit, no random_state; the
+        # verbose GridSearchCV pads its lines with dots to the width of the scores
+        i: ("text", "scores and choices of cross-validation on unseeded shuffled splits")
+        for i in (1, 3, 5, 6, 7, 8, 11, 12, 13, 14, 15)
+    },
 }
 
 _SPACES = re.compile(r"\s+")  # line breaks too: reprs wrap by the width of the numbers
