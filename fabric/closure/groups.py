@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dis
 import gc
+import inspect
 import sys
 import types
 from collections.abc import Iterable
@@ -88,9 +89,19 @@ def _nbytes(obj: Any, key: object) -> int:
     if isinstance(key, tuple):
         return int(key[2])
     try:
-        return sys.getsizeof(obj)
+        return _sizer(type(obj))(obj)
     except TypeError:  # objects whose __sizeof__ is broken
         return 0
+
+
+@lru_cache(maxsize=4096)
+def _sizer(kind: type) -> Any:
+    """`kind`'s own `__sizeof__` if it is built in, else object's: one written in Python is
+    session code, which the walk must not run (a mock's makes a new mock on every call, and
+    the walk would follow each into the next without end)."""
+    method = inspect.getattr_static(kind, "__sizeof__", None)
+    builtin = isinstance(method, types.WrapperDescriptorType | types.MethodDescriptorType)
+    return method if builtin else object.__sizeof__
 
 
 def _buffer_key(obj: Any) -> tuple | None:

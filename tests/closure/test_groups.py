@@ -318,3 +318,17 @@ def test_bounded_grouping_keeps_every_name_as_a_ref() -> None:
     grouping = group_variables(ns, ["a", "b"], budget=1)
     assert grouping.bounded
     assert grouping.refs["a"] == {"a", "b"}
+
+
+def test_a_mock_is_grouped_without_running_its_code() -> None:
+    """A mock makes a new child on every attribute or magic method it is asked for: the walk must
+    ask none, or it follows each new child into the next until memory runs out."""
+    from unittest.mock import MagicMock
+
+    mock = MagicMock()
+    mock.fit.return_value = [1, 2]
+    mock.fit()
+    children = dict(mock._mock_children)
+    grouping = group_variables({"mock": mock, "other": [mock]}, ["mock", "other"], budget=5_000)
+    assert not grouping.bounded and grouping.groups == [["mock", "other"]]
+    assert mock._mock_children == children
