@@ -42,11 +42,6 @@ ATTACHED_FAULTS = {
         "code cell 6 (`ls nbpackage`): a worker's shell runs with colors='nocolor', which makes "
         "IPython define the `ls` alias as `ls -F` instead of a kernel's `ls -F --color`, so the "
         "listing lacks the ANSI colour codes a plain kernel prints",
-    "learn-python3/intermediate_01_std_lib2":
-        "code cell 3 leaves a unittest.mock.MagicMock in the session (app.client); the cell's "
-        "code runs, then the worker is killed by SIGKILL while the session is saved, the session "
-        "stays at the version before, and cells 4-5 fail (NameError, AttributeError) for want "
-        "of the classes cell 3 defined",
 }
 
 

@@ -207,15 +207,6 @@ def _marks(nb_path: Path) -> list[pytest.MarkDecorator]:
 NOTEBOOK_PARAMS = [pytest.param(p, id=_nb_id(p), marks=_marks(p)) for p in NOTEBOOKS]
 
 
-# Notebooks whose `llfabric run` differs from the plain run through a fault of llfabric.
-FABRIC_RUN_FAULTS = {
-    "ipython-in-depth/Updating_Displays":
-        "`llfabric run` leaves updated displays as first shown: code cells 1, 2, 5 and 6 keep "
-        "'x' or 'y' where a kernel's update_display_data (cells 3 and 7) made them 'z', and the "
-        "progress bar of code cell 8 stays at 0/10 instead of 10/10",
-}
-
-
 def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
     """Skip `nb_path` outside the full corpus run if it is one of `left_out`."""
     if _nb_id(nb_path) in left_out and not FULL_CORPUS:
@@ -226,10 +217,8 @@ def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("nb_path", NOTEBOOK_PARAMS)
 def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
-                                tmp_path: Path, request: pytest.FixtureRequest) -> None:
+                                tmp_path: Path) -> None:
     skip_unless_full(nb_path, HEAVY)
-    if fault := FABRIC_RUN_FAULTS.get(_nb_id(nb_path)):
-        request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     plain = plain_run(nb_path, tmp_path / "plain")
     fabric = run_fabric(fabric_server, nb_path, tmp_path / "fabric")
     # Cells printing unseeded random values are compared with numbers masked.
