@@ -1,10 +1,11 @@
 """State that lives in modules rather than variables, carried from cell to cell.
 
 Notebooks rely on it across cells: RNG states (`random`, numpy's global RNG, torch CPU and CUDA),
-the working directory, `os.environ` and `sys.path` changes, torch's global switches (default
-dtype, deterministic algorithms, grad mode, matmul precision, cuDNN flags), `warnings` filters,
-and matplotlib's rcParams, backend and inline figure settings (`%config InlineBackend`). A fresh
-worker would otherwise start from its zygote's state: the same random numbers in every session.
+numpy's print options and pandas' options, the working directory, `os.environ` and `sys.path`
+changes, torch's global switches (default dtype, deterministic algorithms, grad mode, matmul
+precision, cuDNN flags), `warnings` filters, and matplotlib's rcParams, backend and inline figure
+settings (`%config InlineBackend`). A fresh worker would otherwise start from its zygote's state:
+the same random numbers in every session.
 
 `capture` never imports anything: a part whose module this worker has not imported is carried
 over unchanged from the state it restored. `restore` likewise applies a module's part only once
@@ -13,9 +14,11 @@ that module is imported: at once if it already is, else right after the cell fir
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import os
+import pickle
 import random
 import sys
 import warnings
@@ -124,14 +127,57 @@ def _resolve(owner: Any, qualname: str) -> Any:
 # Parts hold plain bytes, not arrays or tensors: unpickling the state must not import numpy or
 # torch into a worker whose cell may never use them.
 
-def _read_numpy(np: Any) -> tuple:
+# Print options that hold functions (the notebook's, most often): not carried.
+_NUMPY_PRINT_FUNCTIONS = frozenset({"formatter", "override_repr"})
+
+
+def _read_numpy(np: Any) -> dict[str, Any]:
+    """The global RNG's state and the print options (`np.set_printoptions`)."""
     kind, keys, *rest = np.random.get_state()
-    return (kind, keys.tobytes(), *rest)
+    printing = {k: v for k, v in np.get_printoptions().items()
+                if k not in _NUMPY_PRINT_FUNCTIONS}
+    return {"random": (kind, keys.tobytes(), *rest), "print": printing}
 
 
-def _write_numpy(np: Any, part: tuple) -> None:
-    kind, keys, *rest = part
+def _write_numpy(np: Any, part: tuple | Mapping[str, Any]) -> None:
+    if isinstance(part, tuple):  # as versions saved before print options were carried
+        part = {"random": part}
+    kind, keys, *rest = part["random"]
     np.random.set_state((kind, np.frombuffer(keys, dtype=np.uint32), *rest))
+    if "print" in part:
+        np.set_printoptions(**part["print"])
+
+
+# pandas
+
+def _read_pandas(pd: Any) -> dict[str, Any]:
+    """The options the notebook changed (`pd.set_option`, `pd.options.display...`) that pickle;
+    a deprecated one is read without its warning."""
+    registered = getattr(getattr(pd, "_config", None), "config", None)
+    changed = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for key, option in getattr(registered, "_registered_options", {}).items():
+            value = pd.get_option(key)
+            if value != option.defval and _pickles(value):
+                changed[key] = value
+    return changed
+
+
+def _write_pandas(pd: Any, part: Mapping[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for key, value in part.items():
+            with contextlib.suppress(KeyError, ValueError, TypeError):  # gone in this version
+                pd.set_option(key, value)
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:  # whatever a value's __reduce__ raises
+        return False
+    return True
 
 
 # torch
@@ -226,6 +272,7 @@ def _ipython() -> Any:
 
 _MODULE_PARTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], None]]] = {
     "numpy": (_read_numpy, _write_numpy),
+    "pandas": (_read_pandas, _write_pandas),
     "torch": (_read_torch, _write_torch),
     "matplotlib": (_read_matplotlib, _write_matplotlib),
 }

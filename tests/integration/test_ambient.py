@@ -94,6 +94,17 @@ def test_matplotlib_settings_and_inline_format_carry(client: Client, session: st
     assert images and "image/svg+xml" in images[0]["data"]
 
 
+def test_numpy_print_options_and_pandas_options_carry(client: Client, session: str) -> None:
+    setup = ("import numpy as np\nimport pandas as pd\nnp.set_printoptions(precision=3, "
+             "suppress=True)\npd.options.display.max_columns = 7\n"
+             "pd.set_option('display.float_format', '{:.1f}'.format)\n")
+    show = "print(np.array([1/3, 1e-9]), pd.get_option('display.max_columns'))\n" \
+           "print(pd.Series([1/3]).to_string())\n"
+    execute(client, session, setup)
+    _, outputs = execute(client, session, show)
+    assert text(outputs) == _plain_python(setup, show) == "[0.333 0.   ] 7\n0   0.3\n"
+
+
 def test_state_of_a_module_is_restored_when_it_is_imported_later(tmp_path: Path) -> None:
     """A worker that imports torch only in its cell still continues the session's RNG, and
     carries torch's part unchanged while it has not imported it."""
