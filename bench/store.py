@@ -168,7 +168,8 @@ def llfabric_once(root: Path, state: dict) -> dict[str, float]:
     out["save"], first = timed(lambda: saver.save(ns, names, None))
     evict(root)
     fresh = Store(root / "all")
-    out["load"], _ = timed(lambda: [loads(fresh.get_object(b), {}) for b, _, _ in first.groups])
+    ids = [blob for blob, _, _ in first.groups]
+    out["load"], _ = timed(lambda: [loads(e, {}) for e in fresh.get_objects(ids)])
     out["delta: cell touched nothing"], _ = timed(lambda: saver.save(ns, names, set()))
     out["delta: read all, changed nothing"], _ = timed(lambda: saver.save(ns, names, None))
     state["ten0"][:1000] += 1
@@ -184,7 +185,7 @@ def large_only(root: Path, state: dict) -> tuple[float, float]:
     save, ids = timed(lambda: [store.put_object(dumps({n: state[n]}, {})) for n in large])
     evict(root)
     fresh = Store(root)
-    load, _ = timed(lambda: [loads(fresh.get_object(b), {}) for b in ids])
+    load, _ = timed(lambda: [loads(e, {}) for e in fresh.get_objects(ids)])
     shutil.rmtree(root)
     return save, load
 

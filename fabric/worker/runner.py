@@ -182,8 +182,9 @@ class Worker:
             for alias, module in message.imports.items():
                 ns[alias] = importlib.import_module(module)
                 self.owned.add(alias)
-            for blob, names in message.groups:
-                encoded = self.store.get_object(blob, self._progress("loading"))
+            objects = self.store.get_objects([blob for blob, _ in message.groups],
+                                             self._progress("loading"))
+            for (blob, names), encoded in zip(message.groups, objects, strict=True):
                 values = codec.loads(encoded, ns)
                 for name in names:
                     ns[name] = values[name]
