@@ -289,8 +289,9 @@ def main() -> None:
                 ("raw disk, 16 MiB files x4 (fsync'd)", ours["par write"], ours["par read"]),
                 ("memcpy", copy, copy), ("llfabric", ours["save"], ours["load"]),
                 ("torch.save / torch.load", *torch_save(work, state))]
-        if not args.no_dill:
-            rows.append(("dill dump/load_session (*)", *dill_session(work, state)))
+        dill = None if args.no_dill else dill_session(work, state)
+        if dill is not None:
+            rows.append(("dill dump/load_session (*)", *dill))
         kishu = None
         if kishu_exe is not None:
             del state  # the kernel builds its own copy: do not hold two
@@ -314,6 +315,9 @@ def main() -> None:
     print(f"\nwhole state: llfabric save at {ours['save/raw']:.0%} of one-file raw write, "
           f"{ours['save/par']:.0%} of chunked raw write; load at {ours['load/raw']:.0%} and "
           f"{ours['load/par']:.0%} of those reads (ratios within each round)")
+    if dill is not None:
+        print(f"whole state against dill: llfabric saves {dill[0] / ours['save']:.2f}x and loads "
+              f"{dill[1] / ours['load']:.2f}x as fast as dill's dump/load_session")
     print(f"large buffers alone ({lgb:.2f} GB): save {lgb / ours['large save']:.2f} GB/s = "
           f"{ours['large save/raw']:.0%} of one-file, {ours['large save/par']:.0%} of chunked raw "
           f"write; load {lgb / ours['large load']:.2f} GB/s = {ours['large load/raw']:.0%} and "
