@@ -304,8 +304,7 @@ class Store:
             return f.read(len(_OBJECT)) == _OBJECT
 
     def object_chunks(self, ident: str) -> list[str]:
-        return [cid for entry in self.object_index(ident)[2] if not isinstance(entry, bytes)
-                for cid in entry[1]]
+        return [cid for _, ids in _large(self.object_index(ident)[2]) for cid in ids]
 
     # manifests
     def _sign(self, body: bytes) -> bytes:
@@ -455,6 +454,7 @@ def _flocked(path: Path) -> Iterator[None]:
 
 
 def _large(entries: list) -> list[tuple[int, list[str]]]:
+    """An object index's chunked buffers: (bytes, chunk ids); the others are inline bytes."""
     return [entry for entry in entries if not isinstance(entry, bytes)]
 
 
