@@ -12,6 +12,8 @@ A group of variables is stored as an *object*: an index blob holding the pickle 
 buffers inline and, for each large buffer, the ids of its chunks (CHUNK bytes each). Chunks are
 written and read in parallel, shared by every object that holds the same bytes, and the index's
 id is the group's fingerprint: it is computed by hashing the buffers, without writing anything.
+A state loads as one stream of chunk reads (`get_objects`): the chunks of the next groups are
+read and verified on the store's threads while the caller unpickles the current one.
 
 Every write goes to a temporary file, is fsync'd, renamed into place and the directory fsync'd,
 so a crash leaves either the old or the new file, never a torn one. Chunks are durable before
@@ -22,6 +24,7 @@ against their signature, before anyone unpickles it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -31,8 +34,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +50,7 @@ CHUNK = 16 << 20  # large enough for full-speed sequential I/O, small enough to 
 INLINE = 64 << 10  # buffers below this stay in the index: a file each would cost more than bytes
 THREADS = 4
 CACHE_BYTES = 256 << 20
+AHEAD = 256 << 20  # bytes a load reads ahead of the object being unpickled
 _OBJECT = b"LLFO\x01"
 _MANIFEST = b"LLFM\x01"
 _TAG = hashlib.sha256().digest_size
@@ -253,25 +257,44 @@ class Store:
 
     def get_object(self, ident: str, progress: Progress | None = None) -> Encoded:
         """Read an object into fresh writable buffers, every chunk verified."""
-        stream, chunk, entries = self.object_index(ident)
-        buffers: list[memoryview] = []
-        reads: list[tuple[str, memoryview]] = []
-        for entry in entries:
-            if isinstance(entry, bytes):
-                buffers.append(memoryview(bytearray(entry)))
-                continue
-            nbytes, ids = entry
-            view = _allocate(nbytes)
-            buffers.append(view)
-            reads += [(cid, view[i * chunk:(i + 1) * chunk]) for i, cid in enumerate(ids)]
-        reporter = _Reporter(progress, sum(part.nbytes for _, part in reads))
+        (encoded,) = self.get_objects([ident], progress)
+        return encoded
+
+    def get_objects(self, idents: Sequence[str],
+                    progress: Progress | None = None) -> Iterator[Encoded]:
+        """Read objects in order into fresh writable buffers, every chunk verified before its
+        object is yielded. The chunks of the next objects (up to AHEAD bytes) are read while the
+        caller unpickles the current one, so neither the disk nor the threads wait between
+        groups; a whole state loads as one stream of reads rather than one burst per group."""
+        indexes = [self.object_index(ident) for ident in idents]
+        reporter = _Reporter(progress, sum(nbytes for _, _, entries in indexes
+                                           for nbytes, _ in _large(entries)))
 
         def read(chunk: tuple[str, memoryview]) -> None:
             self._read_into(*chunk)
             reporter.add(chunk[1].nbytes)
 
-        _parallel(read, reads)
-        return Encoded(stream, buffers)
+        pending: collections.deque[tuple[Encoded, list[Future], int]] = collections.deque()
+        ahead, following = 0, iter(indexes)
+        with ThreadPoolExecutor(THREADS) as pool:
+            try:
+                for _ in indexes:
+                    while not pending or ahead < AHEAD:
+                        if (index := next(following, None)) is None:
+                            break
+                        encoded, reads = _allocated(*index)
+                        size = sum(part.nbytes for _, part in reads)
+                        pending.append((encoded, [pool.submit(read, r) for r in reads], size))
+                        ahead += size
+                    encoded, futures, size = pending.popleft()
+                    for future in futures:
+                        future.result()
+                    ahead -= size
+                    yield encoded
+            finally:  # an abandoned or failed load stops reading what nobody will use
+                for _, futures, _ in pending:
+                    for future in futures:
+                        future.cancel()
 
     def is_object(self, ident: str) -> bool:
         """Whether a blob on disk starts as an object index does (a cheap peek, unverified)."""
@@ -281,8 +304,7 @@ class Store:
             return f.read(len(_OBJECT)) == _OBJECT
 
     def object_chunks(self, ident: str) -> list[str]:
-        return [cid for entry in self.object_index(ident)[2] if not isinstance(entry, bytes)
-                for cid in entry[1]]
+        return [cid for _, ids in _large(self.object_index(ident)[2]) for cid in ids]
 
     # manifests
     def _sign(self, body: bytes) -> bytes:
@@ -429,6 +451,28 @@ def _flocked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _large(entries: list) -> list[tuple[int, list[str]]]:
+    """An object index's chunked buffers: (bytes, chunk ids); the others are inline bytes."""
+    return [entry for entry in entries if not isinstance(entry, bytes)]
+
+
+def _allocated(stream: bytes, chunk: int,
+               entries: list) -> tuple[Encoded, list[tuple[str, memoryview]]]:
+    """An object's buffers, small ones filled from its index, and the chunk reads that fill the
+    large ones: (chunk id, the part of its buffer it fills)."""
+    buffers: list[memoryview] = []
+    reads: list[tuple[str, memoryview]] = []
+    for entry in entries:
+        if isinstance(entry, bytes):
+            buffers.append(memoryview(bytearray(entry)))
+            continue
+        nbytes, ids = entry
+        view = _allocate(nbytes)
+        buffers.append(view)
+        reads += [(cid, view[i * chunk:(i + 1) * chunk]) for i, cid in enumerate(ids)]
+    return Encoded(stream, buffers), reads
 
 
 def _allocate(nbytes: int) -> memoryview:

@@ -182,8 +182,9 @@ class Worker:
             for alias, module in message.imports.items():
                 ns[alias] = importlib.import_module(module)
                 self.owned.add(alias)
-            for blob, names in message.groups:
-                encoded = self.store.get_object(blob, self._progress("loading"))
+            objects = self.store.get_objects([blob for blob, _ in message.groups],
+                                             self._progress("loading"))
+            for (blob, names), encoded in zip(message.groups, objects, strict=True):
                 values = codec.loads(encoded, ns)
                 for name in names:
                     ns[name] = values[name]
@@ -263,8 +264,8 @@ class Worker:
             linked = [set(g) for g in group_variables(ns, sorted((keep | differ) & present)).groups
                       if keep.intersection(g) and differ.intersection(g)]
             doubt = set().union(*linked)
-            for blob, names in reload:
-                encoded = self.store.get_object(blob)
+            objects = self.store.get_objects([blob for blob, _ in reload])
+            for (blob, names), encoded in zip(reload, objects, strict=True):
                 values = codec.loads(encoded, ns)
                 for name in names:
                     ns[name] = values[name]
