@@ -207,6 +207,17 @@ def _marks(nb_path: Path) -> list[pytest.MarkDecorator]:
 NOTEBOOK_PARAMS = [pytest.param(p, id=_nb_id(p), marks=_marks(p)) for p in NOTEBOOKS]
 
 
+# Notebooks whose `llfabric run` (a fresh worker per cell) differs from the plain run through a
+# fault of llfabric: what differs.
+FABRIC_RUN_FAULTS = {
+    "ipython-in-depth/Importing_Notebooks":
+        "state kept in modules is not carried to a fresh worker: the import hook a cell appends "
+        "to sys.meta_path (cells 9-11 and 14 cannot import notebooks, nor cell 16 the one copied "
+        "into IPython.utils); a pygments lexer comes back from the store without its token "
+        "table (cells 8, 13); and cell 6's `ls` lacks the colour a kernel's alias adds",
+}
+
+
 def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
     """Skip `nb_path` outside the full corpus run if it is one of `left_out`."""
     if _nb_id(nb_path) in left_out and not FULL_CORPUS:
@@ -217,8 +228,10 @@ def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("nb_path", NOTEBOOK_PARAMS)
 def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
-                                tmp_path: Path) -> None:
+                                tmp_path: Path, request: pytest.FixtureRequest) -> None:
     skip_unless_full(nb_path, HEAVY)
+    if fault := FABRIC_RUN_FAULTS.get(_nb_id(nb_path)):
+        request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     plain = plain_run(nb_path, tmp_path / "plain")
     fabric = run_fabric(fabric_server, nb_path, tmp_path / "fabric")
     # Cells printing unseeded random values are compared with numbers masked.
