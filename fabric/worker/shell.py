@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import xxhash
+from IPython.core.alias import default_aliases
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
@@ -170,5 +171,7 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     config.HistoryManager.hist_file = ":memory:"
     config.InteractiveShell.colors = "nocolor"
     shell = ZMQInteractiveShell.instance(config=config, user_ns=user_ns)
+    for name, command in default_aliases():  # as a kernel has them: nocolor drops ls's --color
+        shell.alias_manager.soft_define_alias(name, command)
     shell.user_ns["__name__"] = "__main__"
     return shell

@@ -36,15 +36,6 @@ from test_corpus import (
     skip_unless_full,
 )
 
-# Notebooks whose attached run differs from the plain one through a fault of llfabric: what differs.
-ATTACHED_FAULTS = {
-    "ipython-in-depth/Importing_Notebooks":
-        "code cell 6 (`ls nbpackage`): a worker's shell runs with colors='nocolor', which makes "
-        "IPython define the `ls` alias as `ls -F` instead of a kernel's `ls -F --color`, so the "
-        "listing lacks the ANSI colour codes a plain kernel prints",
-}
-
-
 @pytest.fixture(scope="module")
 def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with serving(tmp_path_factory.mktemp("fabric-store"), notebook_env()) as server:
@@ -83,11 +74,8 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("nb_path", NOTEBOOK_PARAMS)
 def test_attached_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
-                                         specs: KernelSpecManager, tmp_path: Path,
-                                         request: pytest.FixtureRequest) -> None:
+                                         specs: KernelSpecManager, tmp_path: Path) -> None:
     skip_unless_full(nb_path, LONG)
-    if fault := ATTACHED_FAULTS.get(_nb_id(nb_path)):
-        request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     plain = plain_run(nb_path, tmp_path / "plain")
     attached = run_attached(fabric_server, specs, nb_path, tmp_path / "attached")
     diffs = compare(plain, attached, VOLATILE_CELLS.get(_nb_id(nb_path), {}))

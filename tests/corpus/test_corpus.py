@@ -214,7 +214,7 @@ FABRIC_RUN_FAULTS = {
         "state kept in modules is not carried to a fresh worker: the import hook a cell appends "
         "to sys.meta_path (cells 9-11 and 14 cannot import notebooks, nor cell 16 the one copied "
         "into IPython.utils); a pygments lexer comes back from the store without its token "
-        "table (cells 8, 13); and cell 6's `ls` lacks the colour a kernel's alias adds",
+        "table (cells 8, 13)",
 }
 
 

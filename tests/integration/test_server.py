@@ -23,6 +23,12 @@ def test_state_and_aliasing_carry_across_fresh_workers(client: Client, session: 
     assert text(outputs) == "[1, 2] True\n"
 
 
+def test_shell_aliases_are_a_kernels(client: Client, session: str, tmp_path) -> None:
+    (tmp_path / "folder").mkdir()
+    _, outputs = execute(client, session, f"%cd {tmp_path}\n%ls")
+    assert "\x1b[" in text(outputs) and "folder" in text(outputs)  # ls --color, as in a kernel
+
+
 def test_each_cell_runs_in_a_new_process(client: Client, session: str) -> None:
     _, first = execute(client, session, "import os\nos.getpid()")
     _, second = execute(client, session, "os.getpid()")
