@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import logging
 import os
 import signal
 import time
@@ -34,8 +33,6 @@ from ..worker import wake
 from ..worker.messages import Load, Sleep, Sleeping
 from . import criu
 from .pool import Pool, WorkerHandle
-
-log = logging.getLogger(__name__)
 
 SLEEP_TIMEOUT = 30.0
 PRESSURE_EVERY = 1.0  # seconds between samples of host memory while a worker is kept
