@@ -126,7 +126,8 @@ def session_manifest(namespace: dict, names: list[str]) -> tuple[Manifest, dict[
     manifest = Manifest(
         session="audit", groups=tuple(groups), imports=aliases,
         refs={n: tuple(r) for n, r in grouping.refs.items() if r},
-        packages={n: tuple(p) for n, p in grouping.packages.items() if p})
+        packages={n: tuple(p) for n, p in grouping.packages.items() if p},
+        hooks=tuple(ambient.notebook_hooks()))
     return manifest, sizes, grouping
 
 
@@ -155,6 +156,18 @@ class Auditor:
                 self.namespace.active = False
 
         self.shell.run_code = recording_run_code
+        find_handler = self.shell.prefilter_manager.find_handler
+
+        def quiet_find_handler(line_info: Any) -> Any:
+            # IPython probing a line's first word is not the cell's lookup, nor when a magic
+            # (`%time x = ...`) transforms its line while the cell's code runs
+            active, self.namespace.active = self.namespace.active, False
+            try:
+                return find_handler(line_info)
+            finally:
+                self.namespace.active = active
+
+        self.shell.prefilter_manager.find_handler = quiet_find_handler
         _single_threaded_torch()
 
     def run(self, sources: list[str], on_cell: Any = None) -> list[CellAudit]:

@@ -40,6 +40,9 @@ class State(Protocol[G]):
     @property
     def packages(self) -> Mapping[str, tuple[str, ...]]: ...  # variable -> what rebuilds it
 
+    @property
+    def hooks(self) -> tuple[str, ...]: ...  # import hooks the notebook defined
+
     def variables(self) -> Mapping[str, G]: ...  # variable -> its group
 
 
@@ -70,6 +73,8 @@ def closure(cell: Cell, state: State[G]) -> Closure[G]:
     variables = state.variables()
     session = set(variables) | set(state.imports)
     forced_by = f"the cell uses {analysis.forced_by}" if analysis.dynamic else ""
+    if state.hooks and not forced_by:  # any import, in the cell or in code it calls, runs them
+        forced_by = f"an import hook the notebook defined ({state.hooks[0]}) may read any global"
     if not forced_by:
         seeds = set(analysis.reads) & session
         if analysis.unpickles:

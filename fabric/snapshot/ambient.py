@@ -75,6 +75,16 @@ def restore(state: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def notebook_hooks() -> list[str]:
+    """The import hooks the notebook defined (instances of its classes, or its functions, on
+    `sys.meta_path` or `sys.path_hooks`): any import may run their code, which looks the
+    session's globals up by name, and they live only in this process."""
+    places = (("sys.meta_path", sys.meta_path), ("sys.path_hooks", sys.path_hooks))
+    return [f"{where}: {getattr(hook, '__qualname__', None) or type(hook).__qualname__}"
+            for where, hooks in places for hook in hooks
+            if getattr(hook, "__module__", None) == "__main__"]
+
+
 def reseed() -> None:
     """Fresh entropy for a session's first worker, so forks of one zygote differ."""
     seed = int.from_bytes(os.urandom(8), "little")

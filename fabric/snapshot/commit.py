@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import StoreError
 from .manifest import Group, Manifest
@@ -44,6 +44,7 @@ class Report:
     owned: list[str]  # every name the worker speaks for: one missing was deleted
     unsaved: dict[str, str]  # name -> why it cannot be saved
     bounded: bool = False  # its grouping walk was cut short
+    hooks: list[str] = field(default_factory=list)  # import hooks the notebook defined
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
         | {n: tuple(p) for n, p in report.packages.items()},
         ambient=report.ambient,
         modules=tuple(sorted(set(parent.modules) | cell.modules)),
+        hooks=tuple(report.hooks),
         cell={"execution_count": cell.execution_count, "status": cell.status,
               "source": cell.source, "time": time.time(),
               "unsaved": sorted(report.unsaved),  # lineage, for a cold restore

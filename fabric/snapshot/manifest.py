@@ -41,6 +41,7 @@ class Manifest:
     packages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # var -> what rebuilds it
     ambient: str | None = None
     modules: tuple[str, ...] = ()  # modules the session's cells imported: its zygote family
+    hooks: tuple[str, ...] = ()  # import hooks the notebook defined (`ambient.notebook_hooks`)
     cell: dict = field(default_factory=dict)  # execution_count, status, source hash
 
     def variables(self) -> dict[str, Group]:
@@ -62,6 +63,7 @@ class Manifest:
                 "packages": {k: list(v) for k, v in self.packages.items()},
                 "ambient": self.ambient,
                 "modules": list(self.modules),
+                "hooks": list(self.hooks),
                 "cell": self.cell,
             },
             use_bin_type=True,
@@ -87,6 +89,7 @@ class Manifest:
                 packages=_names_by_variable(raw.get("packages", {})),  # absent before 0.2
                 ambient=None if raw["ambient"] is None else _str(raw["ambient"]),
                 modules=tuple(_str(m) for m in _list(raw["modules"])),
+                hooks=tuple(_str(h) for h in _list(raw.get("hooks", []))),  # older: none
                 cell=dict(raw["cell"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException) as exc:

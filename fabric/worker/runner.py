@@ -179,8 +179,20 @@ class Worker:
             if message.cwd is not None and not self.restored_ambient:
                 os.chdir(message.cwd)
                 sys.path.insert(0, message.cwd)
+            if not self.restored_ambient:  # first: its cwd and sys.path find the modules below
+                ambient.reseed()  # then the session's state, where it has one, overrides it
+                if message.ambient:
+                    self.ambient = pickle.loads(self.store.get(message.ambient))
+                    for problem in ambient.restore(self.ambient):
+                        self._notice("ambient", problem)
+                self.restored_ambient = True
             for alias, module in message.imports.items():
-                ns[alias] = importlib.import_module(module)
+                try:
+                    ns[alias] = importlib.import_module(module)
+                except ImportError as exc:  # made importable by what this worker lacks
+                    self._notice("ambient", f"{alias} is not bound: {module} cannot be imported "
+                                 f"again here ({type(exc).__name__}: {exc})")
+                    continue
                 self.owned.add(alias)
             objects = self.store.get_objects([blob for blob, _ in message.groups],
                                              self._progress("loading"))
@@ -190,13 +202,6 @@ class Worker:
                     ns[name] = values[name]
                 self.owned.update(names)
                 self.saver.loaded(names, blob, encoded.nbytes)
-            if not self.restored_ambient:
-                ambient.reseed()  # then the session's state, where it has one, overrides it
-                if message.ambient:
-                    self.ambient = pickle.loads(self.store.get(message.ambient))
-                    for problem in ambient.restore(self.ambient):
-                        self._notice("ambient", problem)
-                self.restored_ambient = True
         except Exception as exc:  # reported to the user as the cell's error, never hidden
             return Loaded(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         return Loaded(seconds=time.monotonic() - start)
@@ -284,7 +289,8 @@ class Worker:
         except Exception as exc:
             return Settled(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         return Settled(diverged=sorted(doubt - keep), loaded=sorted(loaded), kept=sorted(kept),
-                       dropped=sorted(doubt & keep), missing=sorted(keep - present))
+                       dropped=sorted(doubt & keep),
+                       missing=sorted(keep - present - set(ambient.notebook_hooks())))
 
     def _notice(self, topic: str, text: str) -> None:
         """Tell the server what llfabric did, apart from the cell's outputs."""
@@ -303,10 +309,13 @@ class Worker:
         state = [n for n in names if n not in imports]
         saved = self.saver.save(ns, state, reached, self._progress("saving"))
         self.owned.update(names)
+        hooks = ambient.notebook_hooks()  # held like a value that cannot be saved
+        unsaved = saved.unsaved | dict.fromkeys(hooks, "an import hook lives only in its process")
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self.store.put(pickle.dumps(self._capture_ambient())),
-                     owned=sorted(self.owned), unsaved=saved.unsaved, bounded=saved.bounded)
+                     owned=sorted(self.owned), unsaved=unsaved, bounded=saved.bounded,
+                     hooks=hooks)
 
     def _capture_ambient(self) -> dict[str, Any]:
         self.ambient = ambient.capture(self.ambient, self.base_environ)

@@ -186,6 +186,14 @@ def test_a_variable_bound_to_the_main_module_takes_the_whole_session() -> None:
     assert c.forced_by == "'main' is the __main__ module"
 
 
+def test_an_import_hook_the_notebook_defined_takes_the_whole_session() -> None:
+    # any import, in the cell or in code it calls, may run the hook, which reads globals by name
+    c = closure("import json\nprint(x)\n", _manifest(hooks=("sys.meta_path: Finder",)))
+    assert c.whole and c.names == {"x", "a", "b", "f", "K"}
+    assert c.forced_by == ("an import hook the notebook defined (sys.meta_path: Finder) may "
+                           "read any global")
+
+
 # Closures are pure: any state with the fields of a manifest will do.
 
 @dataclass(frozen=True)
@@ -200,6 +208,7 @@ class _State:
     imports: dict[str, str] = field(default_factory=dict)
     refs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    hooks: tuple[str, ...] = ()
 
     def variables(self) -> dict[str, _Slot]:
         return {name: s for s in self.slots for name in s.names}

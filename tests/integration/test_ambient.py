@@ -51,6 +51,18 @@ def test_environment_and_import_path_carry(client: Client, session: str) -> None
     assert text(outputs) == "train None /opt/llf-extra\n"
 
 
+def test_a_module_found_through_a_path_the_notebook_added_comes_back(client: Client,
+                                                                    session: str,
+                                                                    tmp_path: Path) -> None:
+    # the next worker restores sys.path before it imports the session's modules again
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "helpers_of_the_notebook.py").write_text("ANSWER = 42\n")
+    execute(client, session, "import sys\nsys.path.append('src')\n")
+    execute(client, session, "import helpers_of_the_notebook as h\n")
+    reply, outputs = execute(client, session, "print(h.ANSWER)\n")
+    assert reply["status"] == "ok" and text(outputs) == "42\n", outputs
+
+
 def test_environment_changes_are_relative_to_the_workers_start(monkeypatch) -> None:
     monkeypatch.setenv("LLF_KEPT", "1")
     monkeypatch.setenv("LLF_NEW", "2")

@@ -122,3 +122,41 @@ def test_functions_defined_by_the_replayed_cells_match_the_committed_ones(server
         _kill_worker(client, session)
         reply, outputs = execute(client, session, "print(next(g), f())")
     assert text(outputs) == "1 3\n", reply["notices"]
+
+
+HOOK = """import importlib.abc, importlib.util, os, sys
+
+def text_path(name):
+    return name.rsplit('.', 1)[-1] + '.txt'
+
+class TextFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name.startswith('txt_') and os.path.exists(text_path(name[4:])):
+            return importlib.util.spec_from_loader(name, self)
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        module.text = open(text_path(module.__name__[4:])).read().strip()
+
+sys.meta_path.append(TextFinder())
+"""
+
+
+def test_an_import_hook_the_notebook_defined_stays_with_its_worker(tmp_path: Path) -> None:
+    """The hook lives only in the process that ran the cell: even with no worker kept warm, the
+    session keeps that one, and a later cell's import finds what the hook serves. Lost with its
+    worker (its cell is not safe to run again unasked), the user is told in the cell, and the
+    session goes on without it rather than failing every later load on the module it served."""
+    (tmp_path / "greeting.txt").write_text("hello from a text module\n")
+    with serving(tmp_path / "store", keep_warm=0) as running, \
+            running.client(timeout=120) as client:
+        session = open_session(client, tmp_path)
+        assert execute(client, session, HOOK)[0]["status"] == "ok"
+        reply, outputs = execute(client, session, "import txt_greeting\nprint(txt_greeting.text)")
+        assert reply["status"] == "ok" and "hello from a text module" in text(outputs), outputs
+        _kill_worker(client, session)
+        _, lost = execute(client, session, "x = 1")
+        reply, outputs = execute(client, session, "print(x + 1)")
+    assert lost[0]["ename"] == "LLFabricStateLost"
+    assert "sys.meta_path: TextFinder" in lost[0]["evalue"], lost
+    assert reply["status"] == "ok" and text(outputs) == "2\n", outputs
