@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 from notebook_compare import VOLATILE_CELLS, normalize, notebook_env
-from test_corpus import LONG, NOTEBOOK_PARAMS, _nb_id, skip_unless_full
+from test_corpus import (
+    LONG,
+    NOTEBOOK_PARAMS,
+    NOTEBOOKS,
+    OWN_DEFAULT,
+    OWN_NOTEBOOKS,
+    _nb_id,
+    skip_unless_full,
+)
 
 from fabric.audit import audit_notebook
 
@@ -77,3 +85,22 @@ def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path,
         if normalize(cell["closure_outputs"] or [], mask) != normalize(cell["outputs"], mask):
             problems.append(f"{where}: outputs differ on the closure alone")
     assert not problems, "\n".join(problems)
+
+
+# The verified differential above runs each cell twice and leaves the long notebooks and most of
+# this project's corpus to `make test-deep`; the lookups alone cost one run of the notebook, so
+# CI checks them on every notebook of corpus/ too (the long shared ones: LLFABRIC_CORPUS=full).
+UNVERIFIED_IN_CI = [pytest.param(p, id=_nb_id(p)) for p in NOTEBOOKS
+                    if _nb_id(p) in LONG or (p in OWN_NOTEBOOKS and _nb_id(p) not in OWN_DEFAULT)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("nb_path", UNVERIFIED_IN_CI)
+def test_no_cell_looks_up_a_name_outside_its_closure(nb_path: Path, tmp_path: Path) -> None:
+    skip_unless_full(nb_path, LONG)
+    cells = audit_notebook(nb_path, tmp_path, env=notebook_env(), timeout=TIMEOUT_S - 60,
+                           log=tmp_path / "audit.log")
+    misses = [f"cell {c['index']} ({c['head']!r}): looked up {c['misses']} outside its closure"
+              for c in cells if c["misses"]]
+    assert not misses, "\n".join(misses)

@@ -209,13 +209,7 @@ NOTEBOOK_PARAMS = [pytest.param(p, id=_nb_id(p), marks=_marks(p)) for p in NOTEB
 
 # Notebooks whose `llfabric run` (a fresh worker per cell) differs from the plain run through a
 # fault of llfabric: what differs.
-FABRIC_RUN_FAULTS = {
-    "ipython-in-depth/Importing_Notebooks":
-        "state kept in modules is not carried to a fresh worker: the import hook a cell appends "
-        "to sys.meta_path (cells 9-11 and 14 cannot import notebooks, nor cell 16 the one copied "
-        "into IPython.utils); a pygments lexer comes back from the store without its token "
-        "table (cells 8, 13)",
-}
+FABRIC_RUN_FAULTS: dict[str, str] = {}
 
 
 def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
