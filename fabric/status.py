@@ -60,8 +60,9 @@ class SessionStatus(_Wire):
     prepared: bool
     tier: str  # hot, warm, cool or cold
     memory: int  # bytes that tier holds
-    lease_seconds: float
+    lease_seconds: float  # slot-seconds: a lease of K slots counts K times
     notices: tuple[Notice, ...] = ()
+    gpus: int = 1  # slots (GPUs) its cells lease together
 
     @property
     def flags(self) -> tuple[str, ...]:

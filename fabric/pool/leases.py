@@ -88,10 +88,7 @@ class Leases:
         """`count` slots together, when `queueing` says so; `prefer` (CUDA_VISIBLE_DEVICES of
         the GPUs a worker was parked from) names the ones to take first if free. More slots
         than the host has is refused at once: waiting would never end."""
-        if not 1 <= count <= self.slots:
-            raise SlotsUnavailable(
-                f"a cell may lease 1 to {self.slots} {self.kind} slots on this host, "
-                f"not {count}", session=session, asked=count, slots=self.slots)
+        self.check(session, count)
         waiter = _Waiter(session, count, time.monotonic(),
                          queueing.estimate(self.recent.get(session, ())), self._slots_of(prefer),
                          asyncio.get_running_loop().create_future())
@@ -106,6 +103,13 @@ class Leases:
             elif waiter.future.done() and not waiter.future.cancelled():
                 self.release(waiter.future.result())  # granted while being cancelled
             raise
+
+    def check(self, session: str, count: int) -> None:
+        """SlotsUnavailable unless a cell of `session` may lease `count` slots here."""
+        if not 1 <= count <= self.slots:
+            raise SlotsUnavailable(
+                f"a cell may lease 1 to {self.slots} {self.kind} slots on this host, "
+                f"not {count}", session=session, asked=count, slots=self.slots)
 
     def _slots_of(self, devices: str | None) -> frozenset[int]:
         names = set((devices or "").split(","))
