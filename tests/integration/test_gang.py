@@ -4,15 +4,24 @@ slots' threads; and counts the host cannot give refused with a typed error."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import uuid
 from pathlib import Path
 
+import nbformat
 import pytest
+from attached import Kernel, install_test_kernelspec, kernel_env, text_of
 from helpers import execute, open_session, serving, text
+from nbformat.v4 import new_code_cell, new_notebook
 
 from fabric.client import Client
 from fabric.errors import RemoteError
 from fabric.messages import Execute
+
+ROOT = Path(__file__).resolve().parents[2]
+THREADS = "import os\nprint('threads', os.environ['OMP_NUM_THREADS'])"
 
 # what the cell's lease grants (its threads), and when it ran (a window of wall-clock time)
 CELL = ("import os, time\n_began = time.time()\ntime.sleep({sleep})\n"
@@ -73,3 +82,39 @@ def test_a_count_the_host_cannot_give_is_refused_and_the_session_goes_on(
         reply, outputs = execute(client, session,
                                  "import os\nprint(x, os.environ['OMP_NUM_THREADS'])")
         assert reply["status"] == "ok" and text(outputs) == "1 2\n"  # nothing ran, 2 kept
+
+
+def test_llfabric_run_takes_the_count_from_its_flag_else_the_notebooks_metadata(
+        tmp_path: Path) -> None:
+    def run(metadata: dict, *flags: str) -> subprocess.CompletedProcess:
+        path = tmp_path / f"{uuid.uuid4().hex[:6]}.ipynb"
+        nbformat.write(new_notebook(cells=[new_code_cell(THREADS)], metadata=metadata),
+                       str(path))
+        return subprocess.run([sys.executable, "-m", "cli.main", "run", str(path), "--connect",
+                               server.address, *flags], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+
+    with serving(tmp_path / "store", slots=2, threads=1) as server:
+        assert "threads 2" in run({"llfabric": {"gpus": 2}}).stdout
+        assert "threads 1" in run({"llfabric": {"gpus": 2}}, "--gpus", "1").stdout
+        bad = run({"llfabric": {"gpus": "two"}})
+        assert bad.returncode != 0 and "llfabric.gpus must be a count" in bad.stderr
+        assert "1 to 2 cpu slots" in run({}, "--gpus", "3").stderr
+
+
+def test_the_gpus_magic_sets_the_attached_sessions_count(tmp_path: Path) -> None:
+    specs = install_test_kernelspec(tmp_path / "jupyter")
+    with serving(tmp_path / "store", slots=2, threads=1) as server:
+        kernel = Kernel.start(specs, kernel_env(server.address, f"k-{uuid.uuid4().hex[:8]}"),
+                              tmp_path)
+        try:
+            assert "threads 1" in text_of(kernel.execute(THREADS)[1])
+            told = text_of(kernel.execute("%llfabric gpus 2")[1])
+            assert "next cells lease 2 cpu slots together" in told
+            assert "threads 2" in text_of(kernel.execute(THREADS)[1])
+            refused = text_of(kernel.execute("%llfabric gpus 3")[1], "stderr")
+            assert "has 2 cpu slots, not 3; nothing changed" in refused
+            assert "leases 2 cpu slots together" in text_of(kernel.execute("%llfabric")[1])
+            assert "threads 2" in text_of(kernel.execute(THREADS)[1])
+        finally:
+            kernel.stop()
