@@ -130,7 +130,9 @@ class Leases:
         return queueing.admit(len(self._free), [*queue, *extra], held, now, self.patience)
 
     def _grant(self, waiter: _Waiter, now: float) -> Lease:
-        free = sorted(self._free, key=lambda slot: (slot not in waiter.prefer, slot))
+        # preferred slots first, then the least recently used: a slot a parked worker left
+        # stays free longest for its return
+        free = sorted(self._free, key=lambda slot: slot not in waiter.prefer)
         slots = tuple(sorted(free[:waiter.count]))
         for slot in slots:
             self._free.remove(slot)

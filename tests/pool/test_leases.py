@@ -114,7 +114,7 @@ def test_a_gang_takes_all_its_slots_at_once_or_waits_holding_none() -> None:
                                                                                  ("c", 1)]
         leases.release(three)
         got = await pair, await single
-        assert got[0].slots == (0, 1) and got[1].slots == (2,)
+        assert got[0].slots == (0, 3) and got[1].slots == (1,)  # least recently used first
         for lease in got:
             leases.release(lease)
         assert leases.status()["held"] == 0 and not leases.held
