@@ -115,6 +115,8 @@ def test_the_gpus_magic_sets_the_attached_sessions_count(tmp_path: Path) -> None
             refused = text_of(kernel.execute("%llfabric gpus 3")[1], "stderr")
             assert "has 2 cpu slots, not 3; nothing changed" in refused
             assert "leases 2 cpu slots together" in text_of(kernel.execute("%llfabric")[1])
+            _, outputs = kernel.execute("%llfabric gpus two")
+            assert "a count of 1 or more, not 'two'" in text_of(outputs, "stderr")
             assert "threads 2" in text_of(kernel.execute(THREADS)[1])
         finally:
             kernel.stop()
