@@ -122,28 +122,37 @@ def test_a_gang_takes_all_its_slots_at_once_or_waits_holding_none() -> None:
     asyncio.run(scenario())
 
 
-def test_gangs_that_overlap_never_deadlock() -> None:
-    async def scenario() -> int:
-        leases = Leases(3)
+@pytest.mark.parametrize(("slots", "sizes"), [(4, (1, 2, 4)), (2, (1, 2))])
+def test_mixed_gangs_never_deadlock_and_every_request_is_served(slots: int,
+                                                                 sizes: tuple[int, ...]) -> None:
+    sessions, cells = 12, 6  # 72 requests, each session of one size
+
+    async def scenario() -> dict[int, list[float]]:
+        leases = Leases(slots, patience=0.05)
         in_use: set[int] = set()
-        served = 0
+        waits: dict[int, list[float]] = {size: [] for size in sizes}
 
         async def notebook(name: str, size: int) -> None:
-            nonlocal served
-            for _ in range(20):
+            for _ in range(cells):
+                await asyncio.sleep(random.random() / 500)  # think time
                 lease = await leases.acquire(name, size)
-                assert len(lease.slots) == size and not in_use & set(lease.slots)
+                assert len(lease.slots) == size and not in_use & set(lease.slots)  # exclusive
                 in_use.update(lease.slots)
-                await asyncio.sleep(random.random() / 1000)
+                await asyncio.sleep(random.random() / 500)  # the cell runs
                 in_use.difference_update(lease.slots)
                 leases.release(lease)
-                served += 1
+                waits[size].append(lease.waited)
 
-        await asyncio.wait_for(asyncio.gather(*(notebook(f"s{i}", 1 + i % 3)
-                                                for i in range(6))), 60)
-        return served
+        await asyncio.wait_for(asyncio.gather(*(notebook(f"s{i}", sizes[i % len(sizes)])
+                                                for i in range(sessions))), 60)
+        assert leases.queued == 0 and not leases.held
+        return waits
 
-    assert asyncio.run(scenario()) == 6 * 20
+    waits = asyncio.run(scenario())
+    assert sum(map(len, waits.values())) == sessions * cells  # every request served
+    print(f"{slots} slots, waits in ms: " + "; ".join(
+        f"{size}-slot mean {1000 * sum(w) / len(w):.1f} max {1000 * max(w):.1f}"
+        for size, w in waits.items()))
 
 
 def test_more_slots_than_the_host_has_is_refused_at_once() -> None:
