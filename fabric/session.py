@@ -29,7 +29,6 @@ class Session:
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
                  keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1) -> None:
         self.name = name
-        self.leases = leases
         self.gpus = gpus  # slots its cells lease together; a cell's execute may change it
         self.store = store
         self.agent = HostAgent(name, cwd, store, pool, leases, keeper, interrupt_grace)
@@ -94,7 +93,7 @@ class Session:
         if self.lock.locked():
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
         if gpus is not None:
-            self.leases.check(self.name, gpus)
+            self.agent.leases.check(self.name, gpus)
             self.gpus = gpus
         async with self.lock:
             head = self._follow_head()
