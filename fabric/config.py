@@ -35,6 +35,9 @@ class Config:
     slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
     # intra-op threads (torch, OpenMP, BLAS) of a worker under a lease; 0: cores // slots
     threads: int = 0
+    # slots (GPUs) a session's cells lease together unless it sets its own (`%llfabric gpus`,
+    # `llfabric run --gpus`, the notebook's metadata)
+    gpus: int = 1
     max_zygotes: int = 4  # import-family zygotes kept, least recently used evicted
     zygote_memory: int = 0  # bytes those zygotes may hold, LRU evicted past it; 0: 1/4 of RAM
     # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates

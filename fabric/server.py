@@ -38,6 +38,7 @@ from .claim import claim_server
 from .config import Config
 from .errors import (
     AddressRefused,
+    ConfigError,
     FabricError,
     Forbidden,
     InUse,
@@ -81,6 +82,9 @@ class Server:
         self.keys = _check_address(config)
         self.store = Store(private_dir(config.store))
         self.leases = Leases.for_host(config.slots, config.threads)
+        if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
+            raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
+                              f"{self.leases.slots} slots on this host", key="gpus")
         self.pool = Pool(config.store, max_zygotes=config.max_zygotes,
                          worker_source=config.worker_source, keep_warm=config.keep_warm,
                          cool_after=config.cool_after, zygote_memory=config.zygote_memory,
@@ -338,14 +342,14 @@ class Server:
         match request:
             case Draft(source=source):
                 return session.draft(source)
-            case Execute(source=source, stdin=stdin):
+            case Execute(source=source, stdin=stdin, gpus=gpus):
                 self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
                 if self.config.user_bytes:
                     self._check_limit(user, "user_bytes", self._stored_bytes(user),
                                       "bytes stored")
                 self.running[user] = self.running.get(user, 0) + 1
                 try:
-                    return await session.execute(source, emit, stdin=stdin)
+                    return await session.execute(source, emit, stdin=stdin, gpus=gpus)
                 finally:
                     self.running[user] -= 1
                     self._after_cell()
@@ -371,7 +375,8 @@ class Server:
             if not os.path.isdir(cwd):
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
-                              interrupt_grace=self.config.interrupt_grace)
+                              interrupt_grace=self.config.interrupt_grace,
+                              gpus=self.config.gpus)
             session.admit = lambda manifest: self._admit(user, stored, manifest)
             self.sessions[stored] = session
         return self._public(user, session.status())

@@ -22,10 +22,12 @@ from fabric.pool import criu
 from fabric.snapshot import Group, Manifest, Store, dumps
 
 
-def execute(client: Client, session: str, source: str) -> tuple[dict, list[dict]]:
-    """Run one cell; return the server's reply frame and the cell's outputs."""
+def execute(client: Client, session: str, source: str,
+            gpus: int | None = None) -> tuple[dict, list[dict]]:
+    """Run one cell (with `gpus`, on that many slots from now on); return the server's reply
+    frame and the cell's outputs."""
     outputs, reply = [], {}
-    events = client.execute(session, source, timeout=120)
+    events = client.execute(session, source, gpus=gpus, timeout=120)
     for message in events:
         if isinstance(message, Output):
             outputs.append(message.output)
