@@ -9,7 +9,9 @@ which processes hold the GPU and how much of its memory.
   - leases match NVML: the only processes of the server holding a GPU are the workers running
     a cell under a lease, on the leased GPU;
   - a warm worker (the default) leaves the GPU between cells and keeps its CUDA tensors, and on
-    a two-GPU host, one parked off a busy GPU resumes on the free one.
+    a two-GPU host, one parked off a busy GPU resumes on the free one;
+  - on two GPUs, a `DataParallel` cell's worker is parked off both and resumed on both, and
+    goes on training bit-identically to a run never parked.
 
 `pytest -m gpu`; every test skips with its reason on a host without an NVIDIA GPU and a CUDA
 build of torch (templates also need CRIU, parking a CUDA checkpoint driver).
@@ -249,6 +251,51 @@ def test_a_kept_worker_trains_parks_off_the_gpu_resumes_and_matches_an_unparked_
     reference = subprocess.run([sys.executable, "-c", SETUP + TRAIN + TRAIN + REPORT],
                                capture_output=True, text=True, env={**os.environ, **ENV},
                                timeout=300, check=True)
+    assert stdout(outputs) == reference.stdout  # 50 losses and every parameter, bit for bit
+
+
+DATA_PARALLEL = SETUP.replace(".cuda()\n", ".cuda()\nmodel = torch.nn.DataParallel(model)\n", 1)
+
+
+def gpus_held(pids: set[int]) -> set[str]:
+    """The GPUs on which any of `pids` holds memory now (one process may hold several)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    held = set()
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if any(p.pid in pids and p.usedGpuMemory != 0
+               for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)):
+            held.add(gpus._text(pynvml.nvmlDeviceGetUUID(handle)))
+    return held
+
+
+def test_a_two_gpu_data_parallel_cell_parks_resumes_and_matches_an_unparked_run(
+        server: RunningServer, client: Client, devices: list[gpus.Gpu], tmp_path: Path) -> None:
+    if len(devices) < 2:
+        pytest.skip("a two-GPU cell takes two GPUs")
+    if find_driver() is None:
+        pytest.skip(NO_DRIVER)
+    session = open_session(client, tmp_path)
+    reply, outputs = execute(client, session, DATA_PARALLEL + TRAIN, gpus=2)
+    assert reply["status"] == "ok" and "data" in reply["unsaved"], outputs
+    status = session_status(client, session)
+    assert status["pinned"] and status["tier"] == "warm"
+    worker = tree(status["worker"])
+    assert not gpus_held(worker), "a parked worker holds memory on neither GPU"
+
+    flag = tmp_path / "go"
+    reply, outputs, held = run_holding(server, session, hold(flag) + TRAIN + REPORT, flag,
+                                       lambda: gpus_held(worker))
+    assert reply["status"] == "ok" and reply["path"] == "pinned", text(outputs)
+    assert len(held) == 2, "the resumed worker holds its replicas on both GPUs again"
+    assert not gpus_held(worker), "parked off both after its cell"
+
+    visible = ",".join(sorted(held))
+    reference = subprocess.run([sys.executable, "-c", DATA_PARALLEL + TRAIN + TRAIN + REPORT],
+                               capture_output=True, text=True, timeout=300, check=True,
+                               env={**os.environ, **ENV, "CUDA_VISIBLE_DEVICES": visible})
     assert stdout(outputs) == reference.stdout  # 50 losses and every parameter, bit for bit
 
 
