@@ -61,6 +61,9 @@ class Config:
     heartbeat: int = 2
     heartbeat_timeout: int = 10
     user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
+    # "single": every cell runs as the server's user (a laptop, CI); "separate": each user's
+    # cells run as their OS user, their state in their own part of the store (`fabric.users`)
+    users: str = "single"
     # retention: each session keeps the state of its newest keep_versions versions, of one
     # version per clock hour for keep_hourly hours and one per day for keep_daily days, and of
     # every named one (`llfabric store tag`); a session may set its own (`store retain`)

@@ -33,7 +33,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from . import auth, protocol
+from . import auth, protocol, users
 from .claim import claim_server
 from .config import Config
 from .errors import (
@@ -80,7 +80,10 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.keys = _check_address(config)
-        self.store = Store(private_dir(config.store))
+        self.separate = users.check_mode(config.users)  # each user's cells as their OS user
+        # a host serving several users opens the store's root to passing through (`users.part`)
+        self.store = Store(private_dir(config.store, shared=self.separate))
+        self._parts: dict[str, Store] = {}  # each user's part of the store, when separate
         self.leases = Leases.for_host(config.slots, config.threads)
         if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
             raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
@@ -218,19 +221,23 @@ class Server:
         return {i for i in ids if i}
 
     def collect(self, protect: set[str]) -> dict:
-        """One pass: thin every session's history, then free what that released."""
-        started, thinned = time.time(), 0
-        for name in self.store.sessions():
-            try:
-                thinned += len(history.retain(self.store, name, self.policy, protect))
-            except StoreError as exc:  # a damaged session keeps everything; gc reports it
-                log.warning("retention skipped session %s: %s", name, exc.message)
-        result = history.gc(self.store)
+        """One pass: thin every session's history, then free what that released (in the
+        store, and in each user's part of it)."""
+        started, thinned, removed, freed, kept = time.time(), 0, 0, 0, 0
+        for store in users.stores(self.store) if self.separate else [self.store]:
+            for name in store.sessions():
+                try:
+                    thinned += len(history.retain(store, name, self.policy, protect))
+                except StoreError as exc:  # a damaged session keeps everything; gc reports it
+                    log.warning("retention skipped session %s: %s", name, exc.message)
+            result = history.gc(store)
+            removed, freed = removed + result.removed, freed + result.freed
+            kept += result.kept_bytes
         summary = {"time": started, "seconds": time.time() - started, "thinned": thinned,
-                   "removed": result.removed, "freed": result.freed,
-                   "kept_bytes": result.kept_bytes, "disk_percent": self.disk_percent()}
+                   "removed": removed, "freed": freed, "kept_bytes": kept,
+                   "disk_percent": self.disk_percent()}
         log.info("retention thinned %d versions; gc freed %d bytes in %d files", thinned,
-                 result.freed, result.removed)
+                 freed, removed)
         return summary
 
     def disk_percent(self) -> float:
@@ -320,6 +327,19 @@ class Server:
     def _sessions_of(self, user: str) -> dict[str, Session]:
         return {key: s for key, s in self.sessions.items() if self._user_of(key) == user}
 
+    def _account(self, user: str) -> users.Account | None:
+        """The OS account `user`'s cells run as (None: the server's own, in single mode)."""
+        return users.account(user, self.config.store) if self.separate else None
+
+    def _store_of(self, user: str) -> Store:
+        """Where `user`'s sessions live: the store, or their own part of it."""
+        if not self.separate:
+            return self.store
+        if user not in self._parts:
+            account = self._account(user)
+            self._parts[user] = Store(Path(account.store), key=self.store.key)
+        return self._parts[user]
+
     def _session(self, user: str, name: str) -> Session:
         session = self.sessions.get(self._store_name(user, name))
         if session is None:
@@ -371,21 +391,22 @@ class Server:
         if session is None:
             self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
                               "open sessions")
-            cwd = cwd or os.getcwd()
+            account = self._account(user)  # Forbidden: no OS account, or root's
+            cwd = cwd or (account.home if account is not None else os.getcwd())
             if not os.path.isdir(cwd):
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
-            session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
-                              interrupt_grace=self.config.interrupt_grace,
-                              gpus=self.config.gpus)
+            session = Session(stored, cwd, self._store_of(user), self.pool, self.leases,
+                              self.keeper, interrupt_grace=self.config.interrupt_grace,
+                              gpus=self.config.gpus, account=account)
             session.admit = lambda manifest: self._admit(user, stored, manifest)
             self.sessions[stored] = session
         return self._public(user, session.status())
 
     def _tag(self, user: str, name: str, version: int | str | None, tag: str) -> dict:
-        stored = self._store_name(user, name)
-        if self.store.head(stored) is None:
+        stored, store = self._store_name(user, name), self._store_of(user)
+        if store.head(stored) is None:
             raise UnknownSession(f"no session {name!r} in the store", session=name)
-        manifest = history.tag(self.store, stored, version, tag)
+        manifest = history.tag(store, stored, version, tag)
         return {"version": manifest.version, "name": tag}
 
     async def _remove(self, user: str, name: str) -> dict:
@@ -399,7 +420,7 @@ class Server:
                                   "before removing it", session=name)
             await session.close()
             del self.sessions[stored]
-        if not history.remove(self.store, stored):
+        if not history.remove(self._store_of(user), stored):
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         return {"removed": True}
 
@@ -412,11 +433,11 @@ class Server:
     def _stored_bytes(self, user: str, but: str | None = None) -> int:
         """The bytes of the state at the head of each of `user`'s sessions in the store
         (`but` one)."""
-        total = 0
-        for name in self.store.sessions():
+        total, store = 0, self._store_of(user)
+        for name in store.sessions():
             if self._user_of(name) == user and name != but:
                 try:
-                    manifest = Manifest.decode(self.store.get_manifest(self.store.head(name)))
+                    manifest = Manifest.decode(store.get_manifest(store.head(name)))
                 except StoreError as exc:  # not this check's to report: the session's own use is
                     log.warning("not counting session %s: %s", name, exc.message)
                     continue

@@ -19,7 +19,7 @@ from .closure import CellPlan, Closure, closure, plan
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool
 from .pool.agent import HostAgent
-from .pool.cells import Cell, Done, Emit, Events, Head
+from .pool.cells import Account, Cell, Done, Emit, Events, Head
 from .pool.lifecycle import Keeper, Life
 from .snapshot import Manifest, Store, history
 from .snapshot.commit import CellRecord, commit, head_manifest
@@ -27,11 +27,12 @@ from .snapshot.commit import CellRecord, commit, head_manifest
 
 class Session:
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
-                 keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1) -> None:
+                 keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1,
+                 account: Account | None = None) -> None:
         self.name = name
         self.gpus = gpus  # slots its cells lease together; a cell's execute may change it
         self.store = store
-        self.agent = HostAgent(name, cwd, store, pool, leases, keeper, interrupt_grace)
+        self.agent = HostAgent(name, cwd, store, pool, leases, keeper, interrupt_grace, account)
         self.head = store.head(name)
         self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
                          else Manifest(session=name))

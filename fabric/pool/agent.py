@@ -22,6 +22,7 @@ from collections.abc import Coroutine
 from ..closure import Closure, closure, plan
 from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
 from ..snapshot import Group, Manifest, Store, history, lineage
+from ..worker.account import Account
 from ..worker.messages import Load, Loaded, Notice, Run
 from .cells import Cell, Commit, Events, Head, Ran
 from .leases import Leases
@@ -42,21 +43,23 @@ def _union(closures: list[Closure]) -> Closure:
 
 
 def _load(groups: list[Group] | tuple[Group, ...], imports: dict[str, str],
-          first: Manifest | None, cwd: str) -> Load:
-    """The load of `groups` and `imports`; the `first` of a worker sets its directory and the
-    ambient state of that version."""
+          first: Manifest | None, cwd: str, account: Account | None = None) -> Load:
+    """The load of `groups` and `imports`; the `first` of a worker sets its user (`account`),
+    its directory and the ambient state of that version."""
     wire = [(g.blob, list(g.names)) for g in groups]
     if first is None:
         return Load(wire, imports)
-    return Load(wire, imports, cwd=cwd, ambient=first.ambient)
+    return Load(wire, imports, cwd=cwd, ambient=first.ambient, account=account)
 
 
 class HostAgent:
     """One session's worker on this host, from its draft to its last cell."""
 
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
-                 keeper: Keeper, interrupt_grace: float = 5.0) -> None:
+                 keeper: Keeper, interrupt_grace: float = 5.0,
+                 account: Account | None = None) -> None:
         self.name, self.cwd, self.store = name, cwd, store
+        self.account = account  # the OS user its workers become, on a host serving several
         self.pool, self.leases, self.keeper = pool, leases, keeper
         self.interrupt_grace = interrupt_grace
         self.prepared: Life | None = None  # the worker readied for the session's next cell
@@ -92,7 +95,7 @@ class HostAgent:
                                                 frozenset(head.manifest.modules))
             try:
                 await self._load(life, worker, _load(needs.groups, needs.imports, start,
-                                                     self.cwd), events)
+                                                     self.cwd, self.account), events)
             except BaseException:
                 await worker.close()
                 raise

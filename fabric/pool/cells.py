@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from .. import notices
 from ..closure import CellPlan, Closure
 from ..snapshot import Manifest
+from ..worker.account import Account as Account  # the user a session's workers run as
 from ..worker.messages import Done
 
 log = logging.getLogger(__name__)

@@ -104,14 +104,26 @@ def _load_key(path: Path) -> bytes:
 class Store:
     """Blobs, objects, signed manifests and session heads, behind a memory cache."""
 
-    def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK) -> None:
+    def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
+                 key: bytes | None = None, signs: bool = True) -> None:
+        """`key`: the signing key of the store this one is a user's part of (else the root's
+        own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
+        reads the key (user code could read it from the worker's memory)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.disk = DiskTier(self.root / "blobs")
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
-        self._key = _load_key(self.root / "key")
+        self._key = (key or _load_key(self.root / "key")) if signs else None
+
+    @property
+    def key(self) -> bytes:
+        """The signing key, for the users' parts of this store (`fabric.users`)."""
+        if self._key is None:
+            raise StoreError("this view of the store holds no signing key: only the server "
+                             "signs manifests")
+        return self._key
 
     # blobs
     def _checked(self, ident: str) -> str:
@@ -308,7 +320,7 @@ class Store:
 
     # manifests
     def _sign(self, body: bytes) -> bytes:
-        return hmac.new(self._key, body, hashlib.sha256).digest()
+        return hmac.new(self.key, body, hashlib.sha256).digest()
 
     def put_manifest(self, body: bytes) -> str:
         data = _MANIFEST + self._sign(body) + body

@@ -121,9 +121,11 @@ class DiskTier:
         self.path(ident).unlink(missing_ok=True)
 
     def files(self) -> Iterator[Path]:
-        """Every file under the tier: blobs, and temp files a crash may have left."""
+        """Every file under the tier: blobs, and temp files a crash may have left. A shard
+        that is a link is no part of it (a user who owns the folder could point one at another
+        user's blobs, for gc to delete)."""
         for shard in sorted(self.root.iterdir()):
-            if shard.is_dir() and len(shard.name) == 2:
+            if shard.is_dir() and not shard.is_symlink() and len(shard.name) == 2:
                 yield from sorted(shard.iterdir())
 
     def idents(self) -> Iterator[str]:

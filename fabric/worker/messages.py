@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from .. import typed
 from ..errors import ProtocolError
 from ..snapshot.commit import Report
+from .account import Account
 
 Groups = list[tuple[str, list[str]]]  # [blob, names] of each group to load
 
@@ -53,14 +54,16 @@ def _plain(record: Any) -> dict:
 
 @dataclass(frozen=True)
 class Load(Message):
-    """Load groups and imports; the first load of a worker also sets its directory and ambient
-    state (`cwd`, `ambient`: the blob of the session's ambient state)."""
+    """Load groups and imports; the first load of a worker also sets its user (`account`, on a
+    host serving several users), directory and ambient state (`cwd`, `ambient`: the blob of the
+    session's ambient state)."""
 
     op: ClassVar[str] = "load"
     groups: Groups = field(default_factory=list)
     imports: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     ambient: str | None = None
+    account: Account | None = None
 
 
 @dataclass(frozen=True)

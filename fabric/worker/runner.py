@@ -10,7 +10,9 @@ has saved the state the cell may have changed; ``sleeping`` before it sleeps and
 once woken on its new endpoint. What llfabric itself has to say (a long save's progress) goes in
 ``notice`` frames (``topic``, ``text``), never in the cell's outputs. A cell's input() or
 getpass() sends ``input`` and waits for the server's ``input_reply`` (``value``, or ``error``).
-Blobs go straight to the store; the server alone commits manifests.
+Blobs go straight to the store (on a host serving several users, the session's user's part of
+it: the worker runs as that user from its first load); the server alone signs and commits
+manifests, and a worker never reads the store's key.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
 from . import threads, wake
+from .account import Account, become
 from .fdcapture import FdCapture
 from .messages import (
     TO_WORKER,
@@ -176,6 +179,8 @@ class Worker:
         start = time.monotonic()
         ns = self.shell.user_ns
         try:
+            if message.account is not None and not self.restored_ambient:
+                self._become(message.account)
             if message.cwd is not None and not self.restored_ambient:
                 os.chdir(message.cwd)
                 sys.path.insert(0, message.cwd)
@@ -205,6 +210,13 @@ class Worker:
         except Exception as exc:  # reported to the user as the cell's error, never hidden
             return Loaded(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         return Loaded(seconds=time.monotonic() - start)
+
+    def _become(self, account: Account) -> None:
+        """Run as the session's user from now on, writing only into their part of the store."""
+        become(account)
+        self.base_environ.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
+        self.store = Store(Path(account.store), signs=False)
+        self.saver = DeltaSaver(self.store)
 
     def run(self, message: Run) -> Done:
         if message.device:  # the leased GPUs; CUDA reads them when it first initializes
@@ -328,6 +340,6 @@ def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
     wake.block()  # before any thread starts, so that every thread inherits it blocked
     channel = _Channel(endpoint)
     try:
-        Worker(shell, channel, Store(Path(store_root))).serve()
+        Worker(shell, channel, Store(Path(store_root), signs=False)).serve()
     finally:
         channel.close()

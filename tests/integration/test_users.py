@@ -1,0 +1,176 @@
+"""A host serving several users (`users = "separate"`): two real OS users, each client connecting
+as its own user over ipc://; each user's cells run as that user, and one user's cell reaches
+nothing of the other's: blobs, manifests, working files, the store's key, worker, sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import RunningServer, execute, serving, text
+
+from fabric.client import Client
+from fabric.errors import RemoteError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def two_users() -> Iterator[list[pwd.struct_passwd]]:
+    """Two real OS users with homes closed to others: only root can make them."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("two OS users need root and useradd to create")
+    names = [f"llfu{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    try:
+        for name in names:
+            subprocess.run(["useradd", "-m", "-s", "/usr/sbin/nologin", name], check=True)
+            os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
+        users = [pwd.getpwnam(name) for name in names]
+        _require_readable_python(users[0])
+        yield users
+    finally:
+        for name in names:
+            subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+
+
+def _require_readable_python(user: pwd.struct_passwd) -> None:
+    """A worker dropped to a user imports what its cells need as that user: skip where this
+    Python or the checkout lies where other users cannot read (as under a 0700 /root)."""
+    probe = "import html, fabric.worker.runner"
+    try:
+        ok = subprocess.run([sys.executable, "-c", probe], user=user.pw_uid, group=user.pw_gid,
+                            extra_groups=[], cwd="/", capture_output=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode == 0
+    except PermissionError:
+        ok = False
+    if not ok:
+        pytest.skip(f"other users cannot run this Python ({sys.executable}) or read {ROOT}: a "
+                    "shared host installs llfabric where every user can read it")
+
+
+@pytest.fixture(scope="module")
+def server(two_users) -> Iterator[RunningServer]:
+    """A server for several users; its socket in a folder the admin lets local users reach."""
+    shared = Path(tempfile.mkdtemp(prefix="llf-", dir="/tmp"))
+    store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        with serving(store, bind=f"ipc://{shared}/s.sock", users="separate") as running:
+            (shared / "s.sock").chmod(0o666)
+            yield running
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _as(user: pwd.struct_passwd, address: str, calls: Callable[[Client], object]) -> object:
+    """What `calls` returns in a client running as `user` (a forked child that drops to the
+    user before it opens any socket), as JSON; a RemoteError as its kind."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            with Client(address, timeout=60) as client:
+                try:
+                    result = calls(client)
+                except RemoteError as exc:
+                    result = {"error": exc.kind}
+            os.write(write, json.dumps(result).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    return json.loads(out)
+
+
+def _cell(session: str, source: str) -> Callable[[Client], object]:
+    def calls(client: Client) -> object:
+        client.call("open", session=session)
+        reply, outputs = execute(client, session, source)
+        return {"status": reply["status"], "text": text(outputs)}
+    return calls
+
+
+ATTACK = r"""
+import ctypes, json, os, signal
+tried = {}
+def attempt(what, action):
+    try:
+        action()
+        tried[what] = "done"
+    except OSError as exc:
+        tried[what] = type(exc).__name__
+for what, path in PATHS.items():
+    attempt(what, lambda path=path: open(path, "rb").read())
+attempt("list blobs", lambda: os.listdir(BLOBS))
+attempt("signal", lambda: os.kill(PID, signal.SIGTERM))
+libc = ctypes.CDLL(None, use_errno=True)
+def trace():
+    if libc.ptrace(16, PID, None, None) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+attempt("ptrace", trace)
+print(json.dumps(tried))
+"""
+
+
+def test_each_users_cells_run_as_them_and_reach_nothing_of_anothers(
+        two_users, server: RunningServer) -> None:
+    alice, bob = two_users
+    ran = _as(alice, server.address, _cell(
+        "analysis", "import os\nsecret = 'only alice'\nopen('notes.txt', 'w').write(secret)\n"
+                    "print(os.getuid(), os.getgid(), os.getpid(), os.getcwd())"))
+    assert ran["status"] == "ok", ran
+    uid, gid, pid, cwd = ran["text"].split()
+    assert (int(uid), int(gid), cwd) == (alice.pw_uid, alice.pw_gid, alice.pw_dir)
+
+    part = server.store / "users" / alice.pw_name
+    blobs = [p for p in (part / "blobs").rglob("*") if p.is_file()]
+    manifests = list((part / "manifests").iterdir())
+    assert blobs and manifests
+    assert {p.stat().st_uid for p in blobs} == {alice.pw_uid}  # her worker wrote them
+    paths = {"blob": str(blobs[0]), "manifest": str(manifests[0]),
+             "key": str(server.store / "key"), "working file": f"{alice.pw_dir}/notes.txt",
+             "memory": f"/proc/{pid}/mem"}
+    attack = f"PATHS = {paths!r}\nBLOBS = {str(part / 'blobs')!r}\nPID = {pid}\n" + ATTACK
+    tried = _as(bob, server.address, _cell("analysis", attack))
+    assert tried["status"] == "ok", tried
+    assert json.loads(tried["text"]) == {
+        "blob": "PermissionError", "manifest": "PermissionError", "key": "PermissionError",
+        "working file": "PermissionError", "memory": "PermissionError",
+        "list blobs": "PermissionError", "signal": "PermissionError", "ptrace": "PermissionError"}
+
+    def status(client: Client) -> object:
+        seen = client.call("status")
+        return {"sessions": [(s["session"], s["version"]) for s in seen["sessions"]],
+                "names her": alice.pw_name in json.dumps(seen)}
+
+    assert _as(bob, server.address, status) == {"sessions": [["analysis", 1]],
+                                                 "names her": False}
+    # her session is untouched: the same worker, her value, her file
+    again = _as(alice, server.address, _cell(
+        "analysis", "import os\nprint(secret, os.getpid(), open('notes.txt').read())"))
+    assert again["text"].split() == ["only", "alice", pid, "only", "alice"]
+
+
+def test_a_user_without_an_os_account_or_root_runs_nothing(server: RunningServer) -> None:
+    with server.client() as root:
+        with pytest.raises(RemoteError) as refused:
+            root.call("open", session="mine")
+        assert refused.value.kind == "forbidden"
