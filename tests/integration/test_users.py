@@ -11,12 +11,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import RunningServer, execute, serving, text
+from helpers import RunningServer, execute, require_criu, serving, text
 
 from fabric.client import Client
 from fabric.errors import RemoteError
@@ -91,6 +93,8 @@ def _as(user: pwd.struct_passwd, address: str, calls: Callable[[Client], object]
                     result = {"error": exc.kind}
             os.write(write, json.dumps(result).encode())
             code = 0
+        except BaseException:
+            traceback.print_exc()
         finally:
             os._exit(code)
     os.close(write)
@@ -174,3 +178,41 @@ def test_a_user_without_an_os_account_or_root_runs_nothing(server: RunningServer
         with pytest.raises(RemoteError) as refused:
             root.call("open", session="mine")
         assert refused.value.kind == "forbidden"
+
+
+def test_a_template_copy_runs_as_its_user_too(two_users) -> None:
+    """A template's copy (a dormant worker CRIU-dumped as the server's user) becomes the user
+    at its first load, as a fork does."""
+    require_criu("templates")
+    alice = two_users[0]
+    store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
+    shared = Path(tempfile.mkdtemp(prefix="llf-", dir="/tmp"))
+
+    def cells(client: Client) -> object:
+        seen = []
+        for i in range(30):  # fresh sessions until one's worker is a template's copy
+            client.call("open", session=f"s{i}")
+            seen.append(_run(client, f"s{i}", "import os\nprint(os.getuid(), os.getcwd())"))
+            if seen[-1][0] == "template":
+                break
+            time.sleep(1)
+        return seen
+
+    try:
+        shared.chmod(0o755)
+        with serving(store, bind=f"ipc://{shared}/s.sock", users="separate", keep_warm=0,
+                     worker_source="template") as running:
+            (shared / "s.sock").chmod(0o666)
+            seen = _as(alice, running.address, cells)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+    assert seen[-1] == ["template", f"{alice.pw_uid} {alice.pw_dir}\n"], seen
+    assert {out for _, out in seen} == {f"{alice.pw_uid} {alice.pw_dir}\n"}, seen
+
+
+def _run(client: Client, session: str, source: str) -> list[str]:
+    """Where the cell's worker came from, and the cell's text output."""
+    reply, outputs = execute(client, session, source)
+    assert reply["status"] == "ok", text(outputs)
+    return [reply["source"], text(outputs)]
