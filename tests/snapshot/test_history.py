@@ -161,3 +161,16 @@ def test_lineage_names_the_cells_that_made_unsaved_state(tmp_path) -> None:
     assert history.lineage(store, "s", ["gen"]) == [2, 4]
     assert history.recompute_hint(store, "s", ["gen"]) == " (re-run cells 2, 4 to recompute them)"
     assert history.recompute_hint(store, "s", ["never"]) == ""
+
+
+def test_gc_never_collects_through_a_shard_that_is_a_link(tmp_path) -> None:
+    """A user owns their part's blobs/ and could link a shard of it to another user's: gc of
+    their part must not delete the other's blobs, which their history does not name."""
+    theirs = Store(tmp_path / "a", chunk=CHUNK)
+    commit_values(theirs, "s", x="a's state")
+    blob = next(p for p in (tmp_path / "a" / "blobs").rglob("*") if p.is_file())
+    mine = Store(tmp_path / "b", chunk=CHUNK)
+    (tmp_path / "b" / "blobs" / blob.parent.name).symlink_to(blob.parent)
+    _age_all(tmp_path / "a", 2 * history.GRACE_SECONDS)
+    history.gc(mine)
+    assert blob.exists()

@@ -270,3 +270,14 @@ def test_decode_wrong_format_raises(changes: dict) -> None:
 def test_decode_wrong_field_types_raise(changes: dict) -> None:
     with pytest.raises(StoreError, match="malformed"):
         Manifest.decode(_raw(**changes))
+
+
+def test_a_view_that_does_not_sign_never_reads_the_key(tmp_path) -> None:
+    """A worker's view of the store: blobs only; user code could read a key from its memory."""
+    Store(tmp_path)  # the server's, which makes the key
+    (tmp_path / "key").unlink()
+    view = Store(tmp_path, signs=False)
+    assert not (tmp_path / "key").exists()  # not made either
+    assert view.get(view.put(b"blob")) == b"blob"
+    with pytest.raises(StoreError, match="only the server signs"):
+        view.put_manifest(b"forged")

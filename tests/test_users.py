@@ -1,0 +1,53 @@
+"""The store's layout on a host serving several users, and the mode's checks (the two-user
+behaviour itself: tests/integration/test_users.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from fabric import users
+from fabric.errors import ConfigError, Forbidden, UnsafePath
+
+UID, GID = 4242, 4243  # any ids: a part is made for a uid, whether or not it has a name
+
+
+def _mode(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_uid, stat.S_IMODE(st.st_mode)
+
+
+def test_single_is_the_default_and_a_mode_is_checked() -> None:
+    assert users.check_mode("single") is False
+    with pytest.raises(ConfigError, match="users must be one of"):
+        users.check_mode("shared")
+
+
+def test_root_and_users_without_an_account_run_nothing(tmp_path: Path) -> None:
+    with pytest.raises(Forbidden, match="no user code as root"):
+        users.account("root", tmp_path)
+    with pytest.raises(Forbidden, match="no OS account"):
+        users.account("no-such-user-here", tmp_path)
+    assert not (tmp_path / "users").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a part owned by another user needs root")
+def test_a_users_part_is_theirs_alone_and_the_rest_is_passed_through(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    part = users.part(store, "alice", UID, GID)
+    me = os.geteuid()
+    assert [_mode(p) for p in (store, store / "users", part)] == [(me, 0o711)] * 3
+    assert _mode(part / "blobs") == (UID, 0o700)
+    assert users.part(store, "alice", UID, GID) == part  # checked, not remade
+    (part / "blobs").chmod(0o755)  # she opened it: refused until she closes it again
+    with pytest.raises(UnsafePath, match="lets other users in"):
+        users.part(store, "alice", UID, GID)
+    with pytest.raises(UnsafePath, match="belongs to uid"):  # someone else's folder
+        users.part(store, "alice", UID + 1, GID)
+    found = users.stores(users.Store(store))
+    assert [s.root for s in found] == [store, part]
+    assert len({s.key for s in found}) == 1  # one key signs every part
