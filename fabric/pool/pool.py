@@ -288,6 +288,11 @@ class Pool:
         self.pressure_percent = pressure_percent
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
+        # A worker running as its session's user reconnects here after a cool restore: it
+        # passes through (0711) to the socket given to it (`_give`), never into the images.
+        for images in ("templates", "cool"):
+            (self.socket_dir / images).mkdir(mode=0o700)
+        os.chmod(self.socket_dir, 0o711)
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
         self.zygotes: dict[frozenset[str], ZygoteHandle] = {}
         self.workers: dict[int, WorkerHandle] = {}
@@ -450,6 +455,7 @@ class Pool:
         worker.process = pid
         worker.parked, worker.device = parked, device
         try:
+            _give(worker.path, pid)
             worker.watch(root, init)
             os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
             await self._hello(worker)
@@ -570,6 +576,17 @@ def _moves(parked: str | None, leased: str | None) -> dict[str, str] | None:
         raise ParkFailed(f"the worker was parked off {len(old)} GPUs and its cell leased "
                          f"{len(new)}")
     return {a: b for a, b in zip(old, new, strict=True) if a != b}
+
+
+def _give(path: Path, pid: int) -> None:
+    """Let the restored worker `pid` connect to its socket at `path`, which only its user can:
+    one that runs as its session's user could not connect to one of the server's."""
+    try:
+        uid = psutil.Process(pid).uids().real
+    except psutil.Error as exc:
+        raise WorkerDied(f"restored worker {pid} is gone: {exc}", pid=pid) from exc
+    if uid != os.geteuid():
+        os.chown(path, uid, -1)
 
 
 def _unique_memory(pid: int) -> int:
