@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import RunningServer, execute, require_criu, serving, text
 
+from fabric.auth import Keys, write_client_key
 from fabric.client import Client
 from fabric.errors import RemoteError
 
@@ -216,3 +218,28 @@ def _run(client: Client, session: str, source: str) -> list[str]:
     reply, outputs = execute(client, session, source)
     assert reply["status"] == "ok", text(outputs)
     return [reply["source"], text(outputs)]
+
+
+def test_a_client_key_runs_cells_as_the_os_account_its_user_names(
+        two_users, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over tcp://, the user a key is admitted as is the OS account of that name, whoever the
+    client process runs as (here root)."""
+    alice = two_users[0]
+    key = Keys(tmp_path).new_client(alice.pw_name)
+    write_client_key(tmp_path / "client.key", key)  # the readiness ping reads it
+    monkeypatch.setenv("LLFABRIC_KEY_DIR", str(tmp_path))
+    store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
+    try:
+        with serving(store, bind=f"tcp://127.0.0.1:{_port()}", users="separate") as running, \
+                Client(running.address, timeout=60, key=key) as client:
+            client.call("open", session="remote")
+            assert _run(client, "remote", "import os\nprint(os.getuid())")[1] == \
+                f"{alice.pw_uid}\n"
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
