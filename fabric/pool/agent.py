@@ -23,7 +23,7 @@ from ..closure import Closure, closure, plan
 from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
 from ..snapshot import Group, Manifest, Store, history, lineage
 from ..worker.account import Account
-from ..worker.messages import Load, Loaded, Notice, Run
+from ..worker.messages import Become, Load, Loaded, Notice, Run
 from .cells import Cell, Commit, Events, Head, Ran
 from .leases import Leases
 from .lifecycle import Keeper, Life, Stage
@@ -43,13 +43,13 @@ def _union(closures: list[Closure]) -> Closure:
 
 
 def _load(groups: list[Group] | tuple[Group, ...], imports: dict[str, str],
-          first: Manifest | None, cwd: str, account: Account | None = None) -> Load:
-    """The load of `groups` and `imports`; the `first` of a worker sets its user (`account`),
-    its directory and the ambient state of that version."""
+          first: Manifest | None, cwd: str) -> Load:
+    """The load of `groups` and `imports`; the `first` of a worker sets its directory and the
+    ambient state of that version."""
     wire = [(g.blob, list(g.names)) for g in groups]
     if first is None:
         return Load(wire, imports)
-    return Load(wire, imports, cwd=cwd, ambient=first.ambient, account=account)
+    return Load(wire, imports, cwd=cwd, ambient=first.ambient)
 
 
 class HostAgent:
@@ -94,8 +94,10 @@ class HostAgent:
             worker = await self.pool.new_worker(cl.modules | needs.modules,
                                                 frozenset(head.manifest.modules))
             try:
+                if self.account is not None:  # never deferred: before anything of the session
+                    await self._send_load(worker, Become(self.account), events)
                 await self._load(life, worker, _load(needs.groups, needs.imports, start,
-                                                     self.cwd, self.account), events)
+                                                     self.cwd), events)
             except BaseException:
                 await worker.close()
                 raise
@@ -140,7 +142,8 @@ class HostAgent:
             return
         await self._send_load(worker, message, events)
 
-    async def _send_load(self, worker: WorkerHandle, message: Load, events: Events) -> None:
+    async def _send_load(self, worker: WorkerHandle, message: Load | Become,
+                         events: Events) -> None:
         await worker.send(message)
         reply = await worker.recv()
         while isinstance(reply, Notice):  # a long load's progress, before any cell runs

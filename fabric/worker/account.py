@@ -1,10 +1,11 @@
 """The OS account a worker runs its cells as, on a host serving several users, and the drop to it.
 
 A worker starts as the server's user (a zygote's fork, a template's copy, a cold start); its
-first load names the session's account, and the worker becomes that user before it loads or runs
-anything of the session's: supplementary groups, then gid, then uid (the order in which each
-step is still permitted), for good: real, effective and saved ids alike. It then makes itself
-non-dumpable, so that no other user's process may trace it or read its memory through /proc.
+first message (`Become`) names the session's account, and the worker becomes that user before
+it loads or runs anything of the session's: supplementary groups, then gid, then uid (the order
+in which each step is still permitted), for good: real, effective and saved ids alike. It then
+makes itself non-dumpable, so that no other user's process may trace it or read its memory
+through /proc.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ messages as these dataclasses and read them back with `decode`, which checks eve
 a message that is malformed, or whose `op` is unknown, raises `ProtocolError` and is never
 dropped or half-read.
 
-A cell, as the server drives it: `Load` (0..n, each answered by `Loaded`, with `Notice`s of a
+A cell, as the server drives it: on a host serving several users, a fresh worker's `Become`
+first; `Load` (0..n, each answered by `Loaded`, with `Notice`s of a
 long load's progress before it), then `Run`, answered by `Started`, `Output`s, `Notice`s,
 `Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
 as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Sleep` -> `Sleeping` takes a worker
@@ -54,16 +55,24 @@ def _plain(record: Any) -> dict:
 
 @dataclass(frozen=True)
 class Load(Message):
-    """Load groups and imports; the first load of a worker also sets its user (`account`, on a
-    host serving several users), directory and ambient state (`cwd`, `ambient`: the blob of the
-    session's ambient state)."""
+    """Load groups and imports; the first load of a worker also sets its directory and ambient
+    state (`cwd`, `ambient`: the blob of the session's ambient state)."""
 
     op: ClassVar[str] = "load"
     groups: Groups = field(default_factory=list)
     imports: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     ambient: str | None = None
-    account: Account | None = None
+
+
+@dataclass(frozen=True)
+class Become(Message):
+    """Run as the session's user from now on (on a host serving several users): a fresh
+    worker's first message, before anything of the session is loaded or run. Answered by
+    `Loaded` (with the error, if the worker could not)."""
+
+    op: ClassVar[str] = "become"
+    account: Account
 
 
 @dataclass(frozen=True)
@@ -208,7 +217,7 @@ class Refused(Message):
     message: str
 
 
-TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Sleep, Exit)}
+TO_WORKER = {m.op: m for m in (Become, Load, Run, Settle, InputReply, Sleep, Exit)}
 FROM_WORKER = {m.op: m for m in (Hello, Loaded, Started, Saving, Output, Notice, Input, Done,
                                  Settled, Sleeping, Refused)}
 

@@ -1,18 +1,19 @@
 """The worker runtime: the code a forked worker runs, talking to the server over one PAIR socket.
 
-Messages from the server: ``load`` (groups, imports and ambient state to put in the namespace),
-``run`` (a cell; with ``replay``, a cell run again to rebuild what could not be saved: nothing
-is saved after it), ``settle`` (after a replay: make the namespace the head's, see `settle`),
-``sleep`` (close the socket and wait to be dumped; see `wake`), ``exit``.
-The worker answers ``hello`` once connected, ``loaded`` after a load, ``output`` frames while a
-cell runs, ``started`` when user code starts, ``saving`` when it has ended and ``done`` after it
-has saved the state the cell may have changed; ``sleeping`` before it sleeps and ``hello`` again
-once woken on its new endpoint. What llfabric itself has to say (a long save's progress) goes in
-``notice`` frames (``topic``, ``text``), never in the cell's outputs. A cell's input() or
-getpass() sends ``input`` and waits for the server's ``input_reply`` (``value``, or ``error``).
-Blobs go straight to the store (on a host serving several users, the session's user's part of
-it: the worker runs as that user from its first load); the server alone signs and commits
-manifests, and a worker never reads the store's key.
+Messages from the server: ``become`` (on a host serving several users, a fresh worker's
+first: run as the session's user from now on), ``load`` (groups, imports and ambient state to
+put in the namespace), ``run`` (a cell; with ``replay``, a cell run again to rebuild what could
+not be saved: nothing is saved after it), ``settle`` (after a replay: make the namespace the
+head's, see `settle`), ``sleep`` (close the socket and wait to be dumped; see `wake`), ``exit``.
+The worker answers ``hello`` once connected, ``loaded`` after a become or a load, ``output``
+frames while a cell runs, ``started`` when user code starts, ``saving`` when it has ended and
+``done`` after it has saved the state the cell may have changed; ``sleeping`` before it sleeps
+and ``hello`` again once woken on its new endpoint. What llfabric itself has to say (a long
+save's progress) goes in ``notice`` frames (``topic``, ``text``), never in the cell's outputs.
+A cell's input() or getpass() sends ``input`` and waits for the server's ``input_reply``
+(``value``, or ``error``). Blobs go straight to the store (on a host serving several users, the
+session's user's part of it: the worker runs as that user before it loads anything); the server
+alone signs and commits manifests, and a worker never reads the store's key.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
 from . import threads, wake
-from .account import Account, become
+from .account import become
 from .fdcapture import FdCapture
 from .messages import (
     TO_WORKER,
+    Become,
     Done,
     Exit,
     Hello,
@@ -116,6 +118,7 @@ class Worker:
         self.owned: set[str] = set()
         self.saver = DeltaSaver(store)
         self.restored_ambient = False
+        self.became = False  # runs as its session's user (`become`)
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
         self.base_environ = dict(os.environ)
         self.threads = threads.Threads()
@@ -157,7 +160,8 @@ class Worker:
     def serve(self) -> None:
         threading.Thread(target=self._flush_forever, daemon=True).start()
         self.channel.send(Hello(os.getpid()))
-        handlers = {Load: self.load, Run: self.run, Settle: self.settle, Sleep: self.sleep}
+        handlers = {Become: self.become, Load: self.load, Run: self.run, Settle: self.settle,
+                    Sleep: self.sleep}
         while True:
             try:
                 message = self.channel.recv()
@@ -179,8 +183,6 @@ class Worker:
         start = time.monotonic()
         ns = self.shell.user_ns
         try:
-            if message.account is not None and not self.restored_ambient:
-                self._become(message.account)
             if message.cwd is not None and not self.restored_ambient:
                 os.chdir(message.cwd)
                 sys.path.insert(0, message.cwd)
@@ -211,12 +213,21 @@ class Worker:
             return Loaded(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         return Loaded(seconds=time.monotonic() - start)
 
-    def _become(self, account: Account) -> None:
-        """Run as the session's user from now on, writing only into their part of the store."""
-        become(account)
+    def become(self, message: Become) -> Loaded | Refused:
+        """Run as the session's user from now on, writing only into their part of the store;
+        once, before anything of the session is loaded."""
+        if self.restored_ambient or self.became:
+            return Refused("a worker becomes its session's user once, before its first load")
+        account = message.account
+        try:
+            become(account)
+        except Exception as exc:  # the server closes a worker that could not
+            return Loaded(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        self.became = True
         self.base_environ.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
         self.store = Store(Path(account.store), signs=False)
         self.saver = DeltaSaver(self.store)
+        return Loaded()
 
     def run(self, message: Run) -> Done:
         if message.device:  # the leased GPUs; CUDA reads them when it first initializes

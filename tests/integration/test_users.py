@@ -184,7 +184,7 @@ def test_a_user_without_an_os_account_or_root_runs_nothing(server: RunningServer
 
 def test_a_template_copy_runs_as_its_user_too(two_users) -> None:
     """A template's copy (a dormant worker CRIU-dumped as the server's user) becomes the user
-    at its first load, as a fork does."""
+    before anything of the session reaches it, as a fork does."""
     require_criu("templates")
     alice = two_users[0]
     store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
