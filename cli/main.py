@@ -20,6 +20,8 @@ from fabric.notebook import notebook_gpus, read_notebook, run_notebook, timings_
 from fabric.protocol import as_session_name
 
 from .common import client_of, config
+from .host import doctor as doctor_command
+from .host import service as service_group
 from .keys import keys as keys_group
 from .status import status as status_command
 from .store import store as store_group
@@ -187,6 +189,8 @@ def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
 main.add_command(status_command)
 main.add_command(keys_group)
 main.add_command(store_group)
+main.add_command(doctor_command)
+main.add_command(service_group)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ class Config:
     # silent for heartbeat_timeout seconds, or gone, has its running cell stopped. 0: off
     heartbeat: int = 2
     heartbeat_timeout: int = 10
+    metrics_bind: str = ""  # HOST:PORT where Prometheus scrapes /metrics; empty: not served
     user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
     # "single": every cell runs as the server's user (a laptop, CI); "separate": each user's
     # cells run as their OS user, their state in their own part of the store (`fabric.users`)

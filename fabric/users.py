@@ -33,7 +33,7 @@ def check_mode(mode: str) -> bool:
         raise ConfigError(f"users must be one of {', '.join(MODES)}, not {mode!r}", key="users")
     if mode == "single":
         return False
-    missing = [name for bit, name in _NEEDED.items() if not _effective() >> bit & 1]
+    missing = [name for bit, name in _NEEDED.items() if not effective_capabilities() >> bit & 1]
     if missing:
         raise ConfigError(f"users = \"separate\" runs each user's cells as that user, and this "
                           f"server lacks {', '.join(missing)}: run it as root, or grant it those "
@@ -41,7 +41,8 @@ def check_mode(mode: str) -> bool:
     return True
 
 
-def _effective() -> int:
+def effective_capabilities() -> int:
+    """This process's effective capability set, as a bit mask (linux/capability.h)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("CapEff:"):
             return int(line.split()[1], 16)
