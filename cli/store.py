@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from fabric import users
 from fabric.client import Client
 from fabric.errors import FabricError, UnknownSession
 from fabric.snapshot import Manifest, Store, history
@@ -139,18 +140,21 @@ def store_rm(session: str, path: str | None) -> None:
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Another store to take good copies from (repeatable).")
 def store_verify(path: str | None, repair: bool, sources: tuple[Path, ...]) -> None:
-    """Check every manifest's signature, every blob's hash, every session's history."""
-    result = history.verify(_store(path), repair,
-                            [DiskTier(source / "blobs") for source in sources])
-    for ident in result.repaired:
-        click.echo(f"repaired blob {ident}")
-    for problem in result.problems:
-        click.echo(problem, err=True)
-    for session, held in sorted(result.held.items(), key=lambda item: -item[1]):
-        click.echo(f"session {session} holds {mb(held)}")
-    click.echo(f"{result.manifests} manifests, {result.blobs} blobs ({mb(result.bytes)}): "
-               f"{len(result.problems)} problems")
-    sys.exit(1 if result.problems else 0)
+    """Check every manifest's signature, every blob's hash, every session's history (in each
+    user's part of the store too)."""
+    problems = 0
+    for part in users.stores(_store(path)):
+        result = history.verify(part, repair, [DiskTier(source / "blobs") for source in sources])
+        for ident in result.repaired:
+            click.echo(f"repaired blob {ident}")
+        for problem in result.problems:
+            click.echo(problem, err=True)
+        for session, held in sorted(result.held.items(), key=lambda item: -item[1]):
+            click.echo(f"session {session} holds {mb(held)}")
+        click.echo(f"{part.root}: {result.manifests} manifests, {result.blobs} blobs "
+                   f"({mb(result.bytes)}): {len(result.problems)} problems")
+        problems += len(result.problems)
+    sys.exit(1 if problems else 0)
 
 
 @store.command("gc")
@@ -160,20 +164,21 @@ def store_verify(path: str | None, repair: bool, sources: tuple[Path, ...]) -> N
 @click.option("--keep-all", is_flag=True, help="Thin no history: free only what none names.")
 def store_gc(path: str | None, grace: float, keep_all: bool) -> None:
     """Thin each session's history by its retention policy, then remove what no session's
-    history needs; safe while servers run."""
+    history needs (in each user's part of the store too); safe while servers run."""
     configured = config(path)
-    store, keep = Store(configured.store), configured.policy
-    for session in [] if keep_all else store.sessions():
-        try:
-            thinned = history.retain(store, session, keep)
-        except FabricError as exc:
-            click.echo(f"session {session}: {exc.message}; nothing of it thinned", err=True)
-            continue
-        if thinned:
-            click.echo(f"session {session}: thinned {len(thinned)} versions")
-    result = history.gc(store, grace)
-    for session, why in result.damaged.items():
-        click.echo(f"session {session} is damaged ({why}); every version of it that still "
-                   "reads was kept", err=True)
-    click.echo(f"removed {result.removed} files ({mb(result.freed)}), kept {result.kept} "
-               f"({mb(result.kept_bytes)})")
+    keep = configured.policy
+    for store in users.stores(Store(configured.store)):
+        for session in [] if keep_all else store.sessions():
+            try:
+                thinned = history.retain(store, session, keep)
+            except FabricError as exc:
+                click.echo(f"session {session}: {exc.message}; nothing of it thinned", err=True)
+                continue
+            if thinned:
+                click.echo(f"session {session}: thinned {len(thinned)} versions")
+        result = history.gc(store, grace)
+        for session, why in result.damaged.items():
+            click.echo(f"session {session} is damaged ({why}); every version of it that still "
+                       "reads was kept", err=True)
+        click.echo(f"removed {result.removed} files ({mb(result.freed)}), kept {result.kept} "
+                   f"({mb(result.kept_bytes)})")

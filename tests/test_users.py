@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import commit_values
 
 from fabric import users
 from fabric.errors import ConfigError, Forbidden, UnsafePath
 
+ROOT = Path(__file__).resolve().parent.parent
 UID, GID = 4242, 4243  # any ids: a part is made for a uid, whether or not it has a name
 
 
@@ -51,3 +55,24 @@ def test_a_users_part_is_theirs_alone_and_the_rest_is_passed_through(tmp_path: P
     found = users.stores(users.Store(store))
     assert [s.root for s in found] == [store, part]
     assert len({s.key for s in found}) == 1  # one key signs every part
+
+
+def test_store_verify_and_gc_cover_every_users_part(tmp_path: Path) -> None:
+    """The admin's `llfabric store verify` and `gc` reach the users' parts, not only the root."""
+    root = users.Store(tmp_path)
+    part = users.Store(tmp_path / "users" / "alice", key=root.key)
+    commit_values(part, "alice~s", x=1)
+    orphan = part.put(b"saved, never committed")
+    os.utime(part.disk.path(orphan), (0, 0))
+    verified = _cli("store", "verify", "--store", str(tmp_path))
+    assert verified.returncode == 0, verified.stderr
+    assert f"{part.root}: 1 manifests" in verified.stdout
+    (part.root / "manifests" / part.manifests()[0]).write_bytes(b"forged")
+    assert _cli("store", "verify", "--store", str(tmp_path)).returncode == 1
+    assert "removed 1 files" in _cli("store", "gc", "--store", str(tmp_path)).stdout
+    assert not part.has(orphan)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
