@@ -404,7 +404,8 @@ class Server:
                               "open sessions")
             account = self._account(user)  # Forbidden: no OS account, or root's
             cwd = cwd or (account.home if account is not None else os.getcwd())
-            if not os.path.isdir(cwd):
+            # a user's worker enters it as them: the server would tell whether others' exist
+            if account is None and not os.path.isdir(cwd):
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             session = Session(stored, cwd, self._store_of(user), self.pool, self.leases,
                               self.keeper, interrupt_grace=self.config.interrupt_grace,

@@ -169,6 +169,13 @@ def test_each_users_cells_run_as_them_and_reach_nothing_of_anothers(
 
     assert _as(bob, server.address, status) == {"sessions": [["analysis", 1]],
                                                  "names her": False}
+
+    def work_in_hers(client: Client) -> object:
+        client.call("open", session="hers", cwd=alice.pw_dir)
+        execute(client, "hers", "import os\nprint(os.listdir())")
+        return "entered"
+
+    assert _as(bob, server.address, work_in_hers) == {"error": "load"}  # never entered
     # her session is untouched: the same worker, her value, her file
     again = _as(alice, server.address, _cell(
         "analysis", "import os\nprint(secret, os.getpid(), open('notes.txt').read())"))
