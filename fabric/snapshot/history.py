@@ -194,7 +194,7 @@ def remove(store: Store, session: str) -> bool:
     with contextlib.suppress(StoreError):  # a damaged one is removed too; gc's grace frees it
         released = Index(thinned={i: time.time() for i, _ in log(store, session)})
         folder = store.root / "released"
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)  # closed: others pass through a user's part
         write_atomic(folder / f"{session}.{time.time_ns()}", released.encode())
     return store.remove_session(session)
 
