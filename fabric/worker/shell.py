@@ -173,5 +173,11 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     shell = ZMQInteractiveShell.instance(config=config, user_ns=user_ns)
     for name, command in default_aliases():  # as a kernel has them: nocolor drops ls's --color
         shell.alias_manager.soft_define_alias(name, command)
+    # A kernel's magics too: ipykernel's own (%clear, %less, %man...) and %store, the extension
+    # every IPython application loads; without them such a cell fails only on the fabric.
+    from ipykernel.zmqshell import KernelMagics
+
+    shell.register_magics(KernelMagics)
+    shell.extension_manager.load_extension("storemagic")
     shell.user_ns["__name__"] = "__main__"
     return shell

@@ -29,6 +29,14 @@ def test_shell_aliases_are_a_kernels(client: Client, session: str, tmp_path) -> 
     assert "\x1b[" in text(outputs) and "folder" in text(outputs)  # ls --color, as in a kernel
 
 
+def test_shell_magics_are_a_kernels(client: Client, session: str) -> None:
+    # ipykernel's magics and the storemagic extension, as %lsmagic lists them in a kernel
+    reply, outputs = execute(client, session, "%store")  # lists the store, writes nothing
+    assert reply["status"] == "ok" and "Stored variables" in text(outputs), outputs
+    _, outputs = execute(client, session, "%lsmagic")
+    assert {"%clear", "%less", "%man", "%autosave", "%store"} <= set(text(outputs).split())
+
+
 def test_each_cell_runs_in_a_new_process(client: Client, session: str) -> None:
     _, first = execute(client, session, "import os\nos.getpid()")
     _, second = execute(client, session, "os.getpid()")
