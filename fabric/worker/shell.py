@@ -174,7 +174,8 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     for name, command in default_aliases():  # as a kernel has them: nocolor drops ls's --color
         shell.alias_manager.soft_define_alias(name, command)
     # A kernel's magics too: ipykernel's own (%clear, %less, %man...) and %store, the extension
-    # every IPython application loads; without them such a cell fails only on the fabric.
+    # every IPython application loads; without them such a cell fails only on the fabric. With
+    # ipykernel's shell loaded, libraries that look for it (tqdm.auto) take a notebook for one.
     from ipykernel.zmqshell import KernelMagics
 
     shell.register_magics(KernelMagics)

@@ -37,6 +37,14 @@ def test_shell_magics_are_a_kernels(client: Client, session: str) -> None:
     assert {"%clear", "%less", "%man", "%autosave", "%store"} <= set(text(outputs).split())
 
 
+def test_libraries_see_a_kernel(client: Client, session: str) -> None:
+    # tqdm.auto draws a notebook progress bar where ipykernel's shell is loaded, as in a kernel
+    _, outputs = execute(client, session, "from tqdm.auto import tqdm\n"
+                                          "from tqdm.notebook import tqdm_notebook\n"
+                                          "issubclass(tqdm, tqdm_notebook)")
+    assert text(outputs) == "True\n"
+
+
 def test_each_cell_runs_in_a_new_process(client: Client, session: str) -> None:
     _, first = execute(client, session, "import os\nos.getpid()")
     _, second = execute(client, session, "os.getpid()")
