@@ -45,6 +45,14 @@ def test_libraries_see_a_kernel(client: Client, session: str) -> None:
     assert text(outputs) == "True\n"
 
 
+def test_what_a_kernel_pages_is_no_output(client: Client, session: str) -> None:
+    # `obj?` goes to a frontend's pager (a payload of a kernel's reply), not into the notebook
+    reply, outputs = execute(client, session, "len?")
+    assert reply["status"] == "ok"
+    [page] = outputs
+    assert page["output_type"] == "page" and "Return the number" in page["data"]["text/plain"]
+
+
 def test_each_cell_runs_in_a_new_process(client: Client, session: str) -> None:
     _, first = execute(client, session, "import os\nos.getpid()")
     _, second = execute(client, session, "os.getpid()")
