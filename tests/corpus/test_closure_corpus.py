@@ -46,6 +46,7 @@ VOLATILE_VARIABLES: dict[str, set[str]] = {
     # progress bars keep when they started and last drew, and their rates; a frame of unseeded
     # np.random.randint
     "tqdm/DEMO": {"pbar", "t", "bar", "df"},
+    "tqdm/tests_notebook": {"t"},
 }
 
 # Notebooks whose cells give other state on their closure alone through a fault of llfabric.

@@ -262,6 +262,9 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
         15: ("numbers", "a bar format showing a total time estimated from the time spent"),
         17: ("numbers", "a frame of unseeded np.random.randint"),
     },
+    "tqdm/tests_notebook": {
+        11: ("text", "a bar of fixed ncols: its width is what the rate's text, a timing, leaves"),
+    },
     "scipy-2018-sklearn/13.Cross_Validation": {
         16: ("text", "scores of a ShuffleSplit without random_state"),
     },
