@@ -35,8 +35,9 @@ from .protocol import valid_session_name
 
 Version = int | str  # a version number, or a name `Tag` gave one
 
+# nbformat's output types, what frontends apply to them, and what a kernel's pager shows
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
-                          "error", "clear_output"})
+                          "error", "clear_output", "page"})
 
 _WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an integer",
                              float: "a number", dict: "a map", Version: "an integer or a name"}

@@ -175,6 +175,9 @@ class Attachment:
     def _publish_output(self, output: dict, result: ExecutionResult) -> None:
         kind = output["output_type"]
         content = {k: v for k, v in output.items() if k != "output_type"}
+        if kind == "page":  # the kernel's execute reply carries it to the pager, as ipykernel's
+            self.shell.payload_manager.write_payload({"source": "page", **content})
+            return
         if kind == "error":
             traceback = content.get("traceback")
             self.shell._last_traceback = traceback if isinstance(traceback, list) else []
