@@ -1,5 +1,6 @@
-"""`llfabric`: serve, run, demo, audit, attach and kernelspec here; status, keys and store in
-their own modules. One group turns any command's FabricError into a click error."""
+"""`llfabric`: serve, run, demo, audit, attach and kernelspec here; status, keys, store,
+simulate and report in their own modules. One group turns any command's FabricError into a
+click error."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from fabric.notebook import read_notebook, run_notebook, timings_table
 from fabric.protocol import as_session_name
 
 from .common import client_of, config
+from .fleet import report as report_command
+from .fleet import simulate as simulate_command
 from .keys import keys as keys_group
 from .status import status as status_command
 from .store import store as store_group
@@ -181,6 +184,8 @@ def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
 main.add_command(status_command)
 main.add_command(keys_group)
 main.add_command(store_group)
+main.add_command(simulate_command)
+main.add_command(report_command)
 
 
 if __name__ == "__main__":

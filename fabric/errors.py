@@ -222,3 +222,10 @@ class AddressRefused(FabricError):
     """The server cannot serve on the address it was given (its scheme, or tcp without keys)."""
 
     kind = "address"
+
+
+class TraceError(FabricError):
+    """A fleet input that cannot be read: a malformed trace row, or a run directory without the
+    results a report needs (the file's fault; `path` and, for a row, `line` say where)."""
+
+    kind = "trace"
