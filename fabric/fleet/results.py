@@ -7,6 +7,7 @@ from .simulate import Outcome
 INTERACTIVE_S = 0.1  # a delay a user does not see
 CDF_POINTS = 400
 HOST_SAMPLES = 2000
+LEASES_KEPT = 30  # of each traced session: its first, enough to see the gaps between them
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -45,7 +46,7 @@ def figures(outcome: Outcome) -> dict:
         "delay_cdf": [[quantile(delays, i / CDF_POINTS), i / CDF_POINTS]
                       for i in range(CDF_POINTS + 1)] if cells else [],
         "hosts_over_time": [list(s) for s in _thin(outcome.samples, HOST_SAMPLES)],
-        "leases": {str(k): v for k, v in outcome.leases.items()},
+        "leases": {str(k): v[:LEASES_KEPT] for k, v in outcome.leases.items()},
     }
 
 
