@@ -49,6 +49,10 @@ INPUTS: dict[str, Input] = {
     "changed_small": Input(0.02, "", False, "share of the closure a small cell changes"),
     "election_s": Input(0.05, "s", False, "NotebookOS: electing the replica that executes (Raft)"),
     "host_boot_s": Input(120.0, "s", False, "a new GPU host joining the fleet"),
+    "subscription_limit": Input(3.0, "", False,
+                                "NotebookOS: GPUs its replicas subscribe per physical GPU before "
+                                "it scales out (3 replicas: 3.0 provisions what the sessions "
+                                "would reserve)"),
 }
 
 
@@ -74,6 +78,7 @@ class Costs:
     changed_small: float
     election_s: float
     host_boot_s: float
+    subscription_limit: float
 
     @classmethod
     def default(cls) -> Costs:

@@ -11,7 +11,7 @@ the GPUs held from placement until the cell's run and `after_s` have passed.
   GPUs are bound only while a cell runs, on a replica's host that has them free (an election,
   then the device state copied in); otherwise a replica migrates to a host with free GPUs (a
   new kernel process loads the whole session from the store). Oversubscription: hosts are
-  provisioned for the replicas' subscribed GPUs divided by `subscription_limit`, on top of the
+  provisioned for the replicas' subscribed GPUs over the `subscription_limit` input, on top of the
   autoscaler's own spare. After a cell its device state is copied back off the GPU.
 - fresh (LooseLeaf): every cell on a fresh worker from a template, its closure loaded from the
   store after the execute arrives, nothing prepared ahead.
@@ -89,14 +89,13 @@ class Pinned(Policy):
 class NotebookOS(Policy):
     name = "notebookos"
     replicas = 3
-    subscription_limit = 3.0
 
     def __init__(self, costs: Costs, fleet: Fleet) -> None:
         super().__init__(costs, fleet)
         self.subscribed: dict[int, int] = {}  # host -> GPUs its replicas subscribe
         self.total = 0
-        fleet.min_hosts = lambda: -(-self.total // int(fleet.gpus_per_host *
-                                                      self.subscription_limit))
+        per_host = fleet.gpus_per_host * costs.subscription_limit
+        fleet.min_hosts = lambda: int(-(-self.total // per_host))
 
     def _subscribe(self, state: SessionState, host: int, sign: int) -> None:
         gpus = sign * state.session.max_gpus
