@@ -1,4 +1,5 @@
-"""`llfabric simulate` and `llfabric report`: the fleet simulation over a trace, and its page."""
+"""`llfabric simulate`, `report` and `replay`: the fleet simulation over a trace, its page, and
+a small workload live."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import click
 
 TRACE = (Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
          / "sensei_june_60sec.csv")
+_ROOT = Path(__file__).resolve().parent.parent
+# small notebooks of the corpus: torch modules, numpy basics, plain Python
+DEFAULT_NOTEBOOKS = [_ROOT / "corpus" / "d2l-pytorch" / "ch07_Custom_Layers.ipynb",
+                     _ROOT / "corpus" / "pydata-book" / "ch02.ipynb",
+                     _ROOT / "examples" / "train_tiny_mlp.ipynb"]
 
 
 class _Bars:
@@ -64,3 +70,46 @@ def report(run_dir: Path) -> None:
     from fabric.fleet import write_report
 
     click.echo(f"wrote {write_report(run_dir)} and {run_dir / 'figures.json'}")
+
+
+@click.command()
+@click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--notebook", "notebooks", multiple=True,
+              type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="Notebooks whose cells the sessions run, in turn (default: three small ones).")
+@click.option("--sessions", type=int, default=8, show_default=True)
+@click.option("--slots", type=int, default=2, show_default=True, help="The server's slots.")
+@click.option("--compress", type=float, default=60.0, show_default=True,
+              help="The trace's think times and bursts are divided by this.")
+@click.option("--max-think", type=float, default=4.0, show_default=True,
+              help="Longest think time, in seconds after compression.")
+@click.option("--max-burst", type=float, default=3.0, show_default=True,
+              help="Longest training burst, in seconds after compression.")
+@click.option("--trace", type=click.Path(path_type=Path, dir_okay=False), default=TRACE,
+              show_default=True)
+def replay(out: Path, notebooks: tuple[Path, ...], sessions: int, slots: int, compress: float,
+           max_think: float, max_burst: float, trace: Path) -> None:
+    """Run SESSIONS notebook sessions live on a local server, then pinned, and simulate the same
+    workload; write every cell and figure to OUT (JSON)."""
+    import json
+
+    from fabric.fleet import SessionModel, read_trace
+    from fabric.fleet.replay import plan
+    from fabric.fleet.replay import replay as run_replay
+    from fabric.fleet.sessions import build_sessions
+
+    trace_sessions = build_sessions(read_trace(trace), SessionModel())
+    plans = plan(list(notebooks) or DEFAULT_NOTEBOOKS, sessions, trace_sessions, compress,
+                 max_think, max_burst, burst_every=3)
+    result = run_replay(plans, slots)
+    result["compress"] = compress
+    out.write_text(json.dumps(result, indent=1))
+    for mode in ("live_llfabric", "live_pinned"):
+        r = result[mode]
+        click.echo(f"{mode:<14} {r['ok']}/{r['cells']} cells ok, slot-s held "
+                   f"{r['slot_seconds_held']:.1f} (busy {r['slot_seconds_busy']:.1f}), "
+                   f"< 100 ms {r['share_under_100ms']:.0%}, p50 {r['delay_p50_s']:.3f} s, "
+                   f"wall {r['wall_s']:.0f} s, paths {r['paths']}")
+    for name, r in result["simulated"].items():
+        click.echo(f"simulated {name:<9} slot-s held {r['slot_seconds_held']:.1f}, "
+                   f"< 100 ms {r['share_under_100ms']:.0%}, p50 {r['delay_p50_s']:.3f} s")

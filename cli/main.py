@@ -1,5 +1,5 @@
 """`llfabric`: serve, run, demo, audit, attach and kernelspec here; status, keys, store,
-simulate and report in their own modules. One group turns any command's FabricError into a
+simulate, report and replay in their own modules. One group turns any command's FabricError into a
 click error."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from fabric.notebook import read_notebook, run_notebook, timings_table
 from fabric.protocol import as_session_name
 
 from .common import client_of, config
+from .fleet import replay as replay_command
 from .fleet import report as report_command
 from .fleet import simulate as simulate_command
 from .keys import keys as keys_group
@@ -186,6 +187,7 @@ main.add_command(keys_group)
 main.add_command(store_group)
 main.add_command(simulate_command)
 main.add_command(report_command)
+main.add_command(replay_command)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class Fleet:
     boot_s: float = 120.0
     idle_release_s: float = 600.0
     min_hosts: Callable[[], int] = lambda: 0  # a policy's own floor (NotebookOS: subscriptions)
+    max_hosts: int | None = None  # a fixed machine (a live replay's): never more hosts
     hosts: list[Host] = field(default_factory=list)
     queue: list[Request] = field(default_factory=list)
     now: float = 0.0
@@ -112,6 +113,8 @@ class Fleet:
         need = max(unmet, spare_short, 0)
         hosts = sum(1 for _ in self.live())
         boots = max(-(-need // self.gpus_per_host), self.min_hosts() - hosts, 0)
+        if self.max_hosts is not None:
+            boots = min(boots, self.max_hosts - hosts)
         for _ in range(boots):
             self._boot()
 
