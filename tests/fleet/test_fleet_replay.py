@@ -29,7 +29,7 @@ def test_a_plan_runs_each_notebook_with_capped_think_times_and_bursts(tmp_path: 
     kinds = [k for _, k, _ in plans[0].cells]
     assert kinds == ["notebook", "notebook", "burst", "notebook", "notebook", "burst"]
     assert all(0 < think <= 1.5 for think, _, _ in plans[0].cells)
-    burst = [s for _, k, s in plans[0].cells if k == "burst"][0]
+    burst = next(s for _, k, s in plans[0].cells if k == "burst")
     assert 0 < float(burst.split("+ ")[1].split("\n")[0]) <= 2.0
     with pytest.raises(TraceError, match="cannot read the notebook"):
         plan([tmp_path / "missing.ipynb"], 1, TRACE, 60, 1, 1, 2)
