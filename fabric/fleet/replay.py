@@ -47,7 +47,7 @@ LOCAL = {"gpu_gb": 0.0, "cuda_restore_s": 0.0, "cuda_init_s": 0.0, "session_gb":
 class LiveCell:
     session: int
     kind: str  # "notebook" or "burst"
-    think_s: float
+    think_s: float  # from the previous cell's reply to this one's execute, as the user waited
     status: str
     path: str
     visible_delay: float
@@ -105,18 +105,22 @@ def _session(address: str, index: int, planned: Plan, workdir: Path,
             waited = time.monotonic() - asked
         start = time.monotonic()
         try:
+            ended = time.monotonic()
             for think, kind, source in planned.cells:
                 client.draft(name, source)
                 time.sleep(think)
+                think = time.monotonic() - ended  # the draft's own round trip included
                 reply = None
                 try:
                     for message in client.execute(name, source, timeout=0):
                         if isinstance(message, Reply):
                             reply = message.fields
                 except FabricError as exc:
+                    ended = time.monotonic()
                     out.append(LiveCell(index, kind, think, f"error: {exc.kind}", "-", 0, 0, 0,
                                         0, 0, 0))
                     continue
+                ended = time.monotonic()
                 t = reply["timings"]
                 out.append(LiveCell(index, kind, think, reply["status"], reply["path"],
                                     t["visible_delay"] + waited, t["queue"] + waited,
