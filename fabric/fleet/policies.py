@@ -38,6 +38,7 @@ class SessionState:
     host: int | None = None  # where its previous cell ran (a warm or parked worker)
     last_end: float = 0.0
     holding: int | None = None  # pinned: the host whose GPUs it holds
+    held_since: float = 0.0  # pinned: when it took them
     replicas: list[int] = field(default_factory=list)  # NotebookOS
 
 

@@ -130,11 +130,12 @@ def _plots(figures: dict) -> list[tuple[str, str]]:
         labels = []
         for name in names:
             for session, spans in sorted(leases[name].items()):
-                ax.broken_barh([(s / 3600, (e - s) / 3600) for s, e in spans], (row, 0.8))
+                first = spans[0][0]  # each session from its own first lease, to compare policies
+                ax.broken_barh([((s - first) / 60, (e - s) / 60) for s, e in spans], (row, 0.8))
                 labels.append(f"{name} #{session}")
                 row += 1
         ax.set_yticks([i + 0.4 for i in range(row)], labels, fontsize=7)
-        ax.set_xlabel("hour of the trace")
+        ax.set_xlabel("minutes since the session's first lease (its first 30 leases)")
         plots.append(("Lease timelines of the busiest sessions", _png(fig)))
         plt.close(fig)
     return plots

@@ -8,6 +8,7 @@ INTERACTIVE_S = 0.1  # a delay a user does not see
 CDF_POINTS = 400
 HOST_SAMPLES = 2000
 LEASES_KEPT = 30  # of each traced session: its first, enough to see the gaps between them
+# (the report's label says 30 too)
 
 
 def quantile(ordered: list[float], q: float) -> float:

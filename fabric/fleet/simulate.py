@@ -66,9 +66,9 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
             out.waits.append(now - asked)
             out.paths[path] = out.paths.get(path, 0) + 1
             out.busy_gpu_s += cell.gpus * cell.run_s
-            if policy.pinned:
-                state.holding = host
-            if state.session.index in traced:
+            if policy.pinned and state.holding is None:
+                state.holding, state.held_since = host, now
+            elif not policy.pinned and state.session.index in traced:
                 out.leases.setdefault(state.session.index, []).append((now, end))
             state.host = host
             push(end, END, state.session.index)
@@ -108,6 +108,8 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
                 fleet.release(state.host, cell.gpus)
             elif last:
                 fleet.release(state.holding, state.session.max_gpus)
+                if subject in traced:  # one lease, the whole session
+                    out.leases[subject] = [(state.held_since, time)]
             if last:
                 policy.closed(state)
             else:
