@@ -2,22 +2,8 @@
 
 All run on the same fleet (`fabric.fleet.fleet`) and the same sessions; `start` returns a cell's
 visible delay (from execute to its user code running, queue wait included) and its path, with
-the GPUs held from placement until the cell's run and `after_s` have passed.
-
-- pinned (Jupyter, Colab): the session holds its largest gang from its first cell to its last;
-  cells start at once. Its kernel starts when the notebook opens, before the first cell, and is
-  not counted against it.
-- NotebookOS: three replicas of each kernel on distinct hosts hold its state in host memory;
-  GPUs are bound only while a cell runs, on a replica's host that has them free (an election,
-  then the device state copied in); otherwise a replica migrates to a host with free GPUs (a
-  new kernel process loads the whole session from the store). Oversubscription: hosts are
-  provisioned for the replicas' subscribed GPUs over the `subscription_limit` input, on top of the
-  autoscaler's own spare. After a cell its device state is copied back off the GPU.
-- fresh (LooseLeaf): every cell on a fresh worker from a template, its closure loaded from the
-  store after the execute arrives, nothing prepared ahead.
-- llfabric: the next cell's draft prepares a worker during think time on the host of the
-  previous cell (template, closure loaded, tensors staged); a parked warm worker is resumed
-  instead where that is quicker; a cell placed on another host loads its closure there.
+the GPUs held from placement until the cell's run and `after_s` have passed. Each policy's
+docstring is its description in the report.
 """
 
 from __future__ import annotations
@@ -27,8 +13,6 @@ from dataclasses import dataclass, field
 from .costs import Costs
 from .fleet import Fleet
 from .sessions import Cell, Session
-
-NAMES = ("pinned", "notebookos", "fresh", "llfabric")
 
 
 @dataclass
@@ -74,6 +58,10 @@ class Policy:
 
 
 class Pinned(Policy):
+    """Jupyter, Colab: the session holds its largest gang from its first cell to its last; cells
+    start at once. Its kernel starts when the notebook opens, before the first cell, and is not
+    counted against it."""
+
     name = "pinned"
     pinned = True
 
@@ -88,6 +76,13 @@ class Pinned(Policy):
 
 
 class NotebookOS(Policy):
+    """Three replicas of each kernel on distinct hosts hold its state in host memory; GPUs are
+    bound only while a cell runs, on a replica's host that has them free (an election, then the
+    device state copied in); otherwise a replica migrates to a host with free GPUs (a new kernel
+    process loads the whole session from the store). Oversubscription: hosts are provisioned for
+    the replicas' subscribed GPUs over the `subscription_limit` input, on top of the autoscaler's
+    own spare. After a cell its device state is copied back off the GPU."""
+
     name = "notebookos"
     replicas = 3
 
@@ -137,6 +132,9 @@ class NotebookOS(Policy):
 
 
 class Fresh(Policy):
+    """LooseLeaf: every cell on a fresh worker from a template, its closure loaded from the store
+    after the execute arrives, nothing prepared ahead."""
+
     name = "fresh"
 
     def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
@@ -148,6 +146,10 @@ class Fresh(Policy):
 
 
 class LLFabric(Policy):
+    """The next cell's draft prepares a worker during think time on the host of the previous
+    cell (template, closure loaded, tensors staged); a parked warm worker is resumed instead
+    where that is quicker; a cell placed on another host loads its closure there."""
+
     name = "llfabric"
     keep_warm_s = 300.0  # the server's keep_warm default
 
@@ -169,6 +171,14 @@ class LLFabric(Policy):
         return wait_s + fresh, path
 
 
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Pinned, NotebookOS, Fresh, LLFabric)}
+NAMES = tuple(POLICIES)
+
+
 def make(name: str, costs: Costs, fleet: Fleet) -> Policy:
-    policies = {p.name: p for p in (Pinned, NotebookOS, Fresh, LLFabric)}
-    return policies[name](costs, fleet)
+    return POLICIES[name](costs, fleet)
+
+
+def describe() -> dict[str, str]:
+    """Each policy's description, one paragraph."""
+    return {name: " ".join((p.__doc__ or "").split()) for name, p in POLICIES.items()}

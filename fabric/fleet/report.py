@@ -14,7 +14,8 @@ from pathlib import Path
 
 from fabric.errors import TraceError
 
-from .policies import NAMES
+from . import sessions
+from .policies import NAMES, describe
 from .run import read_json
 
 COLUMNS = (("gpu_hours_provisioned", "GPU-h provisioned", "{:,.0f}"),
@@ -175,7 +176,9 @@ trainings) as {run['sessions']:,} sessions and {run['cells']:,} cells; session m
 {html.escape(json.dumps(run['model']))}.</p>
 <h2>Every figure</h2>{_table(['policy'] + [label for _, label, _ in COLUMNS], figure_rows)}
 <h2>How cells started</h2>{_table(['policy', 'paths'], path_rows)}
+<h2>Policies</h2>{_table(['policy', 'model'], [[n, d] for n, d in describe().items()])}
 {images}
+<h2>Session model</h2><pre>{html.escape(sessions.__doc__ or '')}</pre>
 <h2>Sensitivity sweep (one parameter varied at a time)</h2>
 {_table(['variant', 'sessions', 'policy', 'GPU-h provisioned', 'saved vs pinned %',
          'cells < 100 ms', 'delay p50 s', 'delay p99 s'], sweep_rows) if sweep_rows else
