@@ -58,7 +58,22 @@ def load_figures(run_dir: Path) -> dict:
                 ref = policies[base]["gpu_hours_provisioned"]
                 figs[f"saved_vs_{base}_pct"] = 100 * (1 - figs["gpu_hours_provisioned"] / ref)
     sweep = read_json(run_dir / "sweep.json")["rows"] if (run_dir / "sweep.json").is_file() else []
-    return {"run": run, "policies": policies, "sweep": sweep}
+    replay = _replay(run_dir / "replay.json") if (run_dir / "replay.json").is_file() else None
+    return {"run": run, "policies": policies, "sweep": sweep, "replay": replay}
+
+
+def _replay(path: Path) -> dict:
+    """A live replay's figures beside the simulator's on its workload (not its cells)."""
+    data = read_json(path)
+    try:
+        rows = {f"live {m}": data[f"live_{m}"] for m in ("llfabric", "pinned")}
+        rows.update({f"simulated {m}": data["simulated"][m] for m in ("llfabric", "pinned")})
+        return {"sessions": data["sessions"], "slots": data["slots"],
+                "compress": data.get("compress"), "notebooks": data["notebooks"],
+                "rows": {name: {k: row[k] for k in ("slot_seconds_held", "share_under_100ms",
+                                                    "delay_p50_s")} for name, row in rows.items()}}
+    except (KeyError, TypeError) as exc:
+        raise TraceError(f"{path} is not a replay's output (no {exc})", path=str(path)) from exc
 
 
 def headline_table(figures: dict) -> str:
@@ -162,6 +177,16 @@ def _page(figures: dict, plots: list[tuple[str, str]]) -> str:
                    f"{f['share_under_100ms']:.1%}", f"{f['delay_p50_s']:.3f}",
                    f"{f['delay_p99_s']:.2f}"]
                   for r in figures["sweep"] for name, f in r["policies"].items()]
+    replay = figures.get("replay")
+    replay_html = "<p>None in this directory (llfabric replay RUN_DIR/replay.json).</p>"
+    if replay:
+        replay_html = (f"<p>{replay['sessions']} sessions on {replay['slots']} slots, think times "
+                       f"and bursts divided by {replay['compress']}, notebooks "
+                       f"{html.escape(', '.join(replay['notebooks']))}.</p>" + _table(
+                           ["run", "slot-seconds held", "cells < 100 ms", "delay p50 s"],
+                           [[name, f"{r['slot_seconds_held']:.1f}",
+                             f"{r['share_under_100ms']:.1%}", f"{r['delay_p50_s']:.3f}"]
+                            for name, r in replay["rows"].items()]))
     images = "".join(f"<h2>{html.escape(t)}</h2><img alt='{html.escape(t)}' "
                      f"src='data:image/png;base64,{b}'>" for t, b in plots)
     trace = run["trace"]
@@ -178,6 +203,7 @@ trainings) as {run['sessions']:,} sessions and {run['cells']:,} cells; session m
 <h2>How cells started</h2>{_table(['policy', 'paths'], path_rows)}
 <h2>Policies</h2>{_table(['policy', 'model'], [[n, d] for n, d in describe().items()])}
 {images}
+<h2>Live replay and the simulator on the same workload</h2>{replay_html}
 <h2>Session model</h2><pre>{html.escape(sessions.__doc__ or '')}</pre>
 <h2>Sensitivity sweep (one parameter varied at a time)</h2>
 {_table(['variant', 'sessions', 'policy', 'GPU-h provisioned', 'saved vs pinned %',

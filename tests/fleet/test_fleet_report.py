@@ -79,3 +79,20 @@ def test_a_report_needs_a_run(tmp_path: Path, run_dir: Path) -> None:
     (broken / "policies" / "pinned.json").write_text("{not json")
     with pytest.raises(TraceError, match="not JSON"):
         write_report(broken)
+
+
+def test_a_replay_beside_the_run_is_reported_and_a_foreign_one_refused(run_dir: Path) -> None:
+    row = {"slot_seconds_held": 10.0, "share_under_100ms": 0.5, "delay_p50_s": 0.01}
+    replay = {"sessions": 2, "slots": 1, "compress": 60, "notebooks": ["a.ipynb"],
+              "live_llfabric": row, "live_pinned": row,
+              "simulated": {"llfabric": row, "pinned": row}}
+    path = run_dir / "replay.json"
+    path.write_text(json.dumps(replay))
+    try:
+        text = write_report(run_dir).read_text()
+        assert "simulated pinned" in text and "live llfabric" in text
+        path.write_text(json.dumps({"sessions": 2}))
+        with pytest.raises(TraceError, match="not a replay"):
+            write_report(run_dir)
+    finally:
+        path.unlink()
