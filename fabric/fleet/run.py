@@ -33,6 +33,7 @@ SWEEP: tuple[tuple[str, tuple[float, ...]], ...] = (
     ("cells_per_gap", (0, 10)),
     ("first_think_s", (5.0,)),
     ("session_gb", (0.5, 8.0)),
+    ("gpu_gb", (0.5,)),  # the device memory every GPU policy but pinned moves per cell
     ("subscription_limit", (6.0,)),
 )
 
