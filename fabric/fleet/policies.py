@@ -20,7 +20,6 @@ class SessionState:
     session: Session
     next_cell: int = 0
     host: int | None = None  # where its previous cell ran (a warm or parked worker)
-    last_end: float = 0.0
     holding: int | None = None  # pinned: the host whose GPUs it holds
     held_since: float = 0.0  # pinned: when it took them
     replicas: list[int] = field(default_factory=list)  # NotebookOS
@@ -118,14 +117,13 @@ class NotebookOS(Policy):
         copy_in = self.costs.gpu_gb / self.costs.h2d_gbps
         if host in state.replicas:
             return wait_s + self.costs.election_s + copy_in, "executor"
-        # migrate: the replica on the fullest (or a released) host moves to this one
-        out = max(state.replicas, key=lambda h: (not self.fleet.hosts[h].alive,
-                                                 self.subscribed.get(h, 0)), default=None)
-        if out is not None:
+        if len(state.replicas) < self.replicas:  # a replica that found no host at open
+            self.total -= state.session.max_gpus
+        else:  # migrate: the replica on the fullest (or a released) host moves to this one
+            out = max(state.replicas, key=lambda h: (not self.fleet.hosts[h].alive,
+                                                     self.subscribed.get(h, 0)))
             self._subscribe(state, out, -1)
             state.replicas.remove(out)
-        else:
-            self.total -= state.session.max_gpus
         state.replicas.append(host)
         self._subscribe(state, host, 1)
         return wait_s + self.costs.cold_kernel_s(self._peer_gbps()) + copy_in, "migrated"

@@ -101,7 +101,6 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
         elif kind == END:
             state = states[subject]
             cell = state.session.cells[state.next_cell]
-            state.last_end = time
             state.next_cell += 1
             last = state.next_cell == len(state.session.cells)
             if not policy.pinned:
