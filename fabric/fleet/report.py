@@ -112,7 +112,7 @@ def _plots(figures: dict) -> list[tuple[str, str]]:
                [policies[n][key] for n in names], width=0.27, label=label)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("GPU-hours")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, which fill the plot
     plots.append(("GPU-hours by policy", _png(fig)))
     plt.close(fig)
 
