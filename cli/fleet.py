@@ -89,8 +89,8 @@ def report(run_dir: Path) -> None:
               show_default=True)
 def replay(out: Path, notebooks: tuple[Path, ...], sessions: int, slots: int, compress: float,
            max_think: float, max_burst: float, trace: Path) -> None:
-    """Run SESSIONS notebook sessions live on a local server, then pinned, and simulate the same
-    workload; write every cell and figure to OUT (JSON)."""
+    """Run notebook sessions live on a local server, then pinned, and simulate the same
+    workload; write every cell and figure to OUT (JSON; RUN_DIR/replay.json joins the report)."""
     import json
 
     from fabric.fleet import SessionModel, read_trace
