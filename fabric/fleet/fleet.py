@@ -40,7 +40,8 @@ class Fleet:
     idle_release_s: float = 600.0
     min_hosts: Callable[[], int] = lambda: 0  # a policy's own floor (NotebookOS: subscriptions)
     max_hosts: int | None = None  # a fixed machine (a live replay's): never more hosts
-    hosts: list[Host] = field(default_factory=list)
+    hosts: list[Host] = field(default_factory=list)  # every host ever booted, by index
+    up: list[Host] = field(default_factory=list)  # those not released: what each event scans
     queue: list[Request] = field(default_factory=list)
     now: float = 0.0
     provisioned_gpu_s: float = 0.0
@@ -57,11 +58,12 @@ class Fleet:
         self.now = now
 
     def live(self) -> Iterable[Host]:
-        return (h for h in self.hosts if h.alive)
+        return iter(self.up)
 
     def _boot(self) -> Host:
         host = Host(len(self.hosts), self.gpus_per_host, self.now + self.boot_s, self.now)
         self.hosts.append(host)
+        self.up.append(host)
         self._live_gpus += self.gpus_per_host
         return host
 
@@ -111,7 +113,7 @@ class Fleet:
         free_ready = sum(h.free for h in self.live() if h.up_at <= self.now)
         spare_short = self.spare_gpus - free_ready - sum(h.free for h in booting)
         need = max(unmet, spare_short, 0)
-        hosts = sum(1 for _ in self.live())
+        hosts = len(self.up)
         boots = max(-(-need // self.gpus_per_host), self.min_hosts() - hosts, 0)
         if self.max_hosts is not None:
             boots = min(boots, self.max_hosts - hosts)
@@ -122,23 +124,21 @@ class Fleet:
         """A booting host came up: place what waits."""
         self.place_waiting()
 
-    def scale_in(self) -> list[int]:
-        """Release idle hosts the spare does not need; returns the released hosts' indexes."""
-        released = []
+    def scale_in(self) -> None:
+        """Release idle hosts the spare does not need."""
         free = sum(h.free for h in self.live())
         floor = self.min_hosts()
-        count = sum(1 for _ in self.live())
-        for h in sorted(self.live(), key=lambda h: -h.index):
+        count = len(self.up)
+        for h in sorted(self.up, key=lambda h: -h.index):
             if (h.idle_since is not None and h.up_at <= self.now
                     and self.now - h.idle_since >= self.idle_release_s
                     and free - self.gpus_per_host >= self.spare_gpus and count > floor
                     and not self.queue):
                 h.alive = False
+                self.up.remove(h)
                 free -= self.gpus_per_host
                 count -= 1
                 self._live_gpus -= self.gpus_per_host
-                released.append(h.index)
-        return released
 
     def sample(self) -> None:
-        self.samples.append((self.now, sum(1 for _ in self.live()), self._held))
+        self.samples.append((self.now, len(self.up), self._held))
