@@ -1,5 +1,6 @@
-"""`llfabric`: serve, run, demo, audit, attach and kernelspec here; status, keys and store in
-their own modules. One group turns any command's FabricError into a click error."""
+"""`llfabric`: serve, run, demo, audit, attach and kernelspec here; status, keys, store,
+simulate, report and replay in their own modules. One group turns any command's FabricError into a
+click error."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from fabric.notebook import notebook_gpus, read_notebook, run_notebook, timings_
 from fabric.protocol import as_session_name
 
 from .common import client_of, config
+from .fleet import replay as replay_command
+from .fleet import report as report_command
+from .fleet import simulate as simulate_command
 from .host import doctor as doctor_command
 from .host import service as service_group
 from .keys import keys as keys_group
@@ -193,6 +197,9 @@ main.add_command(keys_group)
 main.add_command(store_group)
 main.add_command(doctor_command)
 main.add_command(service_group)
+main.add_command(simulate_command)
+main.add_command(report_command)
+main.add_command(replay_command)
 
 
 if __name__ == "__main__":

@@ -230,3 +230,10 @@ class SlotsUnavailable(FabricError):
     many."""
 
     kind = "slots"
+
+
+class TraceError(FabricError):
+    """A fleet input that cannot be read: a malformed trace row, or a run directory without the
+    results a report needs (the file's fault; `path` and, for a row, `line` say where)."""
+
+    kind = "trace"

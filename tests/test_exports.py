@@ -23,7 +23,7 @@ PUBLIC = [
     "LoadFailed", "Manifest", "NoZygote", "NotReplayable", "NotWaiting", "NotebookError",
     "ParkFailed", "ProtocolError", "RemoteError",
     "ServerStatus", "SessionBusy", "SessionStatus", "SlotsUnavailable", "StaleHead", "Store",
-    "StoreError",
+    "StoreError", "TraceError",
     "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
     "ZygoteProtocolError", "load_config",
 ]
