@@ -191,6 +191,38 @@ class Remove(Request):
 
 
 @dataclass(frozen=True)
+class Complete(Request):
+    """Jupyter's completion of `source` at `cursor`: a `complete_reply`'s content, from the
+    session's live worker, else from its head's catalog (`snapshot.catalog`)."""
+
+    op = "complete"
+    session: str
+    source: str
+    cursor: int
+
+
+@dataclass(frozen=True)
+class Inspect(Request):
+    """Jupyter's inspection of the name at `cursor` in `source`: an `inspect_reply`'s content,
+    from the live worker, else the catalog (`detail` 1: with its source, where a worker has it)."""
+
+    op = "inspect"
+    session: str
+    source: str
+    cursor: int
+    detail: int = 0
+
+
+@dataclass(frozen=True)
+class History(Request):
+    """The session's cells, oldest first: `[execution_count, source]` of each version that ran
+    one, across kernel restarts; open or not."""
+
+    op = "history"
+    session: str
+
+
+@dataclass(frozen=True)
 class Status(Request):
     op = "status"
 
@@ -201,7 +233,8 @@ class Ping(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
-    Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Status, Ping)}
+    Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete, Inspect,
+    History, Status, Ping)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 

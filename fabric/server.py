@@ -52,10 +52,13 @@ from .messages import (
     Answer,
     Checkout,
     Close,
+    Complete,
     Draft,
     Error,
     Execute,
     Heartbeat,
+    History,
+    Inspect,
     Interrupt,
     Open,
     Output,
@@ -334,6 +337,8 @@ class Server:
                 return await self._remove(user, name)
             case Tag(session=name, name=tag, version=version):  # open or not: tags are the store's
                 return self._tag(user, name, version, tag)
+            case History(session=name):  # open or not: the cells are the store's
+                return self._history(user, name)
         session = self._session(user, request.session)
         match request:
             case Draft(source=source):
@@ -349,6 +354,10 @@ class Server:
                 finally:
                     self.running[user] -= 1
                     self._after_cell()
+            case Complete(source=source, cursor=cursor):
+                return await session.complete(source, cursor)
+            case Inspect(source=source, cursor=cursor, detail=detail):
+                return await session.inspect(source, cursor, detail)
             case Interrupt():
                 return {"interrupted": session.interrupt()}
             case Answer(value=value, error=error):
@@ -382,6 +391,12 @@ class Server:
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         manifest = history.tag(self.store, stored, version, tag)
         return {"version": manifest.version, "name": tag}
+
+    def _history(self, user: str, name: str) -> dict:
+        stored = self._store_name(user, name)
+        if self.store.head(stored) is None:
+            raise UnknownSession(f"no session {name!r} in the store", session=name)
+        return {"cells": [list(cell) for cell in history.cells(self.store, stored)]}
 
     async def _remove(self, user: str, name: str) -> dict:
         """Close the session if it is open (refused while it runs a cell) and remove it from

@@ -11,10 +11,13 @@ from fabric.messages import (
     Answer,
     Checkout,
     Close,
+    Complete,
     Draft,
     Error,
     Execute,
+    History,
     InputRequest,
+    Inspect,
     Interrupt,
     Leased,
     Notice,
@@ -36,6 +39,7 @@ EVERY_REQUEST = [
     Open("s"), Open("s", "/tmp"), Draft("s", "x = 1"), Execute("s", "x", stdin=True, cell_id="c"),
     Interrupt("s"), Answer("s", value="42"), Answer("s", error="no stdin"), Checkout("s", 3),
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
+    Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
     Status(), Ping(),
 ]
 EVERY_EVENT = [

@@ -29,14 +29,17 @@ from ..client import Client, Events
 from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
+from .answers import Answers
 from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
 
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
-# Cells the kernel runs itself: `%%local` ones and those that manage the attachment.
-LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b)")
+# Cells the kernel runs itself: `%%local` ones, those that manage the attachment, and a line of
+# the history magics, which read the session's history the kernel keeps (see `answers`).
+LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b"
+                   r"|(history|hist|recall|rep)\b[^\n]*\s*\Z)")
 
 
 class RemoteCellError(Exception):
@@ -64,6 +67,7 @@ class Attachment:
         self.notebook = notebook
         self.client = Client(address, timeout=CALL_TIMEOUT)
         self.opened = False
+        self.answers = Answers(self)
 
     def close(self, forget: bool = True) -> None:
         """Detach; with `forget`, the server also retires the session's workers (the store
@@ -84,6 +88,7 @@ class Attachment:
         reply = self.client.open(self.session, os.getcwd())
         self.opened = True
         self.shell.execution_count = reply.execution_count + 1
+        self.answers.load_history()
         return reply
 
     def call(self, op: str, **fields: Any) -> dict:
@@ -111,11 +116,19 @@ class Attachment:
             return result
         count = int(reply.get("execution_count", self.shell.execution_count))
         result.execution_count = count
+        self.answers.record(count, source)
         self.shell.execution_count = count + 1
+        self._relay_payloads(reply.get("payload"))
         if reply.get("status") == "error" and result.error_in_exec is None:
             result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")
         self._draft_next(cell_id)
         return result
+
+    def _relay_payloads(self, payloads: object) -> None:
+        """The cell's pager text and next input, for the kernel's execute reply."""
+        for payload in payloads if isinstance(payloads, list) else []:
+            if isinstance(payload, dict) and isinstance(payload.get("source"), str):
+                self.shell.payload_manager.write_payload(payload)
 
     def _execute(self, source: str, result: ExecutionResult) -> dict:
         events = self.client.execute(self.session, source, stdin=True,

@@ -22,7 +22,7 @@ from collections.abc import Coroutine
 from ..closure import Closure, closure, plan
 from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
 from ..snapshot import Group, Manifest, Store, history, lineage
-from ..worker.messages import Load, Loaded, Notice, Run
+from ..worker.messages import Answered, Complete, Inspect, Load, Loaded, Notice, Run
 from .cells import Cell, Commit, Events, Head, Ran
 from .leases import Leases
 from .lifecycle import Keeper, Life, Stage
@@ -31,6 +31,10 @@ from .replay import recompute
 from .running import Running
 
 log = logging.getLogger(__name__)
+
+ASK_WAIT = 2.0  # seconds a question waits for a worker's answer before the catalog answers it
+ASK_LIMIT = 30.0  # a worker silent this long on a question is out of step: it is retired
+
 
 def _union(closures: list[Closure]) -> Closure:
     """What loading every closure of a chain of cells loads."""
@@ -182,6 +186,42 @@ class HostAgent:
         """Ask for a cool worker back, if `life` is one."""
         return life is not None and life.wake()
 
+    # questions between cells
+    async def complete(self, source: str, cursor: int, head: Head) -> dict | None:
+        """The live worker's `complete_reply` content (see `_ask`)."""
+        return await self._ask(Complete(source, cursor), head)
+
+    async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> dict | None:
+        """The live worker's `inspect_reply` content (see `_ask`)."""
+        return await self._ask(Inspect(source, cursor, detail), head)
+
+    async def _ask(self, question: Complete | Inspect, head: Head) -> dict | None:
+        """The answer of the session's live worker to a completion or an inspection, without a
+        lease; None when no worker can answer now: none is live, it runs a cell, it is being
+        readied or woken, its CUDA state is parked (its CUDA calls would block), or it takes
+        longer than ASK_WAIT (it answers on meanwhile, before anything else is sent to it)."""
+        life = self._current()
+        if self.busy or life is None or not self._usable(life, head) \
+                or life.stage not in (Stage.READY, Stage.KEPT) or not life.task.done():
+            return None
+        worker = life.worker()
+        if worker is None or worker.parked:
+            return None
+        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def step(worker: WorkerHandle) -> None:
+            await worker.send(question)
+            reply = await worker.recv(timeout=ASK_LIMIT)
+            if not isinstance(reply, Answered):
+                raise WorkerDied(f"worker {worker.pid} answered a question with {reply.op!r}")
+            answer.set_result(reply.content)
+
+        life.chain(step, prepares=False)
+        self.keeper.changed()
+        await asyncio.wait({answer, life.task}, timeout=ASK_WAIT,
+                           return_when=asyncio.FIRST_COMPLETED)
+        return answer.result() if answer.done() else None
+
     # running a cell
     async def run(self, cell: Cell, head: Head, events: Events, commit: Commit) -> Ran:
         """Run `cell` on the readied worker (or a fresh one) under a lease; `commit` folds its
@@ -307,7 +347,7 @@ class HostAgent:
             "run": done.run,
             "save": done.save + (after - committed),
             "lease_held": lease.held,
-        }), kept
+        }, done.payload), kept
 
     def answer(self, value: str | None, error: str | None) -> dict:
         """The client's answer to the running cell's input request."""

@@ -10,7 +10,7 @@ long load's progress before it), then `Run`, answered by `Started`, `Output`s, `
 `Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
 as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Sleep` -> `Sleeping` takes a worker
 to a dump (cool tier); on waking it says `Hello` again, as it does when it first connects.
-`Exit` ends it.
+`Complete` and `Inspect`, between cells, are answered by `Answered`. `Exit` ends it.
 """
 
 from __future__ import annotations
@@ -101,6 +101,25 @@ class InputReply(Message):
 
 
 @dataclass(frozen=True)
+class Complete(Message):
+    """Between cells: the completions at `cursor` in `code`, answered by `Answered`."""
+
+    op: ClassVar[str] = "complete"
+    code: str
+    cursor: int
+
+
+@dataclass(frozen=True)
+class Inspect(Message):
+    """Between cells: what the name at `cursor` in `code` is (`detail` 1: its source too)."""
+
+    op: ClassVar[str] = "inspect"
+    code: str
+    cursor: int
+    detail: int = 0
+
+
+@dataclass(frozen=True)
 class Sleep(Message):
     op: ClassVar[str] = "sleep"
 
@@ -124,6 +143,14 @@ class Loaded(Message):
     seconds: float = 0.0
     error: str | None = None
     traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Answered(Message):
+    """A `Complete` or `Inspect` answered: the content of Jupyter's reply to it."""
+
+    op: ClassVar[str] = "answered"
+    content: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -176,6 +203,7 @@ class Done(Message):
     save: float = 0.0
     saved: Report | None = None
     failed: dict[str, Any] | None = None
+    payload: list[dict[str, Any]] = field(default_factory=list)  # the execute reply's
 
 
 @dataclass(frozen=True)
@@ -204,9 +232,9 @@ class Refused(Message):
     message: str
 
 
-TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Sleep, Exit)}
-FROM_WORKER = {m.op: m for m in (Hello, Loaded, Started, Saving, Output, Notice, Input, Done,
-                                 Settled, Sleeping, Refused)}
+TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Complete, Inspect, Sleep, Exit)}
+FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, Notice, Input,
+                                 Done, Settled, Sleeping, Refused)}
 
 
 def decode(wire: dict, ops: dict[str, type[Message]]) -> Message:

@@ -1,0 +1,106 @@
+"""An attached kernel answers completion, inspection and history as a plain ipykernel does, from
+the session's state (its live worker, else its head's catalog) and the session's own cells;
+`?` and `%load` come back as the execute reply's payloads. Each row is checked against a plain
+ipykernel given the same cells."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from attached import Kernel, install_test_kernelspec, kernel_env
+from helpers import serving
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+SETUP = ("class Thing:\n"
+         "    '''A thing with methods.'''\n"
+         "    def method_one(self, a, b=2):\n"
+         "        '''Add b to a.'''\n"
+         "        return a + b\n"
+         "my_unique_var = {'alpha': 1}\n"
+         "thing = Thing()\n")
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
+    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    """A plain ipykernel that ran SETUP: what every answer is compared with."""
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(tmp_path_factory.mktemp("plain")))
+    kernel = Kernel(manager)
+    kernel.execute(SETUP)
+    yield kernel
+    kernel.stop()
+
+
+@pytest.fixture(scope="module", params=["warm", "cold"])
+def fabric(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           specs: KernelSpecManager) -> Iterator[Kernel]:
+    """An attached kernel that ran SETUP: warm, its worker kept; cold, none kept, so that
+    the head's catalog answers."""
+    keep = 600 if request.param == "warm" else 0
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=keep) as server:
+        session = f"r-{uuid.uuid4().hex[:10]}"
+        kernel = Kernel.start(specs, kernel_env(server.address, session),
+                              tmp_path_factory.mktemp("cwd"))
+        reply, _ = kernel.execute(SETUP)
+        assert reply["status"] == "ok"
+        with server.client() as client:
+            status = client.call("status")
+        tier = next(s for s in status["sessions"] if s["session"] == session)["tier"]
+        assert tier == request.param
+        kernel.tier = tier
+        yield kernel
+        kernel.stop()
+
+
+def _complete(kernel: Kernel, code: str) -> dict:
+    return kernel.client.complete(code, len(code), reply=True, timeout=30)["content"]
+
+
+def _inspect(kernel: Kernel, code: str, detail: int = 0) -> dict:
+    return kernel.client.inspect(code, len(code), detail, reply=True, timeout=30)["content"]
+
+
+@pytest.mark.parametrize(("code", "expected", "cold_too"), [
+    ("my_uni", "my_unique_var", True), ("x = my_uni", "my_unique_var", True),
+    ("thing.meth", "method_one", True), ("my_unique_var.ke", "keys", True),
+    ("pri", "print", True),
+    # a catalog knows a name's attributes, not its keys nor its attributes' attributes
+    ("my_unique_var['al", "alpha", False), ("thing.method_one.__doc__.upp", "upper", False),
+])
+def test_completion_of_session_variables(fabric: Kernel, plain: Kernel, code: str,
+                                         expected: str, cold_too: bool) -> None:
+    theirs = _complete(plain, code)
+    assert expected in theirs["matches"]
+    if fabric.tier == "cold" and not cold_too:
+        return
+    mine = _complete(fabric, code)
+    assert expected in mine["matches"]
+    assert (mine["cursor_start"], mine["cursor_end"]) == (theirs["cursor_start"],
+                                                          theirs["cursor_end"])
+
+
+@pytest.mark.parametrize("code", ["thing", "thing.method_one(", "my_unique_var", "Thing"])
+def test_inspection_of_session_variables(fabric: Kernel, plain: Kernel, code: str) -> None:
+    mine, theirs = _inspect(fabric, code), _inspect(plain, code)
+    assert theirs["found"] and mine["found"]
+    assert mine["status"] == "ok" and set(mine["data"]) <= set(theirs["data"]) | {"text/plain"}
+
+
+def test_inspection_shows_what_a_plain_kernel_shows(fabric: Kernel) -> None:
+    assert "Add b to a" in _inspect(fabric, "thing.method_one(")["data"]["text/plain"]
+    assert "A thing with methods" in _inspect(fabric, "thing")["data"]["text/plain"]
+    assert "alpha" in _inspect(fabric, "my_unique_var")["data"]["text/plain"]
+
+
+def test_unknown_names_are_not_found(fabric: Kernel, plain: Kernel) -> None:
+    assert not _inspect(fabric, "no_such_name")["found"]
+    assert not _inspect(plain, "no_such_name")["found"]
+    assert _complete(fabric, "no_such_na")["matches"] == _complete(plain, "no_such_na")["matches"]
