@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from attached import Kernel, install_test_kernelspec, kernel_env
-from helpers import serving
+from attached import Kernel, install_test_kernelspec, kernel_env, text_of
+from helpers import RunningServer, serving
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
@@ -104,3 +105,93 @@ def test_unknown_names_are_not_found(fabric: Kernel, plain: Kernel) -> None:
     assert not _inspect(fabric, "no_such_name")["found"]
     assert not _inspect(plain, "no_such_name")["found"]
     assert _complete(fabric, "no_such_na")["matches"] == _complete(plain, "no_such_na")["matches"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=0) as running:
+        yield running
+
+
+@pytest.fixture
+def fresh(server: RunningServer, specs: KernelSpecManager, tmp_path: Path) -> Iterator[Kernel]:
+    """An attached kernel of a new session, in `tmp_path`."""
+    kernel = Kernel.start(specs, kernel_env(server.address, f"h-{uuid.uuid4().hex[:10]}"),
+                          tmp_path)
+    yield kernel
+    kernel.stop()
+
+
+@pytest.fixture
+def fresh_plain(tmp_path: Path) -> Iterator[Kernel]:
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(tmp_path))
+    kernel = Kernel(manager)
+    yield kernel
+    kernel.stop()
+
+
+CELLS = ["a = 1", "b = a + 1", "print(b)"]
+
+
+def _history(kernel: Kernel, **request: object) -> list[list]:
+    reply = kernel.client.history(raw=True, output=False, reply=True, timeout=30, **request)
+    return [list(entry) for entry in reply["content"]["history"]]
+
+
+def test_history_is_the_sessions_cells_across_restarts(fresh: Kernel, server: RunningServer,
+                                                      specs: KernelSpecManager,
+                                                      tmp_path: Path) -> None:
+    other = Kernel.start(specs, kernel_env(server.address, f"o-{uuid.uuid4().hex[:10]}"),
+                         tmp_path)
+    try:
+        other.execute("another_sessions_cell = 1")
+    finally:
+        other.stop()
+    for cell in CELLS:
+        fresh.execute(cell)
+    for _ in range(2):  # and again after a restart: the history comes from the store
+        tail = _history(fresh, hist_access_type="tail", n=3)
+        assert [entry[2] for entry in tail] == CELLS
+        assert [entry[1] for entry in tail] == [1, 2, 3]
+        session = tail[0][0]
+        [entry] = _history(fresh, hist_access_type="range", session=session, start=2, stop=3)
+        assert entry[1:] == [2, CELLS[1]]
+        assert [e[2] for e in _history(fresh, hist_access_type="search", pattern="*a*")] \
+            == CELLS[:2]
+        fresh.restart()
+    _, outputs = fresh.execute("%history -l 2")
+    assert text_of(outputs) == "b = a + 1\nprint(b)\n"
+
+
+def test_history_magic_prints_what_a_plain_kernel_prints(fresh: Kernel,
+                                                         fresh_plain: Kernel) -> None:
+    for cell in CELLS:
+        fresh.execute(cell)
+        fresh_plain.execute(cell)
+    for magic in ("%history -l 2", "%history -n 1-2"):
+        assert text_of(fresh.execute(magic)[1]) == text_of(fresh_plain.execute(magic)[1])
+
+
+def _payloads(kernel: Kernel, code: str) -> list[dict]:
+    reply, _ = kernel.execute(code)
+    assert reply["status"] == "ok"
+    return reply["payload"]
+
+
+def test_pager_and_next_input_payloads(fresh: Kernel, fresh_plain: Kernel,
+                                       tmp_path: Path) -> None:
+    (tmp_path / "snippet.py").write_text("loaded = 42\n")
+    for code, source in (("zip?", "page"), ("zip??", "page"), ("%load snippet.py",
+                                                                "set_next_input")):
+        mine, theirs = _payloads(fresh, code), _payloads(fresh_plain, code)
+        assert [p["source"] for p in mine] == [p["source"] for p in theirs] == [source], code
+        if source == "page":
+            assert "zip" in mine[0]["data"]["text/plain"]
+        else:
+            assert mine[0]["text"] == theirs[0]["text"]
+    for kernel in (fresh, fresh_plain):
+        kernel.execute("recalled = 7")
+    mine, theirs = _payloads(fresh, "%recall 4"), _payloads(fresh_plain, "%recall 4")
+    assert mine == theirs and "recalled = 7" in mine[0]["text"]
+    assert _payloads(fresh, "x = 1") == []  # a cell leaves no payload for the next
