@@ -123,7 +123,7 @@ class Session:
         return catalog.complete(self.catalog(), source, cursor)
 
     async def inspect(self, source: str, cursor: int, detail: int) -> dict:
-        answer = await self.agent.inspect(source, cursor, detail,
+        answer = await self.agent.inspect(source, cursor, 1 if detail else 0,
                                           Head(self.head, self.manifest))
         if answer is not None and answer.get("found"):
             return answer

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.history import HistoryManager
 
-from ..errors import FabricError
+from ..errors import FabricError, RemoteError
 
 if TYPE_CHECKING:
     from .relay import Attachment
@@ -57,8 +57,13 @@ class Answers:
         if not self.attachment.opened:
             return empty
         try:
-            reply = self.attachment.client.call(op, session=self.attachment.session,
-                                                timeout=ASK_TIMEOUT, **fields)
+            try:
+                reply = self.attachment.call(op, timeout=ASK_TIMEOUT, **fields)
+            except RemoteError as exc:
+                if exc.kind != "unknown_session":
+                    raise
+                self.attachment.open()  # the server restarted: the session is in the store
+                reply = self.attachment.call(op, timeout=ASK_TIMEOUT, **fields)
         except FabricError as exc:  # the frontend shows nothing, as for a name unknown
             log.info("llfabric: %s not answered: %s", op, exc.message)
             return empty

@@ -10,10 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from attached import Kernel, install_test_kernelspec, kernel_env, text_of
 from helpers import RunningServer, serving
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
+
+from fabric import protocol
 
 SETUP = ("class Thing:\n"
          "    '''A thing with methods.'''\n"
@@ -116,8 +119,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 @pytest.fixture
 def fresh(server: RunningServer, specs: KernelSpecManager, tmp_path: Path) -> Iterator[Kernel]:
     """An attached kernel of a new session, in `tmp_path`."""
-    kernel = Kernel.start(specs, kernel_env(server.address, f"h-{uuid.uuid4().hex[:10]}"),
-                          tmp_path)
+    session = f"h-{uuid.uuid4().hex[:10]}"
+    kernel = Kernel.start(specs, kernel_env(server.address, session), tmp_path)
+    kernel.session = session
     yield kernel
     kernel.stop()
 
@@ -195,3 +199,42 @@ def test_pager_and_next_input_payloads(fresh: Kernel, fresh_plain: Kernel,
     mine, theirs = _payloads(fresh, "%recall 4"), _payloads(fresh_plain, "%recall 4")
     assert mine == theirs and "recalled = 7" in mine[0]["text"]
     assert _payloads(fresh, "x = 1") == []  # a cell leaves no payload for the next
+
+
+def _raw(server: RunningServer, request: dict) -> dict:
+    """What the server answers a frame the client library would not send."""
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(server.address)
+    try:
+        socket.send(protocol.pack({"msg_id": "m", **request}))
+        while True:
+            assert socket.poll(30_000), "no answer"
+            answer = protocol.unpack(socket.recv())
+            if answer.get("type") != "heartbeat":
+                return answer
+    finally:
+        socket.close()
+        context.term()
+
+
+def test_bad_questions_get_clear_answers_and_the_server_serves_on(server: RunningServer,
+                                                                  fresh: Kernel) -> None:
+    fresh.execute(SETUP)
+    question = {"op": "complete", "session": fresh.session, "source": "my_uni", "cursor": 6}
+    for bad, why in (({"cursor": "3"}, "'cursor' must be an integer"),
+                     ({"op": "inspect", "detail": 1.5}, "'detail' must be an integer"),
+                     ({"source": None}, "'source' must be a string"),
+                     ({"session": "never-opened"}, "no open session")):
+        answer = _raw(server, {**question, **bad})
+        assert answer["type"] == "error" and why in answer["error"]["message"], answer
+    assert "no session" in _raw(server, {"op": "history", "session": "never-opened"})[
+        "error"]["message"]
+    with server.client() as client:
+        for cursor in (-5, 10**9):  # past either end: the nearest end
+            assert client.call("complete", session=fresh.session, source="my_uni",
+                               cursor=cursor)["status"] == "ok"
+        assert client.call("inspect", session=fresh.session, source="thing", cursor=2,
+                           detail=7)["found"]
+        assert client.call("ping")["pong"]
