@@ -43,7 +43,7 @@ class Session:
         self._told: list[dict] = []  # the running cell's notices, for its reply
         # checks a version before it commits (the server's quotas): raises to refuse it
         self.admit: Callable[[Manifest], None] | None = None
-        self._catalog: tuple[str | None, dict[str, catalog.Entry]] = (None, {})
+        self._catalog: tuple[str | None, catalog.Catalog] = (None, catalog.EMPTY)
 
     @property
     def prepared(self) -> Life | None:
@@ -129,11 +129,11 @@ class Session:
             return answer
         return catalog.inspect(self.catalog(), source, cursor)
 
-    def catalog(self) -> dict[str, catalog.Entry]:
+    def catalog(self) -> catalog.Catalog:
         """The head's catalog, read once per version; one that cannot be read is empty."""
         blob = self.manifest.catalog
         if blob != self._catalog[0]:
-            entries: dict[str, catalog.Entry] = {}
+            entries = catalog.EMPTY
             if blob:
                 try:
                     entries = catalog.decode(self.store.get(blob))

@@ -2,9 +2,10 @@
 session no worker holds.
 
 The worker describes the names a cell saved (`describe`: type, attributes, signature, docstring,
-shape and dtype, a short repr), the commit merges that into the parent's catalog (`merge`) and
-stores it as one blob the manifest names. Every entry and the catalog are bounded, so a session
-of many or large values keeps a small catalog. `complete` and `inspect` answer Jupyter's
+shape and dtype, a short repr; an instance's class once for all its instances), the commit
+merges that into the parent's catalog (`merge`) and stores it as one blob the manifest names.
+Every entry and the catalog are bounded, so a session of many or large values keeps a small
+catalog. `complete` and `inspect` answer Jupyter's
 `complete_request` and `inspect_request` from it, as a kernel would from live objects, one
 attribute level deep.
 """
@@ -33,6 +34,8 @@ MAX_MEMBERS = 60  # public callables of one name whose signature and doc are kep
 MAX_BYTES = 512 * 1024  # a catalog past this loses the members and docs of its largest entries
 
 Entry = dict[str, Any]
+Catalog = dict[str, dict[str, Entry]]  # "names": name -> entry; "classes": class -> entry
+EMPTY: Catalog = {"names": {}, "classes": {}}
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = MAX_TEXT
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 10
@@ -53,23 +56,28 @@ def _kind(value: object) -> str:
     return "instance"
 
 
-def describe_one(value: object) -> Entry:
-    """One value's entry; what cannot be read of it (a failing `__dir__`, say) is left out."""
+def describe_one(value: object, classes: dict[str, Entry]) -> Entry:
+    """One value's entry. An instance's class (its attributes, methods and docstring) is
+    described once in `classes`, for all its instances; the entry keeps what is its own."""
     kind = type(value)
     entry: Entry = {"type": kind.__name__, "module": getattr(kind, "__module__", "") or "",
                     "kind": _kind(value)}
-    try:
-        attrs = sorted(str(a) for a in dir(value))
-    except Exception:  # user code: whatever it raises only leaves the attributes out
-        attrs = []
-    entry["attrs"] = ([a for a in attrs if not a.startswith("_")]
-                      + [a for a in attrs if a.startswith("_")])[:MAX_ATTRS]
+    attrs = _attrs(value)
+    if entry["kind"] == "instance":
+        key = f"{entry['module']}.{kind.__qualname__}"
+        if key not in classes:
+            classes[key] = {"attrs": _attrs(kind), "members": _members(kind, True)}
+            if doc := pyinspect.getdoc(kind):
+                classes[key]["doc"] = _clip(doc, MAX_DOC)
+        entry["class"] = key
+        entry["attrs"] = [a for a in attrs if a not in set(classes[key]["attrs"])]
+    else:
+        entry["attrs"] = attrs
+        entry["members"] = _members(value, False)
+        if doc := pyinspect.getdoc(value):
+            entry["doc"] = _clip(doc, MAX_DOC)
     if callable(value):
         entry.update(_signature(value, bound=False))
-    entry["members"] = _members(value, entry["attrs"])
-    doc = pyinspect.getdoc(value) if entry["kind"] != "instance" else pyinspect.getdoc(kind)
-    if doc:
-        entry["doc"] = _clip(doc, MAX_DOC)
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if isinstance(shape, tuple) and dtype is not None and not isinstance(value, type):
         entry["shape"] = [int(n) for n in shape if isinstance(n, int)]
@@ -80,6 +88,16 @@ def describe_one(value: object) -> Entry:
     if isinstance(value, (list, tuple, set, frozenset, dict, str, bytes)):
         entry["len"] = len(value)
     return entry
+
+
+def _attrs(value: object) -> list[str]:
+    """`dir(value)`, public names first, bounded; [] if its `__dir__` fails."""
+    try:
+        attrs = sorted(str(a) for a in dir(value))
+    except Exception:  # user code: whatever it raises only leaves the attributes out
+        return []
+    return ([a for a in attrs if not a.startswith("_")]
+            + [a for a in attrs if a.startswith("_")])[:MAX_ATTRS]
 
 
 def _signature(function: Any, bound: bool) -> Entry:
@@ -93,21 +111,18 @@ def _signature(function: Any, bound: bool) -> Entry:
     return {"signature": _clip(str(signature), MAX_TEXT)}
 
 
-def _members(value: object, attrs: list[str]) -> dict[str, Entry]:
-    """The signatures and docs of `value`'s public callables (`thing.method(` + Shift+Tab),
-    read from the class dicts, never by running a property."""
+def _members(owner: object, instances: bool) -> dict[str, Entry]:
+    """The signatures and docs of `owner`'s public callables (`thing.method(` + Shift+Tab),
+    as its `instances` see them if so; read from the dicts, never by running a property."""
     members: dict[str, Entry] = {}
-    instance = not isinstance(value, (type, types.ModuleType))
-    for name in attrs:
-        if len(members) >= MAX_MEMBERS:
-            break
-        if name.startswith("_"):
-            continue
+    for name in _attrs(owner):
+        if len(members) >= MAX_MEMBERS or name.startswith("_"):
+            break  # public names come first
         try:
-            member = pyinspect.getattr_static(value, name)
+            member = pyinspect.getattr_static(owner, name)
         except AttributeError:
             continue
-        bound = instance and isinstance(member, types.FunctionType)
+        bound = instances and isinstance(member, types.FunctionType)
         if isinstance(member, (staticmethod, classmethod)):
             member, bound = member.__func__, isinstance(member, classmethod)
         if not callable(member):
@@ -120,55 +135,71 @@ def _members(value: object, attrs: list[str]) -> dict[str, Entry]:
     return members
 
 
-def describe(namespace: dict[str, Any], names: list[str]) -> dict[str, Entry]:
-    """The entries of `names` in `namespace` (the first MAX_NAMES of them); a value whose own
+def describe(namespace: dict[str, Any], names: list[str]) -> Catalog:
+    """The catalog of `names` in `namespace` (the first MAX_NAMES of them); a value whose own
     code fails as it is read (a property of its class, say) is described by its type alone."""
-    entries = {}
+    entries, classes = {}, {}
     for name in sorted(set(names))[:MAX_NAMES]:
         if name not in namespace:
             continue
         value = namespace[name]
         try:
-            entries[name] = describe_one(value)
+            entries[name] = describe_one(value, classes)
         except Exception:
             entries[name] = {"type": type(value).__name__, "kind": "instance", "attrs": []}
-    return entries
+    return {"names": entries, "classes": classes}
 
 
-def merge(parent: dict[str, Entry], fresh: dict[str, Entry], names: set[str]) -> dict[str, Entry]:
-    """The catalog of a version naming `names`: `fresh` entries over the parent's."""
-    merged = {n: e for n, e in parent.items() if n in names} | {
-        n: e for n, e in fresh.items() if n in names}
-    merged = dict(sorted(merged.items())[:MAX_NAMES])
-    sizes = {n: len(msgpack.packb(e, use_bin_type=True)) for n, e in merged.items()}
+def merge(parent: Catalog, fresh: Catalog, names: set[str]) -> Catalog:
+    """The catalog of a version naming `names`: `fresh` entries over the parent's, the classes
+    their instances name, and, past MAX_BYTES, the largest entries slimmed."""
+    entries = {n: e for n, e in parent.get("names", {}).items() if n in names} | {
+        n: e for n, e in fresh.get("names", {}).items() if n in names}
+    entries = dict(sorted(entries.items())[:MAX_NAMES])
+    used = {e.get("class") for e in entries.values()}
+    classes = {k: c for k, c in (parent.get("classes", {}) | fresh.get("classes", {})).items()
+               if k in used}
+    merged = {"names": entries, "classes": classes}
+    sizes = {(part, key): len(msgpack.packb(e, use_bin_type=True))
+             for part, table in merged.items() for key, e in table.items()}
     total = sum(sizes.values())
-    for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
+    for part, key in sorted(sizes, key=sizes.__getitem__, reverse=True):
         if total <= MAX_BYTES:
             break
-        slim = {k: v for k, v in merged[name].items() if k not in ("members", "doc")}
+        slim = {k: v for k, v in merged[part][key].items() if k not in ("members", "doc")}
         slim["attrs"] = slim.get("attrs", [])[:100]
-        merged[name] = slim
-        total += len(msgpack.packb(slim, use_bin_type=True)) - sizes[name]
+        merged[part][key] = slim
+        total += len(msgpack.packb(slim, use_bin_type=True)) - sizes[part, key]
     return merged
 
 
-def encode(catalog: dict[str, Entry]) -> bytes:
-    return msgpack.packb({"format": FORMAT, "names": catalog}, use_bin_type=True)
+def encode(catalog: Catalog) -> bytes:
+    return msgpack.packb({"format": FORMAT, **catalog}, use_bin_type=True)
 
 
-def decode(data: bytes) -> dict[str, Entry]:
+def decode(data: bytes) -> Catalog:
     """A catalog read from the store, checked as input from outside."""
     try:
         raw = msgpack.unpackb(data, raw=False)
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise ValueError(f"not a catalog of format {FORMAT}")
-        names = raw["names"]
-        if not isinstance(names, dict) or not all(
-                isinstance(k, str) and isinstance(v, dict) for k, v in names.items()):
-            raise ValueError("its names are not a map of entries")
-        return names
+        for part in ("names", "classes"):
+            table = raw[part]
+            if not isinstance(table, dict) or not all(
+                    isinstance(k, str) and isinstance(v, dict) for k, v in table.items()):
+                raise ValueError(f"its {part} are not a map of entries")
+        return {"names": raw["names"], "classes": raw["classes"]}
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise StoreError(f"malformed catalog: {exc}") from exc
+
+
+def _entry(catalog: Catalog, name: str) -> Entry | None:
+    """A name's entry with what its class says of it (attributes, methods, docstring)."""
+    entry = catalog["names"].get(name)
+    if entry is None or "class" not in entry:
+        return entry
+    cls = catalog["classes"].get(entry["class"], {})
+    return {**cls, **entry, "attrs": [*entry.get("attrs", []), *cls.get("attrs", [])]}
 
 
 # answering a frontend
@@ -183,7 +214,7 @@ def _visible(name: str, prefix: str) -> bool:
     return name.startswith(prefix) and (prefix.startswith("_") or not name.startswith("_"))
 
 
-def complete(catalog: dict[str, Entry], code: str, cursor: int) -> dict:
+def complete(catalog: Catalog, code: str, cursor: int) -> dict:
     """A `complete_reply`'s content for `code` with the cursor at `cursor`."""
     cursor = max(0, min(cursor, len(code)))
     match = _DOTTED.search(code[:cursor])
@@ -192,12 +223,13 @@ def complete(catalog: dict[str, Entry], code: str, cursor: int) -> dict:
     if match is None or code[:match.start()].endswith("."):  # `3.`, `f().`: no name to look up
         found = []
     elif dot:
-        entry = catalog.get(base) or {}
+        entry = _entry(catalog, base) or {}
         members = entry.get("members", {})
         found = [(a, members.get(a)) for a in entry.get("attrs", []) if _visible(a, prefix)]
     else:
-        found = [(n, catalog[n]) for n in catalog if _visible(n, prefix)]
-        found += [(n, None) for n in _GLOBALS if _visible(n, prefix) and n not in catalog]
+        names = catalog["names"]
+        found = [(n, names[n]) for n in names if _visible(n, prefix)]
+        found += [(n, None) for n in _GLOBALS if _visible(n, prefix) and n not in names]
     found.sort(key=lambda item: item[0])
     types_ = [{"start": start, "end": cursor, "text": text,
                "type": (entry or {}).get("kind", ""),
@@ -221,11 +253,11 @@ def name_at(code: str, cursor: int) -> str:
     return ""
 
 
-def inspect(catalog: dict[str, Entry], code: str, cursor: int) -> dict:
+def inspect(catalog: Catalog, code: str, cursor: int) -> dict:
     """An `inspect_reply`'s content: the catalog's entry for the name at the cursor."""
     name = name_at(code, cursor)
     base, _, attr = name.rpartition(".")
-    entry = catalog.get(name) or (catalog.get(base) or {}).get("members", {}).get(attr)
+    entry = _entry(catalog, name) or (_entry(catalog, base) or {}).get("members", {}).get(attr)
     if entry is None:
         return {"status": "ok", "found": False, "data": {}, "metadata": {}}
     rows = [("Type", entry.get("type", ""))]

@@ -51,7 +51,7 @@ class Report:
     unsaved: dict[str, str]  # name -> why it cannot be saved
     bounded: bool = False  # its grouping walk was cut short
     hooks: list[str] = field(default_factory=list)  # import hooks the notebook defined
-    described: dict[str, dict[str, Any]] = field(default_factory=dict)  # `catalog` entries
+    described: dict[str, dict[str, Any]] = field(default_factory=dict)  # a `catalog.Catalog`
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
 def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report) -> str | None:
     """The blob of the new version's catalog: the cell's descriptions over the parent's. A
     parent's catalog that cannot be read only leaves its names undescribed."""
-    earlier: dict[str, catalog.Entry] = {}
+    earlier: catalog.Catalog = {}
     if parent.catalog:
         try:
             earlier = catalog.decode(store.get(parent.catalog))
@@ -115,4 +115,4 @@ def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report)
                         manifest.session, parent.version, exc.message)
     names = manifest.names() | set(report.unsaved)
     merged = catalog.merge(earlier, report.described, names)
-    return store.put(catalog.encode(merged)) if merged else None
+    return store.put(catalog.encode(merged)) if merged["names"] else None

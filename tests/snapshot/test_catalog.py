@@ -34,14 +34,16 @@ NS = {"thing": Thing(), "Thing": Thing, "my_unique_var": {"alpha": 1}, "np": np,
 
 
 def test_each_name_is_described_as_completion_and_shift_tab_need() -> None:
-    entries = catalog.describe(NS, [*NS, "gone"])
+    described = catalog.describe(NS, [*NS, "gone"])
+    entries, classes = described["names"], described["classes"]
     assert set(entries) == set(NS)
     thing = entries["thing"]
-    assert (thing["type"], thing["kind"], thing["doc"]) == ("Thing", "instance", "A thing.")
-    assert thing["attrs"][:2] == ["boom", "method_one"]  # public names first
-    assert thing["members"]["method_one"] == {"kind": "function", "type": "function",
-                                              "signature": "(a, b=2)",
-                                              "doc": "Add b to a."}
+    assert (thing["type"], thing["kind"], thing["class"]) == ("Thing", "instance",
+                                                              f"{__name__}.Thing")
+    cls = classes[thing["class"]]  # what all its instances share, described once
+    assert cls["doc"] == "A thing." and cls["attrs"][:2] == ["boom", "method_one"]
+    assert cls["members"]["method_one"] == {"kind": "function", "type": "function",
+                                            "signature": "(a, b=2)", "doc": "Add b to a."}
     assert (entries["data"]["shape"], entries["data"]["dtype"]) == ([3, 4], "float32")
     assert "repr" not in entries["data"]  # an array is never printed for its catalog
     assert entries["my_unique_var"]["repr"] == "{'alpha': 1}"
@@ -50,23 +52,30 @@ def test_each_name_is_described_as_completion_and_shift_tab_need() -> None:
 
 
 def test_a_catalog_stays_bounded() -> None:
-    entries = catalog.describe({"big": list(range(10**6))}, ["big"])
-    assert len(entries["big"]["repr"]) <= catalog.MAX_TEXT
-    many = {f"v{i}": catalog.describe(NS, ["np"])["np"] for i in range(300)}
-    merged = catalog.merge({}, many, set(many))
+    described = catalog.describe({"big": list(range(10**6))}, ["big"])
+    assert len(described["names"]["big"]["repr"]) <= catalog.MAX_TEXT
+    arrays = catalog.describe({f"a{i}": np.zeros(i) for i in range(500)},
+                              [f"a{i}" for i in range(500)])
+    assert list(arrays["classes"]) == ["numpy.ndarray"]  # one class for 500 arrays
+    module = catalog.describe(NS, ["np"])["names"]["np"]
+    many = {"names": {f"v{i}": module for i in range(300)}, "classes": {}}
+    merged = catalog.merge(catalog.EMPTY, many, set(many["names"]))
     assert len(catalog.encode(merged)) <= catalog.MAX_BYTES + 64 * 1024
-    assert set(merged) == set(many) and all(merged[n]["attrs"] for n in merged)
+    assert set(merged["names"]) == set(many["names"])
+    assert all(e["attrs"] for e in merged["names"].values())
 
 
 def test_merge_keeps_the_parents_entries_of_names_still_there() -> None:
     parent = catalog.describe(NS, ["thing", "f"])
     fresh = catalog.describe({"f": 3}, ["f"])
     merged = catalog.merge(parent, fresh, {"f", "x"})
-    assert set(merged) == {"f"} and merged["f"]["type"] == "int"
+    assert set(merged["names"]) == {"f"} and merged["names"]["f"]["type"] == "int"
+    assert list(merged["classes"]) == ["builtins.int"]  # Thing's went with thing
 
 
-@pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", catalog.encode({})[:-1],
-                                  b"\x82\xa6format\x01\xa5names\x91\x01"])
+@pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", catalog.encode(catalog.EMPTY)[:-1],
+                                  b"\x82\xa6format\x01\xa5names\x91\x01",
+                                  catalog.encode({"names": {"x": {}}, "classes": []})])
 def test_a_damaged_catalog_is_a_store_error(data: bytes) -> None:
     with pytest.raises(StoreError, match="catalog"):
         catalog.decode(data)
@@ -114,7 +123,7 @@ def test_a_commit_merges_the_catalog_that_gc_keeps(tmp_path: Path) -> None:
     kept = dataclasses.replace(report(["x", "y"], x=1.5), kept=[])  # y deleted, x rebound
     _, m2 = commit(store, "s", first, dataclasses.replace(kept, owned=["x"]), cell("x", 2))
     assert m2.catalog and m2.catalog != m1.catalog
-    entries = catalog.decode(store.get(m2.catalog))
+    entries = catalog.decode(store.get(m2.catalog))["names"]
     assert entries["x"]["type"] == "float" and entries["y"]["type"] == "str"  # y kept as it was
     history.gc(store, grace=0)
     assert store.has(m2.catalog)

@@ -102,8 +102,10 @@ def test_a_worker_answers_questions_between_cells_and_sends_its_payloads(
     done, answers = asyncio.run(scenario())
     assert done.status == "ok" and [p["source"] for p in done.payload] == ["page"]
     assert "zip" in done.payload[0]["data"]["text/plain"]
-    assert done.saved is not None and "method_one" in done.saved.described["thing"]["attrs"]
-    assert done.saved.described["broken"]["attrs"] == []  # its __dir__ raised: left out
+    assert done.saved is not None
+    described = done.saved.described
+    assert "method_one" in described["classes"][described["names"]["thing"]["class"]]["attrs"]
+    assert described["names"]["broken"]["attrs"] == []  # its __dir__ raised: left out
     assert answers[0]["matches"] == ["method_one"] and answers[0]["cursor_start"] == 6
     assert answers[1]["found"] and "Say one." in answers[1]["data"]["text/plain"]
     assert answers[2]["status"] in ("ok", "error") and answers[3]["status"] in ("ok", "error")
