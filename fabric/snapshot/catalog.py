@@ -70,7 +70,8 @@ def describe_one(value: object, classes: dict[str, Entry]) -> Entry:
             if doc := pyinspect.getdoc(kind):
                 classes[key]["doc"] = _clip(doc, MAX_DOC)
         entry["class"] = key
-        entry["attrs"] = [a for a in attrs if a not in set(classes[key]["attrs"])]
+        shared = set(classes[key]["attrs"])
+        entry["attrs"] = [a for a in attrs if a not in shared]
     else:
         entry["attrs"] = attrs
         entry["members"] = _members(value, False)
