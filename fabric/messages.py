@@ -11,10 +11,10 @@ name has one type on this wire: a field a request does not use is still checked,
 The server answers each request with zero or more ``event`` frames and exactly one final frame,
 ``reply`` (its fields depend on the op) or ``error`` (``error``: a `FabricError`'s wire map), all
 carrying the request's ``msg_id``. The events of an ``execute``: `Output` (an nbformat output),
-`Queued` (the cell waits for a lease), `Leased` (it got one), `InputRequest` (the cell called
-input() or getpass(); answered by an `Answer` of the same session, only when the execute said
-``stdin``) and `Notice` (what llfabric says about itself, never a cell output; see
-`fabric.notices`).
+`Comm` (a comm message), `Queued` (the cell waits for a lease), `Leased` (it got one),
+`InputRequest` (the cell called input() or getpass(); answered by an `Answer` of the same
+session, only when the execute said ``stdin``) and `Notice` (what llfabric says about itself,
+never a cell output; see `fabric.notices`).
 
 While a client's cell runs, the server probes it with `Heartbeat` frames (no msg_id) and ZMTP
 pings; a client gone or silent has its cell stopped.
@@ -37,6 +37,7 @@ Version = int | str  # a version number, or a name `Tag` gave one
 
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
                           "error", "clear_output"})
+COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 _WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an integer",
                              float: "a number", dict: "a map", Version: "an integer or a name"}
@@ -295,6 +296,22 @@ class Output(Event):
 
 
 @dataclass(frozen=True)
+class Comm(Event):
+    """A comm message of the running cell (ipywidgets), for the frontend as a kernel sends it."""
+
+    event = "comm"
+    msg_type: str
+    content: dict
+    metadata: dict
+    buffers: list[bytes]
+
+    @classmethod
+    def _check(cls, message: dict) -> None:
+        if message.get("msg_type") not in COMM_TYPES:
+            raise ProtocolError(f"a comm message of unknown type {message.get('msg_type')!r}")
+
+
+@dataclass(frozen=True)
 class Queued(Event):
     """The cell waits for an execution slot: `ahead` cells wait before it, for `slots`."""
 
@@ -327,7 +344,7 @@ class Notice(Event):
 
 
 EVENTS: dict[str, type[Event]] = {cls.event: cls for cls in (
-    Output, Queued, Leased, InputRequest, Notice)}
+    Output, Comm, Queued, Leased, InputRequest, Notice)}
 
 
 @dataclass(frozen=True)

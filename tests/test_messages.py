@@ -11,6 +11,7 @@ from fabric.messages import (
     Answer,
     Checkout,
     Close,
+    Comm,
     Complete,
     Draft,
     Error,
@@ -46,6 +47,8 @@ EVERY_EVENT = [
     Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),
     Leased(0.5), InputRequest("? "), InputRequest("pw: ", password=True),
     Notice("pinned", "g cannot be saved", 1.0),
+    Comm("comm_open", {"comm_id": "c", "target_name": "jupyter.widget", "data": {}}, {},
+         [b"\x00\x01"]),
 ]
 
 
@@ -110,6 +113,10 @@ def test_an_error_frame_raises_its_error() -> None:
      "unknown type"),
     ({"type": "event", "msg_id": "m", "event": "input_request", "prompt": "?", "password": 1},
      "must be a boolean"),
+    ({"type": "event", "msg_id": "m", "event": "comm", "msg_type": "shell", "content": {},
+      "metadata": {}, "buffers": []}, "comm message of unknown type"),
+    ({"type": "event", "msg_id": "m", "event": "comm", "msg_type": "comm_msg", "content": {},
+      "metadata": {}, "buffers": ["text"]}, "must be"),
     ({"type": "error", "msg_id": "m", "error": "failed"}, "must be a map"),
     ({"type": "error", "msg_id": "m"}, "needs field .error."),
 ], ids=lambda v: v if isinstance(v, str) else "")

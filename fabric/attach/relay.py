@@ -27,7 +27,7 @@ from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, Intera
 
 from ..client import Client, Events
 from ..errors import FabricError, RemoteError, Unreachable
-from ..messages import Answer, InputRequest, Interrupt, Notice, Output, Queued, Reply
+from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
 from .answers import Answers
 from .notebook_file import next_cell_source
@@ -141,6 +141,9 @@ class Attachment:
                             return reply
                         case Output(output=output):
                             self._publish_output(output, result)
+                        case Comm(msg_type=kind, content=content, metadata=metadata,
+                                  buffers=buffers):
+                            self.publish(kind, content, metadata, buffers)
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
                                       "sessions ahead")
@@ -173,13 +176,15 @@ class Attachment:
         getattr(self.kernel, "log", log).warning("llfabric: session %s: %s", self.session, text)
 
     # publishing
-    def publish(self, msg_type: str, content: dict) -> None:
+    def publish(self, msg_type: str, content: dict, metadata: dict | None = None,
+                buffers: list[bytes] | None = None) -> None:
         """Send on IOPub as the kernel does for the execute request being handled."""
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # what the kernel itself printed comes first
         kernel = self.kernel
         kernel.session.send(kernel.iopub_socket, msg_type, content,
-                            parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type))
+                            parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type),
+                            buffers=buffers or None, metadata=metadata)
 
     def _publish_output(self, output: dict, result: ExecutionResult) -> None:
         kind = output["output_type"]

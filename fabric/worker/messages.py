@@ -10,7 +10,8 @@ long load's progress before it), then `Run`, answered by `Started`, `Output`s, `
 `Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
 as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Sleep` -> `Sleeping` takes a worker
 to a dump (cool tier); on waking it says `Hello` again, as it does when it first connects.
-`Complete` and `Inspect`, between cells, are answered by `Answered`. `Exit` ends it.
+A cell's comms send `CommOut`s among its outputs. `Complete` and `Inspect`, between cells, are
+answered by `Answered`. `Exit` ends it.
 """
 
 from __future__ import annotations
@@ -184,6 +185,18 @@ class Notice(Message):
 
 
 @dataclass(frozen=True)
+class CommOut(Message):
+    """A comm message of the running cell (`comm_open`, `comm_msg`, `comm_close`), as a kernel
+    would publish it: its `content`, `metadata` and binary `buffers`."""
+
+    op: ClassVar[str] = "comm"
+    msg_type: str
+    content: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    buffers: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Input(Message):
     op: ClassVar[str] = "input"
     prompt: str
@@ -233,8 +246,8 @@ class Refused(Message):
 
 
 TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Complete, Inspect, Sleep, Exit)}
-FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, Notice, Input,
-                                 Done, Settled, Sleeping, Refused)}
+FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, CommOut,
+                                 Notice, Input, Done, Settled, Sleeping, Refused)}
 
 
 def decode(wire: dict, ops: dict[str, type[Message]]) -> Message:

@@ -39,7 +39,7 @@ from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import introspect, threads, wake
+from . import comms, introspect, threads, wake
 from .fdcapture import FdCapture
 from .messages import (
     TO_WORKER,
@@ -126,6 +126,7 @@ class Worker:
         builtins.input = self._input
         getpass.getpass = self._getpass
         introspect.collect_payloads(shell)
+        comms.install(channel.send)
 
     def _ask(self, prompt: str, password: bool) -> str:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""

@@ -238,3 +238,27 @@ def test_bad_questions_get_clear_answers_and_the_server_serves_on(server: Runnin
         assert client.call("inspect", session=fresh.session, source="thing", cursor=2,
                            detail=7)["found"]
         assert client.call("ping")["pong"]
+
+
+def _comm_flow(outputs: list[dict]) -> list[tuple]:
+    """The comm messages and widget views of a cell, as a frontend meets them."""
+    flow = []
+    for message in outputs:
+        kind, content = message["msg_type"], message["content"]
+        if kind.startswith("comm_"):
+            flow.append((kind, content.get("target_name"),
+                         sorted((content.get("data") or {}).get("state", {}))))
+        elif "application/vnd.jupyter.widget-view+json" in content.get("data", {}):
+            flow.append((kind, "view"))
+    return flow
+
+
+def test_widgets_reach_the_frontend_with_their_comms(fresh: Kernel, fresh_plain: Kernel) -> None:
+    for code in ("import ipywidgets as w\nslider = w.IntSlider(value=3)\nslider",
+                 "from tqdm.notebook import tqdm\nfor _ in tqdm(range(3)):\n    pass"):
+        mine, theirs = fresh.execute(code), fresh_plain.execute(code)
+        assert mine[0]["status"] == theirs[0]["status"] == "ok"
+        assert _comm_flow(mine[1]) == _comm_flow(theirs[1]) and _comm_flow(mine[1]), code
+    [view] = [m for m in mine[1] if m["msg_type"] == "display_data"]
+    model = view["content"]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert model in {m["content"]["comm_id"] for m in mine[1] if m["msg_type"] == "comm_open"}
