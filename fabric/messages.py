@@ -215,6 +215,19 @@ class Inspect(Request):
 
 
 @dataclass(frozen=True)
+class CommMessage(Request):
+    """A frontend's `comm_msg` or `comm_close` to a comm a cell opened (a widget moved), for
+    the session's live worker; the reply says whether one took it, its events are what the
+    comm's callbacks output."""
+
+    op = "comm"
+    session: str
+    msg_type: str
+    content: dict
+    buffers: list[bytes] | None = None
+
+
+@dataclass(frozen=True)
 class History(Request):
     """The session's cells, oldest first: `[execution_count, source]` of each version that ran
     one, across kernel restarts; open or not."""
@@ -235,7 +248,7 @@ class Ping(Request):
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
     Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete, Inspect,
-    History, Status, Ping)}
+    CommMessage, History, Status, Ping)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 

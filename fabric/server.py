@@ -48,10 +48,12 @@ from .errors import (
     UnknownSession,
 )
 from .messages import (
+    COMM_TYPES,
     EVENTS,
     Answer,
     Checkout,
     Close,
+    CommMessage,
     Complete,
     Draft,
     Error,
@@ -358,6 +360,11 @@ class Server:
                 return await session.complete(source, cursor)
             case Inspect(source=source, cursor=cursor, detail=detail):
                 return await session.inspect(source, cursor, detail)
+            case CommMessage(msg_type=kind, content=content, buffers=buffers):
+                if kind not in COMM_TYPES - {"comm_open"}:
+                    raise ProtocolError(f"a frontend's comm message is comm_msg or comm_close, "
+                                        f"not {kind!r}", op=request.op)
+                return await session.comm(kind, content, buffers or [], emit)
             case Interrupt():
                 return {"interrupted": session.interrupt()}
             case Answer(value=value, error=error):

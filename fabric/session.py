@@ -129,6 +129,12 @@ class Session:
             return answer
         return catalog.inspect(self.catalog(), source, cursor)
 
+    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit) -> dict:
+        """A frontend's message to a comm of the session's live worker (a widget moved)."""
+        delivered = await self.agent.comm(msg_type, content, buffers,
+                                          Head(self.head, self.manifest), self._events(emit))
+        return {"delivered": delivered}
+
     def catalog(self) -> catalog.Catalog:
         """The head's catalog, read once per version; one that cannot be read is empty."""
         blob = self.manifest.catalog

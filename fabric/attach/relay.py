@@ -141,9 +141,8 @@ class Attachment:
                             return reply
                         case Output(output=output):
                             self._publish_output(output, result)
-                        case Comm(msg_type=kind, content=content, metadata=metadata,
-                                  buffers=buffers):
-                            self.publish(kind, content, metadata, buffers)
+                        case Comm():
+                            self.publish_event(message)
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
                                       "sessions ahead")
@@ -186,15 +185,22 @@ class Attachment:
                             parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type),
                             buffers=buffers or None, metadata=metadata)
 
+    def publish_event(self, event: Output | Comm) -> None:
+        """An output or a comm message of the session's worker, as the kernel's own."""
+        if isinstance(event, Comm):
+            self.answers.comm_seen(event.msg_type, event.content)
+            self.publish(event.msg_type, event.content, event.metadata, event.buffers)
+        else:
+            self.publish(event.output["output_type"],
+                         {k: v for k, v in event.output.items() if k != "output_type"})
+
     def _publish_output(self, output: dict, result: ExecutionResult) -> None:
-        kind = output["output_type"]
-        content = {k: v for k, v in output.items() if k != "output_type"}
-        if kind == "error":
-            traceback = content.get("traceback")
+        if output["output_type"] == "error":
+            traceback = output.get("traceback")
             self.shell._last_traceback = traceback if isinstance(traceback, list) else []
-            result.error_in_exec = _remote_error(str(content.get("ename", "Error")),
-                                                 str(content.get("evalue", "")))
-        self.publish(kind, content)
+            result.error_in_exec = _remote_error(str(output.get("ename", "Error")),
+                                                 str(output.get("evalue", "")))
+        self.publish_event(Output(output))
 
     def _fail(self, result: ExecutionResult, exc: FabricError) -> None:
         """The fabric could not run the cell: say so in the cell, as its error."""

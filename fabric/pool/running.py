@@ -45,8 +45,7 @@ class Running:
             if isinstance(message, Output):
                 self.events(message.output)
             elif isinstance(message, CommOut):
-                self.events({"msg_type": message.msg_type, "content": message.content,
-                             "metadata": message.metadata, "buffers": message.buffers}, "comm")
+                self.events(message.event(), "comm")
             elif isinstance(message, Notice):
                 self.events.notice(message.topic, message.text)
             elif isinstance(message, Started):

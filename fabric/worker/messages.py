@@ -10,8 +10,9 @@ long load's progress before it), then `Run`, answered by `Started`, `Output`s, `
 `Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
 as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Sleep` -> `Sleeping` takes a worker
 to a dump (cool tier); on waking it says `Hello` again, as it does when it first connects.
-A cell's comms send `CommOut`s among its outputs. `Complete` and `Inspect`, between cells, are
-answered by `Answered`. `Exit` ends it.
+A cell's comms send `CommOut`s among its outputs. `Complete`, `Inspect` and `CommIn`, between
+cells, are answered by `Answered` (a `CommIn` after its callbacks' `Output`s and `CommOut`s).
+`Exit` ends it.
 """
 
 from __future__ import annotations
@@ -121,6 +122,17 @@ class Inspect(Message):
 
 
 @dataclass(frozen=True)
+class CommIn(Message):
+    """Between cells: a frontend's `comm_msg` or `comm_close` to a comm of the worker, handled
+    by its callbacks (whose outputs and comm messages come first), answered by `Answered`."""
+
+    op: ClassVar[str] = "comm_in"
+    msg_type: str
+    content: dict[str, Any]
+    buffers: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Sleep(Message):
     op: ClassVar[str] = "sleep"
 
@@ -195,6 +207,11 @@ class CommOut(Message):
     metadata: dict[str, Any] = field(default_factory=dict)
     buffers: list[bytes] = field(default_factory=list)
 
+    def event(self) -> dict[str, Any]:
+        """The fields of the client wire's `Comm` event."""
+        return {"msg_type": self.msg_type, "content": self.content, "metadata": self.metadata,
+                "buffers": self.buffers}
+
 
 @dataclass(frozen=True)
 class Input(Message):
@@ -245,7 +262,8 @@ class Refused(Message):
     message: str
 
 
-TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Complete, Inspect, Sleep, Exit)}
+TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Complete, Inspect, CommIn, Sleep,
+                               Exit)}
 FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, CommOut,
                                  Notice, Input, Done, Settled, Sleeping, Refused)}
 

@@ -44,6 +44,7 @@ from .fdcapture import FdCapture
 from .messages import (
     TO_WORKER,
     Answered,
+    CommIn,
     Complete,
     Done,
     Exit,
@@ -160,7 +161,7 @@ class Worker:
         threading.Thread(target=self._flush_forever, daemon=True).start()
         self.channel.send(Hello(os.getpid()))
         handlers = {Load: self.load, Run: self.run, Settle: self.settle, Sleep: self.sleep,
-                    Complete: self.complete, Inspect: self.inspect}
+                    Complete: self.complete, Inspect: self.inspect, CommIn: self.comm}
         while True:
             try:
                 message = self.channel.recv()
@@ -184,6 +185,9 @@ class Worker:
     def inspect(self, message: Inspect) -> Answered:
         return Answered(self._answer(introspect.inspect, message.code, message.cursor,
                                      message.detail))
+
+    def comm(self, message: CommIn) -> Answered:
+        return Answered(comms.receive(message))
 
     def _answer(self, ask: Any, *args: Any) -> dict:
         """The reply's content; what the user's objects raise is the reply's error, never

@@ -262,3 +262,51 @@ def test_widgets_reach_the_frontend_with_their_comms(fresh: Kernel, fresh_plain:
     [view] = [m for m in mine[1] if m["msg_type"] == "display_data"]
     model = view["content"]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
     assert model in {m["content"]["comm_id"] for m in mine[1] if m["msg_type"] == "comm_open"}
+
+
+@pytest.fixture(scope="module")
+def warm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=600) as running:
+        yield running
+
+
+SLIDER = ("import ipywidgets as w\n"
+          "slider = w.IntSlider(value=3)\n"
+          "slider.observe(lambda change: print('moved to', change['new']), 'value')\n"
+          "slider")
+
+
+def _send_comm(kernel: Kernel, content: dict) -> list[dict]:
+    """A frontend's comm_msg; the IOPub messages the kernel sends for it, until idle."""
+    message = kernel.client.session.msg("comm_msg", content)
+    kernel.client.shell_channel.send(message)
+    outputs = []
+    while True:
+        msg = kernel.client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != message["header"]["msg_id"]:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return outputs
+        if msg["msg_type"] != "status":
+            outputs.append(msg)
+
+
+def test_a_slider_moved_in_the_frontend_moves_the_workers_slider(
+        warm_server: RunningServer, specs: KernelSpecManager, fresh_plain: Kernel,
+        tmp_path: Path) -> None:
+    kernel = Kernel.start(specs, kernel_env(warm_server.address, f"w-{uuid.uuid4().hex[:10]}"),
+                          tmp_path)
+    try:
+        seen = []
+        for each in (kernel, fresh_plain):
+            reply, outputs = each.execute(SLIDER)
+            assert reply["status"] == "ok"
+            [model] = [m["content"]["comm_id"] for m in outputs if m["msg_type"] == "comm_open"
+                       and m["content"]["data"]["state"]["_model_name"] == "IntSliderModel"]
+            moved = _send_comm(each, {"comm_id": model, "data": {
+                "method": "update", "state": {"value": 7}, "buffer_paths": []}})
+            _, printed = each.execute("print(slider.value)")
+            seen.append((text_of(moved), text_of(printed)))
+        assert seen[0] == seen[1] == ("moved to 7\n", "7\n")
+    finally:
+        kernel.stop()
