@@ -12,6 +12,7 @@ from fabric.messages import (
     Checkout,
     Close,
     Comm,
+    CommMessage,
     Complete,
     Draft,
     Error,
@@ -41,6 +42,7 @@ EVERY_REQUEST = [
     Interrupt("s"), Answer("s", value="42"), Answer("s", error="no stdin"), Checkout("s", 3),
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
     Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
+    CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
     Status(), Ping(),
 ]
 EVERY_EVENT = [

@@ -231,12 +231,18 @@ def test_bad_questions_get_clear_answers_and_the_server_serves_on(server: Runnin
         assert answer["type"] == "error" and why in answer["error"]["message"], answer
     assert "no session" in _raw(server, {"op": "history", "session": "never-opened"})[
         "error"]["message"]
+    assert "comm_msg or comm_close" in _raw(server, {
+        "op": "comm", "session": fresh.session, "msg_type": "comm_open", "content": {}})[
+        "error"]["message"]
     with server.client() as client:
         for cursor in (-5, 10**9):  # past either end: the nearest end
             assert client.call("complete", session=fresh.session, source="my_uni",
                                cursor=cursor)["status"] == "ok"
         assert client.call("inspect", session=fresh.session, source="thing", cursor=2,
                            detail=7)["found"]
+        # no worker is kept here: a widget's message has nowhere to go, and says so
+        assert client.call("comm", session=fresh.session, msg_type="comm_msg",
+                           content={"comm_id": "gone", "data": {}}) == {"delivered": False}
         assert client.call("ping")["pong"]
 
 
