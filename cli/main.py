@@ -16,10 +16,12 @@ import nbformat
 
 from fabric import audit as fabric_audit
 from fabric.errors import ConfigError, FabricError
-from fabric.notebook import read_notebook, run_notebook, timings_table
+from fabric.notebook import notebook_gpus, read_notebook, run_notebook, timings_table
 from fabric.protocol import as_session_name
 
 from .common import client_of, config
+from .host import doctor as doctor_command
+from .host import service as service_group
 from .keys import keys as keys_group
 from .status import status as status_command
 from .store import store as store_group
@@ -78,14 +80,16 @@ def _print_output(index: int, output: dict) -> None:
 
 
 def _run(notebook: Path, connect: str | None, store: str | None, think_time: float,
-         output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None) -> bool:
+         output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None,
+         gpus: int | None = None) -> bool:
     nb = read_notebook(notebook)
+    gpus = gpus or notebook_gpus(nb)
     session = session or f"{as_session_name(notebook.stem, 80)}-{uuid.uuid4().hex[:8]}"
     workdir = (cwd or notebook.resolve().parent).resolve()
     with client_of(connect, store) as client:
         client.open(session, str(workdir))
         run = run_notebook(client, nb, session, think_time=think_time,
-                           allow_errors=allow_errors, on_output=_print_output)
+                           allow_errors=allow_errors, on_output=_print_output, gpus=gpus)
         client.close_session(session)
     if output is not None:
         nbformat.write(nb, str(output))
@@ -108,10 +112,14 @@ def _run(notebook: Path, connect: str | None, store: str | None, think_time: flo
               help="Working directory of the session (default: the notebook's folder).")
 @click.option("--allow-errors", is_flag=True, help="Go on after a cell that raises.")
 @click.option("--session", help="Session name (default: the notebook's name and a random tag).")
+@click.option("--gpus", type=click.IntRange(min=1),
+              help="GPUs (or slots) each cell leases together (default: the notebook's "
+                   "metadata llfabric.gpus, else the server's gpus setting).")
 def run(notebook: Path, connect: str | None, store: str | None, think_time: float,
-        output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None) -> None:
+        output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None,
+        gpus: int | None) -> None:
     """Execute NOTEBOOK's code cells in order on a fabric server."""
-    ok = _run(notebook, connect, store, think_time, output, cwd, allow_errors, session)
+    ok = _run(notebook, connect, store, think_time, output, cwd, allow_errors, session, gpus)
     sys.exit(0 if ok else 1)
 
 
@@ -181,6 +189,8 @@ def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
 main.add_command(status_command)
 main.add_command(keys_group)
 main.add_command(store_group)
+main.add_command(doctor_command)
+main.add_command(service_group)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def describe(info: ServerStatus) -> list[str]:
     lines = [f"server pid {info.pid} on {info.address}, store {info.store}",
              f"{leases.kind} slots {leases.slots}: {leases.held} held, {leases.queued} queued"]
     lines += [_slot(slot) for slot in leases.leases]
-    lines += [f"  queued {w.session} for {w.waiting:.1f} s" for w in leases.queue]
+    lines += [f"  queued {w.session} ({w.slots} slots) for {w.waiting:.1f} s"
+              for w in leases.queue]
     lines += [f"zygote {z.pid}: {', '.join(z.modules) or '(base)'}" for z in info.zygotes]
     lines.append(f"workers ({info.worker_source}): {len(info.workers)}")
     lines += [f"template {', '.join(t.modules) or '(base)'}: {t.state}, {mib(t.bytes)} MiB, "
@@ -43,7 +44,9 @@ def describe(info: ServerStatus) -> list[str]:
 def _slot(slot: SlotStatus) -> str:
     gpu = (f" {slot.name} {slot.uuid}, {mib(slot.memory_used)}/{mib(slot.memory_total)} MiB, "
            f"{slot.utilization}% busy" if slot.uuid is not None else "")
-    held = f": {slot.session} for {slot.held or 0.0:.1f} s" if slot.session else ": free"
+    together = ", ".join(map(str, slot.with_slots))
+    gang = f" (slots {together} together)" if len(slot.with_slots) > 1 else ""
+    held = f": {slot.session}{gang} for {slot.held or 0.0:.1f} s" if slot.session else ": free"
     return f"  slot {slot.slot}{gpu}{held}"
 
 

@@ -158,9 +158,11 @@ class Client:
         return self.request(Draft(session, source), timeout)
 
     def execute(self, session: str, source: str, *, stdin: bool = False,
-                cell_id: str | None = None, timeout: float | None = None) -> Events:
-        """Start a cell; iterate the result for its outputs and notices, then its Reply."""
-        return self.start(Execute(session, source, stdin, cell_id), timeout)
+                cell_id: str | None = None, gpus: int | None = None,
+                timeout: float | None = None) -> Events:
+        """Start a cell (with `gpus`, the session's GPU count from it on); iterate the result
+        for its outputs and notices, then its Reply."""
+        return self.start(Execute(session, source, stdin, cell_id, gpus), timeout)
 
     def interrupt(self, session: str) -> bool:
         """Interrupt the session's running cell; False if none ran."""

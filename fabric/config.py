@@ -35,6 +35,9 @@ class Config:
     slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
     # intra-op threads (torch, OpenMP, BLAS) of a worker under a lease; 0: cores // slots
     threads: int = 0
+    # slots (GPUs) a session's cells lease together unless it sets its own (`%llfabric gpus`,
+    # `llfabric run --gpus`, the notebook's metadata)
+    gpus: int = 1
     max_zygotes: int = 4  # import-family zygotes kept, least recently used evicted
     zygote_memory: int = 0  # bytes those zygotes may hold, LRU evicted past it; 0: 1/4 of RAM
     # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates
@@ -57,6 +60,7 @@ class Config:
     # silent for heartbeat_timeout seconds, or gone, has its running cell stopped. 0: off
     heartbeat: int = 2
     heartbeat_timeout: int = 10
+    metrics_bind: str = ""  # HOST:PORT where Prometheus scrapes /metrics; empty: not served
     user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
     # retention: each session keeps the state of its newest keep_versions versions, of one
     # version per clock hour for keep_hourly hours and one per day for keep_daily days, and of

@@ -222,3 +222,11 @@ class AddressRefused(FabricError):
     """The server cannot serve on the address it was given (its scheme, or tcp without keys)."""
 
     kind = "address"
+
+
+class SlotsUnavailable(FabricError):
+    """A cell asked for more execution slots (GPUs) than the host has, or fewer than one: it
+    could never run, so it is refused at once instead of waiting; `asked` and `slots` say how
+    many."""
+
+    kind = "slots"

@@ -142,6 +142,7 @@ class Execute(Request):
     source: str
     stdin: bool = False  # the client answers the cell's input() (see `InputRequest`)
     cell_id: str | None = None  # the frontend's id of the cell, where it has one
+    gpus: int | None = None  # slots this and the session's later cells lease; None: as before
 
 
 @dataclass(frozen=True)

@@ -91,10 +91,21 @@ class _Outputs:
             self.displays.setdefault(display_id, []).append(shown)
 
 
+def notebook_gpus(nb: nbformat.NotebookNode) -> int | None:
+    """The GPU count the notebook's metadata asks for (`{"llfabric": {"gpus": K}}`), if any."""
+    settings = nb.metadata.get("llfabric", {})
+    gpus = settings.get("gpus") if isinstance(settings, dict) else None
+    if gpus is not None and (type(gpus) is not int or gpus < 1):
+        raise NotebookError(f"the notebook's metadata llfabric.gpus must be a count of 1 or "
+                            f"more, not {gpus!r}")
+    return gpus
+
+
 def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
                  think_time: float = 0.0, allow_errors: bool = False,
-                 on_output: OnOutput | None = None) -> NotebookRun:
-    """Execute the code cells in order; with `think_time`, draft each cell that long before."""
+                 on_output: OnOutput | None = None, gpus: int | None = None) -> NotebookRun:
+    """Execute the code cells in order; with `think_time`, draft each cell that long before;
+    with `gpus`, each leases that many slots."""
     cells: list[CellRun] = []
     displays: dict[str, list] = {}  # display id -> the outputs showing it, in any cell
     first: float | None = None
@@ -110,7 +121,8 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         outputs = _Outputs(displays)
         first = time.monotonic() if first is None else first
         try:
-            for message in client.execute(session, source, timeout=0):  # cells may run for hours
+            # cells may run for hours
+            for message in client.execute(session, source, gpus=gpus, timeout=0):
                 if isinstance(message, Output):
                     outputs.add(message.output)
                     if on_output is not None:

@@ -38,6 +38,7 @@ from .claim import claim_server
 from .config import Config
 from .errors import (
     AddressRefused,
+    ConfigError,
     FabricError,
     Forbidden,
     InUse,
@@ -71,6 +72,7 @@ from .messages import (
     Status,
     Tag,
 )
+from .metrics import Metrics
 from .pool import Leases, Pool, cuda
 from .pool.lifecycle import Keeper
 from .private import private_dir
@@ -86,6 +88,9 @@ class Server:
         self.keys = _check_address(config)
         self.store = Store(private_dir(config.store))
         self.leases = Leases.for_host(config.slots, config.threads)
+        if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
+            raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
+                              f"{self.leases.slots} slots on this host", key="gpus")
         self.pool = Pool(config.store, max_zygotes=config.max_zygotes,
                          worker_source=config.worker_source, keep_warm=config.keep_warm,
                          cool_after=config.cool_after, zygote_memory=config.zygote_memory,
@@ -108,10 +113,12 @@ class Server:
         self._wanted = asyncio.Event()  # a cell committed: retention and gc now
         self._pressure: float | None = None  # the disk's percent in use, while past its limit
         self.upkeep: dict = {}  # the latest retention and gc pass, for `status`
+        self.metrics = Metrics(self._scrape)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         context = zmq.asyncio.Context()
-        authenticator = auth.Authenticator(context, self.keys)  # before any client connects
+        authenticator = auth.Authenticator(context, self.keys, self.metrics.auth_failures.inc)
         admitting = asyncio.ensure_future(authenticator.serve())
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
@@ -139,6 +146,9 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        self._loop = loop
+        metrics = self.metrics.serve(self.config.metrics_bind) if self.config.metrics_bind \
+            else None
         try:
             await self.pool.start()
             log.info("serving on %s, store %s, %d %s slots", address, self.config.store,
@@ -156,6 +166,9 @@ class Server:
             for task in list(self._tasks):
                 task.cancel()
             admitting.cancel()
+            if metrics is not None:
+                metrics.shutdown()
+                metrics.server_close()
             await self.keeper.stop()
             await self.pool.stop()
             self.socket.close()
@@ -345,14 +358,16 @@ class Server:
         match request:
             case Draft(source=source):
                 return session.draft(source)
-            case Execute(source=source, stdin=stdin):
+            case Execute(source=source, stdin=stdin, gpus=gpus):
                 self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
                 if self.config.user_bytes:
                     self._check_limit(user, "user_bytes", self._stored_bytes(user),
                                       "bytes stored")
                 self.running[user] = self.running.get(user, 0) + 1
                 try:
-                    return await session.execute(source, emit, stdin=stdin)
+                    reply = await session.execute(source, emit, stdin=stdin, gpus=gpus)
+                    self.metrics.cell(reply)
+                    return reply
                 finally:
                     self.running[user] -= 1
                     self._after_cell()
@@ -387,7 +402,8 @@ class Server:
             if not os.path.isdir(cwd):
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
-                              interrupt_grace=self.config.interrupt_grace)
+                              interrupt_grace=self.config.interrupt_grace,
+                              gpus=self.config.gpus)
             session.admit = lambda manifest: self._admit(user, stored, manifest)
             self.sessions[stored] = session
         return self._public(user, session.status())
@@ -446,6 +462,18 @@ class Server:
 
     def _public(self, user: str, status: dict) -> dict:
         return {**status, "session": self._public_name(user, status["session"])}
+
+    def _scrape(self) -> dict:
+        """What the metrics read at a scrape (in the HTTP server's thread), taken in the loop
+        that changes it."""
+        async def now() -> dict:
+            return {"leases": self.leases.status(), "workers": len(self.pool.workers),
+                    "zygotes": len(self.pool.zygotes),
+                    "sessions": [s.status() for s in self.sessions.values()]}
+
+        if self._loop is None:
+            raise RuntimeError("the server is not serving")
+        return asyncio.run_coroutine_threadsafe(now(), self._loop).result(timeout=10)
 
     def status(self, user: str) -> dict:
         """The server as `user` may see it: their sessions, and others' only as busy slots."""

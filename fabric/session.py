@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 class Session:
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
-                 keeper: Keeper, interrupt_grace: float = 5.0) -> None:
+                 keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1) -> None:
         self.name = name
+        self.gpus = gpus  # slots its cells lease together; a cell's execute may change it
         self.store = store
         self.agent = HostAgent(name, cwd, store, pool, leases, keeper, interrupt_grace)
         self.head = store.head(name)
@@ -88,17 +89,23 @@ class Session:
         return {"names": sorted(cl.names), "groups": len(cl.groups), "whole": cl.whole,
                 "exact": cl.exact, "session_variables": len(self.manifest.variables())}
 
-    async def execute(self, source: str, emit: Emit, stdin: bool = False) -> dict:
+    async def execute(self, source: str, emit: Emit, stdin: bool = False,
+                      gpus: int | None = None) -> dict:
+        """Run `source` as the session's next cell; with `gpus`, on that many slots from now
+        on (refused before anything runs if the host cannot give them)."""
         received = time.monotonic()
         if self.lock.locked():
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
+        if gpus is not None:
+            self.agent.leases.check(self.name, gpus)
+            self.gpus = gpus
         async with self.lock:
             head = self._follow_head()
             cell = plan(source)
             cl = closure(cell, self.manifest)
             count = int(self.manifest.cell.get("execution_count", 0)) + 1
             self._told = []
-            ran = await self.agent.run(Cell(cell, cl, count, stdin, received), head,
+            ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus), head,
                                        self._events(emit),
                                        lambda done: self._commit(done, cell, count))
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
@@ -166,7 +173,7 @@ class Session:
     def status(self) -> dict:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
                 "execution_count": int(self.manifest.cell.get("execution_count", 0)),
-                "opened": self.opened,
+                "opened": self.opened, "gpus": self.gpus,
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),
                 **self.agent.status(Head(self.head, self.manifest)),

@@ -60,8 +60,9 @@ class SessionStatus(_Wire):
     prepared: bool
     tier: str  # hot, warm, cool or cold
     memory: int  # bytes that tier holds
-    lease_seconds: float
+    lease_seconds: float  # slot-seconds: a lease of K slots counts K times
     notices: tuple[Notice, ...] = ()
+    gpus: int = 1  # slots (GPUs) its cells lease together
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -81,12 +82,14 @@ class SlotStatus(_Wire):
     error: str | None = None  # NVML's, when it could not read the device
     session: str | None = None
     held: float | None = None  # seconds
+    with_slots: tuple[int, ...] = ()  # every slot of the lease holding this one
 
 
 @dataclasses.dataclass(frozen=True)
 class WaiterStatus(_Wire):
     session: str
     waiting: float  # seconds
+    slots: int = 1  # asked for together
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +99,7 @@ class LeaseStatus(_Wire):
     kind: str  # gpu or cpu
     slots: int
     threads: int
-    held: int
+    held: int  # slots
     queued: int
     leases: tuple[SlotStatus, ...]
     queue: tuple[WaiterStatus, ...]

@@ -113,3 +113,12 @@ def test_malformed_toml_raises(tmp_path: Path) -> None:
     path.write_text("[llfabric\nslots = \n")
     with pytest.raises(FabricError, match="cannot read"):
         load(path, env={})
+
+
+def test_a_session_gpu_count_the_host_cannot_give_is_refused_at_start(tmp_path: Path) -> None:
+    from fabric.errors import ConfigError
+    from fabric.server import Server
+
+    assert Config().gpus == 1
+    with pytest.raises(ConfigError, match="gpus is 3; a session's cells may lease 1 to 2"):
+        Server(Config(store=tmp_path / "store", runtime_dir=tmp_path / "run", slots=2, gpus=3))

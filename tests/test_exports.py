@@ -22,7 +22,8 @@ PUBLIC = [
     "Forbidden", "FrameTooLarge", "InUse", "InvalidName", "KernelError", "LimitReached",
     "LoadFailed", "Manifest", "NoZygote", "NotReplayable", "NotWaiting", "NotebookError",
     "ParkFailed", "ProtocolError", "RemoteError",
-    "ServerStatus", "SessionBusy", "SessionStatus", "StaleHead", "Store", "StoreError",
+    "ServerStatus", "SessionBusy", "SessionStatus", "SlotsUnavailable", "StaleHead", "Store",
+    "StoreError",
     "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
     "ZygoteProtocolError", "load_config",
 ]

@@ -1,4 +1,4 @@
-"""`%llfabric attach|detach|status|checkout|tag|rm` and `%%local`.
+"""`%llfabric attach|detach|status|gpus|checkout|tag|rm` and `%%local`.
 
 `%load_ext fabric.attach.magics` registers them without attaching (as `llfabric attach` does
 for a running kernel, before `%llfabric attach ADDRESS`).
@@ -22,6 +22,7 @@ USAGE = """usage:
   %llfabric attach [ADDRESS] [--session NAME] [--notebook PATH]
   %llfabric status
   %llfabric detach
+  %llfabric gpus K               (the session's next cells lease K GPUs, or slots, together)
   %llfabric interrupt            (a cell of the session still running from an earlier kernel)
   %llfabric checkout VERSION|NAME
   %llfabric tag NAME [VERSION]   (name a version, the latest by default: retention keeps it)
@@ -69,6 +70,8 @@ class FabricMagics(Magics):
                 print(describe(attachment.client.status(), attachment.session))
             except FabricError as exc:
                 print(f"llfabric: {exc.message}", file=sys.stderr)
+        elif command == "gpus" and len(words) == 1:
+            self._gpus(words[0])
         elif command == "interrupt" and not words:
             attachment = current(self.shell)
             if attachment is None:
@@ -102,6 +105,23 @@ class FabricMagics(Magics):
                 print(f"llfabric: removed session {words[0]}")
         else:
             raise UsageError(USAGE)
+
+    def _gpus(self, word: str) -> None:
+        """Lease `word` slots for the session's next cells, if the server's host has them."""
+        attachment = current_attachment(self.shell)
+        if not word.isdigit() or int(word) < 1:
+            raise UsageError(f"%llfabric gpus takes a count of 1 or more, not {word!r}")
+        try:
+            slots = attachment.client.status().leases
+        except FabricError as exc:
+            print(f"llfabric: {exc.message}", file=sys.stderr)
+            return
+        if int(word) > slots.slots:
+            print(f"llfabric: the server's host has {slots.slots} {slots.kind} slots, not "
+                  f"{word}; nothing changed", file=sys.stderr)
+            return
+        attachment.gpus = int(word)
+        print(f"llfabric: the session's next cells lease {word} {slots.kind} slots together")
 
     def _call(self, op: str, **fields: object) -> dict | None:
         """A request of the attached session (or `session` in `fields`); None, the error
@@ -154,6 +174,8 @@ def describe(status: ServerStatus, session: str) -> str:
         f"{leases.kind}-hours saved vs pinned: {saved:.4f}{share}",
         f"stored: {mine.bytes} bytes in {mine.variables} variables",
     ]
+    if mine.gpus > 1:
+        lines.append(f"each cell leases {mine.gpus} {leases.kind} slots together")
     if mine.pinned:
         lines.append("pinned: a worker is kept alive for state that cannot be saved")
     if mine.notices:

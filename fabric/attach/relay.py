@@ -67,6 +67,9 @@ class Attachment:
         self.notebook = notebook
         self.client = Client(address, timeout=CALL_TIMEOUT)
         self.opened = False
+        # the session's GPU count (`%llfabric gpus`), sent with every cell so that a restarted
+        # server keeps it; None: the server's
+        self.gpus: int | None = None
         self.answers = Answers(self)
 
     def close(self, forget: bool = True) -> None:
@@ -132,7 +135,8 @@ class Attachment:
 
     def _execute(self, source: str, result: ExecutionResult) -> dict:
         events = self.client.execute(self.session, source, stdin=True,
-                                     cell_id=result.info.cell_id, timeout=SILENCE)
+                                     cell_id=result.info.cell_id, gpus=self.gpus,
+                                     timeout=SILENCE)
         while True:
             try:
                 for message in events:

@@ -329,10 +329,10 @@ class HostAgent:
                    path: str, cell: Cell, head: Head, events: Events,
                    commit: Commit) -> tuple[Ran, bool]:
         """Run the cell under a lease and commit; True with the result if the worker is kept."""
-        queued = self.leases.full
+        queued = self.leases.would_wait(self.name, cell.slots)
         if queued:  # the client tells the user why nothing happens yet
             events({"ahead": self.leases.queued, "slots": self.leases.slots}, "queued")
-        lease = await self.leases.acquire(self.name, prefer=worker.device)
+        lease = await self.leases.acquire(self.name, cell.slots, prefer=worker.device)
         if queued:
             events({"waited": lease.waited}, "leased")
             events.notice("queued", f"waited {lease.waited:.1f} s for an execution slot")
@@ -350,7 +350,7 @@ class HostAgent:
                                  f"({exc.message})") from exc
             if replay is not None:
                 result = await recompute(worker, replay, head, life.holds, lease.device,
-                                         self.leases.threads, events)
+                                         lease.threads, events)
                 if result.lost:
                     self.lost_at = head.id
                 life.unsaved = result.rebuilt  # told of already: not again as pinned
@@ -358,7 +358,7 @@ class HostAgent:
                 await self._send_load(worker, life.deferred.pop(0), events)
             reached = cell.plan.reached
             await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
-                                  self.leases.threads,
+                                  lease.threads,
                                   reached=None if reached is None else sorted(reached)))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes

@@ -32,6 +32,7 @@ class Cell:
     execution_count: int
     stdin: bool = False  # the client answers the cell's input()
     received: float = 0.0  # when the request came (monotonic): the visible delay's start
+    slots: int = 1  # leased together: the session's GPU count
 
 
 @dataclass(frozen=True)

@@ -53,5 +53,29 @@ def usage(gpu: Gpu) -> dict:
             "utilization": int(rates.gpu)}
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (`580.159.03`), or None without one."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        return _text(pynvml.nvmlSystemGetDriverVersion())
+    except pynvml.NVMLError:
+        return None
+
+
+def mig_enabled(gpu: Gpu) -> bool:
+    """Whether `gpu` is in MIG mode (split into instances); False for GPUs without MIG."""
+    import pynvml
+
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+        return pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    except pynvml.NVMLError:
+        return False
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value

@@ -1,10 +1,14 @@
-"""Leases: exclusive use of one execution slot for the duration of one cell.
+"""Leases: exclusive use of one or more execution slots, together, for the duration of one cell.
 
 A slot is a GPU (from NVML) on hosts that have them, else a CPU slot (one per core unless
-configured); both go through this one interface. More sessions than slots is normal: waiters
-are served first come, first served, so no session starves; the wait is reported as part of the
-cell's visible delay and lease-seconds are accounted per session. A cell whose worker was
-parked off a GPU gets that GPU when it is free (no move), else any free one.
+configured); both go through this one interface. A cell that needs K slots gets all K at once
+or waits holding none (a gang: two cells each holding some of what the other waits for would
+deadlock), in a stable order (its slots ascending, its GPUs in that order as one
+CUDA_VISIBLE_DEVICES value), and gives them back together. More requests than slots is normal:
+`queueing` decides who is served (first come, first served, with a reservation for the oldest
+and backfill that cannot delay it), the wait is reported as part of the cell's visible delay,
+and slot-seconds are accounted per session. A cell whose worker was parked off GPUs gets those
+that are free (no move), else any free ones.
 """
 
 from __future__ import annotations
@@ -12,21 +16,31 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
+from ..errors import SlotsUnavailable
 from ..worker import threads
-from . import gpus
+from . import gpus, queueing
+
+RECENT = 5  # a session's last runs its next one's estimate is taken from
 
 
 @dataclass
 class Lease:
     session: str
-    slot: int
+    slots: tuple[int, ...]  # ascending
     acquired: float
     waited: float
-    device: str | None = None  # the GPU's UUID, for CUDA_VISIBLE_DEVICES; None for a CPU slot
+    devices: tuple[str, ...] = ()  # the GPUs' UUIDs, in the slots' order; none for CPU slots
+    threads: int = 1  # intra-op threads: the slots' shares of the host's cores together
+    ends: float | None = None  # when it is expected back, from the session's recent runs
     released: float | None = None
+
+    @property
+    def device(self) -> str | None:
+        """CUDA_VISIBLE_DEVICES for the cell: its GPUs, comma-joined; None on CPU slots."""
+        return ",".join(self.devices) or None
 
     @property
     def held(self) -> float:
@@ -36,20 +50,26 @@ class Lease:
 @dataclass
 class _Waiter:
     session: str
+    count: int
     since: float
+    estimate: float | None
+    prefer: frozenset[int]  # slots to take first when free: those its worker was parked from
     future: asyncio.Future
 
 
 @dataclass
 class Leases:
     slots: int = 0
-    threads: int = 0  # intra-op threads of a worker under a lease; 0: its share of the cores
+    threads: int = 0  # intra-op threads per slot leased; 0: its share of the cores
     kind: str = "cpu"
     devices: list[gpus.Gpu] = field(default_factory=list)
+    patience: float = queueing.PATIENCE  # see `queueing`
     _free: list[int] = field(default_factory=list)
     _waiters: list[_Waiter] = field(default_factory=list)
-    held: dict[int, Lease] = field(default_factory=dict)
+    held: dict[int, Lease] = field(default_factory=dict)  # slot -> the lease holding it
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    recent: dict[str, deque[float]] = field(
+        default_factory=lambda: defaultdict(lambda: deque(maxlen=RECENT)))
 
     def __post_init__(self) -> None:
         if self.devices:
@@ -60,64 +80,95 @@ class Leases:
 
     @classmethod
     def for_host(cls, cpu_slots: int = 0, threads: int = 0) -> Leases:
-        """One lease per GPU where NVML finds any, else `cpu_slots` CPU slots (0: per core);
-        `threads` per lease (0: the host's cores shared among the slots)."""
+        """One slot per GPU where NVML finds any, else `cpu_slots` CPU slots (0: per core);
+        `threads` per slot (0: the host's cores shared among the slots)."""
         return cls(cpu_slots, threads, devices=gpus.discover())
 
-    async def acquire(self, session: str, prefer: str | None = None) -> Lease:
-        """A free slot (`prefer`'s, the UUID of a GPU, if free), else the first to be released
-        once those who asked before have theirs."""
-        start = time.monotonic()
-        if not self._free or self._waiters:
-            waiter = _Waiter(session, start, asyncio.get_running_loop().create_future())
-            self._waiters.append(waiter)
-            try:
-                await waiter.future
-            except asyncio.CancelledError:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-                elif waiter.future.done() and not waiter.future.cancelled():
-                    self._give(waiter.future.result())  # handed a slot while being cancelled
-                raise
-            slot = waiter.future.result()
-        else:
-            preferred = self._slot_of(prefer)
-            slot = preferred if preferred in self._free else self._free[0]
-            self._free.remove(slot)
+    async def acquire(self, session: str, count: int = 1, prefer: str | None = None) -> Lease:
+        """`count` slots together, when `queueing` says so; `prefer` (CUDA_VISIBLE_DEVICES of
+        the GPUs a worker was parked from) names the ones to take first if free. More slots
+        than the host has is refused at once: waiting would never end."""
+        self.check(session, count)
+        waiter = _Waiter(session, count, time.monotonic(),
+                         queueing.estimate(self.recent.get(session, ())), self._slots_of(prefer),
+                         asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        self._admit()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                self._admit()  # it may have held back those behind it
+            elif waiter.future.done() and not waiter.future.cancelled():
+                self.release(waiter.future.result())  # granted while being cancelled
+            raise
+
+    def check(self, session: str, count: int) -> None:
+        """SlotsUnavailable unless a cell of `session` may lease `count` slots here."""
+        if not 1 <= count <= self.slots:
+            raise SlotsUnavailable(
+                f"a cell may lease 1 to {self.slots} {self.kind} slots on this host, "
+                f"not {count}", session=session, asked=count, slots=self.slots)
+
+    def _slots_of(self, devices: str | None) -> frozenset[int]:
+        names = set((devices or "").split(","))
+        return frozenset(slot for slot, gpu in enumerate(self.devices) if gpu.uuid in names)
+
+    def _admit(self) -> None:
+        """Grant what `queueing` admits now, oldest first."""
+        self._waiters = [w for w in self._waiters if not w.future.done()]  # cancelled ones
         now = time.monotonic()
-        device = self.devices[slot].uuid if self.devices else None
-        lease = Lease(session, slot, now, now - start, device)
-        self.held[slot] = lease
+        chosen = [self._waiters[i] for i in self._admissions(now)]
+        for waiter in chosen:
+            self._waiters.remove(waiter)
+            waiter.future.set_result(self._grant(waiter, now))
+
+    def _admissions(self, now: float, *extra: queueing.Request) -> list[int]:
+        queue = [queueing.Request(w.count, w.since, w.estimate) for w in self._waiters]
+        held = [queueing.Holding(len(lease.slots), lease.ends) for lease in self.leases()]
+        return queueing.admit(len(self._free), [*queue, *extra], held, now, self.patience)
+
+    def _grant(self, waiter: _Waiter, now: float) -> Lease:
+        # preferred slots first, then the least recently used: a slot a parked worker left
+        # stays free longest for its return
+        free = sorted(self._free, key=lambda slot: slot not in waiter.prefer)
+        slots = tuple(sorted(free[:waiter.count]))
+        for slot in slots:
+            self._free.remove(slot)
+        devices = tuple(self.devices[slot].uuid for slot in slots) if self.devices else ()
+        ends = None if waiter.estimate is None else now + waiter.estimate
+        lease = Lease(waiter.session, slots, now, now - waiter.since, devices,
+                      self.threads * len(slots), ends)
+        for slot in slots:
+            self.held[slot] = lease
         return lease
 
-    def _slot_of(self, device: str | None) -> int | None:
-        return next((slot for slot, gpu in enumerate(self.devices) if gpu.uuid == device), None)
-
     def release(self, lease: Lease) -> None:
+        """Give back all of the lease's slots, and account its slot-seconds."""
         if lease.released is not None:
             return
         lease.released = time.monotonic()
-        self.seconds[lease.session] += lease.held
-        del self.held[lease.slot]
-        self._give(lease.slot)
+        self.seconds[lease.session] += lease.held * len(lease.slots)
+        self.recent[lease.session].append(lease.held)
+        for slot in lease.slots:
+            del self.held[slot]
+        self._free.extend(lease.slots)
+        self._admit()
 
-    def _give(self, slot: int) -> None:
-        """Hand `slot` to the longest waiter, or put it back."""
-        while self._waiters:
-            waiter = self._waiters.pop(0)
-            if not waiter.future.done():
-                waiter.future.set_result(slot)
-                return
-        self._free.append(slot)
+    def leases(self) -> list[Lease]:
+        """The leases held now, each once however many slots it holds."""
+        return list({id(lease): lease for lease in self.held.values()}.values())
+
+    def would_wait(self, session: str, count: int = 1) -> bool:
+        """Whether `count` slots asked for now would wait (the client tells the user why)."""
+        now = time.monotonic()
+        asked = queueing.Request(count, now, queueing.estimate(self.recent.get(session, ())))
+        return len(self._waiters) not in self._admissions(now, asked)
 
     @property
     def queued(self) -> int:
         return len(self._waiters)
-
-    @property
-    def full(self) -> bool:
-        """Whether a lease asked for now would wait: cells queue, or every slot is held."""
-        return self.queued > 0 or len(self.held) >= self.slots
 
     def status(self) -> dict:
         now = time.monotonic()
@@ -128,10 +179,11 @@ class Leases:
                 gpu = self.devices[slot]
                 entry |= {"uuid": gpu.uuid, "name": gpu.name, **gpus.usage(gpu)}
             if (lease := self.held.get(slot)) is not None:
-                entry |= {"session": lease.session, "held": lease.held}
+                entry |= {"session": lease.session, "held": lease.held,
+                          "with_slots": list(lease.slots)}
             slots.append(entry)
         return {"kind": self.kind, "slots": self.slots, "threads": self.threads,
                 "held": len(self.held),
                 "queued": self.queued, "leases": slots,
-                "queue": [{"session": w.session, "waiting": now - w.since}
+                "queue": [{"session": w.session, "waiting": now - w.since, "slots": w.count}
                           for w in self._waiters]}

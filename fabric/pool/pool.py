@@ -37,6 +37,7 @@ from ..errors import (
     ConfigError,
     FabricError,
     NoZygote,
+    ParkFailed,
     ProtocolError,
     WorkerDied,
     ZygoteProtocolError,
@@ -185,6 +186,14 @@ class WorkerHandle:
     @property
     def endpoint(self) -> str:
         return f"ipc://{self.path}"
+
+    def tree(self) -> list[int]:
+        """The worker's pid, then those of the processes its cells started and left running."""
+        try:
+            children = psutil.Process(self.process).children(recursive=True)
+        except psutil.Error:
+            children = []
+        return [self.process, *(child.pid for child in children)]
 
     async def send(self, message: Message) -> None:
         """Send to the worker; WorkerDied if it exits first (a PAIR socket whose peer is gone
@@ -475,16 +484,16 @@ class Pool:
         """Checkpoint the worker's CUDA state off `device`, the GPU its cell ran on (nothing
         to do on CPU hosts)."""
         if self.cuda is not None and not worker.parked:
-            worker.parked = await asyncio.to_thread(parking.suspend, self.cuda, worker.process)
+            worker.parked = await asyncio.to_thread(parking.suspend_tree, self.cuda,
+                                                    worker.tree())
             worker.device = device if worker.parked else worker.device
 
     async def unpark(self, worker: WorkerHandle, device: str | None) -> None:
-        """Put a parked worker's CUDA state back on a GPU: `device`, its cell's lease's, moving
-        it there if it was parked from another."""
+        """Put a parked worker's CUDA state back on its cell's lease's GPUs (`device`,
+        comma-joined), moving it there, GPU by GPU in order, if it was parked from others."""
         if self.cuda is not None and worker.parked:
-            moves = ({worker.device: device} if worker.device and device
-                     and worker.device != device else None)
-            await asyncio.to_thread(parking.resume, self.cuda, worker.process, moves)
+            moves = _moves(worker.device, device)
+            await asyncio.to_thread(parking.resume_tree, self.cuda, worker.tree(), moves)
             worker.parked, worker.device = False, device or worker.device
 
     def memory_pressure(self) -> bool:
@@ -558,6 +567,18 @@ def choose_source(configured: str, gpu: bool) -> str:
         log.warning("workers fork from zygotes: templates cannot work here (%s)", why)
         return "zygote"
     return source
+
+
+def _moves(parked: str | None, leased: str | None) -> dict[str, str] | None:
+    """The device map that puts a worker parked off `parked`'s GPUs onto `leased`'s (both
+    CUDA_VISIBLE_DEVICES values), pairing them in order; None if it stays where it was."""
+    if not parked or not leased or parked == leased:
+        return None
+    old, new = parked.split(","), leased.split(",")
+    if len(old) != len(new):  # its CUDA state spans a number of GPUs the lease does not give
+        raise ParkFailed(f"the worker was parked off {len(old)} GPUs and its cell leased "
+                         f"{len(new)}")
+    return {a: b for a, b in zip(old, new, strict=True) if a != b}
 
 
 def _unique_memory(pid: int) -> int:

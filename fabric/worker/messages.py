@@ -67,7 +67,8 @@ class Load(Message):
 
 @dataclass(frozen=True)
 class Run(Message):
-    """Run a cell on the leased `device` (a GPU's UUID) with `threads` intra-op threads; its
+    """Run a cell on the leased `device` (its GPUs' UUIDs, comma-joined, as
+    CUDA_VISIBLE_DEVICES takes them) with `threads` intra-op threads; its
     save keeps the groups the cell cannot have `reached`. A `replay` runs a cell of a lineage
     again and saves nothing."""
 

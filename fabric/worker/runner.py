@@ -233,7 +233,7 @@ class Worker:
         return Loaded(seconds=time.monotonic() - start)
 
     def run(self, message: Run) -> Done:
-        if message.device:  # the leased GPU; CUDA reads it when it first initializes
+        if message.device:  # the leased GPUs; CUDA reads them when it first initializes
             os.environ["CUDA_VISIBLE_DEVICES"] = message.device
         if message.threads > 0:  # the leased cores
             self.threads.grant(message.threads)

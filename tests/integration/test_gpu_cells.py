@@ -9,7 +9,9 @@ which processes hold the GPU and how much of its memory.
   - leases match NVML: the only processes of the server holding a GPU are the workers running
     a cell under a lease, on the leased GPU;
   - a warm worker (the default) leaves the GPU between cells and keeps its CUDA tensors, and on
-    a two-GPU host, one parked off a busy GPU resumes on the free one.
+    a two-GPU host, one parked off a busy GPU resumes on the free one;
+  - on two GPUs, a `DataParallel` cell's worker is parked off both and resumed on both, and
+    goes on training bit-identically to a run never parked.
 
 `pytest -m gpu`; every test skips with its reason on a host without an NVIDIA GPU and a CUDA
 build of torch (templates also need CRIU, parking a CUDA checkpoint driver).
@@ -227,29 +229,63 @@ def test_a_template_copy_carries_its_cuda_context_and_a_prepared_cell_runs_at_on
           f"prepared in {timings['prepare']:.3f} s before execute")  # device_check.sh shows it
 
 
-def test_a_kept_worker_trains_parks_off_the_gpu_resumes_and_matches_an_unparked_run(
-        server: RunningServer, client: Client, tmp_path: Path) -> None:
-    if find_driver() is None:
-        pytest.skip(NO_DRIVER)
+def gpus_held(pids: set[int]) -> set[str]:
+    """The GPUs on which any of `pids` holds memory now (one process may hold several)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    held = set()
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if any(p.pid in pids and p.usedGpuMemory != 0
+               for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)):
+            held.add(gpus._text(pynvml.nvmlDeviceGetUUID(handle)))
+    return held
+
+
+def _trains_parked_and_resumed(server: RunningServer, client: Client, tmp_path: Path,
+                               setup: str, count: int) -> None:
+    """A kept worker trains on `count` GPUs, is parked off all of them between cells, resumed
+    on all of them for the next, and ends bit-identical to a run never parked."""
     session = open_session(client, tmp_path)
-    reply, outputs = execute(client, session, SETUP + TRAIN)
+    reply, outputs = execute(client, session, setup + TRAIN, gpus=count)
     assert reply["status"] == "ok" and "data" in reply["unsaved"], outputs
     status = session_status(client, session)
     assert status["pinned"] and status["tier"] == "warm"
     worker = tree(status["worker"])
-    assert not holders(worker), "a parked worker holds no GPU memory"
+    assert not gpus_held(worker), "a parked worker holds no GPU memory"
 
     flag = tmp_path / "go"
     reply, outputs, held = run_holding(server, session, hold(flag) + TRAIN + REPORT, flag,
-                                       lambda: holders(worker))
+                                       lambda: gpus_held(worker))
     assert reply["status"] == "ok" and reply["path"] == "pinned", text(outputs)
-    assert held, "the resumed worker holds its model on the GPU again"
-    assert not holders(worker), "parked again after its cell"
+    assert len(held) == count, "the resumed worker holds its model on its GPUs again"
+    assert not gpus_held(worker), "parked again after its cell"
 
-    reference = subprocess.run([sys.executable, "-c", SETUP + TRAIN + TRAIN + REPORT],
-                               capture_output=True, text=True, env={**os.environ, **ENV},
-                               timeout=300, check=True)
+    visible = ",".join(sorted(held))
+    reference = subprocess.run([sys.executable, "-c", setup + TRAIN + TRAIN + REPORT],
+                               capture_output=True, text=True, timeout=300, check=True,
+                               env={**os.environ, **ENV, "CUDA_VISIBLE_DEVICES": visible})
     assert stdout(outputs) == reference.stdout  # 50 losses and every parameter, bit for bit
+
+
+def test_a_kept_worker_trains_parks_off_the_gpu_resumes_and_matches_an_unparked_run(
+        server: RunningServer, client: Client, tmp_path: Path) -> None:
+    if find_driver() is None:
+        pytest.skip(NO_DRIVER)
+    _trains_parked_and_resumed(server, client, tmp_path, SETUP, 1)
+
+
+DATA_PARALLEL = SETUP.replace(".cuda()\n", ".cuda()\nmodel = torch.nn.DataParallel(model)\n", 1)
+
+
+def test_a_two_gpu_data_parallel_cell_parks_resumes_and_matches_an_unparked_run(
+        server: RunningServer, client: Client, devices: list[gpus.Gpu], tmp_path: Path) -> None:
+    if len(devices) < 2:
+        pytest.skip("a two-GPU cell takes two GPUs")
+    if find_driver() is None:
+        pytest.skip(NO_DRIVER)
+    _trains_parked_and_resumed(server, client, tmp_path, DATA_PARALLEL, 2)
 
 
 def test_cuda_tensors_through_the_store_come_back_on_a_fresh_worker(

@@ -76,6 +76,27 @@ def test_a_kept_worker_is_checkpointed_between_cells(tmp_path: Path) -> None:
     _with_server(tmp_path, driver, scenario)
 
 
+def test_processes_a_cell_started_are_parked_and_resumed_with_its_worker(tmp_path: Path) -> None:
+    driver = FakeDriver()  # every process holds CUDA state to it: a DDP rank, say
+
+    def scenario(client: Client, server: Server) -> None:
+        session = open_session(client, tmp_path)
+        reply, _ = execute(client, session, "import subprocess\n"
+                           "rank = subprocess.Popen(['sleep', '300'])\n"
+                           "g = (i for i in range(5))")
+        assert reply["status"] == "ok" and "g" in reply["unsaved"]
+        worker = server.sessions[session].prepared.task.result()
+        pid, child = worker.process, worker.tree()[1]
+        assert driver.states[pid] is driver.states[child] is State.CHECKPOINTED
+        reply, outputs = execute(client, session, "print(next(g), rank.poll())")
+        assert reply["path"] == "pinned" and text(outputs) == "0 None\n"
+        assert [s for s, p in driver.calls if p == child and s != "state"] == \
+            ["lock", "checkpoint", "restore", "unlock", "lock", "checkpoint"]
+        execute(client, session, "rank.kill()")
+
+    _with_server(tmp_path, driver, scenario)
+
+
 def _built_template(client: Client) -> list[dict]:
     """The server's templates once the first build has ended."""
     deadline = time.monotonic() + 60
@@ -244,15 +265,18 @@ def test_a_warm_worker_that_cannot_be_resumed_gives_way_to_a_fresh_one(tmp_path:
     _with_server(tmp_path, driver, scenario, keep_warm=300)
 
 
-def _hold_a_gpu(address: str, session: str, flag: Path) -> threading.Thread:
-    """Run a cell in `session` that holds its lease until `flag` exists; return once it runs."""
+def _hold_a_gpu(address: str, session: str, flag: Path,
+                gpus: int | None = None) -> threading.Thread:
+    """Run a cell in `session` (on `gpus` GPUs) that holds its lease until `flag` exists;
+    return once it runs."""
     started = threading.Event()
 
     def run() -> None:
         with Client(address, timeout=60) as client:
             for message in client.execute(session, (
                     f"import os, time\nprint('holding', flush=True)\n"
-                    f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)"), timeout=60):
+                    f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)"), gpus=gpus,
+                    timeout=60):
                 if isinstance(message, Output):
                     started.set()
 
@@ -327,3 +351,30 @@ def test_a_parked_worker_goes_back_to_its_own_gpu_when_it_is_free(tmp_path: Path
         assert driver.moves == []  # GPU a was free: no move
 
     _with_server(tmp_path, driver, scenario, keep_warm=300, gpus=GPUS)
+
+
+def test_a_worker_parked_off_two_gpus_moves_to_two_others_gpu_by_gpu(tmp_path: Path) -> None:
+    driver = FakeDriver()
+    a, b, c, d = (f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in "abcd")
+    four = [Gpu(i, uuid, "fake", 1 << 30) for i, uuid in enumerate((a, b, c, d))]
+
+    def scenario(client: Client, server: Server) -> None:
+        address = server.config.address
+        mine, first, second = (open_session(client, tmp_path) for _ in range(3))
+        holders = [_hold_a_gpu(address, first, tmp_path / "free-1", gpus=2)]  # on a and b
+        reply, outputs = execute(client, mine, "import os\nx = 41\n"
+                                 "print(os.environ['CUDA_VISIBLE_DEVICES'])", gpus=2)
+        assert text(outputs) == f"{c},{d}\n"  # one value, in slot order; parked off c, d
+        pid = server.sessions[mine].prepared.task.result().process
+        holders.append(_hold_a_gpu(address, second, tmp_path / "free-2", gpus=2))  # c and d
+        (tmp_path / "free-1").touch()
+        holders.pop(0).join(60)
+        try:  # a and b are free: the worker's two GPUs' state moves there, in order
+            reply, outputs = execute(client, mine, "print(x + 1)")
+        finally:
+            (tmp_path / "free-2").touch()
+            holders[0].join(60)
+        assert (reply["path"], text(outputs)) == ("warm", "42\n")
+        assert driver.moves == [(pid, {c: a, d: b})]
+
+    _with_server(tmp_path, driver, scenario, keep_warm=300, gpus=four)
