@@ -221,7 +221,8 @@ def complete(catalog: Catalog, code: str, cursor: int) -> dict:
     match = _DOTTED.search(code[:cursor])
     base, dot, prefix = match.group().rpartition(".") if match else ("", "", "")
     start = cursor - len(prefix)
-    if match is None or code[:match.start()].endswith("."):  # `3.`, `f().`: no name to look up
+    before = code[:match.start()] if match else ""
+    if match is None or before.endswith((".", "'", '"')):  # `3.`, `f().`, `d['k`: no name
         found = []
     elif dot:
         entry = _entry(catalog, base) or {}

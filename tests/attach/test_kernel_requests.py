@@ -5,6 +5,7 @@ ipykernel given the same cells."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,11 @@ def fabric(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         tier = next(s for s in status["sessions"] if s["session"] == session)["tier"]
         assert tier == request.param
         kernel.tier = tier
+        if tier == "warm":  # the worker's first completion readies its completer (jedi):
+            deadline = time.monotonic() + 120  # until then the catalog answers, without keys
+            while not _complete(kernel, "my_unique_var['al")["matches"]:
+                assert time.monotonic() < deadline, "the warm worker never answered"
+                time.sleep(0.5)
         yield kernel
         kernel.stop()
 

@@ -85,6 +85,7 @@ def test_a_damaged_catalog_is_a_store_error(data: bytes) -> None:
     ("my_uni", ["my_unique_var"], 0), ("x = my_uni", ["my_unique_var"], 4),
     ("thing.meth", ["method_one"], 6), ("np.zer", ["zeros", "zeros_like"], 3),
     ("pri", ["print"], 0), ("3.", [], 2), ("no_such", [], 0), ("thing.nope", [], 6),
+    ("my_unique_var['al", [], 15), ('print("al', [], 7),
 ])
 def test_completion_from_the_catalog(code: str, matches: list[str], start: int) -> None:
     reply = catalog.complete(catalog.describe(NS, list(NS)), code, len(code))
