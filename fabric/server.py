@@ -49,14 +49,19 @@ from .errors import (
     UnknownSession,
 )
 from .messages import (
+    COMM_TYPES,
     EVENTS,
     Answer,
     Checkout,
     Close,
+    CommMessage,
+    Complete,
     Draft,
     Error,
     Execute,
     Heartbeat,
+    History,
+    Inspect,
     Interrupt,
     Open,
     Output,
@@ -347,6 +352,8 @@ class Server:
                 return await self._remove(user, name)
             case Tag(session=name, name=tag, version=version):  # open or not: tags are the store's
                 return self._tag(user, name, version, tag)
+            case History(session=name):  # open or not: the cells are the store's
+                return self._history(user, name)
         session = self._session(user, request.session)
         match request:
             case Draft(source=source):
@@ -364,6 +371,15 @@ class Server:
                 finally:
                     self.running[user] -= 1
                     self._after_cell()
+            case Complete(source=source, cursor=cursor):
+                return await session.complete(source, cursor)
+            case Inspect(source=source, cursor=cursor, detail=detail):
+                return await session.inspect(source, cursor, detail)
+            case CommMessage(msg_type=kind, content=content, buffers=buffers):
+                if kind not in COMM_TYPES - {"comm_open"}:
+                    raise ProtocolError(f"a frontend's comm message is comm_msg or comm_close, "
+                                        f"not {kind!r}", op=request.op)
+                return await session.comm(kind, content, buffers or [], emit)
             case Interrupt():
                 return {"interrupted": session.interrupt()}
             case Answer(value=value, error=error):
@@ -398,6 +414,12 @@ class Server:
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         manifest = history.tag(self.store, stored, version, tag)
         return {"version": manifest.version, "name": tag}
+
+    def _history(self, user: str, name: str) -> dict:
+        stored = self._store_name(user, name)
+        if self.store.head(stored) is None:
+            raise UnknownSession(f"no session {name!r} in the store", session=name)
+        return {"cells": [list(cell) for cell in history.cells(self.store, stored)]}
 
     async def _remove(self, user: str, name: str) -> dict:
         """Close the session if it is open (refused while it runs a cell) and remove it from

@@ -10,6 +10,7 @@ its host agent's (`pool.agent`), handed plain data: the cell, the head, and wher
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,8 +22,10 @@ from .pool import Leases, Pool
 from .pool.agent import HostAgent
 from .pool.cells import Cell, Done, Emit, Events, Head
 from .pool.lifecycle import Keeper, Life
-from .snapshot import Manifest, Store, history
+from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
+
+log = logging.getLogger(__name__)
 
 
 class Session:
@@ -41,6 +44,7 @@ class Session:
         self._told: list[dict] = []  # the running cell's notices, for its reply
         # checks a version before it commits (the server's quotas): raises to refuse it
         self.admit: Callable[[Manifest], None] | None = None
+        self._catalog: tuple[str | None, catalog.Catalog] = (None, catalog.EMPTY)
 
     @property
     def prepared(self) -> Life | None:
@@ -107,7 +111,7 @@ class Session:
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
                     "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
                     "path": ran.path, "source": ran.source, "closure": self._describe(cl),
-                    "timings": ran.timings}
+                    "timings": ran.timings, "payload": ran.payload}
 
     def _commit(self, done: Done, cell: CellPlan, count: int) -> Head:
         """Fold the worker's save into a new version (`snapshot.commit`); the head moves to it."""
@@ -117,6 +121,40 @@ class Session:
             self.store, self.name, self.head, done.saved,
             CellRecord(cell.source, count, done.status, done.run, cell.modules), self.admit)
         return Head(self.head, self.manifest)
+
+    # completion and inspection: the live worker's answer, else the head's catalog's
+    async def complete(self, source: str, cursor: int) -> dict:
+        answer = await self.agent.complete(source, cursor, Head(self.head, self.manifest))
+        if answer is not None and answer.get("matches"):
+            return answer
+        return catalog.complete(self.catalog(), source, cursor)
+
+    async def inspect(self, source: str, cursor: int, detail: int) -> dict:
+        answer = await self.agent.inspect(source, cursor, 1 if detail else 0,
+                                          Head(self.head, self.manifest))
+        if answer is not None and answer.get("found"):
+            return answer
+        return catalog.inspect(self.catalog(), source, cursor)
+
+    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit) -> dict:
+        """A frontend's message to a comm of the session's live worker (a widget moved)."""
+        delivered = await self.agent.comm(msg_type, content, buffers,
+                                          Head(self.head, self.manifest), self._events(emit))
+        return {"delivered": delivered}
+
+    def catalog(self) -> catalog.Catalog:
+        """The head's catalog, read once per version; one that cannot be read is empty."""
+        blob = self.manifest.catalog
+        if blob != self._catalog[0]:
+            entries = catalog.EMPTY
+            if blob:
+                try:
+                    entries = catalog.decode(self.store.get(blob))
+                except StoreError as exc:
+                    log.warning("session %s: its catalog is not read: %s", self.name,
+                                exc.message)
+            self._catalog = (blob, entries)
+        return self._catalog[1]
 
     def interrupt(self) -> bool:
         """KeyboardInterrupt in the running cell (see `HostAgent.interrupt`)."""
