@@ -78,8 +78,6 @@ def _print_output(index: int, output: dict) -> None:
         text = data.get("text/plain", "")
         others = [m for m in data if m != "text/plain"]
         click.echo(text + (f"  [{', '.join(others)}]" if others else ""))
-    elif kind == "page":  # a terminal pages it: shown whole here
-        click.echo(output.get("data", {}).get("text/plain", ""))
     elif kind == "error":
         click.echo("\n".join(output.get("traceback") or
                              [f"{output['ename']}: {output['evalue']}"]), err=True)

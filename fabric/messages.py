@@ -37,7 +37,7 @@ Version = int | str  # a version number, or a name `Tag` gave one
 
 # nbformat's output types, what frontends apply to them, and what a kernel's pager shows
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
-                          "error", "clear_output", "page"})
+                          "error", "clear_output"})
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 _WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an integer",

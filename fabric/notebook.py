@@ -66,8 +66,6 @@ class _Outputs:
 
     def add(self, output: dict) -> None:
         kind = output.get("output_type")
-        if kind == "page":  # a frontend shows it in its pager, apart from the cell's outputs
-            return
         if kind == "clear_output":
             if output.get("wait"):
                 self._clear_pending = True

@@ -199,13 +199,8 @@ class Attachment:
                          {k: v for k, v in event.output.items() if k != "output_type"})
 
     def _publish_output(self, output: dict, result: ExecutionResult) -> None:
-        kind = output["output_type"]
-        content = {k: v for k, v in output.items() if k != "output_type"}
-        if kind == "page":  # the kernel's execute reply carries it to the pager, as ipykernel's
-            self.shell.payload_manager.write_payload({"source": "page", **content})
-            return
-        if kind == "error":
-            traceback = content.get("traceback")
+        if output["output_type"] == "error":
+            traceback = output.get("traceback")
             self.shell._last_traceback = traceback if isinstance(traceback, list) else []
             result.error_in_exec = _remote_error(str(output.get("ename", "Error")),
                                                  str(output.get("evalue", "")))

@@ -148,8 +148,8 @@ class Worker:
         return self._ask(prompt, password=True)
 
     def _sink(self, kind: str, **fields: Any) -> None:
-        # nbformat's output types, plus clear_output, update_display_data and page as frontends
-        # know them
+        # nbformat's output types, plus clear_output and update_display_data as frontends know
+        # them
         self.channel.send(Output({"output_type": kind, **fields}))
 
     def _flush_forever(self) -> None:

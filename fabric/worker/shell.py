@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import xxhash
-from IPython.core import page
 from IPython.core.alias import default_aliases
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
@@ -151,13 +150,6 @@ class ZMQInteractiveShell(InteractiveShell):
         sys.stderr.flush()
         self.sink("error", ename=etype.__name__, evalue=str(evalue), traceback=list(stb))
 
-    def show_in_pager(self, data: str | dict, start: int = 0, screen_lines: int = 0,
-                      pager_cmd: str | None = None) -> None:
-        """What a kernel pages (`obj?`, %less) goes to the frontend's pager, as ipykernel's
-        payload does, not into the cell's outputs."""
-        bundle = data if isinstance(data, dict) else {"text/plain": data}
-        self.sink("page", data=_jsonable(bundle), start=max(0, start))
-
     def user_variables(self) -> list[str]:
         """The names of the session's state now in the namespace."""
         return [n for n in self.user_ns if n not in HIDDEN and not _is_history_name(n)]
@@ -188,6 +180,5 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
 
     shell.register_magics(KernelMagics)
     shell.extension_manager.load_extension("storemagic")
-    shell.set_hook("show_in_pager", page.as_hook(shell.show_in_pager), 99)
     shell.user_ns["__name__"] = "__main__"
     return shell

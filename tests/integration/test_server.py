@@ -48,9 +48,9 @@ def test_libraries_see_a_kernel(client: Client, session: str) -> None:
 def test_what_a_kernel_pages_is_no_output(client: Client, session: str) -> None:
     # `obj?` goes to a frontend's pager (a payload of a kernel's reply), not into the notebook
     reply, outputs = execute(client, session, "len?")
-    assert reply["status"] == "ok"
-    [page] = outputs
-    assert page["output_type"] == "page" and "Return the number" in page["data"]["text/plain"]
+    assert reply["status"] == "ok" and outputs == []
+    [page] = reply["payload"]
+    assert page["source"] == "page" and "Return the number" in page["data"]["text/plain"]
 
 
 def test_each_cell_runs_in_a_new_process(client: Client, session: str) -> None:
