@@ -230,3 +230,15 @@ class SlotsUnavailable(FabricError):
     many."""
 
     kind = "slots"
+
+
+class UnknownEnv(FabricError):
+    """No environment of that name belongs to the user (`llfabric env list` shows theirs)."""
+
+    kind = "unknown_env"
+
+
+class EnvError(FabricError):
+    """An environment could not be made or changed (its installer failed, say)."""
+
+    kind = "env"

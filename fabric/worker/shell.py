@@ -25,6 +25,8 @@ from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 
+from . import env
+
 Sink = Callable[..., None]
 
 # IPython's and the interpreter's bookkeeping in the user namespace: never session state.
@@ -174,4 +176,5 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     for name, command in default_aliases():  # as a kernel has them: nocolor drops ls's --color
         shell.alias_manager.soft_define_alias(name, command)
     shell.user_ns["__name__"] = "__main__"
+    env.install_magics(shell)
     return shell

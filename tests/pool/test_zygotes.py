@@ -17,7 +17,7 @@ import pytest
 from fabric.errors import ZygoteProtocolError
 from fabric.pool import Pool
 from fabric.pool import pool as pool_module
-from fabric.pool.pool import ZygoteHandle
+from fabric.pool.pool import BASE, ZygoteHandle
 from fabric.worker import control
 
 
@@ -59,7 +59,7 @@ def test_a_dead_or_hung_base_zygote_is_replaced_and_workers_start_cold_meanwhile
         pool = Pool(tmp_path)
         await pool.start()
         try:
-            dead = pool.zygotes[frozenset()].pid
+            dead = pool.zygotes[BASE].pid
             os.kill(dead, signal.SIGKILL)
             worker = await pool.new_worker(frozenset())
             assert worker.source == "cold"
@@ -126,7 +126,7 @@ def test_a_request_the_zygote_refuses_fails_with_its_reason(tmp_path: Path) -> N
         pool = Pool(tmp_path)
         await pool.start()
         try:
-            base = pool.zygotes[frozenset()]
+            base = pool.zygotes[BASE]
             with pytest.raises(ZygoteProtocolError,
                                match=r"refused fork_zygote: fork_zygote.modules\[0\] is 1,"):
                 await base.request(control.ForkZygote(modules=[1]))  # type: ignore[list-item]

@@ -1,0 +1,150 @@
+"""Environments: a session's packages, layered over the server's. Real server, workers, venvs
+and pip; the packages are tiny wheels written here and installed with --no-index."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import RunningServer, execute, open_session, serving, text
+from wheels import wheel
+
+from cli.main import main as cli
+from fabric.auth import owner_name
+from fabric.client import Client
+from fabric.envs import Env, Envs
+from fabric.errors import RemoteError
+from fabric.snapshot import Manifest, Store
+
+SHOW = "import tinypkg\nprint(tinypkg.VERSION)"
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("wheels")
+    for version in ("1.0", "2.0"):
+        wheel(folder, "tinypkg", version, f"VERSION = {version!r}\n")
+    wheel(folder, "newpkg", "1.0", "HELLO = 'new'\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with serving(tmp_path_factory.mktemp("store")) as running:  # warm workers, the default
+        yield running
+
+
+def _env(server: RunningServer, wheels: Path, name: str, *packages: str) -> Env:
+    env = Envs(server.store / "envs").create(owner_name(), name)
+    if packages:
+        env.install(["install", "--no-index", "--find-links", str(wheels), *packages])
+    return env
+
+
+def _pip(wheels: Path, spec: str) -> str:
+    return f"%pip install -q --no-index --find-links {wheels} {spec}"
+
+
+def _session(client: Client, cwd: Path, env: str) -> str:
+    name = open_session(client, cwd)
+    client.call("open", session=name, env=env)
+    return name
+
+
+def _zygotes(client: Client, env: Env) -> dict[int, list[str]]:
+    return {z["pid"]: z["modules"] for z in client.call("status")["zygotes"]
+            if z["env"] == str(env.site)}
+
+
+def test_two_sessions_hold_two_versions_of_one_package_at_once(
+        server: RunningServer, wheels: Path, tmp_path: Path) -> None:
+    one, two = _env(server, wheels, "one", "tinypkg==1.0"), _env(server, wheels, "two",
+                                                                 "tinypkg==2.0")
+    with server.client() as client:
+        first, second = _session(client, tmp_path, "one"), _session(client, tmp_path, "two")
+        for _ in range(2):  # interleaved, on fresh workers and on warm ones
+            assert text(execute(client, first, SHOW)[1]) == "1.0\n"
+            assert text(execute(client, second, SHOW)[1]) == "2.0\n"
+        assert any("tinypkg" in m for m in _zygotes(client, one).values())
+        assert any("tinypkg" in m for m in _zygotes(client, two).values())
+        status = {s["session"]: s["env"] for s in client.call("status")["sessions"]}
+        assert (status[first], status[second]) == ("one", "two")
+        # the server's own packages are untouched: a session on them has no tinypkg
+        plain = open_session(client, tmp_path)
+        assert "ModuleNotFoundError" in text(execute(client, plain, SHOW)[1])
+    store = Store(server.store)
+    head = Manifest.decode(store.get_manifest(store.head(first)))
+    assert head.env == {"name": "one", "packages": {"tinypkg": "1.0"}}
+
+
+def test_pip_install_in_a_cell_goes_into_the_environment_and_the_next_cell_sees_it(
+        server: RunningServer, wheels: Path, tmp_path: Path) -> None:
+    env = _env(server, wheels, "fresh")
+    with server.client() as client:
+        session = _session(client, tmp_path, "fresh")
+        execute(client, session, "x = 41")
+        reply, outputs = execute(client, session, _pip(wheels, "newpkg") + "\nimport newpkg")
+        assert reply["status"] == "ok", text(outputs)
+        assert env.packages() == {"newpkg": "1.0"}
+        reply, outputs = execute(client, session, "import newpkg\nprint(newpkg.HELLO, x + 1)")
+        # the environment changed under the warm worker: the cell runs on a fresh one
+        assert (reply["path"], text(outputs)) == ("cold", "new 42\n")
+
+
+def test_an_install_retires_the_environments_zygotes(server: RunningServer, wheels: Path,
+                                                     tmp_path: Path) -> None:
+    env = _env(server, wheels, "rebuilt", "tinypkg==1.0")
+    with server.client() as client:
+        session = _session(client, tmp_path, "rebuilt")
+        assert text(execute(client, session, SHOW)[1]) == "1.0\n"
+        before = _zygotes(client, env)
+        assert any("tinypkg" in m for m in before.values())  # it imported version 1.0
+        execute(client, session, _pip(wheels, "tinypkg==2.0"))
+        assert text(execute(client, session, SHOW)[1]) == "2.0\n"
+        after = _zygotes(client, env)
+        assert any("tinypkg" in m for m in after.values())
+        assert not set(before) & set(after)  # every zygote of the old packages is gone
+
+
+def test_a_checkout_across_an_install_says_which_versions_differ(
+        server: RunningServer, wheels: Path, tmp_path: Path) -> None:
+    _env(server, wheels, "moved", "tinypkg==1.0")
+    with server.client() as client:
+        session = _session(client, tmp_path, "moved")
+        execute(client, session, "x = 1")
+        execute(client, session, _pip(wheels, "tinypkg==2.0"))
+        reply = client.call("checkout", session=session, version=1)
+        assert reply["env"] == "moved"
+        assert reply["packages_differ"] == {"tinypkg": ["1.0", "2.0"]}
+        execute(client, session, _pip(wheels, "tinypkg==1.0"))  # what the message proposes
+        assert client.call("checkout", session=session, version=1)["packages_differ"] == {}
+
+
+def test_installs_never_reach_the_servers_packages(server: RunningServer, wheels: Path,
+                                                   tmp_path: Path) -> None:
+    _env(server, wheels, "guarded")
+    with server.client() as client:
+        plain = open_session(client, tmp_path)
+        reply, outputs = execute(client, plain, _pip(wheels, "newpkg"))
+        assert reply["status"] == "error" and "llfabric env create" in text(outputs)
+        session = _session(client, tmp_path, "guarded")
+        reply, outputs = execute(client, session, f"!pip install --no-index {wheels}/x.whl")
+        assert reply["status"] == "error" and "%pip install" in text(outputs)
+        with pytest.raises(RemoteError) as refused:
+            client.call("open", session=session, env="no-such-env")
+        assert refused.value.kind == "unknown_env"
+
+
+def test_the_env_commands(tmp_path: Path, wheels: Path) -> None:
+    runner = CliRunner(env={"LLFABRIC_STORE": str(tmp_path / "store")})
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"--no-index\n--find-links {wheels}\ntinypkg==2.0\n")
+    made = runner.invoke(cli, ["env", "create", "cli", "--from", str(requirements)])
+    assert made.exit_code == 0, made.output
+    assert "tinypkg==2.0" in runner.invoke(cli, ["env", "list"]).output
+    again = runner.invoke(cli, ["env", "create", "cli"])
+    assert again.exit_code == 1 and "exists" in again.output
+    assert runner.invoke(cli, ["env", "rm", "cli"]).exit_code == 0
+    assert runner.invoke(cli, ["env", "list"]).output == ""
