@@ -3,12 +3,13 @@ and pip; the packages are tiny wheels written here and installed with --no-index
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import RunningServer, execute, open_session, serving, text
+from helpers import RunningServer, execute, open_session, require_criu, serving, text
 from wheels import wheel
 
 from cli.main import main as cli
@@ -148,3 +149,29 @@ def test_the_env_commands(tmp_path: Path, wheels: Path) -> None:
     assert again.exit_code == 1 and "exists" in again.output
     assert runner.invoke(cli, ["env", "rm", "cli"]).exit_code == 0
     assert runner.invoke(cli, ["env", "list"]).output == ""
+
+
+def test_templates_are_kept_per_environment_and_rebuilt_after_an_install(
+        wheels: Path, tmp_path: Path) -> None:
+    require_criu("templates")
+    with serving(tmp_path / "store", keep_warm=0, worker_source="template") as server:
+        env = _env(server, wheels, "imaged", "tinypkg==1.0")
+        with server.client() as client:
+            session = _session(client, tmp_path, "imaged")
+            assert text(execute(client, session, SHOW)[1]) == "1.0\n"  # forked: none built yet
+            _ready_template(client, env)
+            reply, outputs = execute(client, session, SHOW)
+            assert (reply["source"], text(outputs)) == ("template", "1.0\n")
+            execute(client, session, _pip(wheels, "tinypkg==2.0"))
+            assert text(execute(client, session, SHOW)[1]) == "2.0\n"  # not the old image
+            _ready_template(client, env)
+            reply, outputs = execute(client, session, SHOW)
+            assert (reply["source"], text(outputs)) == ("template", "2.0\n")
+
+
+def _ready_template(client: Client, env: Env) -> None:
+    deadline = time.monotonic() + 120
+    while not any(t["env"] == str(env.site) and t["state"] == "ready" and
+                  "tinypkg" in t["modules"] for t in client.call("status")["templates"]):
+        assert time.monotonic() < deadline, client.call("status")["templates"]
+        time.sleep(0.2)

@@ -49,7 +49,7 @@ def test_a_dead_or_hung_base_zygote_is_replaced_and_workers_start_cold_meanwhile
 
     async def replaced(pool: Pool, old: int) -> int:
         for _ in range(600):
-            base = pool.zygotes.get(frozenset())
+            base = pool.zygotes.get(BASE)
             if base is not None and base.pid != old and base.ready.done():
                 return base.pid
             await asyncio.sleep(0.1)
@@ -91,7 +91,7 @@ def test_a_zygote_refuses_what_is_not_its_message_and_serves_on() -> None:
         (msgpack.packb({"op": "forked", "req": 2, "pid": 9}), [], 2, "unknown op 'forked'"),
         (msgpack.packb({"op": "fork_worker", "req": 3, "endpoint": "ipc:///w"}), [], 3,
          "fork_worker lacks its field 'store'"),
-        (msgpack.packb({"op": "fork_zygote", "req": 4, "modules": "json"}), [], 4,
+        (msgpack.packb({"op": "fork_zygote", "req": 4, "modules": "json", "site": ""}), [], 4,
          "fork_zygote.modules is 'json', not list[str]"),
         (msgpack.packb({"op": "fork_zygote", "req": 5, "modules": [], "lazy": True}), [], 5,
          "fork_zygote has unknown fields ['lazy']"),
