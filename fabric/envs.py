@@ -28,9 +28,8 @@ from pathlib import Path
 
 from .errors import AlreadyExists, EnvError, InvalidName, UnknownEnv
 from .protocol import valid_session_name
-from .worker.env import installer
+from .worker.env import BASE_PTH, installer
 
-BASE_PTH = "_llfabric_base.pth"  # the server's site-packages, after the environment's own
 SITE = Path("lib") / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
 

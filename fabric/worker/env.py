@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-VARIABLE = "LLFABRIC_ENV"  # the environment's folder, for the worker and its subprocesses
+VARIABLE = "LLFABRIC_ENV_DIR"  # the environment's folder, for the worker and its subprocesses
+BASE_PTH = "_llfabric_base.pth"  # in an environment's site-packages: the server's, after it
+SITE_DIRS = ("site-packages", "dist-packages")
 NO_ENV = ("this session runs on the server's base environment, which cells do not change: "
           "make an environment with `llfabric env create NAME` and choose it with "
           "`%llfabric env NAME` (or `llfabric run --env NAME`), then `%pip install` again")
@@ -29,19 +31,27 @@ def enter(site_dir: str) -> None:
     """Put `site_dir` (and what its .pth files add) ahead of the server's packages."""
     before = list(sys.path)
     site.addsitedir(site_dir)
-    added = [p for p in sys.path if p not in before]
-    sys.path[:] = [site_dir, *[p for p in added if p != site_dir], *before]
+    added = [p for p in sys.path if p not in before and p != site_dir]
+    sys.path[:] = _ahead_of_packages([site_dir, *added], before)
     os.environ[VARIABLE] = str(Path(site_dir).parents[2])  # ENV/lib/pythonX.Y/site-packages
     importlib.invalidate_caches()
 
 
 def front() -> None:
-    """Put the environment's site-packages first again (a session's saved sys.path, restored,
-    may have been made elsewhere)."""
+    """Put the environment's paths ahead of the server's packages again, and drop other
+    environments' (a session's saved sys.path, restored, may have been made in another)."""
     prefix = os.environ.get(VARIABLE)
-    if prefix:
-        mine = [p for p in sys.path if p.startswith(prefix + os.sep)]
-        sys.path[:] = [*mine, *[p for p in sys.path if p not in mine]]
+    mine = [p for p in sys.path if prefix and p.startswith(prefix + os.sep)]
+    others = [p for p in sys.path
+              if p not in mine and not os.path.exists(os.path.join(p, BASE_PTH))]
+    sys.path[:] = _ahead_of_packages(mine, others)
+
+
+def _ahead_of_packages(mine: list[str], path: list[str]) -> list[str]:
+    """`path` with `mine` just before its first site-packages: the standard library and the
+    session's own folders still come first, as in a virtual environment."""
+    at = next((i for i, p in enumerate(path) if os.path.basename(p) in SITE_DIRS), len(path))
+    return [*path[:at], *mine, *path[at:]]
 
 
 def installer(prefix: str, args: list[str]) -> list[str]:

@@ -80,6 +80,23 @@ def test_two_sessions_hold_two_versions_of_one_package_at_once(
     assert head.env == {"name": "one", "packages": {"tinypkg": "1.0"}}
 
 
+def test_a_session_moves_between_environments(server: RunningServer, wheels: Path,
+                                              tmp_path: Path) -> None:
+    _env(server, wheels, "old", "tinypkg==1.0")
+    _env(server, wheels, "new", "tinypkg==2.0")
+    with server.client() as client:
+        session = _session(client, tmp_path, "old")
+        execute(client, session, "import sys\nsys.path.append('/nowhere')\n" + SHOW)
+        client.call("open", session=session, env="new")  # its saved sys.path names old's
+        reply, outputs = execute(client, session, SHOW + "\nprint(sys.path[-1])")
+        assert (reply["path"], text(outputs)) == ("cold", "2.0\n/nowhere\n")
+        client.call("close", session=session)
+        client.call("open", session=session, cwd=str(tmp_path))  # reopened: as its head ran
+        assert text(execute(client, session, SHOW)[1]) == "2.0\n"
+        client.call("open", session=session, env="")  # the server's packages again
+        assert "ModuleNotFoundError" in text(execute(client, session, SHOW)[1])
+
+
 def test_pip_install_in_a_cell_goes_into_the_environment_and_the_next_cell_sees_it(
         server: RunningServer, wheels: Path, tmp_path: Path) -> None:
     env = _env(server, wheels, "fresh")
