@@ -7,9 +7,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import nbformat
 import pytest
 from click.testing import CliRunner
 from helpers import RunningServer, execute, open_session, require_criu, serving, text
+from nbformat.v4 import new_code_cell, new_notebook
 from wheels import wheel
 
 from cli.main import main as cli
@@ -192,3 +194,17 @@ def _ready_template(client: Client, env: Env) -> None:
                   "tinypkg" in t["modules"] for t in client.call("status")["templates"]):
         assert time.monotonic() < deadline, client.call("status")["templates"]
         time.sleep(0.2)
+
+
+def test_run_takes_the_environment_from_the_notebook_or_its_flag(
+        server: RunningServer, wheels: Path, tmp_path: Path) -> None:
+    _env(server, wheels, "ran", "tinypkg==1.0")
+    _env(server, wheels, "flagged", "tinypkg==2.0")
+    nb = new_notebook(cells=[new_code_cell(SHOW)], metadata={"llfabric": {"env": "ran"}})
+    nbformat.write(nb, str(tmp_path / "nb.ipynb"))
+    runner = CliRunner()
+    command = ["run", str(tmp_path / "nb.ipynb"), "--connect", server.address]
+    assert "1.0" in runner.invoke(cli, command).output
+    assert "2.0" in runner.invoke(cli, [*command, "--env", "flagged"]).output
+    missing = runner.invoke(cli, [*command, "--env", "missing"])
+    assert missing.exit_code == 1 and "no environment 'missing'" in missing.output
