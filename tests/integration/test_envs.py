@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from attached import Kernel, install_test_kernelspec, kernel_env, text_of
 from click.testing import CliRunner
 from helpers import RunningServer, execute, open_session, require_criu, serving, text
 from nbformat.v4 import new_code_cell, new_notebook
@@ -208,3 +209,23 @@ def test_run_takes_the_environment_from_the_notebook_or_its_flag(
     assert "2.0" in runner.invoke(cli, [*command, "--env", "flagged"]).output
     missing = runner.invoke(cli, [*command, "--env", "missing"])
     assert missing.exit_code == 1 and "no environment 'missing'" in missing.output
+
+
+def test_a_notebook_chooses_its_environment_and_installs_from_a_cell(
+        server: RunningServer, wheels: Path, tmp_path: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    _env(server, wheels, "attached", "tinypkg==1.0")
+    specs = install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
+    kernel = Kernel.start(specs, kernel_env(server.address, f"k-{tmp_path.name[-20:]}"),
+                          tmp_path)
+    try:
+        assert "environment attached" in text_of(kernel.execute("%llfabric env attached")[1])
+        assert text_of(kernel.execute(SHOW)[1]) == "1.0\n"
+        kernel.execute(_pip(wheels, "tinypkg==2.0"))
+        assert text_of(kernel.execute(SHOW)[1]) == "2.0\n"
+        said = text_of(kernel.execute("%llfabric checkout 1")[1], "stderr")
+        assert "tinypkg: 1.0 then, 2.0 now" in said and "%pip install tinypkg==1.0" in said
+        refused = text_of(kernel.execute("%llfabric env gone")[1], "stderr")
+        assert "no environment 'gone'" in refused
+    finally:
+        kernel.stop()
