@@ -50,8 +50,12 @@ class Env:
 
     def generation(self) -> int:
         """Changes when a package is added, removed or replaced (the site folder's entries
-        change): zygotes and templates built before it are stale."""
-        return os.stat(self.site).st_mtime_ns
+        change): zygotes and templates built before it are stale. UnknownEnv once removed."""
+        try:
+            return os.stat(self.site).st_mtime_ns
+        except FileNotFoundError:
+            raise UnknownEnv(f"environment {self.name} was removed; choose another with "
+                             f"`%llfabric env NAME`", env=self.name) from None
 
     def packages(self) -> dict[str, str]:
         """Name -> version of every distribution installed in the environment itself."""

@@ -21,7 +21,15 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
 from ..closure import Closure, closure, plan
-from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
+from ..errors import (
+    CellStopped,
+    LoadFailed,
+    NotWaiting,
+    ParkFailed,
+    RemoteError,
+    UnknownEnv,
+    WorkerDied,
+)
 from ..snapshot import Group, Manifest, Store, history, lineage
 from ..worker.messages import Load, Loaded, Notice, Run
 from .cells import Cell, Commit, Events, Head, Ran
@@ -163,7 +171,10 @@ class HostAgent:
     def _env_changed(self, worker: WorkerHandle) -> bool:
         """Whether the session's environment changed since `worker` was made (it may hold
         modules imported before an install replaced them)."""
-        return self.env is not None and self.pool.refresh(self.env) != worker.generation
+        try:
+            return self.env is not None and self.pool.refresh(self.env) != worker.generation
+        except UnknownEnv:  # removed: the next cell's fresh worker says so
+            return True
 
     def use_env(self, env: Env | None) -> None:
         """Workers import from `env` (None: the server's packages) from the next cell on."""

@@ -313,6 +313,7 @@ class Pool:
         self._base_proc: subprocess.Popen | None = None
         self._building: dict[Key, asyncio.Task] = {}
         self._reviving: asyncio.Task | None = None  # the restart of a dead base zygote
+        self._background: set[asyncio.Task] = set()  # zygotes rebuilt after a change
 
     async def start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -362,6 +363,7 @@ class Pool:
         """The zygote of `key`, forked from the nearest ancestor in its environment, or from
         the base zygote, entering the environment, when it has none yet."""
         site, modules = key
+        started = self.generations.get(site)
         try:
             parent = max((z for (s, f), z in self.zygotes.items() if s == site and f <= modules
                           and z.ready.done() and z.ready.exception() is None),
@@ -377,23 +379,49 @@ class Pool:
             zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules, site)
             self.zygotes[key] = zygote
             await zygote.until_ready()
+            if self.generations.get(site) != started:  # an install while it imported
+                if self.zygotes.get(key) is zygote:
+                    del self.zygotes[key]
+                self.retired.add(zygote)
+                raise NoZygote(f"environment {site} changed while a zygote was built")
             self._evict()
             return zygote
         finally:
-            self._building.pop(key, None)
+            if self._building.get(key) is asyncio.current_task():
+                del self._building[key]
 
     def refresh(self, env: Env) -> int:
         """`env`'s generation now; if it changed since its zygotes and templates were built
-        (a package was installed), they retire, so that new workers see what it holds now."""
+        (a package was installed), they retire, so that new workers see what it holds now,
+        and the same families are built again in the background, off any cell's path."""
         site, generation = str(env.site), env.generation()
         if self.generations.setdefault(site, generation) != generation:
             self.generations[site] = generation
-            for key in [k for k in self.zygotes if k[0] == site]:
-                self.retired.add(self.zygotes.pop(key))
-            self.templates.retire(site)
+            families = [k[1] for k in self.zygotes if k[0] == site]
+            for family in families:
+                self.retired.add(self.zygotes.pop((site, family)))
+            for key in [k for k in self._building if k[0] == site]:
+                del self._building[key]  # they end stale; the rebuilds below start afresh
+            images = self.templates.retire(site)
             self._evict()
-            log.info("environment %s changed: its zygotes and templates retire", env.name)
+            log.info("environment %s changed: its zygotes and templates are rebuilt", env.name)
+            for family in families:
+                self._spawn(self.zygote_for(family, None, site))
+            for family in images:
+                self.templates.build_soon(family, site)
         return generation
+
+    def _spawn(self, build: Awaitable) -> None:
+        """Build in the background; a failure is logged, the next worker builds it again."""
+        task = asyncio.ensure_future(build)
+        self._background.add(task)
+
+        def done(task: asyncio.Task) -> None:
+            self._background.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("a zygote rebuild failed: %s", task.exception())
+
+        task.add_done_callback(done)
 
     def _evict(self) -> None:
         """Drop least recently used families while there are more than `max_zygotes` or they
@@ -570,6 +598,8 @@ class Pool:
     async def stop(self) -> None:
         if self._reviving is not None:
             self._reviving.cancel()
+        for task in self._background:
+            task.cancel()
         for worker in list(self.workers.values()):
             if worker.pid and not worker.died.done():
                 os.kill(worker.pid, signal.SIGKILL)

@@ -89,14 +89,17 @@ class Templates:
         """The family's template once its build has ended, ready or failed."""
         return await asyncio.shield(self._tasks[(site, modules)])
 
-    def retire(self, site: str) -> None:
+    def retire(self, site: str) -> list[frozenset[str]]:
         """Drop the templates of environment `site` (it changed): builds under way are
-        cancelled, images removed; the next workers of its families make new ones."""
+        cancelled, images removed. Their families."""
+        families = []
         for key in [k for k in self.by_family if k[0] == site]:
             template = self.by_family.pop(key)
             task = self._tasks.pop(key)
             task.cancel()
             task.add_done_callback(lambda _, images=template.images: criu.remove(images))
+            families.append(key[1])
+        return families
 
     async def build(self, template: Template) -> Template:
         start = time.monotonic()
