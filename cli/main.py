@@ -187,13 +187,14 @@ def kernelspec() -> None:
               "when the kernel starts).")
 @click.option("--sys-prefix", is_flag=True, help="Install into this Python's prefix, not ~.")
 @click.option("--prefix", help="Install under this prefix (as jupyter kernelspec install).")
+@click.option("--env", help="Your environment its sessions import from (see `llfabric env`).")
 def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
-                       prefix: str | None) -> None:
+                       prefix: str | None, env: str | None) -> None:
     """Install a kernel that attaches to the fabric when it starts."""
     from fabric.attach.kernels import install_kernelspec
 
     path = install_kernelspec(name, connect, user=not sys_prefix,
-                              prefix=sys.prefix if sys_prefix else prefix)
+                              prefix=sys.prefix if sys_prefix else prefix, env=env)
     click.echo(f"installed kernelspec {name} in {path}")
 
 

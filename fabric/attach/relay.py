@@ -29,6 +29,7 @@ from ..client import Client, Events
 from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
+from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Attachment:
         if not self.client.ping(timeout=2.0):
             raise Unreachable(f"no llfabric server answers at {self.address}",
                               address=self.address)
-        reply = self.client.open(self.session, os.getcwd())
+        reply = self.client.open(self.session, os.getcwd(), os.environ.get(ENV_VARIABLE))
         self.opened = True
         self.shell.execution_count = reply.execution_count + 1
         return reply

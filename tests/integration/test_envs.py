@@ -16,6 +16,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from wheels import wheel
 
 from cli.main import main as cli
+from fabric.attach.kernels import ENV_VARIABLE, kernelspec
 from fabric.auth import owner_name
 from fabric.client import Client
 from fabric.envs import Env, Envs
@@ -216,9 +217,13 @@ def test_a_notebook_chooses_its_environment_and_installs_from_a_cell(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     _env(server, wheels, "attached", "tinypkg==1.0")
     specs = install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
-    kernel = Kernel.start(specs, kernel_env(server.address, f"k-{tmp_path.name[-20:]}"),
-                          tmp_path)
+    assert kernelspec(env="attached")["env"] == {ENV_VARIABLE: "attached"}
+    kernel = Kernel.start(specs, kernel_env(server.address, f"k-{tmp_path.name[-20:]}",
+                                            **{ENV_VARIABLE: "attached"}), tmp_path)
     try:
+        assert text_of(kernel.execute(SHOW)[1]) == "1.0\n"  # the kernelspec's environment
+        assert "server's packages" in text_of(kernel.execute("%llfabric env base")[1])
+        assert "ModuleNotFoundError" in str(kernel.execute(SHOW))
         assert "environment attached" in text_of(kernel.execute("%llfabric env attached")[1])
         assert text_of(kernel.execute(SHOW)[1]) == "1.0\n"
         kernel.execute(_pip(wheels, "tinypkg==2.0"))
