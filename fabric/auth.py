@@ -21,6 +21,7 @@ import logging
 import os
 import pwd
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,8 +180,10 @@ def peer_uid(address: str) -> int | None:
 class Authenticator:
     """The ZAP handler of one server's context: admits and names every connecting client."""
 
-    def __init__(self, context: zmq.asyncio.Context, keys: Keys | None) -> None:
+    def __init__(self, context: zmq.asyncio.Context, keys: Keys | None,
+                 refused: Callable[[], None] = lambda: None) -> None:
         self.keys = keys  # None: ipc only, no CURVE
+        self.refused = refused  # told of each connection turned away
         self.socket = context.socket(zmq.REP)
         self.socket.linger = 0
         self.socket.bind(ZAP_ENDPOINT)
@@ -193,6 +196,8 @@ class Authenticator:
             except Exception:  # a malformed request: refused, never a dead handler
                 log.exception("bad ZAP request")
                 status, user, metadata = b"500", "", b""
+            if status != b"200":
+                self.refused()
             rid = request[1] if len(request) > 1 else b""
             await self.socket.send_multipart([b"1.0", rid, status, b"OK" if status == b"200"
                                               else b"refused", user.encode(), metadata])

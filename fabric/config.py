@@ -60,6 +60,7 @@ class Config:
     # silent for heartbeat_timeout seconds, or gone, has its running cell stopped. 0: off
     heartbeat: int = 2
     heartbeat_timeout: int = 10
+    metrics_bind: str = ""  # HOST:PORT where Prometheus scrapes /metrics; empty: not served
     user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
     # retention: each session keeps the state of its newest keep_versions versions, of one
     # version per clock hour for keep_hourly hours and one per day for keep_daily days, and of

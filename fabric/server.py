@@ -69,6 +69,7 @@ from .messages import (
     Status,
     Tag,
 )
+from .metrics import Metrics
 from .pool import Leases, Pool, cuda
 from .pool.lifecycle import Keeper
 from .private import private_dir
@@ -110,10 +111,12 @@ class Server:
         self._wanted = asyncio.Event()  # a cell committed: retention and gc now
         self._pressure: float | None = None  # the disk's percent in use, while past its limit
         self.upkeep: dict = {}  # the latest retention and gc pass, for `status`
+        self.metrics = Metrics(self._scrape)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         context = zmq.asyncio.Context()
-        authenticator = auth.Authenticator(context, self.keys)  # before any client connects
+        authenticator = auth.Authenticator(context, self.keys, self.metrics.auth_failures.inc)
         admitting = asyncio.ensure_future(authenticator.serve())
         self.socket = context.socket(zmq.ROUTER)
         self.socket.linger = 0
@@ -141,6 +144,9 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        self._loop = loop
+        metrics = self.metrics.serve(self.config.metrics_bind) if self.config.metrics_bind \
+            else None
         try:
             await self.pool.start()
             log.info("serving on %s, store %s, %d %s slots", address, self.config.store,
@@ -158,6 +164,9 @@ class Server:
             for task in list(self._tasks):
                 task.cancel()
             admitting.cancel()
+            if metrics is not None:
+                metrics.shutdown()
+                metrics.server_close()
             await self.keeper.stop()
             await self.pool.stop()
             self.socket.close()
@@ -352,7 +361,9 @@ class Server:
                                       "bytes stored")
                 self.running[user] = self.running.get(user, 0) + 1
                 try:
-                    return await session.execute(source, emit, stdin=stdin, gpus=gpus)
+                    reply = await session.execute(source, emit, stdin=stdin, gpus=gpus)
+                    self.metrics.cell(reply)
+                    return reply
                 finally:
                     self.running[user] -= 1
                     self._after_cell()
@@ -449,6 +460,18 @@ class Server:
 
     def _public(self, user: str, status: dict) -> dict:
         return {**status, "session": self._public_name(user, status["session"])}
+
+    def _scrape(self) -> dict:
+        """What the metrics read at a scrape (in the HTTP server's thread), taken in the loop
+        that changes it."""
+        async def now() -> dict:
+            return {"leases": self.leases.status(), "workers": len(self.pool.workers),
+                    "zygotes": len(self.pool.zygotes),
+                    "sessions": [s.status() for s in self.sessions.values()]}
+
+        if self._loop is None:
+            raise RuntimeError("the server is not serving")
+        return asyncio.run_coroutine_threadsafe(now(), self._loop).result(timeout=10)
 
     def status(self, user: str) -> dict:
         """The server as `user` may see it: their sessions, and others' only as busy slots."""

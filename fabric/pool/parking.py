@@ -1,6 +1,8 @@
 """Parking: a kept worker's CUDA state checkpointed into host memory (`suspend`), so the GPU
 is free for other sessions' cells between its own; `resume` puts it back, on the GPU of the next
-cell's lease. (A kept worker's further stages, cool on disk included: `lifecycle`.)
+cell's lease. A worker is parked with the processes its cells started and left running (DDP
+ranks, DataLoader workers): `suspend_tree` and `resume_tree`. (A kept worker's further stages,
+cool on disk included: `lifecycle`.)
 
 Every step that fails raises `ParkFailed` after leaving nothing half done: the caller retires
 the worker and the session continues from its last committed version in the store (cold).
@@ -56,6 +58,36 @@ def resume(driver: Driver, pid: int, moves: dict[str, str] | None = None) -> Non
         raise ParkFailed(f"cannot resume worker {pid}: {exc.message}", pid=pid) from exc
     if state is not State.RUNNING:
         raise ParkFailed(f"worker {pid} is {state.name} after its resume", pid=pid)
+
+
+def suspend_tree(driver: Driver, pids: list[int], timeout_ms: int = LOCK_TIMEOUT_MS) -> bool:
+    """`suspend` the worker `pids[0]` and the processes it started (the rest), all or none:
+    when one fails, those already parked are put back before ParkFailed goes up. False when
+    none of them touched CUDA."""
+    parked: list[int] = []
+    try:
+        for pid in pids:
+            if suspend(driver, pid, timeout_ms):
+                parked.append(pid)
+    except ParkFailed:
+        for pid in parked:
+            with contextlib.suppress(ParkFailed):
+                resume(driver, pid)
+        raise
+    return bool(parked)
+
+
+def resume_tree(driver: Driver, pids: list[int], moves: dict[str, str] | None = None) -> None:
+    """`resume` the worker `pids[0]`, and those of the processes it started that were parked
+    with it (one the driver knows nothing of never touched CUDA)."""
+    resume(driver, pids[0], moves)
+    for pid in pids[1:]:
+        try:
+            state = driver.state(pid)
+        except CudaError:
+            continue
+        if state is not State.RUNNING:
+            resume(driver, pid, moves)
 
 
 def _unlock_if_locked(driver: Driver, pid: int) -> None:

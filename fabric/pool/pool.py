@@ -203,6 +203,14 @@ class WorkerHandle:
     def endpoint(self) -> str:
         return f"ipc://{self.path}"
 
+    def tree(self) -> list[int]:
+        """The worker's pid, then those of the processes its cells started and left running."""
+        try:
+            children = psutil.Process(self.process).children(recursive=True)
+        except psutil.Error:
+            children = []
+        return [self.process, *(child.pid for child in children)]
+
     async def send(self, message: Message) -> None:
         """Send to the worker; WorkerDied if it exits first (a PAIR socket whose peer is gone
         would hold the message forever)."""
@@ -554,7 +562,8 @@ class Pool:
         """Checkpoint the worker's CUDA state off `device`, the GPU its cell ran on (nothing
         to do on CPU hosts)."""
         if self.cuda is not None and not worker.parked:
-            worker.parked = await asyncio.to_thread(parking.suspend, self.cuda, worker.process)
+            worker.parked = await asyncio.to_thread(parking.suspend_tree, self.cuda,
+                                                    worker.tree())
             worker.device = device if worker.parked else worker.device
 
     async def unpark(self, worker: WorkerHandle, device: str | None) -> None:
@@ -562,7 +571,7 @@ class Pool:
         comma-joined), moving it there, GPU by GPU in order, if it was parked from others."""
         if self.cuda is not None and worker.parked:
             moves = _moves(worker.device, device)
-            await asyncio.to_thread(parking.resume, self.cuda, worker.process, moves)
+            await asyncio.to_thread(parking.resume_tree, self.cuda, worker.tree(), moves)
             worker.parked, worker.device = False, device or worker.device
 
     def memory_pressure(self) -> bool:

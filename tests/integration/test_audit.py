@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import IMPORT_HOOK
 
 from fabric import audit
 from fabric.audit import recorder
@@ -97,32 +98,13 @@ def test_lookups_by_name_through_main_are_recorded(tmp_path: Path,
         [dataclasses.asdict(looked_up)])
 
 
-HOOK = """import importlib.abc, importlib.util, os, sys
-SUFFIX = '.txt'
-
-def text_path(name):
-    return name.rsplit('.', 1)[-1] + SUFFIX
-
-class TextFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name.startswith('txt_') and os.path.exists(text_path(name[4:])):
-            return importlib.util.spec_from_loader(name, self)
-    def create_module(self, spec):
-        return None
-    def exec_module(self, module):
-        module.text = open(text_path(module.__name__[4:])).read().strip()
-
-sys.meta_path.append(TextFinder())
-"""
-
-
 def test_an_import_hook_and_a_magics_own_line_are_no_misses(tmp_path: Path) -> None:
     """A notebook's import hook runs on imports no source shows, reading globals by name: the
     closure is the whole session, and says why. IPython probing the first word of the line a
     magic runs (`%time x = ...`) is not the cell's lookup."""
     nb = _notebook(tmp_path, ["method = [1]\nstrings = ['a', 'b']\n",
                               "%time method = [s for s in strings if s == 'a']\n",
-                              HOOK, "import txt_greeting\nprint(txt_greeting.text)\n"])
+                              IMPORT_HOOK, "import txt_greeting\nprint(txt_greeting.text)\n"])
     (nb.parent / "greeting.txt").write_text("hello from a text module\n")
     cells = audit.audit_notebook(nb, tmp_path / "work", verify=True)
     assert [c["misses"] for c in cells] == [[], [], [], []]

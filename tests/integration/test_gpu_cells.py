@@ -229,34 +229,6 @@ def test_a_template_copy_carries_its_cuda_context_and_a_prepared_cell_runs_at_on
           f"prepared in {timings['prepare']:.3f} s before execute")  # device_check.sh shows it
 
 
-def test_a_kept_worker_trains_parks_off_the_gpu_resumes_and_matches_an_unparked_run(
-        server: RunningServer, client: Client, tmp_path: Path) -> None:
-    if find_driver() is None:
-        pytest.skip(NO_DRIVER)
-    session = open_session(client, tmp_path)
-    reply, outputs = execute(client, session, SETUP + TRAIN)
-    assert reply["status"] == "ok" and "data" in reply["unsaved"], outputs
-    status = session_status(client, session)
-    assert status["pinned"] and status["tier"] == "warm"
-    worker = tree(status["worker"])
-    assert not holders(worker), "a parked worker holds no GPU memory"
-
-    flag = tmp_path / "go"
-    reply, outputs, held = run_holding(server, session, hold(flag) + TRAIN + REPORT, flag,
-                                       lambda: holders(worker))
-    assert reply["status"] == "ok" and reply["path"] == "pinned", text(outputs)
-    assert held, "the resumed worker holds its model on the GPU again"
-    assert not holders(worker), "parked again after its cell"
-
-    reference = subprocess.run([sys.executable, "-c", SETUP + TRAIN + TRAIN + REPORT],
-                               capture_output=True, text=True, env={**os.environ, **ENV},
-                               timeout=300, check=True)
-    assert stdout(outputs) == reference.stdout  # 50 losses and every parameter, bit for bit
-
-
-DATA_PARALLEL = SETUP.replace(".cuda()\n", ".cuda()\nmodel = torch.nn.DataParallel(model)\n", 1)
-
-
 def gpus_held(pids: set[int]) -> set[str]:
     """The GPUs on which any of `pids` holds memory now (one process may hold several)."""
     import pynvml
@@ -271,32 +243,49 @@ def gpus_held(pids: set[int]) -> set[str]:
     return held
 
 
+def _trains_parked_and_resumed(server: RunningServer, client: Client, tmp_path: Path,
+                               setup: str, count: int) -> None:
+    """A kept worker trains on `count` GPUs, is parked off all of them between cells, resumed
+    on all of them for the next, and ends bit-identical to a run never parked."""
+    session = open_session(client, tmp_path)
+    reply, outputs = execute(client, session, setup + TRAIN, gpus=count)
+    assert reply["status"] == "ok" and "data" in reply["unsaved"], outputs
+    status = session_status(client, session)
+    assert status["pinned"] and status["tier"] == "warm"
+    worker = tree(status["worker"])
+    assert not gpus_held(worker), "a parked worker holds no GPU memory"
+
+    flag = tmp_path / "go"
+    reply, outputs, held = run_holding(server, session, hold(flag) + TRAIN + REPORT, flag,
+                                       lambda: gpus_held(worker))
+    assert reply["status"] == "ok" and reply["path"] == "pinned", text(outputs)
+    assert len(held) == count, "the resumed worker holds its model on its GPUs again"
+    assert not gpus_held(worker), "parked again after its cell"
+
+    visible = ",".join(sorted(held))
+    reference = subprocess.run([sys.executable, "-c", setup + TRAIN + TRAIN + REPORT],
+                               capture_output=True, text=True, timeout=300, check=True,
+                               env={**os.environ, **ENV, "CUDA_VISIBLE_DEVICES": visible})
+    assert stdout(outputs) == reference.stdout  # 50 losses and every parameter, bit for bit
+
+
+def test_a_kept_worker_trains_parks_off_the_gpu_resumes_and_matches_an_unparked_run(
+        server: RunningServer, client: Client, tmp_path: Path) -> None:
+    if find_driver() is None:
+        pytest.skip(NO_DRIVER)
+    _trains_parked_and_resumed(server, client, tmp_path, SETUP, 1)
+
+
+DATA_PARALLEL = SETUP.replace(".cuda()\n", ".cuda()\nmodel = torch.nn.DataParallel(model)\n", 1)
+
+
 def test_a_two_gpu_data_parallel_cell_parks_resumes_and_matches_an_unparked_run(
         server: RunningServer, client: Client, devices: list[gpus.Gpu], tmp_path: Path) -> None:
     if len(devices) < 2:
         pytest.skip("a two-GPU cell takes two GPUs")
     if find_driver() is None:
         pytest.skip(NO_DRIVER)
-    session = open_session(client, tmp_path)
-    reply, outputs = execute(client, session, DATA_PARALLEL + TRAIN, gpus=2)
-    assert reply["status"] == "ok" and "data" in reply["unsaved"], outputs
-    status = session_status(client, session)
-    assert status["pinned"] and status["tier"] == "warm"
-    worker = tree(status["worker"])
-    assert not gpus_held(worker), "a parked worker holds memory on neither GPU"
-
-    flag = tmp_path / "go"
-    reply, outputs, held = run_holding(server, session, hold(flag) + TRAIN + REPORT, flag,
-                                       lambda: gpus_held(worker))
-    assert reply["status"] == "ok" and reply["path"] == "pinned", text(outputs)
-    assert len(held) == 2, "the resumed worker holds its replicas on both GPUs again"
-    assert not gpus_held(worker), "parked off both after its cell"
-
-    visible = ",".join(sorted(held))
-    reference = subprocess.run([sys.executable, "-c", DATA_PARALLEL + TRAIN + TRAIN + REPORT],
-                               capture_output=True, text=True, timeout=300, check=True,
-                               env={**os.environ, **ENV, "CUDA_VISIBLE_DEVICES": visible})
-    assert stdout(outputs) == reference.stdout  # 50 losses and every parameter, bit for bit
+    _trains_parked_and_resumed(server, client, tmp_path, DATA_PARALLEL, 2)
 
 
 def test_cuda_tensors_through_the_store_come_back_on_a_fresh_worker(

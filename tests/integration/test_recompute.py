@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RunningServer, execute, open_session, serving, text
+from helpers import IMPORT_HOOK, RunningServer, execute, open_session, serving, text
 
 from fabric.client import Client
 
@@ -124,24 +124,6 @@ def test_functions_defined_by_the_replayed_cells_match_the_committed_ones(server
     assert text(outputs) == "1 3\n", reply["notices"]
 
 
-HOOK = """import importlib.abc, importlib.util, os, sys
-
-def text_path(name):
-    return name.rsplit('.', 1)[-1] + '.txt'
-
-class TextFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name.startswith('txt_') and os.path.exists(text_path(name[4:])):
-            return importlib.util.spec_from_loader(name, self)
-    def create_module(self, spec):
-        return None
-    def exec_module(self, module):
-        module.text = open(text_path(module.__name__[4:])).read().strip()
-
-sys.meta_path.append(TextFinder())
-"""
-
-
 def test_an_import_hook_the_notebook_defined_stays_with_its_worker(tmp_path: Path) -> None:
     """The hook lives only in the process that ran the cell: even with no worker kept warm, the
     session keeps that one, and a later cell's import finds what the hook serves. Lost with its
@@ -151,7 +133,7 @@ def test_an_import_hook_the_notebook_defined_stays_with_its_worker(tmp_path: Pat
     with serving(tmp_path / "store", keep_warm=0) as running, \
             running.client(timeout=120) as client:
         session = open_session(client, tmp_path)
-        assert execute(client, session, HOOK)[0]["status"] == "ok"
+        assert execute(client, session, IMPORT_HOOK)[0]["status"] == "ok"
         reply, outputs = execute(client, session, "import txt_greeting\nprint(txt_greeting.text)")
         assert reply["status"] == "ok" and "hello from a text module" in text(outputs), outputs
         _kill_worker(client, session)

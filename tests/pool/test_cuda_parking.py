@@ -10,7 +10,7 @@ import pytest
 from fake_cuda import FakeDriver
 
 from fabric.pool.cuda import State
-from fabric.pool.parking import ParkFailed, resume, suspend
+from fabric.pool.parking import ParkFailed, resume, resume_tree, suspend, suspend_tree
 
 PID = 4242
 
@@ -130,3 +130,26 @@ def test_checkpoint_reported_done_but_not_checkpointed_is_a_failure() -> None:
     driver.checkpoint = lying_checkpoint
     with pytest.raises(ParkFailed, match="FAILED after its checkpoint"):
         suspend(driver, PID)
+
+
+# A worker with the processes its cell started (DDP ranks, DataLoader workers): parked together.
+RANK, LOADER = 4343, 4444
+
+
+def test_a_worker_and_the_processes_it_started_park_and_resume_together() -> None:
+    driver = FakeDriver()
+    driver.without_cuda.add(LOADER)  # a DataLoader worker that never touched CUDA
+    assert suspend_tree(driver, [PID, RANK, LOADER]) is True
+    assert driver.states[PID] is driver.states[RANK] is State.CHECKPOINTED
+    assert LOADER not in driver.states
+    resume_tree(driver, [PID, RANK, LOADER], {"gpu-a": "gpu-b"})
+    assert driver.states[PID] is driver.states[RANK] is State.RUNNING
+    assert [pid for pid, _ in driver.moves] == [PID, RANK]  # both moved to the new GPU
+
+
+def test_a_tree_parks_all_or_none() -> None:
+    driver = FakeDriver()
+    driver.states[RANK] = State.FAILED  # a rank the driver cannot checkpoint
+    with pytest.raises(ParkFailed, match=str(RANK)):
+        suspend_tree(driver, [PID, RANK])
+    assert driver.states[PID] is State.RUNNING  # put back: nothing is left half parked

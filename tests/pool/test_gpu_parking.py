@@ -76,6 +76,27 @@ def test_a_kept_worker_is_checkpointed_between_cells(tmp_path: Path) -> None:
     _with_server(tmp_path, driver, scenario)
 
 
+def test_processes_a_cell_started_are_parked_and_resumed_with_its_worker(tmp_path: Path) -> None:
+    driver = FakeDriver()  # every process holds CUDA state to it: a DDP rank, say
+
+    def scenario(client: Client, server: Server) -> None:
+        session = open_session(client, tmp_path)
+        reply, _ = execute(client, session, "import subprocess\n"
+                           "rank = subprocess.Popen(['sleep', '300'])\n"
+                           "g = (i for i in range(5))")
+        assert reply["status"] == "ok" and "g" in reply["unsaved"]
+        worker = server.sessions[session].prepared.task.result()
+        pid, child = worker.process, worker.tree()[1]
+        assert driver.states[pid] is driver.states[child] is State.CHECKPOINTED
+        reply, outputs = execute(client, session, "print(next(g), rank.poll())")
+        assert reply["path"] == "pinned" and text(outputs) == "0 None\n"
+        assert [s for s, p in driver.calls if p == child and s != "state"] == \
+            ["lock", "checkpoint", "restore", "unlock", "lock", "checkpoint"]
+        execute(client, session, "rank.kill()")
+
+    _with_server(tmp_path, driver, scenario)
+
+
 def _built_template(client: Client) -> list[dict]:
     """The server's templates once the first build has ended."""
     deadline = time.monotonic() + 60

@@ -149,3 +149,24 @@ def commit_values(store: Store, session: str, **values: object) -> str:
     ident = store.put_manifest(manifest.encode())
     store.set_head(session, ident, head)
     return ident
+
+
+# A notebook's own import hook: `import txt_NAME` reads NAME.txt of the working directory,
+# through globals of the session (SUFFIX, text_path, os) that no importing cell names.
+IMPORT_HOOK = """import importlib.abc, importlib.util, os, sys
+SUFFIX = '.txt'
+
+def text_path(name):
+    return name.rsplit('.', 1)[-1] + SUFFIX
+
+class TextFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name.startswith('txt_') and os.path.exists(text_path(name[4:])):
+            return importlib.util.spec_from_loader(name, self)
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        module.text = open(text_path(module.__name__[4:])).read().strip()
+
+sys.meta_path.append(TextFinder())
+"""
