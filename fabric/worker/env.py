@@ -24,6 +24,7 @@ SITE_DIRS = ("site-packages", "dist-packages")
 NO_ENV = ("this session runs on the server's base environment, which cells do not change: "
           "make an environment with `llfabric env create NAME` and choose it with "
           "`%llfabric env NAME` (or `llfabric run --env NAME`), then `%pip install` again")
+SHELL_SYNTAX = re.compile(r"[;&|<>`$(){}]")  # more than one pip command: not redirected
 SHELL_PIP = re.compile(r"^\s*(\S*/)?(pip3?|python3?(\.\d+)?\s+-m\s+pip)\s+(install|uninstall)\b")
 
 
@@ -65,14 +66,15 @@ def installer(prefix: str, args: list[str]) -> list[str]:
 
 
 def install_magics(shell: Any) -> None:
-    """`%pip` on the session's environment; `!pip install` refused with the way to do it."""
+    """`%pip` on the session's environment; a plain `!pip install ARGS` is sent there too, one
+    that does more in the shell (pipes, `&&`) is refused with the way to do it."""
     from IPython.core.error import UsageError
 
     system = shell.system
 
     def pip(line: str) -> None:
         prefix = os.environ.get(VARIABLE)
-        args = shlex.split(line)
+        args = shlex.split(line, comments=True)
         if not prefix:
             if args[:1] in (["install"], ["uninstall"]):
                 raise UsageError(NO_ENV)
@@ -82,11 +84,15 @@ def install_magics(shell: Any) -> None:
         importlib.invalidate_caches()  # what it installed is importable in the next line
 
     def guarded(command: str) -> None:
-        if SHELL_PIP.match(command):
+        found = SHELL_PIP.match(command)
+        if found is None:
+            system(command)
+        elif SHELL_SYNTAX.search(command) or not os.environ.get(VARIABLE):
             raise UsageError("`!pip install` would install into the server's own packages; "
                              "use `%pip install` (without `!`): it installs into the session's "
                              "environment")
-        system(command)
+        else:
+            pip(command[found.start(4):])
 
     shell.register_magic_function(pip, "line", "pip")
     shell.system = guarded

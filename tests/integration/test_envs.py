@@ -151,9 +151,15 @@ def test_installs_never_reach_the_servers_packages(server: RunningServer, wheels
         plain = open_session(client, tmp_path)
         reply, outputs = execute(client, plain, _pip(wheels, "newpkg"))
         assert reply["status"] == "error" and "llfabric env create" in text(outputs)
-        session = _session(client, tmp_path, "guarded")
-        reply, outputs = execute(client, session, f"!pip install --no-index {wheels}/x.whl")
+        reply, outputs = execute(client, plain, f"!pip install --no-index {wheels}/x.whl")
         assert reply["status"] == "error" and "%pip install" in text(outputs)
+        session = _session(client, tmp_path, "guarded")
+        reply, outputs = execute(client, session, "!pip install x && echo more")
+        assert reply["status"] == "error" and "%pip install" in text(outputs)
+        # a plain one goes where %pip would
+        reply, outputs = execute(client, session, f"!pip install -q --no-index --find-links "
+                                                  f"{wheels} newpkg  # a comment\nimport newpkg")
+        assert reply["status"] == "ok", text(outputs)
         with pytest.raises(RemoteError) as refused:
             client.call("open", session=session, env="no-such-env")
         assert refused.value.kind == "unknown_env"
