@@ -166,7 +166,8 @@ class HostAgent:
         if life is None or not life.usable(head.id):
             return False
         worker = life.worker()
-        return worker is None or life.unsaved or not self._env_changed(worker)
+        # a pinned worker alone holds what could not be saved: it stays, whatever changed
+        return worker is None or bool(life.unsaved) or not self._env_changed(worker)
 
     def _env_changed(self, worker: WorkerHandle) -> bool:
         """Whether the session's environment changed since `worker` was made (it may hold
