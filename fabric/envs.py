@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .errors import AlreadyExists, EnvError, InvalidName, UnknownEnv
 from .protocol import valid_session_name
-from .worker.env import BASE_PTH, installer
+from .worker.env import BASE_PTH, SITE_DIRS, installer
 
 SITE = Path("lib") / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
@@ -122,20 +122,24 @@ class Envs:
         path = self._path(user, name)
         if path.exists():
             raise AlreadyExists(f"environment {name!r} exists", env=name)
-        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-        _run([sys.executable, "-m", "venv", "--without-pip", str(path)], f"make {name}")
+        try:
+            path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise EnvError(f"cannot make environment {name} in {path.parent} ({exc.strerror}); "
+                           "set `envs` to a folder where you can", env=name) from exc
         env = Env(name, path)
-        if not env.site.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-            raise EnvError(f"the virtual environment {path} has no {SITE}", env=name)
-        base = [p for p in (*site.getsitepackages(), *sys.path) if "site-packages" in p]
-        (env.site / BASE_PTH).write_text("".join(f"{p}\n" for p in dict.fromkeys(base)))
-        if requirements is not None:
-            try:
+        try:
+            _run([sys.executable, "-m", "venv", "--without-pip", str(path)], f"make {name}")
+            if not env.site.is_dir():
+                raise EnvError(f"the virtual environment {path} has no {SITE}", env=name)
+            base = [p for p in (*site.getsitepackages(), *sys.path)
+                    if os.path.basename(p) in SITE_DIRS]
+            (env.site / BASE_PTH).write_text("".join(f"{p}\n" for p in dict.fromkeys(base)))
+            if requirements is not None:
                 env.install(["install", "-r", str(requirements)])
-            except EnvError:
-                shutil.rmtree(path, ignore_errors=True)
-                raise
+        except BaseException:  # no half-made environment is left to be chosen
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         return env
 
     def remove(self, user: str, name: str) -> None:

@@ -20,7 +20,7 @@ from fabric.attach.kernels import ENV_VARIABLE, kernelspec
 from fabric.auth import owner_name
 from fabric.client import Client
 from fabric.envs import Env, Envs
-from fabric.errors import RemoteError
+from fabric.errors import EnvError, InvalidName, RemoteError
 from fabric.snapshot import Manifest, Store
 
 SHOW = "import tinypkg\nprint(tinypkg.VERSION)"
@@ -240,3 +240,14 @@ def test_a_notebook_chooses_its_environment_and_installs_from_a_cell(
         assert "no environment 'gone'" in refused
     finally:
         kernel.stop()
+
+
+def test_a_failed_create_leaves_nothing_behind(tmp_path: Path) -> None:
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("--no-index\nno-such-package-anywhere\n")
+    envs = Envs(tmp_path / "envs")
+    with pytest.raises(EnvError, match="no-such-package-anywhere"):
+        envs.create("someone", "broken", requirements)
+    assert envs.list("someone") == [] and not (tmp_path / "envs" / "someone" / "broken").exists()
+    with pytest.raises(InvalidName):
+        envs.create("someone", "../escape")
