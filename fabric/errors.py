@@ -237,3 +237,15 @@ class TraceError(FabricError):
     results a report needs (the file's fault; `path` and, for a row, `line` say where)."""
 
     kind = "trace"
+
+
+class UnknownEnv(FabricError):
+    """No environment of that name belongs to the user (`llfabric env list` shows theirs)."""
+
+    kind = "unknown_env"
+
+
+class EnvError(FabricError):
+    """An environment could not be made or changed (its installer failed, say)."""
+
+    kind = "env"

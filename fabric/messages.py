@@ -123,6 +123,9 @@ class Open(Request):
     op = "open"
     session: str
     cwd: str | None = None  # where its cells run; default the server's
+    # the user's environment its next cells import from ("": the server's packages); None: as
+    # before, or what its head version ran in
+    env: str | None = None
 
 
 @dataclass(frozen=True)

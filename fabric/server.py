@@ -36,6 +36,7 @@ import zmq.asyncio
 from . import auth, protocol
 from .claim import claim_server
 from .config import Config
+from .envs import Env, Envs
 from .errors import (
     AddressRefused,
     ConfigError,
@@ -46,6 +47,7 @@ from .errors import (
     ProtocolError,
     SessionBusy,
     StoreError,
+    UnknownEnv,
     UnknownSession,
 )
 from .messages import (
@@ -87,6 +89,7 @@ class Server:
         self.config = config
         self.keys = _check_address(config)
         self.store = Store(private_dir(config.store))
+        self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
         if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
             raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
@@ -346,8 +349,8 @@ class Server:
                 return {"pong": True, "pid": os.getpid(), "user": user}
             case Status():
                 return self.status(user)
-            case Open(session=name, cwd=cwd):
-                return self._open(user, name, cwd)
+            case Open(session=name, cwd=cwd, env=env):
+                return self._open(user, name, cwd, env)
             case Remove(session=name):
                 return await self._remove(user, name)
             case Tag(session=name, name=tag, version=version):  # open or not: tags are the store's
@@ -392,9 +395,10 @@ class Server:
                 return {"closed": True, "version": session.manifest.version}
         raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
 
-    def _open(self, user: str, name: str, cwd: str | None) -> dict:
+    def _open(self, user: str, name: str, cwd: str | None, env: str | None) -> dict:
         stored = self._store_name(user, name)
         session = self.sessions.get(stored)
+        chosen = self.envs.get(user, env) if env else None  # UnknownEnv before anything opens
         if session is None:
             self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
                               "open sessions")
@@ -403,10 +407,26 @@ class Server:
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
                               interrupt_grace=self.config.interrupt_grace,
-                              gpus=self.config.gpus)
+                              gpus=self.config.gpus,
+                              env=chosen if env is not None else self._head_env(user, stored))
             session.admit = lambda manifest: self._admit(user, stored, manifest)
             self.sessions[stored] = session
+        elif env is not None:
+            session.use_env(chosen)
         return self._public(user, session.status())
+
+    def _head_env(self, user: str, stored: str) -> Env | None:
+        """The environment the session's head version ran in, if its user still has it."""
+        head = self.store.head(stored)
+        if head is None:
+            return None
+        name = Manifest.decode(self.store.get_manifest(head)).env.get("name")
+        try:
+            return self.envs.get(user, name) if name else None
+        except UnknownEnv:
+            log.warning("session %s ran in environment %s, which is gone: it runs on the "
+                        "server's packages", stored, name)
+            return None
 
     def _tag(self, user: str, name: str, version: int | str | None, tag: str) -> dict:
         stored = self._store_name(user, name)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from . import notices
 from .closure import CellPlan, Closure, closure, plan
+from .envs import Env, differences
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool
 from .pool.agent import HostAgent
@@ -30,11 +31,13 @@ log = logging.getLogger(__name__)
 
 class Session:
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
-                 keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1) -> None:
+                 keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1,
+                 env: Env | None = None) -> None:
         self.name = name
         self.gpus = gpus  # slots its cells lease together; a cell's execute may change it
         self.store = store
         self.agent = HostAgent(name, cwd, store, pool, leases, keeper, interrupt_grace)
+        self.agent.env = env
         self.head = store.head(name)
         self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
                          else Manifest(session=name))
@@ -45,6 +48,23 @@ class Session:
         # checks a version before it commits (the server's quotas): raises to refuse it
         self.admit: Callable[[Manifest], None] | None = None
         self._catalog: tuple[str | None, catalog.Catalog] = (None, catalog.EMPTY)
+
+    @property
+    def env(self) -> Env | None:
+        """The environment its cells import from; None: the server's own packages."""
+        return self.agent.env
+
+    def use_env(self, env: Env | None) -> None:
+        """Run the next cells in `env` (None: the server's packages)."""
+        if self.lock.locked():
+            raise SessionBusy(f"session {self.name} is running a cell", session=self.name)
+        if env != self.env:
+            self.agent.use_env(env)
+
+    def _env_record(self) -> dict:
+        """What a version records of its environment (`Manifest.env`)."""
+        env = self.env
+        return {} if env is None else {"name": env.name, "packages": env.packages()}
 
     @property
     def prepared(self) -> Life | None:
@@ -75,8 +95,12 @@ class Session:
             raise SessionBusy(f"session {self.name} is running a cell", session=self.name)
         manifest = history.checkout(self.store, self.name, version)
         self._follow_head()
+        now = self._env_record()
         return {"version": manifest.version, "checked_out": manifest.cell["checkout"],
-                "execution_count": int(manifest.cell.get("execution_count", 0))}
+                "execution_count": int(manifest.cell.get("execution_count", 0)),
+                "env": manifest.env.get("name"),
+                "packages_differ": differences(manifest.env.get("packages", {}),
+                                               now.get("packages", {}))}
 
     def draft(self, source: str) -> dict:
         """Ready a worker for `source` now, while the user is still editing it."""
@@ -119,7 +143,8 @@ class Session:
             raise StoreError("the worker ran the cell but sent no save report")
         self.head, self.manifest = commit(
             self.store, self.name, self.head, done.saved,
-            CellRecord(cell.source, count, done.status, done.run, cell.modules), self.admit)
+            CellRecord(cell.source, count, done.status, done.run, cell.modules,
+                       self._env_record()), self.admit)
         return Head(self.head, self.manifest)
 
     # completion and inspection: the live worker's answer, else the head's catalog's
@@ -174,6 +199,7 @@ class Session:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
                 "execution_count": int(self.manifest.cell.get("execution_count", 0)),
                 "opened": self.opened, "gpus": self.gpus,
+                "env": self.env.name if self.env is not None else None,
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),
                 **self.agent.status(Head(self.head, self.manifest)),

@@ -30,6 +30,7 @@ from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
 from .answers import Answers
+from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class Attachment:
         if not self.client.ping(timeout=2.0):
             raise Unreachable(f"no llfabric server answers at {self.address}",
                               address=self.address)
-        reply = self.client.open(self.session, os.getcwd())
+        reply = self.client.open(self.session, os.getcwd(), os.environ.get(ENV_VARIABLE))
         self.opened = True
         self.shell.execution_count = reply.execution_count + 1
         self.answers.load_history()

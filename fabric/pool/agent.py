@@ -18,9 +18,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
+from typing import TYPE_CHECKING
 
 from ..closure import Closure, closure, plan
-from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
+from ..errors import (
+    CellStopped,
+    LoadFailed,
+    NotWaiting,
+    ParkFailed,
+    RemoteError,
+    UnknownEnv,
+    WorkerDied,
+)
 from ..snapshot import Group, Manifest, Store, history, lineage
 from ..worker.messages import (
     Answered,
@@ -40,6 +49,9 @@ from .lifecycle import Keeper, Life, Stage
 from .pool import Pool, WorkerHandle
 from .replay import recompute
 from .running import Running
+
+if TYPE_CHECKING:
+    from ..envs import Env
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +93,7 @@ class HostAgent:
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
         self.lost_why = ""  # why they cannot be recomputed
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
+        self.env: Env | None = None  # the environment its workers import from; None: the server's
         self._background: set[asyncio.Task] = set()
 
     # readying a worker
@@ -104,7 +117,7 @@ class HostAgent:
 
         async def make(life: Life) -> WorkerHandle:
             worker = await self.pool.new_worker(cl.modules | needs.modules,
-                                                frozenset(head.manifest.modules))
+                                                frozenset(head.manifest.modules), self.env)
             try:
                 await self._load(life, worker, _load(needs.groups, needs.imports, start,
                                                      self.cwd), events)
@@ -165,7 +178,25 @@ class HostAgent:
                              session=self.name, traceback=reply.traceback)
 
     def _usable(self, life: Life | None, head: Head) -> bool:
-        return life is not None and life.usable(head.id)
+        if life is None or not life.usable(head.id):
+            return False
+        worker = life.worker()
+        # a pinned worker alone holds what could not be saved: it stays, whatever changed
+        return worker is None or bool(life.unsaved) or not self._env_changed(worker)
+
+    def _env_changed(self, worker: WorkerHandle) -> bool:
+        """Whether the session's environment changed since `worker` was made (it may hold
+        modules imported before an install replaced them)."""
+        try:
+            return self.env is not None and self.pool.refresh(self.env) != worker.generation
+        except UnknownEnv:  # removed: the next cell's fresh worker says so
+            return True
+
+    def use_env(self, env: Env | None) -> None:
+        """Workers import from `env` (None: the server's packages) from the next cell on."""
+        self.env = env
+        life, self.prepared = self.prepared, None
+        self._discard(life)
 
     def _spawn(self, coro: Coroutine) -> None:
         """Run clean-up in the background, holding a reference so it is not collected."""
@@ -407,8 +438,8 @@ class HostAgent:
         """Take the worker off the GPU before its lease ends if it is to be kept: warm for the
         next cell, or pinned because it alone holds `unsaved`. False: it is retired; if parking
         failed, what only it held is lost and the session goes on from the store."""
-        if not unsaved and not self.pool.keep_warm:
-            return False
+        if not unsaved and (not self.pool.keep_warm or self._env_changed(worker)):
+            return False  # an install in the cell: the next worker imports what it installed
         try:
             await self.pool.park(worker, device)
         except ParkFailed as exc:

@@ -63,6 +63,7 @@ class CellRecord:
     status: str
     run: float  # seconds its code ran
     modules: frozenset[str]  # what it imports that counts toward an import closure
+    env: dict = field(default_factory=dict)  # its environment and packages (`Manifest.env`)
 
 
 def commit(store: Store, session: str, head: str | None, report: Report, cell: CellRecord,
@@ -94,6 +95,7 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
               "source": cell.source, "time": time.time(),
               "unsaved": sorted(report.unsaved),  # lineage, for a cold restore
               "run": cell.run},
+        env=cell.env,
     )
     manifest = dataclasses.replace(manifest, catalog=_catalog(store, parent, manifest, report))
     if admit is not None:

@@ -39,7 +39,7 @@ from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import comms, introspect, threads, wake
+from . import comms, env, introspect, threads, wake
 from .fdcapture import FdCapture
 from .messages import (
     TO_WORKER,
@@ -212,6 +212,7 @@ class Worker:
                     self.ambient = pickle.loads(self.store.get(message.ambient))
                     for problem in ambient.restore(self.ambient):
                         self._notice("ambient", problem)
+                    env.front()  # the session's saved sys.path may predate its environment
                 self.restored_ambient = True
             for alias, module in message.imports.items():
                 try:

@@ -25,6 +25,8 @@ from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 
+from . import env
+
 Sink = Callable[..., None]
 
 # IPython's and the interpreter's bookkeeping in the user namespace: never session state.
@@ -181,4 +183,5 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     shell.register_magics(KernelMagics)
     shell.extension_manager.load_extension("storemagic")
     shell.user_ns["__name__"] = "__main__"
+    env.install_magics(shell)
     return shell
