@@ -8,6 +8,7 @@ channel goes to a `sink` callable instead: ``sink(kind, **fields)``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import sys
@@ -178,9 +179,11 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     # A kernel's magics too: ipykernel's own (%clear, %less, %man...) and %store, the extension
     # every IPython application loads; without them such a cell fails only on the fabric. With
     # ipykernel's shell loaded, libraries that look for it (tqdm.auto) take a notebook for one.
-    from ipykernel.zmqshell import KernelMagics
+    # A host without ipykernel (a bare GPU machine) runs cells without them.
+    with contextlib.suppress(ImportError):
+        from ipykernel.zmqshell import KernelMagics
 
-    shell.register_magics(KernelMagics)
+        shell.register_magics(KernelMagics)
     shell.extension_manager.load_extension("storemagic")
     shell.user_ns["__name__"] = "__main__"
     env.install_magics(shell)
