@@ -182,7 +182,7 @@ class Saving(Message):
 
 @dataclass(frozen=True)
 class Output(Message):
-    """An nbformat output (or clear_output, update_display_data, page) of the running cell."""
+    """An nbformat output (or clear_output, update_display_data) of the running cell."""
 
     op: ClassVar[str] = "output"
     output: dict[str, Any]
