@@ -197,12 +197,20 @@ def remove(store: Store, session: str) -> bool:
     """Forget a session and release everything its history names, for gc to free."""
     if store.head(session) is None:
         return False
-    with contextlib.suppress(StoreError):  # a damaged one is removed too; gc's grace frees it
-        released = Index(thinned={i: time.time() for i, _ in log(store, session)})
+    try:
+        versions = [i for i, _ in log(store, session)]
+    except StoreError:  # a damaged one is removed too; gc's grace frees it
+        versions = []
+    removed = store.remove_session(session)
+    # The record only once the session is gone: a gc that still saw the session kept its data
+    # and must not take a record older than its start for one it applied.
+    if removed and versions:
         folder = store.root / "released"
         folder.mkdir(exist_ok=True)
-        write_atomic(folder / f"{session}.{time.time_ns()}", released.encode())
-    return store.remove_session(session)
+        now = time.time()
+        write_atomic(folder / f"{session}.{time.time_ns()}",
+                     Index(thinned=dict.fromkeys(versions, now)).encode())
+    return removed
 
 
 @dataclass
