@@ -354,7 +354,8 @@ class Server:
             return self.store
         if user not in self._parts:
             account = self._account(user)
-            self._parts[user] = Store(Path(account.store), key=self.store.key)
+            self._parts[user] = Store(Path(account.store), key=self.store.key,
+                                      owner=(account.uid, account.gid))
         return self._parts[user]
 
     def _session(self, user: str, name: str) -> Session:

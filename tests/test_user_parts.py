@@ -14,6 +14,7 @@ from helpers import commit_values
 
 from fabric import users
 from fabric.errors import ConfigError, Forbidden, UnsafePath
+from fabric.snapshot.store import blob_id
 
 ROOT = Path(__file__).resolve().parent.parent
 UID, GID = 4242, 4243  # any ids: a part is made for a uid, whether or not it has a name
@@ -55,6 +56,29 @@ def test_a_users_part_is_theirs_alone_and_the_rest_is_passed_through(tmp_path: P
     found = users.stores(users.Store(store))
     assert [s.root for s in found] == [store, part]
     assert len({s.key for s in found}) == 1  # one key signs every part
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a part owned by another user needs root")
+def test_what_the_server_stores_in_a_users_part_is_theirs_and_follows_no_link(
+        tmp_path: Path) -> None:
+    """The server writes a session's catalog into its user's blobs: the blob and any shard it
+    makes are theirs (their workers write in that shard later), and a shard they swapped for a
+    link is refused rather than followed."""
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    part = users.part(store, "alice", UID, GID)
+    server = users.Store(part, key=users.Store(store).key, owner=(UID, GID))
+    ident = server.put(b"a catalog")
+    assert _mode(server.disk.path(ident)) == (UID, 0o600)
+    assert _mode(server.disk.path(ident).parent) == (UID, 0o700)
+    assert server.get(ident) == b"a catalog"
+    data = next(d for d in (b"%d" % i for i in range(1000)) if blob_id(d)[:2] != ident[:2])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    server.disk.path(blob_id(data)).parent.symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        server.put(data)
+    assert not list(elsewhere.iterdir())
 
 
 def test_store_verify_and_gc_cover_every_users_part(tmp_path: Path) -> None:

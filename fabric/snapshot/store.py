@@ -105,15 +105,17 @@ class Store:
     """Blobs, objects, signed manifests and session heads, behind a memory cache."""
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
-                 key: bytes | None = None, signs: bool = True) -> None:
+                 key: bytes | None = None, signs: bool = True,
+                 owner: tuple[int, int] | None = None) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
-        reads the key (user code could read it from the worker's memory)."""
+        reads the key (user code could read it from the worker's memory). `owner`: the (uid,
+        gid) of that user, whose blobs folder the server writes in as them (`DiskTier`)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.disk = DiskTier(self.root / "blobs")
+        self.disk = DiskTier(self.root / "blobs", owner)
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
         self._key = (key or _load_key(self.root / "key")) if signs else None
 

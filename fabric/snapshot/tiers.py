@@ -6,6 +6,7 @@ what any tier returns. A peer-host or remote-storage tier implements the same fo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import DiskFull
+from ..errors import DiskFull, UnsafePath
 
 Buffer = bytes | bytearray | memoryview
 
@@ -72,13 +73,22 @@ def _full(exc: OSError, path: Path) -> OSError | DiskFull:
     return DiskFull(f"no space left for {path.parent}: {exc.strerror}", path=str(path.parent))
 
 
+def _owned_by(fd: int, uid: int, path: Path) -> None:
+    if os.fstat(fd).st_uid != uid:
+        raise UnsafePath(f"refusing {path}: not its user's", path=str(path))
+
+
 class DiskTier:
     """Blobs as files ``<root>/ab/<id>``, written atomically and durably."""
 
     durable = True
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, owner: tuple[int, int] | None = None) -> None:
+        """`owner`: the (uid, gid) the folder belongs to, when this process (the server) writes
+        into another user's blobs (`fabric.users`): its blobs and shards are given to them, and
+        nothing the user could have made a link is followed."""
         self.root = root
+        self.owner = owner
         root.mkdir(parents=True, exist_ok=True)
 
     def path(self, ident: str) -> Path:
@@ -111,7 +121,52 @@ class DiskTier:
         return size
 
     def write(self, ident: str, data: Buffer) -> None:
-        write_atomic(self.path(ident), data)
+        if self.owner is None:
+            write_atomic(self.path(ident), data)
+            return
+        try:
+            self._write_theirs(ident, data, *self.owner)
+        except OSError as exc:
+            raise _full(exc, self.path(ident)) from exc
+
+    def _write_theirs(self, ident: str, data: Buffer, uid: int, gid: int) -> None:
+        """Write a blob into a folder its user owns, as they would have: every step through
+        an open folder, never a name they could swap for a link, and the shard and blob theirs
+        (a shard of the server's would refuse their workers' later blobs)."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        root = os.open(self.root, flags)
+        try:
+            _owned_by(root, uid, self.root)
+            try:
+                os.mkdir(ident[:2], 0o700, dir_fd=root)
+                made = True
+            except FileExistsError:
+                made = False
+            shard = os.open(ident[:2], flags, dir_fd=root)
+        finally:
+            os.close(root)
+        try:
+            if made:
+                os.fchown(shard, uid, gid)
+            _owned_by(shard, uid, self.root / ident[:2])
+            tmp = f".tmp-{os.urandom(6).hex()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                         dir_fd=shard)
+            try:
+                with open(fd, "wb", buffering=0) as f:
+                    os.fchown(f.fileno(), uid, gid)
+                    view = memoryview(data).cast("B")
+                    while view:  # a raw write may be short
+                        view = view[f.write(view):]
+                    os.fsync(f.fileno())
+                os.rename(tmp, ident, src_dir_fd=shard, dst_dir_fd=shard)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=shard)
+                raise
+            os.fsync(shard)
+        finally:
+            os.close(shard)
 
     def touch(self, ident: str) -> None:
         """Mark a blob as just reused, so a concurrent gc's grace period covers it."""
