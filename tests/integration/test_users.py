@@ -9,6 +9,7 @@ import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,21 +35,40 @@ def two_users() -> Iterator[list[pwd.struct_passwd]]:
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("two OS users need root and useradd to create")
     names = [f"llfu{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    opened: dict[Path, int] = {}
     try:
         for name in names:
             subprocess.run(["useradd", "-m", "-s", "/usr/sbin/nologin", name], check=True)
             os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
         users = [pwd.getpwnam(name) for name in names]
+        _open_for_passing(opened)
         _require_readable_python(users[0])
         yield users
     finally:
         for name in names:
             subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+        for folder, mode in opened.items():
+            folder.chmod(mode)
+
+
+def _open_for_passing(opened: dict[Path, int]) -> None:
+    """Let other users pass through (o+x, never o+r) the folders above this Python and the
+    checkout that they could not, as CI's pyenv under a 0700 /root: a shared host installs
+    llfabric where every user can read it. Each folder's mode before, into `opened`."""
+    found = [Path(sys.executable).resolve(), ROOT, Path(sys.prefix).resolve(),
+             Path(sys.base_prefix).resolve(),
+             *(Path(p).resolve() for p in sys.path if p and Path(p).is_dir())]
+    for path in found:
+        for folder in (path if path.is_dir() else path.parent, *path.parents):
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            if folder not in opened and not mode & stat.S_IXOTH:
+                opened[folder] = mode
+                folder.chmod(mode | stat.S_IXOTH)
 
 
 def _require_readable_python(user: pwd.struct_passwd) -> None:
     """A worker dropped to a user imports what its cells need as that user: skip where this
-    Python or the checkout lies where other users cannot read (as under a 0700 /root)."""
+    Python or the checkout is still closed to other users (folders they cannot read)."""
     probe = "import html, fabric.worker.runner"
     try:
         ok = subprocess.run([sys.executable, "-c", probe], user=user.pw_uid, group=user.pw_gid,
