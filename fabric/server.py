@@ -40,6 +40,7 @@ from .envs import Env, Envs
 from .errors import (
     AddressRefused,
     ConfigError,
+    EnvError,
     FabricError,
     Forbidden,
     InUse,
@@ -419,6 +420,11 @@ class Server:
     def _open(self, user: str, name: str, cwd: str | None, env: str | None) -> dict:
         stored = self._store_name(user, name)
         session = self.sessions.get(stored)
+        if env and self.separate:  # before anything opens
+            raise EnvError("environments are not served with users = \"separate\": the "
+                           "server's zygotes would import their packages, which their user "
+                           "writes, as the server's user; install into the server's packages",
+                           session=name)
         chosen = self.envs.get(user, env) if env else None  # UnknownEnv before anything opens
         if session is None:
             self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
@@ -443,7 +449,7 @@ class Server:
         """The environment the session's head version ran in, if its user still has it."""
         store = self._store_of(user)
         head = store.head(stored)
-        if head is None:
+        if head is None or self.separate:  # not served there (`_open`)
             return None
         name = Manifest.decode(store.get_manifest(head)).env.get("name")
         try:

@@ -209,6 +209,17 @@ def test_a_user_without_an_os_account_or_root_runs_nothing(server: RunningServer
         assert refused.value.kind == "forbidden"
 
 
+def test_environments_are_refused_where_each_user_runs_as_themselves(
+        two_users, server: RunningServer) -> None:
+    """An environment's packages are their user's to write, and zygotes, the server's, would
+    import them before any worker becomes that user: such a session is refused, not opened."""
+    def open_in_env(client: Client) -> object:
+        client.call("open", session="in-env", env="mine")
+        return "opened"
+
+    assert _as(two_users[0], server.address, open_in_env) == {"error": "env"}
+
+
 def test_a_template_copy_runs_as_its_user_too(two_users) -> None:
     """A template's copy (a dormant worker CRIU-dumped as the server's user) becomes the user
     before anything of the session reaches it, as a fork does."""
