@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import logging
 import os
 import signal
 import time
@@ -33,6 +34,8 @@ from ..worker import wake
 from ..worker.messages import Load, Sleep, Sleeping
 from . import criu
 from .pool import Pool, WorkerHandle
+
+log = logging.getLogger(__name__)
 
 SLEEP_TIMEOUT = 30.0
 PRESSURE_EVERY = 1.0  # seconds between samples of host memory while a worker is kept
@@ -217,6 +220,10 @@ class Life:
 
     def _failed(self, task: asyncio.Future) -> None:
         if task.cancelled() or task.exception() is not None:
+            if not task.cancelled():  # its session finds no worker: say why
+                exc = task.exception()
+                tail = getattr(exc.__cause__, "fields", {}).get("log", "")
+                log.warning("a kept worker is lost: %s%s", exc, f"\n{tail}" if tail else "")
             self.stage = Stage.RETIRED
 
     def retire(self) -> Coroutine | None:
