@@ -98,9 +98,14 @@ class Server:
         if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
             raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
                               f"{self.leases.slots} slots on this host", key="gpus")
+        cool_after = config.cool_after
+        if self.separate and cool_after and not users.dumps_others():
+            log.warning("no CAP_SYS_RESOURCE: CRIU cannot dump a user's worker, so a pinned "
+                        "worker stays warm rather than cool (cool_after is not used)")
+            cool_after = 0
         self.pool = Pool(config.store, max_zygotes=config.max_zygotes,
                          worker_source=config.worker_source, keep_warm=config.keep_warm,
-                         cool_after=config.cool_after, zygote_memory=config.zygote_memory,
+                         cool_after=cool_after, zygote_memory=config.zygote_memory,
                          pressure_percent=config.memory_pressure,
                          gpu=self.leases.kind == "gpu")
         self.keeper = Keeper(self.pool)

@@ -49,6 +49,12 @@ def effective_capabilities() -> int:
     return 0
 
 
+def dumps_others() -> bool:
+    """Whether CRIU, run by this server, can dump a worker that became its user: it reads the
+    worker's resource limits, which takes CAP_SYS_RESOURCE (24) across users."""
+    return bool(effective_capabilities() >> 24 & 1)
+
+
 def account(user: str, store: Path) -> Account:
     """The OS account `user` runs as, with their part of `store` made ready; Forbidden if the
     host has no such account, or it is root."""

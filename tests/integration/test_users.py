@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import RunningServer, execute, require_criu, serving, text
 
+from fabric import users
 from fabric.auth import Keys, write_client_key
 from fabric.client import Client
 from fabric.errors import RemoteError
@@ -281,3 +282,38 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_pinned_worker_cools_and_comes_back_as_its_user_or_stays_warm(two_users) -> None:
+    """A pinned worker dumped to disk (cool) and restored reconnects and runs on as its user,
+    with the state it kept; where CRIU cannot dump another user's process (no
+    CAP_SYS_RESOURCE), it stays warm instead of being lost to a failed dump."""
+    require_criu("cool workers")
+    alice = two_users[0]
+    store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
+    shared = Path(tempfile.mkdtemp(prefix="llf-", dir="/tmp"))
+    cools = users.dumps_others()
+
+    def tier(client: Client) -> str:
+        return next(s for s in client.call("status")["sessions"] if s["session"] == "kept")["tier"]
+
+    def cells(client: Client) -> object:
+        client.call("open", session="kept")
+        _run(client, "kept", "pinned = (i for i in range(3))\nnext(pinned)")
+        deadline = time.monotonic() + (60 if cools else 3)
+        while tier(client) != "cool" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        idle = tier(client)
+        reply, outputs = execute(client, "kept", "import os\nprint(os.getuid(), next(pinned))")
+        return [idle, reply["status"], reply.get("path"), text(outputs)]
+
+    try:
+        shared.chmod(0o755)
+        with serving(store, bind=f"ipc://{shared}/s.sock", users="separate", keep_warm=300,
+                     cool_after=1) as running:
+            (shared / "s.sock").chmod(0o666)
+            seen = _as(alice, running.address, cells)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+    assert seen == ["cool" if cools else "warm", "ok", "pinned", f"{alice.pw_uid} 1\n"], seen
