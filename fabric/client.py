@@ -159,10 +159,12 @@ class Client:
 
     def execute(self, session: str, source: str, *, stdin: bool = False,
                 cell_id: str | None = None, gpus: int | None = None,
-                timeout: float | None = None) -> Events:
-        """Start a cell (with `gpus`, the session's GPU count from it on); iterate the result
-        for its outputs and notices, then its Reply."""
-        return self.start(Execute(session, source, stdin, cell_id, gpus), timeout)
+                execution_count: int | None = None, timeout: float | None = None) -> Events:
+        """Start a cell (with `gpus`, the session's GPU count from it on; with
+        `execution_count`, its prompt number); iterate the result for its outputs and notices,
+        then its Reply."""
+        return self.start(Execute(session, source, stdin, cell_id, gpus, execution_count),
+                          timeout)
 
     def interrupt(self, session: str) -> bool:
         """Interrupt the session's running cell; False if none ran."""

@@ -142,6 +142,9 @@ class Execute(Request):
     stdin: bool = False  # the client answers the cell's input() (see `InputRequest`)
     cell_id: str | None = None  # the frontend's id of the cell, where it has one
     gpus: int | None = None  # slots this and the session's later cells lease; None: as before
+    # the prompt number the frontend shows (its kernel's own cells take numbers too);
+    # None: the one after the session's last cell
+    execution_count: int | None = None
 
 
 @dataclass(frozen=True)

@@ -351,14 +351,15 @@ class Server:
         match request:
             case Draft(source=source):
                 return session.draft(source)
-            case Execute(source=source, stdin=stdin, gpus=gpus):
+            case Execute(source=source, stdin=stdin, gpus=gpus, execution_count=count):
                 self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
                 if self.config.user_bytes:
                     self._check_limit(user, "user_bytes", self._stored_bytes(user),
                                       "bytes stored")
                 self.running[user] = self.running.get(user, 0) + 1
                 try:
-                    reply = await session.execute(source, emit, stdin=stdin, gpus=gpus)
+                    reply = await session.execute(source, emit, stdin=stdin, gpus=gpus,
+                                                  count=count)
                     self.metrics.cell(reply)
                     return reply
                 finally:

@@ -27,7 +27,6 @@ from .relay import LOCAL, Attachment, is_local
 __all__ = ["attach", "current", "detach", "load_ipython_extension", "unload_ipython_extension"]
 
 _attached: Attachment | None = None
-DRAFT_TARGET = "llfabric.draft"  # comm target a frontend extension sends live edits to
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:
@@ -84,9 +83,7 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
     _attached = None
     for name in ("run_cell", "should_run_async"):
         shell.__dict__.pop(name, None)
-    comms = getattr(shell.kernel, "comm_manager", None)
-    if comms is not None:
-        comms.targets.pop(DRAFT_TARGET, None)
+    attachment.frontend.close()
     atexit.unregister(attachment.close)
     attachment.close(forget)
     return True
@@ -115,18 +112,5 @@ def _run_cell(attachment: Attachment, local_run_cell: Any, raw_cell: str, *args:
 
 
 def _listen_for_drafts(attachment: Attachment) -> None:
-    """Live edits from a frontend extension: a comm whose messages carry `{"source": ...}`."""
-    comms = getattr(attachment.kernel, "comm_manager", None)
-    if comms is None:
-        return
-
-    def on_open(comm: Any, message: dict) -> None:
-        def on_message(msg: dict) -> None:
-            source = (msg.get("content", {}).get("data") or {}).get("source")
-            if isinstance(source, str):
-                attachment.draft(source)
-
-        comm.on_msg(on_message)
-        on_message(message)
-
-    comms.register_target(DRAFT_TARGET, on_open)
+    """Live edits and status for a frontend extension (`frontend`)."""
+    attachment.frontend.install()

@@ -29,12 +29,14 @@ from ..client import Client, Events
 from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
+from .frontend import Frontend
 from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
 
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
+PING = 1.0  # seconds a server has to answer before a cell is sent to it
 # Cells the kernel runs itself: `%%local` ones and those that manage the attachment.
 LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b)")
 
@@ -67,6 +69,7 @@ class Attachment:
         # the session's GPU count (`%llfabric gpus`), sent with every cell so that a restarted
         # server keeps it; None: the server's
         self.gpus: int | None = None
+        self.frontend = Frontend(self)  # the comms of a JupyterLab extension
 
     def close(self, forget: bool = True) -> None:
         """Detach; with `forget`, the server also retires the session's workers (the store
@@ -81,13 +84,18 @@ class Attachment:
 
     def open(self) -> SessionStatus:
         """Open (or rejoin) the session; the kernel's prompt numbers continue the session's."""
-        if not self.client.ping(timeout=2.0):
-            raise Unreachable(f"no llfabric server answers at {self.address}",
-                              address=self.address)
+        self._check_reachable()
         reply = self.client.open(self.session, os.getcwd())
         self.opened = True
         self.shell.execution_count = reply.execution_count + 1
         return reply
+
+    def _check_reachable(self) -> None:
+        """A server that is down is said within a second, before the cell is sent, rather
+        than after the relay's patience with a cell that runs."""
+        if not self.client.ping(timeout=PING):
+            raise Unreachable(f"no llfabric server answers at {self.address}; the cell was "
+                              "not sent", address=self.address)
 
     def call(self, op: str, **fields: Any) -> dict:
         return self.client.call(op, session=self.session, **fields)
@@ -96,34 +104,38 @@ class Attachment:
     def run(self, source: str, cell_id: str | None = None) -> ExecutionResult:
         """Run one cell on the fabric, publishing its outputs; the result ipykernel replies with."""
         result = ExecutionResult(ExecutionInfo(source, True, False, True, cell_id))
+        count = self.shell.execution_count  # the number the kernel announced for this cell
         try:
-            if not self.opened:
+            if self.opened:
+                self._check_reachable()
+            else:
                 self.open()
             try:
-                reply = self._execute(source, result)
+                reply = self._execute(source, count, result)
             except RemoteError as exc:
                 if exc.kind != "unknown_session":
                     raise
                 self.open()  # the server restarted: the session continues from the store
-                reply = self._execute(source, result)
+                reply = self._execute(source, count, result)
         except FabricError as exc:
             self._fail(result, exc)
             return result
         except KeyboardInterrupt:  # before the cell reached the server: it did not run
             self._fail(result, FabricError("interrupted before the cell started"))
             return result
-        count = int(reply.get("execution_count", self.shell.execution_count))
+        count = int(reply.get("execution_count", count))
         result.execution_count = count
         self.shell.execution_count = count + 1
         if reply.get("status") == "error" and result.error_in_exec is None:
             result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")
         self._draft_next(cell_id)
+        self.frontend.update()
         return result
 
-    def _execute(self, source: str, result: ExecutionResult) -> dict:
+    def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:
         events = self.client.execute(self.session, source, stdin=True,
                                      cell_id=result.info.cell_id, gpus=self.gpus,
-                                     timeout=SILENCE)
+                                     execution_count=count, timeout=SILENCE)
         while True:
             try:
                 for message in events:
@@ -145,7 +157,8 @@ class Attachment:
                 events.send(Interrupt(self.session))
             except Unreachable as exc:
                 raise Unreachable(f"the llfabric server at {self.address} stopped answering "
-                                  "while the cell ran", address=self.address) from exc
+                                  "while the cell ran; the session keeps the state of the cells "
+                                  "before it", address=self.address) from exc
 
     def _answer(self, request: InputRequest, events: Events) -> None:
         """Ask the frontend through the kernel's stdin channel, as the cell's own input() would."""
@@ -160,8 +173,10 @@ class Attachment:
         events.send(Answer(self.session, value=str(value)))
 
     def _log(self, text: str) -> None:
-        """The kernel's log: where a kernel's own news goes, apart from the notebook."""
+        """The kernel's log and the frontend's notifications: where a kernel's own news goes,
+        apart from the notebook."""
         getattr(self.kernel, "log", log).warning("llfabric: session %s: %s", self.session, text)
+        self.frontend.notice(text)  # a notification in JupyterLab
 
     # publishing
     def publish(self, msg_type: str, content: dict) -> None:
@@ -185,8 +200,7 @@ class Attachment:
     def _fail(self, result: ExecutionResult, exc: FabricError) -> None:
         """The fabric could not run the cell: say so in the cell, as its error."""
         if isinstance(exc, Unreachable):
-            text = (f"{exc.message}. If the cell had started, the session keeps the state of the "
-                    "cells before it. Start a server with `llfabric serve`, then run the cell "
+            text = (f"{exc.message}. Start a server with `llfabric serve`, then run the cell "
                     "again; `%%local` runs a cell in this kernel instead.")
         elif exc.kind == "busy":
             text = (f"{exc.message} (perhaps from before a kernel restart). Wait for it, or "

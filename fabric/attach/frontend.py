@@ -1,0 +1,162 @@
+"""The comms a frontend extension (labextension/) holds with an attached kernel.
+
+`llfabric.draft`: the frontend sends the source of the cell being edited, `{"source", "revision"}`,
+as the user types; the latest revision is forwarded to the server's draft op, older ones are
+dropped. `llfabric.status`: the kernel sends the session's status (`summary`) when the comm
+opens, after each cell, every few seconds (tiers change between cells), and the tool's notices
+as `{"notice": text}`, which the frontend shows as notifications, never in a cell's outputs.
+
+Both go through a thread with its own client of the server, so a slow answer never holds up the
+kernel's shell, and a burst of keystrokes queued behind a running cell becomes one draft.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..client import Client
+from ..errors import FabricError
+from ..status import ServerStatus
+
+if TYPE_CHECKING:
+    from .relay import Attachment
+
+log = logging.getLogger(__name__)
+
+DRAFT_TARGET = "llfabric.draft"
+STATUS_TARGET = "llfabric.status"
+POLL = 3.0  # seconds between status updates while nothing else asks for one
+
+
+def summary(status: ServerStatus, session: str) -> dict:
+    """What the status item shows: the session, where its worker is, its lease, its savings."""
+    mine = status.session(session)
+    if mine is None:
+        return {"session": session, "address": status.address, "open": False}
+    leases = status.leases
+    queue = [w.session for w in leases.queue]
+    if session in queue:  # waiting for a slot (not yet `running`)
+        lease, position = "queued", queue.index(session) + 1
+    else:
+        lease, position = ("held" if mine.running else "released"), None
+    pinned_seconds = max(time.time() - mine.opened, mine.lease_seconds)
+    saved = pinned_seconds - mine.lease_seconds
+    return {"session": session, "address": status.address, "open": True,
+            "version": mine.version, "tier": mine.tier, "pinned": mine.pinned,
+            "kind": leases.kind, "lease": lease, "position": position,
+            "lease_seconds": mine.lease_seconds, "saved_hours": saved / 3600,
+            "saved_share": saved / pinned_seconds if pinned_seconds > 0 else 0.0}
+
+
+class Frontend:
+    """The comms of one attachment, and the thread that serves them."""
+
+    def __init__(self, attachment: Attachment) -> None:
+        self.attachment = attachment
+        self.comms: list[Any] = []  # open status comms
+        self._draft: tuple[int, str] | None = None  # the newest revision not yet sent
+        self._revision = -1
+        self._wake = threading.Event()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> None:
+        manager = getattr(self.attachment.kernel, "comm_manager", None)
+        if manager is None:
+            return
+        manager.register_target(DRAFT_TARGET, self._open_draft)
+        manager.register_target(STATUS_TARGET, self._open_status)
+
+    def close(self) -> None:
+        manager = getattr(self.attachment.kernel, "comm_manager", None)
+        if manager is not None:
+            for target in (DRAFT_TARGET, STATUS_TARGET):
+                manager.targets.pop(target, None)
+        self._closed = True
+        self._wake.set()
+
+    # called on the kernel's threads
+    def draft(self, source: str, revision: int | None = None) -> None:
+        """Have `source` drafted, unless a newer revision came first."""
+        with self._lock:
+            if revision is not None:
+                if revision <= self._revision:
+                    return
+                self._revision = revision
+            self._draft = (self._revision, source)
+        self._nudge()
+
+    def notice(self, text: str) -> None:
+        """Tell the frontend (a slot wait, a pinned session), and refresh its status."""
+        for comm in list(self.comms):
+            comm.send({"notice": text})
+        self.update()
+
+    def update(self) -> None:
+        """Send the status soon (after a cell, say)."""
+        if self.comms:
+            self._nudge()
+
+    def _open_draft(self, comm: Any, message: dict) -> None:
+        def on_message(msg: dict) -> None:
+            data = msg.get("content", {}).get("data") or {}
+            revision = data.get("revision")
+            if isinstance(data.get("source"), str):
+                self.draft(data["source"], revision if isinstance(revision, int) else None)
+
+        comm.on_msg(on_message)
+        on_message(message)
+
+    def _open_status(self, comm: Any, message: dict) -> None:
+        self.comms.append(comm)
+        comm.on_msg(lambda msg: self._nudge())  # any message asks for the status now
+        comm.on_close(lambda msg: self.comms.remove(comm) if comm in self.comms else None)
+        self._nudge()
+
+    def _nudge(self) -> None:
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._serve, name="llfabric-frontend",
+                                            daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    # the frontend thread
+    def _serve(self) -> None:
+        client = Client(self.attachment.address, timeout=5.0)
+        try:
+            while not self._closed:
+                self._wake.wait(POLL)
+                self._wake.clear()
+                if self._closed:
+                    break
+                with self._lock:
+                    draft, self._draft = self._draft, None
+                if draft is not None:
+                    self._send_draft(client, draft[1])
+                if self.comms:
+                    self._send_status(client)
+        finally:
+            client.close()
+
+    def _send_draft(self, client: Client, source: str) -> None:
+        from .relay import is_local
+
+        if is_local(source) or not source.strip() or not self.attachment.opened:
+            return
+        try:
+            client.draft(self.attachment.session, source)
+        except FabricError as exc:  # a draft only saves time: the cell runs without it
+            log.info("draft not sent: %s", exc.message)
+
+    def _send_status(self, client: Client) -> None:
+        try:
+            data = summary(client.status(), self.attachment.session)
+        except FabricError as exc:
+            data = {"session": self.attachment.session, "address": self.attachment.address,
+                    "error": exc.message}
+        for comm in list(self.comms):
+            comm.send({"status": data})

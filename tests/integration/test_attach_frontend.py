@@ -1,0 +1,168 @@
+"""The comms of the JupyterLab extension (labextension/) with an attached kernel, driven as the
+extension drives them, by jupyter_client against a real kernel and a real server."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from attached import Kernel, install_test_kernelspec, kernel_env
+from helpers import RunningServer, execute, serving
+from jupyter_client.kernelspec import KernelSpecManager
+
+from fabric.messages import Output
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    # one slot, so that another session's cell makes ours queue; no worker kept after a cell,
+    # so that a prepared worker shows that a draft arrived
+    with serving(tmp_path_factory.mktemp("store"), slots=1, keep_warm=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
+    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
+
+
+@pytest.fixture
+def session() -> str:
+    return f"f-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def kernel(server: RunningServer, specs: KernelSpecManager, session: str,
+           tmp_path: Path) -> Iterator[Kernel]:
+    started = Kernel.start(specs, kernel_env(server.address, session), tmp_path)
+    yield started
+    started.stop()
+
+
+def _open_comm(kernel: Kernel, target: str, data: dict) -> str:
+    comm_id = uuid.uuid4().hex
+    client = kernel.client
+    client.shell_channel.send(client.session.msg("comm_open", {
+        "comm_id": comm_id, "target_name": target, "data": data}))
+    return comm_id
+
+
+def _send(kernel: Kernel, comm_id: str, data: dict) -> None:
+    client = kernel.client
+    client.shell_channel.send(client.session.msg("comm_msg", {"comm_id": comm_id, "data": data}))
+
+
+def _comm_data(kernel: Kernel, comm_id: str, wanted: Callable[[dict], bool],
+               timeout: float = 60) -> dict:
+    """The first message the kernel sends on `comm_id` that is `wanted`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.client.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        content = msg["content"]
+        if msg["msg_type"] == "comm_msg" and content["comm_id"] == comm_id and \
+                wanted(content["data"]):
+            return content["data"]
+    raise AssertionError(f"no such message on comm {comm_id} in {timeout} s")
+
+
+def _prepared(server: RunningServer, session: str, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with server.client() as client:
+            mine = [s for s in client.call("status")["sessions"] if s["session"] == session]
+        if mine and mine[0]["prepared"]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_status_comm_tells_the_session_and_its_changes(kernel: Kernel,
+                                                           session: str) -> None:
+    comm = _open_comm(kernel, "llfabric.status", {})
+    first = _comm_data(kernel, comm, lambda d: "status" in d)["status"]
+    assert first["session"] == session and first["version"] == 0
+    assert first["lease"] == "released" and first["tier"] == "cold"
+    assert first["kind"] in ("gpu", "cpu") and first["saved_hours"] >= 0
+    reply, outputs = kernel.execute("x = 1")
+    assert reply["status"] == "ok"
+    assert [m for m in outputs if m["msg_type"] != "comm_msg"] == []  # the cell shows nothing
+    after = _comm_data(kernel, comm, lambda d: d.get("status", {}).get("version") == 1)
+    assert after["status"]["lease"] == "released"
+
+
+def test_a_slot_wait_is_a_notice_and_a_queue_position(kernel: Kernel, server: RunningServer,
+                                                      session: str) -> None:
+    comm = _open_comm(kernel, "llfabric.status", {})
+    _comm_data(kernel, comm, lambda d: "status" in d)
+    other = f"o-{uuid.uuid4().hex[:8]}"
+    with server.client() as client:
+        client.call("open", session=other, cwd="/tmp")
+        execute(client, other, "1")  # a warm zygote, so the slow cell starts at once
+    started = threading.Event()
+
+    def hold_the_slot() -> None:
+        with server.client() as client:
+            for message in client.execute(other, "import time\nprint('go', flush=True)\n"
+                                                 "time.sleep(8)", timeout=60):
+                if isinstance(message, Output):
+                    started.set()
+
+    holder = threading.Thread(target=hold_the_slot)
+    holder.start()
+    assert started.wait(60)
+    try:
+        reply, messages = _run_watching(kernel, "'ran'")
+    finally:
+        holder.join()
+    assert reply["status"] == "ok"
+    mine = [m for m in messages if m["parent_header"].get("msg_id") == reply["msg_id"]]
+    # the wait is llfabric's news: a notice and the queue position, not the cell's outputs
+    assert [m["msg_type"] for m in mine if m["msg_type"] in ("stream", "execute_result",
+                                                           "display_data", "error")] == \
+        ["execute_result"]
+    data = [m["content"]["data"] for m in messages
+            if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm]
+    assert any("execution slot" in d.get("notice", "") for d in data)
+    assert {"lease": "queued", "position": 1} in [
+        {k: d["status"].get(k) for k in ("lease", "position")} for d in data if "status" in d]
+
+
+def _run_watching(kernel: Kernel, code: str, timeout: float = 120) -> tuple[dict, list[dict]]:
+    """Run a cell; its reply (with its msg_id) and every IOPub message until it is idle."""
+    msg_id = kernel.client.execute(code)
+    messages: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.client.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") == msg_id and \
+                msg["content"]["execution_state"] == "idle":
+            break
+    reply = kernel.client.get_shell_msg(timeout=10)
+    return {**reply["content"], "msg_id": msg_id}, messages
+
+
+def test_live_drafts_prepare_a_worker_and_stale_revisions_are_dropped(
+        kernel: Kernel, server: RunningServer, session: str) -> None:
+    kernel.execute("w = 1")
+    assert not _prepared(server, session, timeout=1)
+    comm = _open_comm(kernel, "llfabric.draft", {"source": "w +", "revision": 1})
+    _send(kernel, comm, {"source": "w + 1", "revision": 2})
+    assert _prepared(server, session)
+    kernel.execute("w + 1")  # the prepared worker runs it, and is retired after (keep_warm=0)
+    assert not _prepared(server, session, timeout=1)
+    _send(kernel, comm, {"source": "w + 2", "revision": 2})  # not newer than one already sent
+    assert not _prepared(server, session, timeout=3)
+    _send(kernel, comm, {"source": "w + 2", "revision": 3})
+    assert _prepared(server, session)
