@@ -1,0 +1,157 @@
+// One notebook's comms with its attached kernel (fabric/attach/frontend.py): the status the
+// kernel sends, the notices it sends, and the drafts this side sends as the user types.
+import { Notification } from '@jupyterlab/apputils';
+import { ICellModel } from '@jupyterlab/cells';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+
+export const DRAFT_TARGET = 'llfabric.draft';
+export const STATUS_TARGET = 'llfabric.status';
+const DEBOUNCE_MS = 300; // a draft when typing pauses this long, not on every key
+
+export interface IStatus {
+  session: string;
+  address: string;
+  open?: boolean;
+  version?: number;
+  tier?: string; // hot, warm, cool or cold
+  kind?: string; // gpu or cpu
+  lease?: string; // held, queued or released
+  position?: number | null; // in the queue for a slot
+  saved_hours?: number;
+  saved_share?: number;
+  pinned?: boolean;
+  error?: string;
+}
+
+export class Link {
+  constructor(private panel: NotebookPanel) {
+    const context = panel.sessionContext;
+    context.statusChanged.connect(this._onKernelStatus, this);
+    context.kernelChanged.connect(() => this._reset(), this);
+    panel.content.activeCellChanged.connect(this._watchActiveCell, this);
+    this._watchActiveCell();
+    panel.disposed.connect(() => this._reset());
+  }
+
+  get status(): IStatus | null {
+    return this._status;
+  }
+
+  get changed(): ISignal<this, IStatus | null> {
+    return this._changed;
+  }
+
+  // A kernel that is idle again may have attached since (`%load_ext fabric.attach`); one that
+  // restarts has lost its comms.
+  private _onKernelStatus(_: unknown, status: Kernel.Status): void {
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      this._reset();
+    } else if (status === 'idle' && this._statusComm === null && !this._refused) {
+      this._openStatus();
+    }
+  }
+
+  private _kernel(): Kernel.IKernelConnection | null {
+    return this.panel.sessionContext.session?.kernel ?? null;
+  }
+
+  private _openStatus(): void {
+    const kernel = this._kernel();
+    if (kernel === null) {
+      return;
+    }
+    const comm = kernel.createComm(STATUS_TARGET);
+    comm.onMsg = msg => this._onStatusMessage(msg.content.data as any);
+    comm.onClose = () => {
+      // a kernel that is not attached closes the comm at once
+      this._statusComm = null;
+      this._refused = this._status === null;
+      this._setStatus(null);
+    };
+    comm.open({});
+    this._statusComm = comm;
+  }
+
+  private _onStatusMessage(data: { status?: IStatus; notice?: string }): void {
+    if (data.status) {
+      const wasPinned = this._status?.pinned;
+      this._setStatus(data.status);
+      if (data.status.pinned && !wasPinned) {
+        Notification.warning(
+          `llfabric: session ${data.status.session} is pinned to its worker ` +
+            '(it holds values that cannot be saved)',
+          { autoClose: 8000 }
+        );
+      }
+    }
+    if (data.notice) {
+      Notification.info(`llfabric: ${data.notice}`, { autoClose: 5000 });
+    }
+  }
+
+  private _setStatus(status: IStatus | null): void {
+    this._status = status;
+    this._changed.emit(status);
+  }
+
+  private _watchActiveCell(): void {
+    this._watched?.contentChanged.disconnect(this._onEdit, this);
+    const cell = this.panel.content.activeCell;
+    this._watched = cell?.model.type === 'code' ? cell.model : null;
+    this._watched?.contentChanged.connect(this._onEdit, this);
+  }
+
+  private _onEdit(): void {
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+    }
+    this._timer = setTimeout(() => this._sendDraft(), DEBOUNCE_MS);
+  }
+
+  // The active cell's source, with a revision the kernel uses to drop older ones.
+  private _sendDraft(): void {
+    this._timer = null;
+    const source = this._watched?.sharedModel.getSource();
+    if (source === undefined || this._statusComm === null) {
+      return; // no cell, or a kernel that is not attached
+    }
+    this._revision += 1;
+    const data = { source, revision: this._revision };
+    if (this._draftComm === null) {
+      const kernel = this._kernel();
+      if (kernel === null) {
+        return;
+      }
+      this._draftComm = kernel.createComm(DRAFT_TARGET);
+      this._draftComm.onClose = () => {
+        this._draftComm = null;
+      };
+      this._draftComm.open(data);
+    } else {
+      this._draftComm.send(data);
+    }
+  }
+
+  private _reset(): void {
+    for (const comm of [this._statusComm, this._draftComm]) {
+      if (comm !== null && !comm.isDisposed) {
+        comm.dispose();
+      }
+    }
+    this._statusComm = null;
+    this._draftComm = null;
+    this._refused = false;
+    this._setStatus(null);
+  }
+
+  private _status: IStatus | null = null;
+  private _changed = new Signal<this, IStatus | null>(this);
+  private _statusComm: Kernel.IComm | null = null;
+  private _draftComm: Kernel.IComm | null = null;
+  private _refused = false;
+  private _revision = 0;
+  private _timer: ReturnType<typeof setTimeout> | null = null;
+  private _watched: ICellModel | null = null;
+}
