@@ -20,6 +20,7 @@ from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 from .. import config as fabric_config
 from ..errors import FabricError
+from . import restart
 from .magics import FabricMagics
 from .notebook_file import find_notebook, session_name
 from .relay import LOCAL, Attachment, is_local
@@ -62,6 +63,7 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
     shell.run_cell = partial(_run_cell, attachment, type(shell).run_cell.__get__(shell))
     shell.should_run_async = lambda *args, **kwargs: False  # the relay blocks, as a sync cell
     _listen_for_drafts(attachment)
+    restart.install(attachment)  # Restart Kernel empties the session
     atexit.register(attachment.close)  # a kernel shut down retires its session's workers
     try:
         reply = attachment.open()
@@ -84,6 +86,7 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
     for name in ("run_cell", "should_run_async"):
         shell.__dict__.pop(name, None)
     attachment.frontend.close()
+    restart.uninstall(attachment)
     atexit.unregister(attachment.close)
     attachment.close(forget)
     return True

@@ -119,17 +119,21 @@ class Attachment:
                 reply = self._execute(source, count, result)
         except FabricError as exc:
             self._fail(result, exc)
-            return result
+            return self._numbered(result, count)
         except KeyboardInterrupt:  # before the cell reached the server: it did not run
             self._fail(result, FabricError("interrupted before the cell started"))
-            return result
-        count = int(reply.get("execution_count", count))
-        result.execution_count = count
-        self.shell.execution_count = count + 1
+            return self._numbered(result, count)
+        self._numbered(result, int(reply.get("execution_count", count)))
         if reply.get("status") == "error" and result.error_in_exec is None:
             result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")
         self._draft_next(cell_id)
         self.frontend.update()
+        return result
+
+    def _numbered(self, result: ExecutionResult, count: int) -> ExecutionResult:
+        """A cell takes its number, run or failed, as in a plain kernel; the next one follows."""
+        result.execution_count = count
+        self.shell.execution_count = count + 1
         return result
 
     def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:

@@ -82,23 +82,34 @@ def size(manifest: Manifest) -> int:
 
 def checkout(store: Store, session: str, version: int | str) -> Manifest:
     """Make `version`'s state (a number or a tag) the session's next one; returns the new head
-    manifest. A thinned version is refused, naming those that can still be checked out."""
+    manifest. A thinned version is refused, naming those that can still be checked out.
+    Version 0 is the empty state before the first cell: after it, prompt numbers start at 1
+    again, as after a kernel restart (what a Jupyter user asks for with Restart)."""
     with store.locked(session):  # retention cannot thin `version` between reading and commit
         versions = log(store, session)
         if not versions:
             raise StoreError(f"session {session} has no versions", session=session)
         index = store.index(session)
         head_id, head = versions[0]
+        if version in (0, "0"):
+            return _commit_checkout(store, session, head_id, head, Manifest(session=session), 0)
         old_id, old = resolve(store, session, version, versions, index)
         if old_id in index.thinned:
             raise StoreError(f"version {old.version} of session {session} was thinned away by "
                              f"retention; these remain: {remaining(versions, index)}",
                              session=session, version=old.version)
-        manifest = dataclasses.replace(
-            old, version=head.version + 1, parent=head_id,
-            cell={"execution_count": head.cell.get("execution_count", 0), "status": "ok",
-                  "source": "", "checkout": old.version, "time": time.time()})
-        store.set_head(session, store.put_manifest(manifest.encode()), head_id, held=True)
+        return _commit_checkout(store, session, head_id, head, old,
+                                head.cell.get("execution_count", 0))
+
+
+def _commit_checkout(store: Store, session: str, head_id: str, head: Manifest, old: Manifest,
+                     count: int) -> Manifest:
+    """Commit `old`'s state as the version after `head`, its cell numbered `count`."""
+    manifest = dataclasses.replace(
+        old, version=head.version + 1, parent=head_id,
+        cell={"execution_count": count, "status": "ok", "source": "", "checkout": old.version,
+              "time": time.time()})
+    store.set_head(session, store.put_manifest(manifest.encode()), head_id, held=True)
     return manifest
 
 

@@ -70,4 +70,31 @@ def test_a_server_down_is_said_before_the_cell_is_sent(kernel: Kernel,
     [error] = [m["content"] for m in outputs if m["msg_type"] == "error"]
     assert "the cell was not sent" in error["evalue"]  # not after the relay's patience ran out
     assert "llfabric serve" in error["evalue"]
-    assert reply["status"] == "error"
+    assert reply["status"] == "error" and reply["execution_count"] == 2  # a failed cell's number
+
+
+def _restart(kernel: Kernel, asked: bool) -> None:
+    """Restart as JupyterLab's Restart Kernel does (`asked`: a shutdown_request with restart),
+    or as a kernel that died is replaced (killed, then started again)."""
+    kernel.client.stop_channels()
+    kernel.manager.restart_kernel(now=not asked)
+    kernel.client = kernel.manager.client()
+    kernel.client.start_channels()
+    kernel.client.wait_for_ready(timeout=60)
+
+
+def test_restart_asked_for_empties_the_session_and_numbers_from_one(kernel: Kernel) -> None:
+    kernel.execute("kept = 1")
+    _restart(kernel, asked=False)  # a kernel that died: the session goes on
+    reply, outputs = kernel.execute("kept")
+    assert reply["status"] == "ok" and reply["execution_count"] == 2
+    kernel.execute("%llfabric tag before")
+    _restart(kernel, asked=True)
+    reply, outputs = kernel.execute("'kept' in globals()")
+    assert reply["execution_count"] == 1, [m["content"] for m in outputs]
+    assert [m["content"]["data"]["text/plain"] for m in outputs
+            if m["msg_type"] == "execute_result"] == ["False"]
+    reply, _ = kernel.execute("%llfabric checkout before")  # the old state is one step away
+    reply, outputs = kernel.execute("kept")
+    assert reply["status"] == "ok" and reply["execution_count"] == 3
+
