@@ -8,7 +8,9 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 export const DRAFT_TARGET = 'llfabric.draft';
 export const STATUS_TARGET = 'llfabric.status';
-const DEBOUNCE_MS = 300; // a draft when typing pauses this long, not on every key
+// While the user types, a draft at most this often (the latest text each time), so that the
+// worker is readied during the typing, not only after a pause in it.
+const THROTTLE_MS = 300;
 
 export interface IStatus {
   session: string;
@@ -104,10 +106,9 @@ export class Link {
   }
 
   private _onEdit(): void {
-    if (this._timer !== null) {
-      clearTimeout(this._timer);
+    if (this._timer === null) {
+      this._timer = setTimeout(() => this._sendDraft(), THROTTLE_MS);
     }
-    this._timer = setTimeout(() => this._sendDraft(), DEBOUNCE_MS);
   }
 
   // The active cell's source, with a revision the kernel uses to drop older ones.
