@@ -5,8 +5,9 @@ notebooks into a new, unsaved notebook of a real JupyterLab with the llfabric ex
 kernel, spreading each cell's text over T seconds, then presses Shift+Enter and waits for the
 cell. The server keeps no worker after a cell (keep_warm=0), so a worker ready for a cell came
 from a draft of the text being typed. The server's metrics tell how each cell's worker was
-readied: `draft` (ready: its closure was loaded), `draft+load` (a draft, but state was missing)
-or `cold` (no draft in time).
+readied: `draft` (by a draft of its text; its readying may still be finishing when run is
+pressed, which the mean visible delay, execute received to code running, shows), `draft+load` (a
+draft, but state was missing) or `cold` (no draft in time).
 
     PYTHONPATH=$PWD .venv/bin/python bench/lab_draft_readiness.py [--seconds 1 2 5] [NOTEBOOK...]
 """
@@ -44,12 +45,14 @@ def _free_port() -> int:
 
 
 def _paths(metrics_url: str) -> dict[str, float]:
-    """Cells run so far, by how their worker was readied."""
+    """Cells run so far, by how their worker was readied; `delay`: their visible delays' sum."""
     text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
     counts: dict[str, float] = {}
     for match in re.finditer(r'^llfabric_cells_total\{path="([^"]+)",status="[^"]+"\} (\S+)$',
                              text, re.M):
         counts[match[1]] = counts.get(match[1], 0) + float(match[2])
+    delay = re.search(r"^llfabric_cell_visible_delay_seconds_sum (\S+)$", text, re.M)
+    counts["delay"] = float(delay[1]) if delay else 0.0
     return counts
 
 
@@ -85,7 +88,7 @@ def main() -> None:
                 sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
             print(f"{len(cells)} cells of {', '.join(args.notebooks)}")
-            print("seconds typing  cells  ready  draft+load  cold  share ready")
+            print("seconds typing  cells  draft  draft+load  cold  share draft  mean delay")
             for seconds in args.seconds:
                 session = f"bench-{uuid.uuid4().hex[:8]}"
                 work = root / session
@@ -101,11 +104,13 @@ def main() -> None:
                     page.close()
                 after = _paths(f"http://127.0.0.1:{port}/metrics")
                 runs = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                delay = runs.pop("delay")
                 ready = runs.get("draft", 0)
                 total = sum(runs.values())
-                print(f"{seconds:15.0f}  {total:5.0f}  {ready:5.0f}  "
+                print(f"{seconds:14.0f}  {total:5.0f}  {ready:5.0f}  "
                       f"{runs.get('draft+load', 0):10.0f}  {runs.get('cold', 0):4.0f}  "
-                      f"{ready / total if total else 0:11.0%}")
+                      f"{ready / total if total else 0:11.0%}  "
+                      f"{1000 * delay / total if total else 0:7.0f} ms")
             browser.close()
 
 
