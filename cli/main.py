@@ -1,5 +1,6 @@
-"""`llfabric`: serve, run, demo, audit, attach and kernelspec here; status, keys and store in
-their own modules. One group turns any command's FabricError into a click error."""
+"""`llfabric`: serve, run, demo, audit, attach and kernelspec here; status, keys, store,
+simulate, report and replay in their own modules. One group turns any command's FabricError into a
+click error."""
 
 from __future__ import annotations
 
@@ -16,10 +17,20 @@ import nbformat
 
 from fabric import audit as fabric_audit
 from fabric.errors import ConfigError, FabricError
-from fabric.notebook import notebook_gpus, read_notebook, run_notebook, timings_table
+from fabric.notebook import (
+    notebook_env,
+    notebook_gpus,
+    read_notebook,
+    run_notebook,
+    timings_table,
+)
 from fabric.protocol import as_session_name
 
 from .common import client_of, config
+from .env import env as env_group
+from .fleet import replay as replay_command
+from .fleet import report as report_command
+from .fleet import simulate as simulate_command
 from .host import doctor as doctor_command
 from .host import service as service_group
 from .keys import keys as keys_group
@@ -81,13 +92,14 @@ def _print_output(index: int, output: dict) -> None:
 
 def _run(notebook: Path, connect: str | None, store: str | None, think_time: float,
          output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None,
-         gpus: int | None = None) -> bool:
+         gpus: int | None = None, env: str | None = None) -> bool:
     nb = read_notebook(notebook)
     gpus = gpus or notebook_gpus(nb)
+    env = env if env is not None else notebook_env(nb)
     session = session or f"{as_session_name(notebook.stem, 80)}-{uuid.uuid4().hex[:8]}"
     workdir = (cwd or notebook.resolve().parent).resolve()
     with client_of(connect, store) as client:
-        client.open(session, str(workdir))
+        client.open(session, str(workdir), env)
         run = run_notebook(client, nb, session, think_time=think_time,
                            allow_errors=allow_errors, on_output=_print_output, gpus=gpus)
         client.close_session(session)
@@ -115,11 +127,14 @@ def _run(notebook: Path, connect: str | None, store: str | None, think_time: flo
 @click.option("--gpus", type=click.IntRange(min=1),
               help="GPUs (or slots) each cell leases together (default: the notebook's "
                    "metadata llfabric.gpus, else the server's gpus setting).")
+@click.option("--env", help="Your environment the cells import from (default: the notebook's "
+                            "metadata llfabric.env, else the server's packages).")
 def run(notebook: Path, connect: str | None, store: str | None, think_time: float,
         output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None,
-        gpus: int | None) -> None:
+        gpus: int | None, env: str | None) -> None:
     """Execute NOTEBOOK's code cells in order on a fabric server."""
-    ok = _run(notebook, connect, store, think_time, output, cwd, allow_errors, session, gpus)
+    ok = _run(notebook, connect, store, think_time, output, cwd, allow_errors, session, gpus,
+              env)
     sys.exit(0 if ok else 1)
 
 
@@ -176,21 +191,26 @@ def kernelspec() -> None:
               "when the kernel starts).")
 @click.option("--sys-prefix", is_flag=True, help="Install into this Python's prefix, not ~.")
 @click.option("--prefix", help="Install under this prefix (as jupyter kernelspec install).")
+@click.option("--env", help="Your environment its sessions import from (see `llfabric env`).")
 def kernelspec_install(name: str, connect: str | None, sys_prefix: bool,
-                       prefix: str | None) -> None:
+                       prefix: str | None, env: str | None) -> None:
     """Install a kernel that attaches to the fabric when it starts."""
     from fabric.attach.kernels import install_kernelspec
 
     path = install_kernelspec(name, connect, user=not sys_prefix,
-                              prefix=sys.prefix if sys_prefix else prefix)
+                              prefix=sys.prefix if sys_prefix else prefix, env=env)
     click.echo(f"installed kernelspec {name} in {path}")
 
 
 main.add_command(status_command)
 main.add_command(keys_group)
+main.add_command(env_group)
 main.add_command(store_group)
 main.add_command(doctor_command)
 main.add_command(service_group)
+main.add_command(simulate_command)
+main.add_command(report_command)
+main.add_command(replay_command)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,17 @@ def store_checkout(session: str, version: str, path: str | None) -> None:
     m = history.checkout(_store(path), session, version)
     click.echo(f"session {session} is at version {m.version}, the state of version "
                f"{m.cell['checkout']} ({len(m.variables())} variables, {mb(history.size(m))})")
+    if m.env:
+        from fabric.auth import owner_name
+        from fabric.envs import Envs, describe_differences, differences
+
+        try:
+            now = Envs(config(path).env_root).get(owner_name(), m.env["name"]).packages()
+        except FabricError as exc:
+            click.echo(f"it ran in environment {m.env['name']}: {exc.message}", err=True)
+            return
+        if differ := differences(m.env["packages"], now):
+            click.echo(describe_differences(differ, m.env["name"]), err=True)
 
 
 @store.command("tag")

@@ -151,8 +151,11 @@ class Client:
         return self.request(messages.request(op, **fields), timeout)
 
     # one method per request
-    def open(self, session: str, cwd: str | None = None) -> SessionStatus:
-        return SessionStatus.from_wire(self.request(Open(session, cwd)))
+    def open(self, session: str, cwd: str | None = None, env: str | None = None,
+             ) -> SessionStatus:
+        """Open (or rejoin) `session`; with `env`, its next cells run in that environment
+        ("": the server's packages)."""
+        return SessionStatus.from_wire(self.request(Open(session, cwd, env)))
 
     def draft(self, session: str, source: str, timeout: float | None = None) -> dict:
         return self.request(Draft(session, source), timeout)

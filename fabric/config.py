@@ -72,6 +72,11 @@ class Config:
     # gc_interval seconds besides (0: only after commits)
     gc_interval: int = 300
     disk_pressure: int = 90  # percent of the store's disk in use past which operators are told
+    envs: str = ""  # the folder of users' environments (`llfabric env`); empty: the store's envs
+
+    @property
+    def env_root(self) -> Path:
+        return Path(self.envs).expanduser() if self.envs else self.store / "envs"
 
     @property
     def address(self) -> str:

@@ -230,3 +230,22 @@ class SlotsUnavailable(FabricError):
     many."""
 
     kind = "slots"
+
+
+class TraceError(FabricError):
+    """A fleet input that cannot be read: a malformed trace row, or a run directory without the
+    results a report needs (the file's fault; `path` and, for a row, `line` say where)."""
+
+    kind = "trace"
+
+
+class UnknownEnv(FabricError):
+    """No environment of that name belongs to the user (`llfabric env list` shows theirs)."""
+
+    kind = "unknown_env"
+
+
+class EnvError(FabricError):
+    """An environment could not be made or changed (its installer failed, say)."""
+
+    kind = "env"

@@ -11,10 +11,10 @@ name has one type on this wire: a field a request does not use is still checked,
 The server answers each request with zero or more ``event`` frames and exactly one final frame,
 ``reply`` (its fields depend on the op) or ``error`` (``error``: a `FabricError`'s wire map), all
 carrying the request's ``msg_id``. The events of an ``execute``: `Output` (an nbformat output),
-`Queued` (the cell waits for a lease), `Leased` (it got one), `InputRequest` (the cell called
-input() or getpass(); answered by an `Answer` of the same session, only when the execute said
-``stdin``) and `Notice` (what llfabric says about itself, never a cell output; see
-`fabric.notices`).
+`Comm` (a comm message), `Queued` (the cell waits for a lease), `Leased` (it got one),
+`InputRequest` (the cell called input() or getpass(); answered by an `Answer` of the same
+session, only when the execute said ``stdin``) and `Notice` (what llfabric says about itself,
+never a cell output; see `fabric.notices`).
 
 While a client's cell runs, the server probes it with `Heartbeat` frames (no msg_id) and ZMTP
 pings; a client gone or silent has its cell stopped.
@@ -35,8 +35,10 @@ from .protocol import valid_session_name
 
 Version = int | str  # a version number, or a name `Tag` gave one
 
+# nbformat's output types, what frontends apply to them, and what a kernel's pager shows
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result",
                           "error", "clear_output"})
+COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 _WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an integer",
                              float: "a number", dict: "a map", Version: "an integer or a name"}
@@ -121,6 +123,9 @@ class Open(Request):
     op = "open"
     session: str
     cwd: str | None = None  # where its cells run; default the server's
+    # the user's environment its next cells import from ("": the server's packages); None: as
+    # before, or what its head version ran in
+    env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,51 @@ class Remove(Request):
 
 
 @dataclass(frozen=True)
+class Complete(Request):
+    """Jupyter's completion of `source` at `cursor`: a `complete_reply`'s content, from the
+    session's live worker, else from its head's catalog (`snapshot.catalog`)."""
+
+    op = "complete"
+    session: str
+    source: str
+    cursor: int
+
+
+@dataclass(frozen=True)
+class Inspect(Request):
+    """Jupyter's inspection of the name at `cursor` in `source`: an `inspect_reply`'s content,
+    from the live worker, else the catalog (`detail` 1: with its source, where a worker has it)."""
+
+    op = "inspect"
+    session: str
+    source: str
+    cursor: int
+    detail: int = 0
+
+
+@dataclass(frozen=True)
+class CommMessage(Request):
+    """A frontend's `comm_msg` or `comm_close` to a comm a cell opened (a widget moved), for
+    the session's live worker; the reply says whether one took it, its events are what the
+    comm's callbacks output."""
+
+    op = "comm"
+    session: str
+    msg_type: str
+    content: dict
+    buffers: list[bytes] | None = None
+
+
+@dataclass(frozen=True)
+class History(Request):
+    """The session's cells, oldest first: `[execution_count, source]` of each version that ran
+    one, across kernel restarts; open or not."""
+
+    op = "history"
+    session: str
+
+
+@dataclass(frozen=True)
 class Status(Request):
     op = "status"
 
@@ -205,7 +255,8 @@ class Ping(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
-    Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Status, Ping)}
+    Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete, Inspect,
+    CommMessage, History, Status, Ping)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 
@@ -266,6 +317,22 @@ class Output(Event):
 
 
 @dataclass(frozen=True)
+class Comm(Event):
+    """A comm message of the running cell (ipywidgets), for the frontend as a kernel sends it."""
+
+    event = "comm"
+    msg_type: str
+    content: dict
+    metadata: dict
+    buffers: list[bytes]
+
+    @classmethod
+    def _check(cls, message: dict) -> None:
+        if message.get("msg_type") not in COMM_TYPES:
+            raise ProtocolError(f"a comm message of unknown type {message.get('msg_type')!r}")
+
+
+@dataclass(frozen=True)
 class Queued(Event):
     """The cell waits for an execution slot: `ahead` cells wait before it, for `slots`."""
 
@@ -298,7 +365,7 @@ class Notice(Event):
 
 
 EVENTS: dict[str, type[Event]] = {cls.event: cls for cls in (
-    Output, Queued, Leased, InputRequest, Notice)}
+    Output, Comm, Queued, Leased, InputRequest, Notice)}
 
 
 @dataclass(frozen=True)

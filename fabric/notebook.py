@@ -91,10 +91,23 @@ class _Outputs:
             self.displays.setdefault(display_id, []).append(shown)
 
 
+def _setting(nb: nbformat.NotebookNode, key: str) -> object:
+    settings = nb.metadata.get("llfabric", {})
+    return settings.get(key) if isinstance(settings, dict) else None
+
+
+def notebook_env(nb: nbformat.NotebookNode) -> str | None:
+    """The environment the notebook's metadata names (`{"llfabric": {"env": NAME}}`), if any."""
+    env = _setting(nb, "env")
+    if env is not None and not isinstance(env, str):
+        raise NotebookError(f"the notebook's metadata llfabric.env must be an environment's "
+                            f"name, not {env!r}")
+    return env
+
+
 def notebook_gpus(nb: nbformat.NotebookNode) -> int | None:
     """The GPU count the notebook's metadata asks for (`{"llfabric": {"gpus": K}}`), if any."""
-    settings = nb.metadata.get("llfabric", {})
-    gpus = settings.get("gpus") if isinstance(settings, dict) else None
+    gpus = _setting(nb, "gpus")
     if gpus is not None and (type(gpus) is not int or gpus < 1):
         raise NotebookError(f"the notebook's metadata llfabric.gpus must be a count of 1 or "
                             f"more, not {gpus!r}")

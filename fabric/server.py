@@ -36,6 +36,7 @@ import zmq.asyncio
 from . import auth, protocol
 from .claim import claim_server
 from .config import Config
+from .envs import Env, Envs
 from .errors import (
     AddressRefused,
     ConfigError,
@@ -46,17 +47,23 @@ from .errors import (
     ProtocolError,
     SessionBusy,
     StoreError,
+    UnknownEnv,
     UnknownSession,
 )
 from .messages import (
+    COMM_TYPES,
     EVENTS,
     Answer,
     Checkout,
     Close,
+    CommMessage,
+    Complete,
     Draft,
     Error,
     Execute,
     Heartbeat,
+    History,
+    Inspect,
     Interrupt,
     Open,
     Output,
@@ -82,6 +89,7 @@ class Server:
         self.config = config
         self.keys = _check_address(config)
         self.store = Store(private_dir(config.store))
+        self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
         if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
             raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
@@ -341,12 +349,14 @@ class Server:
                 return {"pong": True, "pid": os.getpid(), "user": user}
             case Status():
                 return self.status(user)
-            case Open(session=name, cwd=cwd):
-                return self._open(user, name, cwd)
+            case Open(session=name, cwd=cwd, env=env):
+                return self._open(user, name, cwd, env)
             case Remove(session=name):
                 return await self._remove(user, name)
             case Tag(session=name, name=tag, version=version):  # open or not: tags are the store's
                 return self._tag(user, name, version, tag)
+            case History(session=name):  # open or not: the cells are the store's
+                return self._history(user, name)
         session = self._session(user, request.session)
         match request:
             case Draft(source=source):
@@ -365,6 +375,15 @@ class Server:
                 finally:
                     self.running[user] -= 1
                     self._after_cell()
+            case Complete(source=source, cursor=cursor):
+                return await session.complete(source, cursor)
+            case Inspect(source=source, cursor=cursor, detail=detail):
+                return await session.inspect(source, cursor, detail)
+            case CommMessage(msg_type=kind, content=content, buffers=buffers):
+                if kind not in COMM_TYPES - {"comm_open"}:
+                    raise ProtocolError(f"a frontend's comm message is comm_msg or comm_close, "
+                                        f"not {kind!r}", op=request.op)
+                return await session.comm(kind, content, buffers or [], emit)
             case Interrupt():
                 return {"interrupted": session.interrupt()}
             case Answer(value=value, error=error):
@@ -377,9 +396,10 @@ class Server:
                 return {"closed": True, "version": session.manifest.version}
         raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
 
-    def _open(self, user: str, name: str, cwd: str | None) -> dict:
+    def _open(self, user: str, name: str, cwd: str | None, env: str | None) -> dict:
         stored = self._store_name(user, name)
         session = self.sessions.get(stored)
+        chosen = self.envs.get(user, env) if env else None  # UnknownEnv before anything opens
         if session is None:
             self._check_limit(user, "user_sessions", len(self._sessions_of(user)),
                               "open sessions")
@@ -388,10 +408,26 @@ class Server:
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             session = Session(stored, cwd, self.store, self.pool, self.leases, self.keeper,
                               interrupt_grace=self.config.interrupt_grace,
-                              gpus=self.config.gpus)
+                              gpus=self.config.gpus,
+                              env=chosen if env is not None else self._head_env(user, stored))
             session.admit = lambda manifest: self._admit(user, stored, manifest)
             self.sessions[stored] = session
+        elif env is not None:
+            session.use_env(chosen)
         return self._public(user, session.status())
+
+    def _head_env(self, user: str, stored: str) -> Env | None:
+        """The environment the session's head version ran in, if its user still has it."""
+        head = self.store.head(stored)
+        if head is None:
+            return None
+        name = Manifest.decode(self.store.get_manifest(head)).env.get("name")
+        try:
+            return self.envs.get(user, name) if name else None
+        except UnknownEnv:
+            log.warning("session %s ran in environment %s, which is gone: it runs on the "
+                        "server's packages", stored, name)
+            return None
 
     def _tag(self, user: str, name: str, version: int | str | None, tag: str) -> dict:
         stored = self._store_name(user, name)
@@ -399,6 +435,12 @@ class Server:
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         manifest = history.tag(self.store, stored, version, tag)
         return {"version": manifest.version, "name": tag}
+
+    def _history(self, user: str, name: str) -> dict:
+        stored = self._store_name(user, name)
+        if self.store.head(stored) is None:
+            raise UnknownSession(f"no session {name!r} in the store", session=name)
+        return {"cells": [list(cell) for cell in history.cells(self.store, stored)]}
 
     async def _remove(self, user: str, name: str) -> dict:
         """Close the session if it is open (refused while it runs a cell) and remove it from

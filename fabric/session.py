@@ -10,28 +10,34 @@ its host agent's (`pool.agent`), handed plain data: the cell, the head, and wher
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 
 from . import notices
 from .closure import CellPlan, Closure, closure, plan
+from .envs import Env, differences
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool
 from .pool.agent import HostAgent
 from .pool.cells import Cell, Done, Emit, Events, Head
 from .pool.lifecycle import Keeper, Life
-from .snapshot import Manifest, Store, history
+from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
+
+log = logging.getLogger(__name__)
 
 
 class Session:
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
-                 keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1) -> None:
+                 keeper: Keeper, interrupt_grace: float = 5.0, gpus: int = 1,
+                 env: Env | None = None) -> None:
         self.name = name
         self.gpus = gpus  # slots its cells lease together; a cell's execute may change it
         self.store = store
         self.agent = HostAgent(name, cwd, store, pool, leases, keeper, interrupt_grace)
+        self.agent.env = env
         self.head = store.head(name)
         self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
                          else Manifest(session=name))
@@ -41,6 +47,24 @@ class Session:
         self._told: list[dict] = []  # the running cell's notices, for its reply
         # checks a version before it commits (the server's quotas): raises to refuse it
         self.admit: Callable[[Manifest], None] | None = None
+        self._catalog: tuple[str | None, catalog.Catalog] = (None, catalog.EMPTY)
+
+    @property
+    def env(self) -> Env | None:
+        """The environment its cells import from; None: the server's own packages."""
+        return self.agent.env
+
+    def use_env(self, env: Env | None) -> None:
+        """Run the next cells in `env` (None: the server's packages)."""
+        if self.lock.locked():
+            raise SessionBusy(f"session {self.name} is running a cell", session=self.name)
+        if env != self.env:
+            self.agent.use_env(env)
+
+    def _env_record(self) -> dict:
+        """What a version records of its environment (`Manifest.env`)."""
+        env = self.env
+        return {} if env is None else {"name": env.name, "packages": env.packages()}
 
     @property
     def prepared(self) -> Life | None:
@@ -71,8 +95,12 @@ class Session:
             raise SessionBusy(f"session {self.name} is running a cell", session=self.name)
         manifest = history.checkout(self.store, self.name, version)
         self._follow_head()
+        now = self._env_record()
         return {"version": manifest.version, "checked_out": manifest.cell["checkout"],
-                "execution_count": int(manifest.cell.get("execution_count", 0))}
+                "execution_count": int(manifest.cell.get("execution_count", 0)),
+                "env": manifest.env.get("name"),
+                "packages_differ": differences(manifest.env.get("packages", {}),
+                                               now.get("packages", {}))}
 
     def draft(self, source: str) -> dict:
         """Ready a worker for `source` now, while the user is still editing it."""
@@ -109,7 +137,7 @@ class Session:
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
                     "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
                     "path": ran.path, "source": ran.source, "closure": self._describe(cl),
-                    "timings": ran.timings}
+                    "timings": ran.timings, "payload": ran.payload}
 
     def _commit(self, done: Done, cell: CellPlan, count: int) -> Head:
         """Fold the worker's save into a new version (`snapshot.commit`); the head moves to it."""
@@ -117,8 +145,43 @@ class Session:
             raise StoreError("the worker ran the cell but sent no save report")
         self.head, self.manifest = commit(
             self.store, self.name, self.head, done.saved,
-            CellRecord(cell.source, count, done.status, done.run, cell.modules), self.admit)
+            CellRecord(cell.source, count, done.status, done.run, cell.modules,
+                       self._env_record()), self.admit)
         return Head(self.head, self.manifest)
+
+    # completion and inspection: the live worker's answer, else the head's catalog's
+    async def complete(self, source: str, cursor: int) -> dict:
+        answer = await self.agent.complete(source, cursor, Head(self.head, self.manifest))
+        if answer is not None and answer.get("matches"):
+            return answer
+        return catalog.complete(self.catalog(), source, cursor)
+
+    async def inspect(self, source: str, cursor: int, detail: int) -> dict:
+        answer = await self.agent.inspect(source, cursor, 1 if detail else 0,
+                                          Head(self.head, self.manifest))
+        if answer is not None and answer.get("found"):
+            return answer
+        return catalog.inspect(self.catalog(), source, cursor)
+
+    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit) -> dict:
+        """A frontend's message to a comm of the session's live worker (a widget moved)."""
+        delivered = await self.agent.comm(msg_type, content, buffers,
+                                          Head(self.head, self.manifest), self._events(emit))
+        return {"delivered": delivered}
+
+    def catalog(self) -> catalog.Catalog:
+        """The head's catalog, read once per version; one that cannot be read is empty."""
+        blob = self.manifest.catalog
+        if blob != self._catalog[0]:
+            entries = catalog.EMPTY
+            if blob:
+                try:
+                    entries = catalog.decode(self.store.get(blob))
+                except StoreError as exc:
+                    log.warning("session %s: its catalog is not read: %s", self.name,
+                                exc.message)
+            self._catalog = (blob, entries)
+        return self._catalog[1]
 
     def interrupt(self) -> bool:
         """KeyboardInterrupt in the running cell (see `HostAgent.interrupt`)."""
@@ -138,6 +201,7 @@ class Session:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
                 "execution_count": int(self.manifest.cell.get("execution_count", 0)),
                 "opened": self.opened, "gpus": self.gpus,
+                "env": self.env.name if self.env is not None else None,
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),
                 **self.agent.status(Head(self.head, self.manifest)),

@@ -63,6 +63,7 @@ class SessionStatus(_Wire):
     lease_seconds: float  # slot-seconds: a lease of K slots counts K times
     notices: tuple[Notice, ...] = ()
     gpus: int = 1  # slots (GPUs) its cells lease together
+    env: str | None = None  # the user's environment its cells import from; None: the server's
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -111,6 +112,7 @@ class ZygoteStatus(_Wire):
     modules: tuple[str, ...]
     ready: bool
     memory: int  # bytes only it holds
+    env: str = ""  # the site-packages of the environment it entered; "": the server's
 
 
 @dataclasses.dataclass(frozen=True)

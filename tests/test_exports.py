@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = [
     "AddressRefused", "AlreadyExists", "AuditFailed", "BadKey", "CellStopped", "CheckpointError",
     "Client",
-    "Config", "ConfigError", "CudaError", "DiskFull", "EmbeddedServer", "FabricError",
+    "Config", "ConfigError", "CudaError", "DiskFull", "EmbeddedServer", "EnvError", "FabricError",
     "Forbidden", "FrameTooLarge", "InUse", "InvalidName", "KernelError", "LimitReached",
     "LoadFailed", "Manifest", "NoZygote", "NotReplayable", "NotWaiting", "NotebookError",
     "ParkFailed", "ProtocolError", "RemoteError",
     "ServerStatus", "SessionBusy", "SessionStatus", "SlotsUnavailable", "StaleHead", "Store",
-    "StoreError",
-    "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
+    "StoreError", "TraceError",
+    "UnknownEnv", "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
     "ZygoteProtocolError", "load_config",
 ]
 

@@ -80,10 +80,13 @@ def test_the_cycle_finder_finds_one() -> None:
 
 
 @pytest.mark.parametrize(("part", "below"), [
-    ("session", {"pool", "snapshot", "closure"}),
-    ("pool", {"snapshot", "closure", "worker"}),
+    ("session", {"pool", "envs", "snapshot", "closure"}),
+    ("pool", {"envs", "snapshot", "closure", "worker"}),
+    ("envs", {"worker"}),
     ("snapshot", {"closure"}),
     ("worker", {"snapshot", "closure"}),
+    # the simulation is pure (it models the fabric); only the live replay drives a server
+    ("fleet", {"client", "config", "embedded", "messages"}),
 ])
 def test_each_part_imports_only_what_lies_below_it(part: str, below: set[str]) -> None:
     assert _graph()[part] - FOUNDATION <= below

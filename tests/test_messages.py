@@ -11,10 +11,15 @@ from fabric.messages import (
     Answer,
     Checkout,
     Close,
+    Comm,
+    CommMessage,
+    Complete,
     Draft,
     Error,
     Execute,
+    History,
     InputRequest,
+    Inspect,
     Interrupt,
     Leased,
     Notice,
@@ -36,12 +41,16 @@ EVERY_REQUEST = [
     Open("s"), Open("s", "/tmp"), Draft("s", "x = 1"), Execute("s", "x", stdin=True, cell_id="c"),
     Interrupt("s"), Answer("s", value="42"), Answer("s", error="no stdin"), Checkout("s", 3),
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
+    Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
+    CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
     Status(), Ping(),
 ]
 EVERY_EVENT = [
     Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),
     Leased(0.5), InputRequest("? "), InputRequest("pw: ", password=True),
     Notice("pinned", "g cannot be saved", 1.0),
+    Comm("comm_open", {"comm_id": "c", "target_name": "jupyter.widget", "data": {}}, {},
+         [b"\x00\x01"]),
 ]
 
 
@@ -106,6 +115,10 @@ def test_an_error_frame_raises_its_error() -> None:
      "unknown type"),
     ({"type": "event", "msg_id": "m", "event": "input_request", "prompt": "?", "password": 1},
      "must be a boolean"),
+    ({"type": "event", "msg_id": "m", "event": "comm", "msg_type": "shell", "content": {},
+      "metadata": {}, "buffers": []}, "comm message of unknown type"),
+    ({"type": "event", "msg_id": "m", "event": "comm", "msg_type": "comm_msg", "content": {},
+      "metadata": {}, "buffers": ["text"]}, "must be"),
     ({"type": "error", "msg_id": "m", "error": "failed"}, "must be a map"),
     ({"type": "error", "msg_id": "m"}, "needs field .error."),
 ], ids=lambda v: v if isinstance(v, str) else "")

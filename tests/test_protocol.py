@@ -69,12 +69,13 @@ def test_valid_requests_are_accepted_unchanged() -> None:
 def test_every_client_op_is_checkable() -> None:
     for op in CLIENT_OPS:
         check_request({"op": op, "msg_id": "m", "session": "s", "source": "", "version": 1,
-                       "name": "n"})
+                       "name": "n", "cursor": 0,
+                       "msg_type": "comm_msg", "content": {}})
 
 
 @pytest.mark.parametrize("field, value", [
     ("stdin", "yes"), ("version", 3.5), ("name", 5), ("version", True), ("value", 5),
-    ("error", None),
+    ("error", None), ("cursor", "3"), ("detail", 1.5),
 ])
 def test_wrongly_typed_fields_are_rejected(field: str, value: object) -> None:
     with pytest.raises(ProtocolError, match=field):

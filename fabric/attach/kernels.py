@@ -14,29 +14,32 @@ from ..errors import KernelError
 
 DISPLAY_NAME = "Python 3 (llfabric)"
 CURRENT = "__import__('fabric.attach', fromlist=['current']).current(get_ipython())"
+ENV_VARIABLE = "LLFABRIC_SESSION_ENV"  # the environment a kernel's session opens in
 
 
-def kernelspec(address: str | None = None) -> dict:
-    """A python3 kernel that loads `fabric.attach` at start, so every cell runs on the fabric."""
+def kernelspec(address: str | None = None, env: str | None = None) -> dict:
+    """A python3 kernel that loads `fabric.attach` at start, so every cell runs on the fabric;
+    with `env`, its session imports from that environment of the user's."""
     spec: dict = {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                  "--ext=fabric.attach"],
-        "display_name": DISPLAY_NAME,
+        "display_name": DISPLAY_NAME if env is None else f"{DISPLAY_NAME[:-1]}, {env})",
         "language": "python",
         "metadata": {"debugger": False},
     }
-    if address:
-        spec["env"] = {"LLFABRIC_BIND": address}
+    settings = {"LLFABRIC_BIND": address, ENV_VARIABLE: env}
+    if any(settings.values()):
+        spec["env"] = {k: v for k, v in settings.items() if v}
     return spec
 
 
 def install_kernelspec(name: str = "llfabric", address: str | None = None, user: bool = True,
-                       prefix: str | None = None) -> str:
+                       prefix: str | None = None, env: str | None = None) -> str:
     """Install the kernelspec; return the directory it was installed in."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec(address), indent=1))
+        (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec(address, env), indent=1))
         return KernelSpecManager().install_kernel_spec(tmp, name, user=user and not prefix,
                                                        prefix=prefix)
 

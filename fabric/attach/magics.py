@@ -1,4 +1,4 @@
-"""`%llfabric attach|detach|status|gpus|checkout|tag|rm` and `%%local`.
+"""`%llfabric attach|detach|status|gpus|env|checkout|tag|rm` and `%%local`.
 
 `%load_ext fabric.attach.magics` registers them without attaching (as `llfabric attach` does
 for a running kernel, before `%llfabric attach ADDRESS`).
@@ -13,6 +13,7 @@ import time
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from ..envs import describe_differences
 from ..errors import FabricError
 from ..status import ServerStatus
 
@@ -23,6 +24,7 @@ USAGE = """usage:
   %llfabric status
   %llfabric detach
   %llfabric gpus K               (the session's next cells lease K GPUs, or slots, together)
+  %llfabric env NAME|base        (the session's next cells import from your environment NAME)
   %llfabric interrupt            (a cell of the session still running from an earlier kernel)
   %llfabric checkout VERSION|NAME
   %llfabric tag NAME [VERSION]   (name a version, the latest by default: retention keeps it)
@@ -83,12 +85,16 @@ class FabricMagics(Magics):
                 return
             print("llfabric: " + ("interrupted the running cell" if stopped
                                   else "no cell of the session was running"))
+        elif command == "env" and len(words) == 1:
+            self._env(words[0])
         elif command == "checkout" and len(words) == 1:
             reply = self._call("checkout", version=int(words[0]) if words[0].isdigit()
                                else words[0])
             if reply is not None:  # prompt numbers go on, as after any cell
                 print(f"llfabric: session {current(self.shell).session} is back at version "
                       f"{reply['checked_out']}")
+                if differ := reply.get("packages_differ"):
+                    print(describe_differences(differ, reply.get("env")), file=sys.stderr)
         elif command == "tag" and len(words) in (1, 2):
             fields = {"name": words[0]}
             if len(words) == 2:
@@ -121,6 +127,19 @@ class FabricMagics(Magics):
             return
         attachment.gpus = int(word)
         print(f"llfabric: the session's next cells lease {word} {slots.kind} slots together")
+
+    def _env(self, name: str) -> None:
+        """Run the session's next cells in the user's environment `name` (`base`: the
+        server's packages)."""
+        attachment = current_attachment(self.shell)
+        try:
+            attachment.client.open(attachment.session, env="" if name == "base" else name)
+        except FabricError as exc:
+            print(f"llfabric: {exc.message}", file=sys.stderr)
+            return
+        print("llfabric: the session's next cells import from "
+              + ("the server's packages" if name == "base" else f"environment {name}; "
+                 "`%pip install` in a cell installs into it"))
 
     def _call(self, op: str, **fields: object) -> dict | None:
         """A request of the attached session (or `session` in `fields`); None, the error

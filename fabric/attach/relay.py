@@ -27,9 +27,11 @@ from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, Intera
 
 from ..client import Client, Events
 from ..errors import FabricError, RemoteError, Unreachable
-from ..messages import Answer, InputRequest, Interrupt, Notice, Output, Queued, Reply
+from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
+from .answers import Answers
 from .frontend import Frontend
+from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,10 @@ log = logging.getLogger(__name__)
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
 PING = 1.0  # seconds a server has to answer before a cell is sent to it
-# Cells the kernel runs itself: `%%local` ones and those that manage the attachment.
-LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b)")
+# Cells the kernel runs itself: `%%local` ones, those that manage the attachment, and a line of
+# the history magics, which read the session's history the kernel keeps (see `answers`).
+LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b"
+                   r"|(history|hist|recall|rep)\b[^\n]*\s*\Z)")
 
 
 class RemoteCellError(Exception):
@@ -69,6 +73,7 @@ class Attachment:
         # the session's GPU count (`%llfabric gpus`), sent with every cell so that a restarted
         # server keeps it; None: the server's
         self.gpus: int | None = None
+        self.answers = Answers(self)
         self.frontend = Frontend(self)  # the comms of a JupyterLab extension
 
     def close(self, forget: bool = True) -> None:
@@ -85,9 +90,10 @@ class Attachment:
     def open(self) -> SessionStatus:
         """Open (or rejoin) the session; the kernel's prompt numbers continue the session's."""
         self._check_reachable()
-        reply = self.client.open(self.session, os.getcwd())
+        reply = self.client.open(self.session, os.getcwd(), os.environ.get(ENV_VARIABLE))
         self.opened = True
         self.shell.execution_count = reply.execution_count + 1
+        self.answers.load_history()
         return reply
 
     def _check_reachable(self) -> None:
@@ -123,7 +129,10 @@ class Attachment:
         except KeyboardInterrupt:  # before the cell reached the server: it did not run
             self._fail(result, FabricError("interrupted before the cell started"))
             return self._numbered(result, count)
-        self._numbered(result, int(reply.get("execution_count", count)))
+        count = int(reply.get("execution_count", count))
+        self._numbered(result, count)
+        self.answers.record(count, source)
+        self._relay_payloads(reply.get("payload"))
         if reply.get("status") == "error" and result.error_in_exec is None:
             result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")
         self._draft_next(cell_id)
@@ -135,6 +144,12 @@ class Attachment:
         result.execution_count = count
         self.shell.execution_count = count + 1
         return result
+
+    def _relay_payloads(self, payloads: object) -> None:
+        """The cell's pager text and next input, for the kernel's execute reply."""
+        for payload in payloads if isinstance(payloads, list) else []:
+            if isinstance(payload, dict) and isinstance(payload.get("source"), str):
+                self.shell.payload_manager.write_payload(payload)
 
     def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:
         events = self.client.execute(self.session, source, stdin=True,
@@ -148,6 +163,8 @@ class Attachment:
                             return reply
                         case Output(output=output):
                             self._publish_output(output, result)
+                        case Comm():
+                            self.publish_event(message)
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
                                       "sessions ahead")
@@ -183,23 +200,32 @@ class Attachment:
         self.frontend.notice(text)  # a notification in JupyterLab
 
     # publishing
-    def publish(self, msg_type: str, content: dict) -> None:
+    def publish(self, msg_type: str, content: dict, metadata: dict | None = None,
+                buffers: list[bytes] | None = None) -> None:
         """Send on IOPub as the kernel does for the execute request being handled."""
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # what the kernel itself printed comes first
         kernel = self.kernel
         kernel.session.send(kernel.iopub_socket, msg_type, content,
-                            parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type))
+                            parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type),
+                            buffers=buffers or None, metadata=metadata)
+
+    def publish_event(self, event: Output | Comm) -> None:
+        """An output or a comm message of the session's worker, as the kernel's own."""
+        if isinstance(event, Comm):
+            self.answers.comm_seen(event.msg_type, event.content)
+            self.publish(event.msg_type, event.content, event.metadata, event.buffers)
+        else:
+            self.publish(event.output["output_type"],
+                         {k: v for k, v in event.output.items() if k != "output_type"})
 
     def _publish_output(self, output: dict, result: ExecutionResult) -> None:
-        kind = output["output_type"]
-        content = {k: v for k, v in output.items() if k != "output_type"}
-        if kind == "error":
-            traceback = content.get("traceback")
+        if output["output_type"] == "error":
+            traceback = output.get("traceback")
             self.shell._last_traceback = traceback if isinstance(traceback, list) else []
-            result.error_in_exec = _remote_error(str(content.get("ename", "Error")),
-                                                 str(content.get("evalue", "")))
-        self.publish(kind, content)
+            result.error_in_exec = _remote_error(str(output.get("ename", "Error")),
+                                                 str(output.get("evalue", "")))
+        self.publish_event(Output(output))
 
     def _fail(self, result: ExecutionResult, exc: FabricError) -> None:
         """The fabric could not run the cell: say so in the cell, as its error."""

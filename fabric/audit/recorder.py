@@ -241,6 +241,8 @@ class Auditor:
             code = 0
             try:
                 ambient.restore(state)
+                # the fork kept IPython's %%script event loop but not the thread that runs it
+                self.shell.magics_manager.registry["ScriptMagics"].event_loop = None
                 os.chdir(copy)
                 self._keep_only(cl)
                 status, outputs = self._run(source)

@@ -18,11 +18,31 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
+from typing import TYPE_CHECKING
 
 from ..closure import Closure, closure, plan
-from ..errors import CellStopped, LoadFailed, NotWaiting, ParkFailed, RemoteError, WorkerDied
+from ..errors import (
+    CellStopped,
+    LoadFailed,
+    NotWaiting,
+    ParkFailed,
+    RemoteError,
+    UnknownEnv,
+    WorkerDied,
+)
 from ..snapshot import Group, Manifest, Store, history, lineage
-from ..worker.messages import Load, Loaded, Notice, Run
+from ..worker.messages import (
+    Answered,
+    CommIn,
+    CommOut,
+    Complete,
+    Inspect,
+    Load,
+    Loaded,
+    Notice,
+    Output,
+    Run,
+)
 from .cells import Cell, Commit, Events, Head, Ran
 from .leases import Leases
 from .lifecycle import Keeper, Life, Stage
@@ -30,7 +50,14 @@ from .pool import Pool, WorkerHandle
 from .replay import recompute
 from .running import Running
 
+if TYPE_CHECKING:
+    from ..envs import Env
+
 log = logging.getLogger(__name__)
+
+ASK_WAIT = 2.0  # seconds a question waits for a worker's answer before the catalog answers it
+ASK_LIMIT = 30.0  # a worker silent this long on a question is out of step: it is retired
+
 
 def _union(closures: list[Closure]) -> Closure:
     """What loading every closure of a chain of cells loads."""
@@ -66,6 +93,7 @@ class HostAgent:
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
         self.lost_why = ""  # why they cannot be recomputed
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
+        self.env: Env | None = None  # the environment its workers import from; None: the server's
         self._background: set[asyncio.Task] = set()
 
     # readying a worker
@@ -89,7 +117,7 @@ class HostAgent:
 
         async def make(life: Life) -> WorkerHandle:
             worker = await self.pool.new_worker(cl.modules | needs.modules,
-                                                frozenset(head.manifest.modules))
+                                                frozenset(head.manifest.modules), self.env)
             try:
                 await self._load(life, worker, _load(needs.groups, needs.imports, start,
                                                      self.cwd), events)
@@ -150,7 +178,25 @@ class HostAgent:
                              session=self.name, traceback=reply.traceback)
 
     def _usable(self, life: Life | None, head: Head) -> bool:
-        return life is not None and life.usable(head.id)
+        if life is None or not life.usable(head.id):
+            return False
+        worker = life.worker()
+        # a pinned worker alone holds what could not be saved: it stays, whatever changed
+        return worker is None or bool(life.unsaved) or not self._env_changed(worker)
+
+    def _env_changed(self, worker: WorkerHandle) -> bool:
+        """Whether the session's environment changed since `worker` was made (it may hold
+        modules imported before an install replaced them)."""
+        try:
+            return self.env is not None and self.pool.refresh(self.env) != worker.generation
+        except UnknownEnv:  # removed: the next cell's fresh worker says so
+            return True
+
+    def use_env(self, env: Env | None) -> None:
+        """Workers import from `env` (None: the server's packages) from the next cell on."""
+        self.env = env
+        life, self.prepared = self.prepared, None
+        self._discard(life)
 
     def _spawn(self, coro: Coroutine) -> None:
         """Run clean-up in the background, holding a reference so it is not collected."""
@@ -181,6 +227,76 @@ class HostAgent:
     def _wake(self, life: Life | None) -> bool:
         """Ask for a cool worker back, if `life` is one."""
         return life is not None and life.wake()
+
+    # between cells: questions, and a frontend's comm messages
+    async def complete(self, source: str, cursor: int, head: Head) -> dict | None:
+        """The live worker's `complete_reply` content (see `_ask`)."""
+        return await self._ask(Complete(source, cursor), head)
+
+    async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> dict | None:
+        """The live worker's `inspect_reply` content (see `_ask`)."""
+        return await self._ask(Inspect(source, cursor, detail), head)
+
+    async def _ask(self, question: Complete | Inspect, head: Head) -> dict | None:
+        """The answer of the session's live worker to a completion or an inspection, without a
+        lease; None when no worker can answer now: none is live, it runs a cell, it is being
+        readied, woken or asked already, its CUDA state is parked (its CUDA calls would block),
+        or it takes longer than ASK_WAIT (it answers on meanwhile, before anything else is sent
+        to it)."""
+        life = self._between_cells(head)
+        if life is None or not life.task.done():
+            return None
+        return await self._put(life, question, ASK_WAIT)
+
+    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], head: Head,
+                   events: Events) -> bool:
+        """Hand a frontend's comm message to the live worker, which holds the comm, after what
+        was sent to it before, without a lease; its callbacks' outputs and comm messages go to
+        `events`. False when no worker can take it (none is live, or parked, or it runs a
+        cell) or its comm refused it."""
+        life = self._between_cells(head)
+        message = CommIn(msg_type, content, buffers)
+        answer = None if life is None else await self._put(life, message, ASK_LIMIT, events)
+        return answer is not None and answer.get("status") == "ok"
+
+    def _between_cells(self, head: Head) -> Life | None:
+        """The session's live worker, if no cell runs and it holds the head's state."""
+        life = self._current()
+        if self.busy or life is None or not self._usable(life, head) \
+                or life.stage not in (Stage.READY, Stage.KEPT):
+            return None
+        return life
+
+    async def _put(self, life: Life, message: Complete | Inspect | CommIn, wait: float,
+                   events: Events | None = None) -> dict | None:
+        """`message` to `life`'s worker once what was sent before is done; its answer's
+        content, or None if it has none within `wait` seconds or is parked. What it says
+        meanwhile (outputs, comm messages, notices) goes to `events`, if any."""
+        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def step(worker: WorkerHandle) -> None:
+            if worker.parked:
+                answer.set_result(None)
+                return
+            await worker.send(message)
+            while not isinstance(reply := await worker.recv(timeout=ASK_LIMIT), Answered):
+                if isinstance(reply, Output):
+                    if events is not None:
+                        events(reply.output)
+                elif isinstance(reply, CommOut):
+                    if events is not None:
+                        events(reply.event(), "comm")
+                elif isinstance(reply, Notice):
+                    log.info("session %s: %s", self.name, reply.text)
+                else:
+                    raise WorkerDied(f"worker {worker.pid} answered {message.op!r} with "
+                                     f"{reply.op!r}")
+            answer.set_result(reply.content)
+
+        life.chain(step, prepares=False)
+        self.keeper.changed()
+        await asyncio.wait({answer, life.task}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        return answer.result() if answer.done() else None
 
     # running a cell
     async def run(self, cell: Cell, head: Head, events: Events, commit: Commit) -> Ran:
@@ -307,7 +423,7 @@ class HostAgent:
             "run": done.run,
             "save": done.save + (after - committed),
             "lease_held": lease.held,
-        }), kept
+        }, done.payload), kept
 
     def answer(self, value: str | None, error: str | None) -> dict:
         """The client's answer to the running cell's input request."""
@@ -322,8 +438,8 @@ class HostAgent:
         """Take the worker off the GPU before its lease ends if it is to be kept: warm for the
         next cell, or pinned because it alone holds `unsaved`. False: it is retired; if parking
         failed, what only it held is lost and the session goes on from the store."""
-        if not unsaved and not self.pool.keep_warm:
-            return False
+        if not unsaved and (not self.pool.keep_warm or self._env_changed(worker)):
+            return False  # an install in the cell: the next worker imports what it installed
         try:
             await self.pool.park(worker, device)
         except ParkFailed as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import notices
 from ..closure import CellPlan, Closure
@@ -45,6 +45,7 @@ class Ran:
     path: str  # the worker it ran on: draft, warm, pinned or cold, +load, +replay
     source: str  # where that worker came from: zygote, template, cool or cold
     timings: dict[str, float]
+    payload: list[dict] = field(default_factory=list)  # for the kernel's execute reply
 
 
 class Events:

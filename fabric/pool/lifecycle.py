@@ -158,9 +158,9 @@ class Life:
             return False
         return not self.task.done() or self.worker() is not None
 
-    def chain(self, step: Callable[[WorkerHandle], Coroutine]) -> None:
-        """Run `step` on the worker once the steps before it are done (a draft's extra load);
-        the worker is retired if it fails."""
+    def chain(self, step: Callable[[WorkerHandle], Coroutine], prepares: bool = True) -> None:
+        """Run `step` on the worker once the steps before it are done (a draft's extra load,
+        or, not `prepares`, a question between cells); the worker is retired if it fails."""
         self.touch()
         previous = self.task
 
@@ -171,7 +171,8 @@ class Life:
             except BaseException:
                 await worker.close()
                 raise
-            self.ready_at = time.monotonic()
+            if prepares:
+                self.ready_at = time.monotonic()
             return worker
 
         self.task = asyncio.ensure_future(chained())

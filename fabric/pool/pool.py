@@ -7,6 +7,13 @@ Worker sources degrade, never fail a cell on their own: a template restore that 
 back to a zygote fork, a fork that fails (no zygote ready, one dying) to a cold worker, a plain
 fresh process. A dead zygote is dropped, its family rebuilt when next needed; a dead base zygote
 is reaped and restarted in the background, cells starting cold meanwhile.
+
+Zygotes and templates are kept per (environment, import family), an environment named by its
+site-packages ("" for the server's own). An environment's root zygote is forked from the base
+zygote (the worker runtime, shared by all) and enters the environment; its families fork from
+it. When an environment changes (a package installed), its zygotes and templates retire, so
+later workers import what it holds now; a retired zygote that still has live workers is kept
+until they end (they die with it).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import zmq
@@ -47,18 +54,26 @@ from ..worker.messages import FROM_WORKER, Exit, Hello, Message, decode
 from . import criu, cuda, parking
 from .templates import Template, Templates, worker_of
 
+if TYPE_CHECKING:
+    from ..envs import Env
+
 log = logging.getLogger(__name__)
+
+Key = tuple[str, frozenset[str]]  # (environment's site-packages or "", import family)
+BASE: Key = ("", frozenset())
 
 START_TIMEOUT = 120.0  # a zygote importing torch on a loaded 2-core host takes seconds
 HELLO_TIMEOUT = 30.0
 
 
 class ZygoteHandle:
-    def __init__(self, pool: Pool, ctrl: socket.socket, pid: int, modules: frozenset[str]) -> None:
+    def __init__(self, pool: Pool, ctrl: socket.socket, pid: int, modules: frozenset[str],
+                 site: str = "") -> None:
         self.pool = pool
         self.ctrl = ctrl
         self.pid = pid
         self.modules = modules
+        self.site = site  # the environment it entered; "": the server's own
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.failed: dict[str, str] = {}
         self.last_used = time.monotonic()
@@ -182,6 +197,7 @@ class WorkerHandle:
         self.socket.bind(f"ipc://{self.path}")
         self.died: asyncio.Future = asyncio.get_running_loop().create_future()
         self.exit_status: int | None = None
+        self.generation = 0  # its environment's, when it was made (`Env.generation`)
 
     @property
     def endpoint(self) -> str:
@@ -297,12 +313,15 @@ class Pool:
         self.context = zmq.asyncio.Context()
         self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
-        self.zygotes: dict[frozenset[str], ZygoteHandle] = {}
+        self.zygotes: dict[Key, ZygoteHandle] = {}
+        self.retired: set[ZygoteHandle] = set()  # of a changed environment, kept for its workers
+        self.generations: dict[str, int] = {}  # site -> generation its zygotes were built at
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
         self._base_proc: subprocess.Popen | None = None
-        self._building: dict[frozenset[str], asyncio.Task] = {}
+        self._building: dict[Key, asyncio.Task] = {}
         self._reviving: asyncio.Task | None = None  # the restart of a dead base zygote
+        self._background: set[asyncio.Task] = set()  # zygotes rebuilt after a change
 
     async def start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -312,7 +331,7 @@ class Pool:
         )
         theirs.close()
         base = ZygoteHandle(self, mine, self._base_proc.pid, frozenset())
-        self.zygotes[frozenset()] = base
+        self.zygotes[BASE] = base
         await base.until_ready()
 
     async def _revive_base(self) -> None:
@@ -327,50 +346,101 @@ class Pool:
                 log.info("base zygote restarted as %d", self._base_proc.pid)
                 return
             except (FabricError, OSError, TimeoutError) as exc:
-                if (base := self.zygotes.pop(frozenset(), None)) is not None:
+                if (base := self.zygotes.pop(BASE, None)) is not None:
                     base.stop()
                 self._base_proc.kill()
                 delay = min(max(delay * 2, 1.0), 60.0)
                 log.warning("the base zygote did not start (%s); retrying in %.0f s", exc, delay)
 
-    async def zygote_for(self, needs: frozenset[str],
-                         family: frozenset[str] | None = None) -> ZygoteHandle:
-        """The smallest ready zygote that has imported `needs`; failing one, build `family`
-        (a superset of `needs`, such as everything the session imports) from its nearest
-        ancestor, so that the session's later cells find it ready."""
-        for imported in sorted(self.zygotes, key=len):
-            if imported >= needs and self.zygotes[imported].ready.done():
-                zygote = self.zygotes[imported]
+    async def zygote_for(self, needs: frozenset[str], family: frozenset[str] | None = None,
+                         site: str = "") -> ZygoteHandle:
+        """The smallest ready zygote of the environment `site` that has imported `needs`;
+        failing one, build `family` (a superset of `needs`, such as everything the session
+        imports) from its nearest ancestor, so that the session's later cells find it ready."""
+        for key in sorted(self.zygotes, key=lambda k: len(k[1])):
+            if key[0] == site and key[1] >= needs and self.zygotes[key].ready.done():
+                zygote = self.zygotes[key]
                 zygote.last_used = time.monotonic()
                 return zygote
-        modules = needs if family is None else family | needs
-        if modules not in self._building:
-            self._building[modules] = asyncio.ensure_future(self._build(modules))
-        return await asyncio.shield(self._building[modules])
+        key = (site, needs if family is None else family | needs)
+        if key not in self._building:
+            self._building[key] = asyncio.ensure_future(self._build(key))
+        return await asyncio.shield(self._building[key])
 
-    async def _build(self, modules: frozenset[str]) -> ZygoteHandle:
+    async def _build(self, key: Key) -> ZygoteHandle:
+        """The zygote of `key`, forked from the nearest ancestor in its environment, or from
+        the base zygote, entering the environment, when it has none yet."""
+        site, modules = key
+        started = self.generations.get(site)
         try:
-            parent = max((z for f, z in self.zygotes.items() if f <= modules and z.ready.done()
-                          and z.ready.exception() is None), key=lambda z: len(z.modules),
-                         default=None)
+            parent = max((z for (s, f), z in self.zygotes.items() if s == site and f <= modules
+                          and z.ready.done() and z.ready.exception() is None),
+                         key=lambda z: len(z.modules), default=None)
+            enter = ""
+            if parent is None and site and (base := self.zygotes.get(BASE)) is not None \
+                    and base.ready.done() and base.ready.exception() is None:
+                parent, enter = base, site
             if parent is None:
                 raise NoZygote(f"no zygote is ready to build {sorted(modules)} from")
             missing = sorted(modules - parent.modules)
-            reply, fds = await parent.request(control.ForkZygote(modules=missing))
-            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules)
-            self.zygotes[modules] = zygote
+            reply, fds = await parent.request(control.ForkZygote(modules=missing, site=enter))
+            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules, site)
+            self.zygotes[key] = zygote
             await zygote.until_ready()
+            if self.generations.get(site) != started:  # an install while it imported
+                if self.zygotes.get(key) is zygote:
+                    del self.zygotes[key]
+                self.retired.add(zygote)
+                raise NoZygote(f"environment {site} changed while a zygote was built")
             self._evict()
             return zygote
         finally:
-            self._building.pop(modules, None)
+            if self._building.get(key) is asyncio.current_task():
+                del self._building[key]
+
+    def refresh(self, env: Env) -> int:
+        """`env`'s generation now; if it changed since its zygotes and templates were built
+        (a package was installed), they retire, so that new workers see what it holds now,
+        and the same families are built again in the background, off any cell's path."""
+        site, generation = str(env.site), env.generation()
+        if self.generations.setdefault(site, generation) != generation:
+            self.generations[site] = generation
+            families = [k[1] for k in self.zygotes if k[0] == site]
+            for family in families:
+                self.retired.add(self.zygotes.pop((site, family)))
+            for key in [k for k in self._building if k[0] == site]:
+                del self._building[key]  # they end stale; the rebuilds below start afresh
+            images = self.templates.retire(site)
+            self._evict()
+            log.info("environment %s changed: its zygotes and templates are rebuilt", env.name)
+            for family in families:
+                self._spawn(self.zygote_for(family, None, site))
+            for family in images:
+                self.templates.build_soon(family, site)
+        return generation
+
+    def _spawn(self, build: Awaitable) -> None:
+        """Build in the background; a failure is logged, the next worker builds it again."""
+        task = asyncio.ensure_future(build)
+        self._background.add(task)
+
+        def done(task: asyncio.Task) -> None:
+            self._background.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("a zygote rebuild failed: %s", task.exception())
+
+        task.add_done_callback(done)
 
     def _evict(self) -> None:
         """Drop least recently used families while there are more than `max_zygotes` or they
         hold more than `zygote_memory`; never the newest, nor one with live workers (they die
         with it)."""
         busy = {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
-        families = sorted((f for f in self.zygotes if f), key=lambda f: self.zygotes[f].last_used)
+        for zygote in [z for z in self.retired if z.pid not in busy]:
+            self.retired.discard(zygote)
+            zygote.stop()
+        families = sorted((k for k in self.zygotes if k != BASE),
+                          key=lambda k: self.zygotes[k].last_used)
         memory = {f: _unique_memory(self.zygotes[f].pid) for f in families}
         count, total = len(families), sum(memory.values())
         for family in families[:-1]:
@@ -380,33 +450,40 @@ class Pool:
                 self.zygotes.pop(family).stop()
                 count, total = count - 1, total - memory[family]
 
-    async def new_worker(self, needs: frozenset[str],
-                         family: frozenset[str] | None = None) -> WorkerHandle:
-        """A fresh worker with `needs` imported, from the cheapest source ready now.
+    async def new_worker(self, needs: frozenset[str], family: frozenset[str] | None = None,
+                         env: Env | None = None) -> WorkerHandle:
+        """A fresh worker with `needs` imported from environment `env` (None: the server's
+        own), from the cheapest source ready now.
 
         With templates, a restore of a template covering `needs` once one is built (until then,
         and should a restore fail, a zygote fork); otherwise a zygote fork. What is built for
         later is `family`, a superset of `needs` such as all the session imports.
         """
         modules = needs if family is None else family | needs
+        site = str(env.site) if env is not None else ""
+        generation = self.refresh(env) if env is not None else 0
+        worker = None
         if self.worker_source == "template":
-            template = self.templates.ready(needs)
+            template = self.templates.ready(needs, site)
             if template is None:
-                self.templates.build_soon(modules)
+                self.templates.build_soon(modules, site)
             else:
                 try:
-                    return await self.restore_worker(template)
+                    worker = await self.restore_worker(template)
                 except (FabricError, OSError) as exc:  # CheckpointError, WorkerDied, ...
                     log.warning("template restore failed, forking instead: %s", exc)
-        try:
-            return await self.fork_worker(needs, family)
-        except (FabricError, OSError, TimeoutError) as exc:
-            log.warning("no zygote could fork a worker (%s); starting a cold one", exc)
-        return await self.cold_worker()
+        if worker is None:
+            try:
+                worker = await self.fork_worker(needs, family, site)
+            except (FabricError, OSError, TimeoutError) as exc:
+                log.warning("no zygote could fork a worker (%s); starting a cold one", exc)
+                worker = await self.cold_worker(site)
+        worker.generation = generation
+        return worker
 
-    async def fork_worker(self, needs: frozenset[str],
-                          family: frozenset[str] | None = None) -> WorkerHandle:
-        zygote = await self.zygote_for(needs, family)
+    async def fork_worker(self, needs: frozenset[str], family: frozenset[str] | None = None,
+                          site: str = "") -> WorkerHandle:
+        zygote = await self.zygote_for(needs, family, site)
         worker = WorkerHandle(self, next(self._ids), zygote)
         try:
             reply, _ = await zygote.request(control.ForkWorker(endpoint=worker.endpoint,
@@ -419,13 +496,14 @@ class Pool:
             raise
         return worker
 
-    async def cold_worker(self) -> WorkerHandle:
+    async def cold_worker(self, site: str = "") -> WorkerHandle:
         """A worker started as a fresh process, without a zygote: the last resort."""
         worker = WorkerHandle(self, next(self._ids), None, source="cold")
         try:
             pid = os.posix_spawn(
                 sys.executable, [sys.executable, "-m", "fabric.worker.cold", worker.endpoint,
-                                 str(self.store_root)], os.environ, setsid=True,
+                                 str(self.store_root), *([site] if site else [])], os.environ,
+                setsid=True,
                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
             worker.process = pid
             worker.watch(pid, init=False)
@@ -514,9 +592,10 @@ class Pool:
             worker.died.set_result(status)
 
     def zygote_lost(self, zygote: ZygoteHandle) -> None:
-        for family, handle in list(self.zygotes.items()):
+        for key, handle in list(self.zygotes.items()):
             if handle is zygote:
-                del self.zygotes[family]
+                del self.zygotes[key]
+        self.retired.discard(zygote)
         for worker in list(self.workers.values()):
             if worker.zygote is zygote and not worker.died.done():
                 worker.died.set_result(None)  # it died with its zygote (PDEATHSIG)
@@ -528,11 +607,13 @@ class Pool:
     async def stop(self) -> None:
         if self._reviving is not None:
             self._reviving.cancel()
+        for task in self._background:
+            task.cancel()
         for worker in list(self.workers.values()):
             if worker.pid and not worker.died.done():
                 os.kill(worker.pid, signal.SIGKILL)
             worker.socket.close()
-        for zygote in self.zygotes.values():
+        for zygote in (*self.zygotes.values(), *self.retired):
             zygote.stop()
         await self.templates.stop()
         if self._base_proc is not None:
@@ -545,8 +626,9 @@ class Pool:
 
     def status(self) -> dict:
         return {
-            "zygotes": [{"pid": z.pid, "modules": sorted(f), "ready": z.ready.done(),
-                         "memory": _unique_memory(z.pid)} for f, z in self.zygotes.items()],
+            "zygotes": [{"pid": z.pid, "modules": sorted(f), "env": site, "ready": z.ready.done(),
+                         "memory": _unique_memory(z.pid)}
+                        for (site, f), z in self.zygotes.items()],
             "workers": [{"pid": w.pid, "source": w.source,
                          "zygote": w.zygote.pid if w.zygote is not None else None}
                         for w in self.workers.values()],

@@ -12,7 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..errors import CellStopped, FabricError, NotWaiting, WorkerDied
-from ..worker.messages import Done, Input, InputReply, Notice, Output, Saving, Started
+from ..worker.messages import CommOut, Done, Input, InputReply, Notice, Output, Saving, Started
 
 if TYPE_CHECKING:
     from .cells import Events
@@ -44,6 +44,8 @@ class Running:
             message = await self.worker.recv()
             if isinstance(message, Output):
                 self.events(message.output)
+            elif isinstance(message, CommOut):
+                self.events(message.event(), "comm")
             elif isinstance(message, Notice):
                 self.events.notice(message.topic, message.text)
             elif isinstance(message, Started):

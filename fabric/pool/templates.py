@@ -37,6 +37,7 @@ BUILD_TIMEOUT = 300.0
 class Template:
     modules: frozenset[str]
     images: Path
+    site: str = ""  # the environment's site-packages it entered; "": the server's own
     state: str = "building"  # building, ready, failed
     error: str = ""
     built_in: float = 0.0
@@ -50,7 +51,8 @@ class Template:
             else 0
 
     def status(self) -> dict:
-        return {"modules": sorted(self.modules), "state": self.state, "error": self.error,
+        return {"modules": sorted(self.modules), "env": self.site, "state": self.state,
+                "error": self.error,
                 "bytes": self.size, "built_in": self.built_in, "restores": self.restores,
                 "failed_imports": self.failed_imports, "cuda": self.cuda}
 
@@ -60,28 +62,44 @@ class Templates:
         self.root = root
         self.socket_dir = socket_dir
         self.store_root = store_root
-        self.by_family: dict[frozenset[str], Template] = {}
-        self._tasks: dict[frozenset[str], asyncio.Task] = {}
+        # by (environment's site-packages or "", import family)
+        self.by_family: dict[tuple[str, frozenset[str]], Template] = {}
+        self._tasks: dict[tuple[str, frozenset[str]], asyncio.Task] = {}
         self._restores = itertools.count()
+        self._builds = itertools.count()  # a family rebuilt after a retire gets a new folder
         self.cuda: Driver | None = None  # on GPU hosts: templates carry a CUDA context
         self.device: str | None = None  # the GPU (UUID) that context is made on
 
-    def ready(self, modules: frozenset[str]) -> Template | None:
-        """The smallest ready template whose family covers `modules`."""
-        found = [t for f, t in self.by_family.items() if f >= modules and t.state == "ready"]
+    def ready(self, modules: frozenset[str], site: str = "") -> Template | None:
+        """The smallest ready template of environment `site` whose family covers `modules`."""
+        found = [t for (s, f), t in self.by_family.items()
+                 if s == site and f >= modules and t.state == "ready"]
         return min(found, key=lambda t: len(t.modules), default=None)
 
-    def build_soon(self, modules: frozenset[str]) -> None:
+    def build_soon(self, modules: frozenset[str], site: str = "") -> None:
         """Start building the family's template unless it exists, is under way or failed."""
-        if modules not in self.by_family:
-            name = hashlib.sha256("\0".join(sorted(modules)).encode()).hexdigest()[:16]
-            template = Template(modules, self.root / name)
-            self.by_family[modules] = template
-            self._tasks[modules] = asyncio.ensure_future(self.build(template))
+        key = (site, modules)
+        if key not in self.by_family:
+            name = hashlib.sha256("\0".join([site, *sorted(modules)]).encode()).hexdigest()[:16]
+            template = Template(modules, self.root / f"{name}-{next(self._builds)}", site)
+            self.by_family[key] = template
+            self._tasks[key] = asyncio.ensure_future(self.build(template))
 
-    async def wait(self, modules: frozenset[str]) -> Template:
+    async def wait(self, modules: frozenset[str], site: str = "") -> Template:
         """The family's template once its build has ended, ready or failed."""
-        return await asyncio.shield(self._tasks[modules])
+        return await asyncio.shield(self._tasks[(site, modules)])
+
+    def retire(self, site: str) -> list[frozenset[str]]:
+        """Drop the templates of environment `site` (it changed): builds under way are
+        cancelled, images removed. Their families."""
+        families = []
+        for key in [k for k in self.by_family if k[0] == site]:
+            template = self.by_family.pop(key)
+            task = self._tasks.pop(key)
+            task.cancel()
+            task.add_done_callback(lambda _, images=template.images: criu.remove(images))
+            families.append(key[1])
+        return families
 
     async def build(self, template: Template) -> Template:
         start = time.monotonic()
@@ -102,7 +120,7 @@ class Templates:
         launcher = subprocess.Popen(
             [str(criu.init_binary()), "--pidns", sys.executable, "-m", "fabric.worker.dormant",
              str(theirs.fileno()), str(self.socket_dir), str(self.store_root),
-             str(template.images / "process.log"), *sorted(template.modules)],
+             str(template.images / "process.log"), template.site, *sorted(template.modules)],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
             env={**os.environ, **self._cuda_env()})

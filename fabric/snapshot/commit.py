@@ -9,13 +9,19 @@ is refused.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import StoreError
+from . import catalog
 from .manifest import Group, Manifest
 from .store import Store
+
+log = logging.getLogger(__name__)
 
 
 def head_manifest(store: Store, session: str, head: str | None) -> Manifest:
@@ -45,6 +51,7 @@ class Report:
     unsaved: dict[str, str]  # name -> why it cannot be saved
     bounded: bool = False  # its grouping walk was cut short
     hooks: list[str] = field(default_factory=list)  # import hooks the notebook defined
+    described: dict[str, dict[str, Any]] = field(default_factory=dict)  # a `catalog.Catalog`
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class CellRecord:
     status: str
     run: float  # seconds its code ran
     modules: frozenset[str]  # what it imports that counts toward an import closure
+    env: dict = field(default_factory=dict)  # its environment and packages (`Manifest.env`)
 
 
 def commit(store: Store, session: str, head: str | None, report: Report, cell: CellRecord,
@@ -87,9 +95,26 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
               "source": cell.source, "time": time.time(),
               "unsaved": sorted(report.unsaved),  # lineage, for a cold restore
               "run": cell.run},
+        env=cell.env,
     )
+    manifest = dataclasses.replace(manifest, catalog=_catalog(store, parent, manifest, report))
     if admit is not None:
         admit(manifest)
     ident = store.put_manifest(manifest.encode())
     store.set_head(session, ident, head)  # refused if the head moved
     return ident, manifest
+
+
+def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report) -> str | None:
+    """The blob of the new version's catalog: the cell's descriptions over the parent's. A
+    parent's catalog that cannot be read only leaves its names undescribed."""
+    earlier: catalog.Catalog = {}
+    if parent.catalog:
+        try:
+            earlier = catalog.decode(store.get(parent.catalog))
+        except StoreError as exc:
+            log.warning("session %s: the catalog of version %d is not read: %s",
+                        manifest.session, parent.version, exc.message)
+    names = manifest.names() | set(report.unsaved)
+    merged = catalog.merge(earlier, report.described, names)
+    return store.put(catalog.encode(merged)) if merged["names"] else None

@@ -49,6 +49,12 @@ def log(store: Store, session: str) -> list[tuple[str, Manifest]]:
     return versions
 
 
+def cells(store: Store, session: str) -> list[tuple[int, str]]:
+    """The session's cells, oldest first: (execution count, source); checkouts ran none."""
+    return [(int(m.cell.get("execution_count", 0)), str(m.cell.get("source") or ""))
+            for _, m in reversed(log(store, session)) if "checkout" not in m.cell]
+
+
 def lineage(store: Store, session: str, names: list[str]) -> list[int]:
     """The cells (execution counts) that made `names`, state that could not be saved, as it was:
     for each name, the last cell that left it unsaved after writing it, and every later cell that
@@ -202,12 +208,20 @@ def remove(store: Store, session: str) -> bool:
     """Forget a session and release everything its history names, for gc to free."""
     if store.head(session) is None:
         return False
-    with contextlib.suppress(StoreError):  # a damaged one is removed too; gc's grace frees it
-        released = Index(thinned={i: time.time() for i, _ in log(store, session)})
+    try:
+        versions = [i for i, _ in log(store, session)]
+    except StoreError:  # a damaged one is removed too; gc's grace frees it
+        versions = []
+    removed = store.remove_session(session)
+    # The record only once the session is gone: a gc that still saw the session kept its data
+    # and must not take a record older than its start for one it applied.
+    if removed and versions:
         folder = store.root / "released"
         folder.mkdir(exist_ok=True)
-        write_atomic(folder / f"{session}.{time.time_ns()}", released.encode())
-    return store.remove_session(session)
+        now = time.time()
+        write_atomic(folder / f"{session}.{time.time_ns()}",
+                     Index(thinned=dict.fromkeys(versions, now)).encode())
+    return removed
 
 
 @dataclass
@@ -272,8 +286,8 @@ def _mark(store: Store, session: str, live: set[str]) -> set[str]:
         live.add(ident)
         if ident in thinned:
             continue
-        if manifest.ambient:
-            blob(manifest.ambient)
+        for plain in manifest.blobs():
+            blob(plain)
         for group in manifest.groups:
             if group.blob not in live:
                 blob(group.blob)
@@ -300,7 +314,7 @@ def _released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dic
             manifest = Manifest.decode(store.get_manifest(ident))
         except StoreError:  # gone already, or damaged: grace frees it
             return
-        names = [b for b in (manifest.ambient, *(g.blob for g in manifest.groups)) if b]
+        names = [*manifest.blobs(), *(g.blob for g in manifest.groups)]
         for blob in list(names):
             with contextlib.suppress(StoreError, OSError):
                 names += store.object_chunks(blob)
@@ -363,7 +377,7 @@ def _keep_damaged(store: Store, sessions: set[str], live: set[str]) -> None:
         if manifest.session not in sessions:
             continue
         live.add(ident)
-        live.update(b for b in (manifest.ambient, *(g.blob for g in manifest.groups)) if b)
+        live.update([*manifest.blobs(), *(g.blob for g in manifest.groups)])
         for group in manifest.groups:
             with contextlib.suppress(StoreError, OSError):
                 live.update(store.object_chunks(group.blob))

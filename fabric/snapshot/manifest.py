@@ -43,12 +43,19 @@ class Manifest:
     modules: tuple[str, ...] = ()  # modules the session's cells imported: its zygote family
     hooks: tuple[str, ...] = ()  # import hooks the notebook defined (`ambient.notebook_hooks`)
     cell: dict = field(default_factory=dict)  # execution_count, status, source hash
+    catalog: str | None = None  # the blob describing its names (`snapshot.catalog`)
+    # the environment its cell ran in: {"name", "packages": {name: version}}; {}: the server's
+    env: dict = field(default_factory=dict)
 
     def variables(self) -> dict[str, Group]:
         return {name: g for g in self.groups for name in g.names}
 
     def names(self) -> set[str]:
         return set(self.variables()) | set(self.imports)
+
+    def blobs(self) -> list[str]:
+        """The plain blobs it names besides its groups' objects."""
+        return [b for b in (self.ambient, self.catalog) if b]
 
     def encode(self) -> bytes:
         return msgpack.packb(
@@ -65,6 +72,8 @@ class Manifest:
                 "modules": list(self.modules),
                 "hooks": list(self.hooks),
                 "cell": self.cell,
+                "catalog": self.catalog,
+                "env": self.env,
             },
             use_bin_type=True,
         )
@@ -91,9 +100,23 @@ class Manifest:
                 modules=tuple(_str(m) for m in _list(raw["modules"])),
                 hooks=tuple(_str(h) for h in _list(raw.get("hooks", []))),  # older: none
                 cell=dict(raw["cell"]),
+                catalog=None if raw.get("catalog") is None else _str(raw["catalog"]),  # older: none
+                env=_env(raw.get("env", {})),  # older: the server's own
             )
         except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException) as exc:
             raise StoreError(f"malformed manifest: {exc}") from exc
+
+
+def _env(raw: object) -> dict:
+    if not isinstance(raw, dict):
+        raise TypeError(f"expected a map, got {type(raw).__name__}")
+    if not raw:
+        return {}
+    packages = raw["packages"]
+    if not isinstance(packages, dict):
+        raise TypeError(f"expected a map, got {type(packages).__name__}")
+    return {"name": _str(raw["name"]),
+            "packages": {_str(k): _str(v) for k, v in packages.items()}}
 
 
 def _names_by_variable(raw: object) -> dict[str, tuple[str, ...]]:

@@ -5,7 +5,7 @@ descriptors a message carries travel with its packet (SCM_RIGHTS). Layer 2: the 
 msgpack map, its `op` naming the message, its other keys the message's fields.
 
   server -> zygote  ForkWorker    {op: fork_worker, endpoint, store, req}  -> Forked
-                    ForkZygote    {op: fork_zygote, modules, req}          -> ZygoteForked
+                    ForkZygote    {op: fork_zygote, modules, site, req}    -> ZygoteForked
   zygote -> server  Forked        {op: forked, req, pid}
                     ZygoteForked  {op: zygote, req, pid} + the new zygote's control socket
                     Refused       {op: refused, req, error}  a request it could not read
@@ -113,6 +113,7 @@ class ForkZygote(Message):
     op: ClassVar[str] = "fork_zygote"
     answer: ClassVar[type[Message]] = ZygoteForked
     modules: list[str]  # what the new zygote imports, beyond its parent's
+    site: str = ""  # an environment's site-packages it enters first (`env.enter`); "": none
     req: int = 0
 
 

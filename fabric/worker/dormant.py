@@ -8,7 +8,9 @@ copy is woken by `WAKE` (sent to its init, which forwards it) and connects to th
 named after its pid as the server sees it (see `wake`); from there on it is a worker like any
 forked one.
 
-    python -m fabric.worker.dormant CTRL_FD SOCKET_DIR STORE LOG [MODULE...]
+    python -m fabric.worker.dormant CTRL_FD SOCKET_DIR STORE LOG SITE [MODULE...]
+
+SITE is the site-packages of the environment it enters first, or "" for the server's own.
 
 Until it sleeps, its stdout and stderr go to LOG; then to /dev/null, since CRIU refuses to
 restore a regular file that has changed size since the dump.
@@ -22,7 +24,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import runner, wake
+from . import env, runner, wake
 from .zygote import Zygote, detach_from_cwd, exit_after
 
 
@@ -57,7 +59,9 @@ def main() -> None:
     _redirect_output(log)
     detach_from_cwd()
     zygote = Zygote(ctrl)
-    zygote.import_modules(sys.argv[5:])
+    if sys.argv[5]:
+        env.enter(sys.argv[5])
+    zygote.import_modules(sys.argv[6:])
     if os.environ.pop(wake.CUDA_CONTEXT, None):
         _create_cuda_context()
     _redirect_output(os.devnull)

@@ -10,6 +10,8 @@ long load's progress before it), then `Run`, answered by `Started`, `Output`s, `
 `Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
 as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Sleep` -> `Sleeping` takes a worker
 to a dump (cool tier); on waking it says `Hello` again, as it does when it first connects.
+A cell's comms send `CommOut`s among its outputs. `Complete`, `Inspect` and `CommIn`, between
+cells, are answered by `Answered` (a `CommIn` after its callbacks' `Output`s and `CommOut`s).
 `Exit` ends it.
 """
 
@@ -102,6 +104,36 @@ class InputReply(Message):
 
 
 @dataclass(frozen=True)
+class Complete(Message):
+    """Between cells: the completions at `cursor` in `code`, answered by `Answered`."""
+
+    op: ClassVar[str] = "complete"
+    code: str
+    cursor: int
+
+
+@dataclass(frozen=True)
+class Inspect(Message):
+    """Between cells: what the name at `cursor` in `code` is (`detail` 1: its source too)."""
+
+    op: ClassVar[str] = "inspect"
+    code: str
+    cursor: int
+    detail: int = 0
+
+
+@dataclass(frozen=True)
+class CommIn(Message):
+    """Between cells: a frontend's `comm_msg` or `comm_close` to a comm of the worker, handled
+    by its callbacks (whose outputs and comm messages come first), answered by `Answered`."""
+
+    op: ClassVar[str] = "comm_in"
+    msg_type: str
+    content: dict[str, Any]
+    buffers: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Sleep(Message):
     op: ClassVar[str] = "sleep"
 
@@ -125,6 +157,14 @@ class Loaded(Message):
     seconds: float = 0.0
     error: str | None = None
     traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Answered(Message):
+    """A `Complete` or `Inspect` answered: the content of Jupyter's reply to it."""
+
+    op: ClassVar[str] = "answered"
+    content: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -158,6 +198,23 @@ class Notice(Message):
 
 
 @dataclass(frozen=True)
+class CommOut(Message):
+    """A comm message of the running cell (`comm_open`, `comm_msg`, `comm_close`), as a kernel
+    would publish it: its `content`, `metadata` and binary `buffers`."""
+
+    op: ClassVar[str] = "comm"
+    msg_type: str
+    content: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    buffers: list[bytes] = field(default_factory=list)
+
+    def event(self) -> dict[str, Any]:
+        """The fields of the client wire's `Comm` event."""
+        return {"msg_type": self.msg_type, "content": self.content, "metadata": self.metadata,
+                "buffers": self.buffers}
+
+
+@dataclass(frozen=True)
 class Input(Message):
     op: ClassVar[str] = "input"
     prompt: str
@@ -177,6 +234,7 @@ class Done(Message):
     save: float = 0.0
     saved: Report | None = None
     failed: dict[str, Any] | None = None
+    payload: list[dict[str, Any]] = field(default_factory=list)  # the execute reply's
 
 
 @dataclass(frozen=True)
@@ -205,9 +263,10 @@ class Refused(Message):
     message: str
 
 
-TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Sleep, Exit)}
-FROM_WORKER = {m.op: m for m in (Hello, Loaded, Started, Saving, Output, Notice, Input, Done,
-                                 Settled, Sleeping, Refused)}
+TO_WORKER = {m.op: m for m in (Load, Run, Settle, InputReply, Complete, Inspect, CommIn, Sleep,
+                               Exit)}
+FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, CommOut,
+                                 Notice, Input, Done, Settled, Sleeping, Refused)}
 
 
 def decode(wire: dict, ops: dict[str, type[Message]]) -> Message:

@@ -35,19 +35,23 @@ from IPython.core.error import StdinNotImplementedError
 from .. import protocol
 from ..closure.groups import group_variables
 from ..errors import FabricError, ProtocolError
-from ..snapshot import ambient, codec
+from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import threads, wake
+from . import comms, env, introspect, threads, wake
 from .fdcapture import FdCapture
 from .messages import (
     TO_WORKER,
+    Answered,
+    CommIn,
+    Complete,
     Done,
     Exit,
     Hello,
     Input,
     InputReply,
+    Inspect,
     Load,
     Loaded,
     Message,
@@ -122,6 +126,8 @@ class Worker:
         self._captures = [FdCapture(1, self._streams[0]), FdCapture(2, self._streams[1])]
         builtins.input = self._input
         getpass.getpass = self._getpass
+        introspect.collect_payloads(shell)
+        comms.install(channel.send)
 
     def _ask(self, prompt: str, password: bool) -> str:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""
@@ -142,7 +148,8 @@ class Worker:
         return self._ask(prompt, password=True)
 
     def _sink(self, kind: str, **fields: Any) -> None:
-        # nbformat's output types, plus clear_output and update_display_data as frontends know them
+        # nbformat's output types, plus clear_output and update_display_data as frontends know
+        # them
         self.channel.send(Output({"output_type": kind, **fields}))
 
     def _flush_forever(self) -> None:
@@ -154,7 +161,8 @@ class Worker:
     def serve(self) -> None:
         threading.Thread(target=self._flush_forever, daemon=True).start()
         self.channel.send(Hello(os.getpid()))
-        handlers = {Load: self.load, Run: self.run, Settle: self.settle, Sleep: self.sleep}
+        handlers = {Load: self.load, Run: self.run, Settle: self.settle, Sleep: self.sleep,
+                    Complete: self.complete, Inspect: self.inspect, CommIn: self.comm}
         while True:
             try:
                 message = self.channel.recv()
@@ -172,6 +180,25 @@ class Worker:
         self.channel.sleep()
         return Hello(os.getpid())
 
+    def complete(self, message: Complete) -> Answered:
+        return Answered(self._answer(introspect.complete, message.code, message.cursor))
+
+    def inspect(self, message: Inspect) -> Answered:
+        return Answered(self._answer(introspect.inspect, message.code, message.cursor,
+                                     message.detail))
+
+    def comm(self, message: CommIn) -> Answered:
+        return Answered(comms.receive(message))
+
+    def _answer(self, ask: Any, *args: Any) -> dict:
+        """The reply's content; what the user's objects raise is the reply's error, never
+        the worker's end."""
+        try:
+            return ask(self.shell, *args)
+        except Exception as exc:
+            return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc),
+                    "traceback": []}
+
     def load(self, message: Load) -> Loaded:
         start = time.monotonic()
         ns = self.shell.user_ns
@@ -185,6 +212,7 @@ class Worker:
                     self.ambient = pickle.loads(self.store.get(message.ambient))
                     for problem in ambient.restore(self.ambient):
                         self._notice("ambient", problem)
+                    env.front()  # the session's saved sys.path may predate its environment
                 self.restored_ambient = True
             for alias, module in message.imports.items():
                 try:
@@ -214,6 +242,7 @@ class Worker:
             # llfabric's setting, not the session's: never saved as a change it made
             self.base_environ.update(threads.environ(self.threads.count))
         self.shell.execution_count = message.execution_count
+        introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
         self.channel.send(Started(started))
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -236,7 +265,7 @@ class Worker:
         return Done(status="error" if error is not None else "ok",
                     ename=type(error).__name__ if error is not None else None,
                     t_started=started, run=ran - started, save=time.monotonic() - ran,
-                    saved=saved, failed=failed)
+                    saved=saved, failed=failed, payload=introspect.take_payloads(self.shell))
 
     def settle(self, message: Settle) -> Settled:
         """After a replay, make every saved name the head's: a group whose value here pickles to
@@ -311,11 +340,12 @@ class Worker:
         self.owned.update(names)
         hooks = ambient.notebook_hooks()  # held like a value that cannot be saved
         unsaved = saved.unsaved | dict.fromkeys(hooks, "an import hook lives only in its process")
+        changed = [n for _, group, _ in saved.groups for n in group] + [*unsaved, *imports]
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self.store.put(pickle.dumps(self._capture_ambient())),
                      owned=sorted(self.owned), unsaved=unsaved, bounded=saved.bounded,
-                     hooks=hooks)
+                     hooks=hooks, described=catalog.describe(ns, changed))
 
     def _capture_ambient(self) -> dict[str, Any]:
         self.ambient = ambient.capture(self.ambient, self.base_environ)

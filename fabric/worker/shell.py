@@ -8,6 +8,7 @@ channel goes to a `sink` callable instead: ``sink(kind, **fields)``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import sys
@@ -24,6 +25,8 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
+
+from . import env
 
 Sink = Callable[..., None]
 
@@ -173,5 +176,15 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     shell = ZMQInteractiveShell.instance(config=config, user_ns=user_ns)
     for name, command in default_aliases():  # as a kernel has them: nocolor drops ls's --color
         shell.alias_manager.soft_define_alias(name, command)
+    # A kernel's magics too: ipykernel's own (%clear, %less, %man...) and %store, the extension
+    # every IPython application loads; without them such a cell fails only on the fabric. With
+    # ipykernel's shell loaded, libraries that look for it (tqdm.auto) take a notebook for one.
+    # A host without ipykernel (a bare GPU machine) runs cells without them.
+    with contextlib.suppress(ImportError):
+        from ipykernel.zmqshell import KernelMagics
+
+        shell.register_magics(KernelMagics)
+    shell.extension_manager.load_extension("storemagic")
     shell.user_ns["__name__"] = "__main__"
+    env.install_magics(shell)
     return shell

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from ..errors import ZygoteProtocolError
-from . import control, runner
+from . import control, env, runner
 from .shell import make_shell
 
 
@@ -134,6 +134,8 @@ class Zygote:
             def live() -> None:
                 self._child_hygiene(keep=theirs.fileno())
                 self.ctrl = theirs
+                if message.site:
+                    env.enter(message.site)
                 self.import_modules(message.modules)
                 self.serve()
 

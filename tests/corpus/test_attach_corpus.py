@@ -66,7 +66,8 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
             km.shutdown_kernel()
     # A kernel that failed to attach runs cells itself: the session proves they ran on the fabric.
     ran = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
-    assert sessions.get(session, {}).get("version") == ran, "cells did not run on the fabric"
+    assert sessions.get(session, {}).get("version") == ran, \
+        f"cells did not run on the fabric; the server's log ends:\n{server.log.read_text()[-6000:]}"
     return nb
 
 

@@ -51,6 +51,10 @@ VOLATILE_VARIABLES: dict[str, set[str]] = {
     "PythonDataScienceHandbook/04.05-Histograms-and-Binnings": _MATPLOTLIB | {"cb"},
     # display ids drawn at random: a DisplayHandle's uuid, the progress bar's os.urandom
     "ipython-in-depth/Updating_Displays": {"handle", "bar"},
+    # progress bars keep when they started and last drew, and their rates; a frame of unseeded
+    # np.random.randint
+    "tqdm/DEMO": {"pbar", "t", "bar", "df"},
+    "tqdm/tests_notebook": {"t"},
 }
 
 # Notebooks whose cells give other state on their closure alone through a fault of llfabric.

@@ -192,6 +192,7 @@ OWN_DEFAULT = {
     "d2l-pytorch/ch07_File_I_O",  # torch.save and torch.load of files it wrote
     "d2l-pytorch/ch07_Custom_Layers",  # nn.Module subclasses defined in cells
     "ipython-in-depth/Capturing_Output",  # %%capture
+    "ipython-in-depth/Terminal_Usage",  # a script written with %%writefile, then %run
     "ipython-in-depth/Updating_Displays",  # display ids updated in place, a progress bar
     "learn-python3/intermediate_04_idiomatic_misc2",  # try/finally, context managers, a file
     "pydata-book/ch02",  # builtins and numpy, errors raised on purpose

@@ -103,6 +103,13 @@ def test_rich_outputs_keep_their_mime_types(kernel: Kernel) -> None:
     assert text_of(outputs, "stderr") == "to stderr\n"
 
 
+def test_what_the_worker_pages_reaches_the_pager(kernel: Kernel) -> None:
+    reply, outputs = kernel.execute("len?")
+    assert reply["status"] == "ok" and outputs == []
+    [page] = reply["payload"]
+    assert page["source"] == "page" and "Return the number" in page["data"]["text/plain"]
+
+
 def test_an_exception_arrives_with_its_traceback(kernel: Kernel) -> None:
     reply, outputs = kernel.execute("def f():\n    return 1 / 0\nf()")
     [error] = [m["content"] for m in outputs if m["msg_type"] == "error"]

@@ -45,6 +45,14 @@ def test_verified_audit_finds_no_miss_and_equal_runs(tmp_path: Path) -> None:
     assert third["closure_variables"] == 4  # alias and notes, scale, K (math is an alias)
 
 
+def test_script_magics_run_in_the_forked_closure_run(tmp_path: Path) -> None:
+    # the first %%bash starts IPython's event loop thread for scripts; a fork does not keep it
+    notebook = _notebook(tmp_path, ["%%bash\necho one", "%%bash\necho two"])
+    cells = audit.audit_notebook(notebook, tmp_path / "work", verify=True, timeout=60)
+    assert [c["closure_outputs"] for c in cells] == [c["outputs"] for c in cells]
+    assert "two" in cells[1]["closure_outputs"][0]["text"]
+
+
 def test_a_closure_that_is_too_small_is_caught(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     def nothing(source: str, manifest: object) -> Closure:

@@ -29,6 +29,30 @@ def test_shell_aliases_are_a_kernels(client: Client, session: str, tmp_path) -> 
     assert "\x1b[" in text(outputs) and "folder" in text(outputs)  # ls --color, as in a kernel
 
 
+def test_shell_magics_are_a_kernels(client: Client, session: str) -> None:
+    # ipykernel's magics and the storemagic extension, as %lsmagic lists them in a kernel
+    reply, outputs = execute(client, session, "%store")  # lists the store, writes nothing
+    assert reply["status"] == "ok" and "Stored variables" in text(outputs), outputs
+    _, outputs = execute(client, session, "%lsmagic")
+    assert {"%clear", "%less", "%man", "%autosave", "%store"} <= set(text(outputs).split())
+
+
+def test_libraries_see_a_kernel(client: Client, session: str) -> None:
+    # tqdm.auto draws a notebook progress bar where ipykernel's shell is loaded, as in a kernel
+    _, outputs = execute(client, session, "from tqdm.auto import tqdm\n"
+                                          "from tqdm.notebook import tqdm_notebook\n"
+                                          "issubclass(tqdm, tqdm_notebook)")
+    assert text(outputs) == "True\n"
+
+
+def test_what_a_kernel_pages_is_no_output(client: Client, session: str) -> None:
+    # `obj?` goes to a frontend's pager (a payload of a kernel's reply), not into the notebook
+    reply, outputs = execute(client, session, "len?")
+    assert reply["status"] == "ok" and outputs == []
+    [page] = reply["payload"]
+    assert page["source"] == "page" and "Return the number" in page["data"]["text/plain"]
+
+
 def test_each_cell_runs_in_a_new_process(client: Client, session: str) -> None:
     _, first = execute(client, session, "import os\nos.getpid()")
     _, second = execute(client, session, "os.getpid()")

@@ -17,7 +17,7 @@ import pytest
 from fabric.errors import ZygoteProtocolError
 from fabric.pool import Pool
 from fabric.pool import pool as pool_module
-from fabric.pool.pool import ZygoteHandle
+from fabric.pool.pool import BASE, ZygoteHandle
 from fabric.worker import control
 
 
@@ -49,7 +49,7 @@ def test_a_dead_or_hung_base_zygote_is_replaced_and_workers_start_cold_meanwhile
 
     async def replaced(pool: Pool, old: int) -> int:
         for _ in range(600):
-            base = pool.zygotes.get(frozenset())
+            base = pool.zygotes.get(BASE)
             if base is not None and base.pid != old and base.ready.done():
                 return base.pid
             await asyncio.sleep(0.1)
@@ -59,7 +59,7 @@ def test_a_dead_or_hung_base_zygote_is_replaced_and_workers_start_cold_meanwhile
         pool = Pool(tmp_path)
         await pool.start()
         try:
-            dead = pool.zygotes[frozenset()].pid
+            dead = pool.zygotes[BASE].pid
             os.kill(dead, signal.SIGKILL)
             worker = await pool.new_worker(frozenset())
             assert worker.source == "cold"
@@ -91,7 +91,7 @@ def test_a_zygote_refuses_what_is_not_its_message_and_serves_on() -> None:
         (msgpack.packb({"op": "forked", "req": 2, "pid": 9}), [], 2, "unknown op 'forked'"),
         (msgpack.packb({"op": "fork_worker", "req": 3, "endpoint": "ipc:///w"}), [], 3,
          "fork_worker lacks its field 'store'"),
-        (msgpack.packb({"op": "fork_zygote", "req": 4, "modules": "json"}), [], 4,
+        (msgpack.packb({"op": "fork_zygote", "req": 4, "modules": "json", "site": ""}), [], 4,
          "fork_zygote.modules is 'json', not list[str]"),
         (msgpack.packb({"op": "fork_zygote", "req": 5, "modules": [], "lazy": True}), [], 5,
          "fork_zygote has unknown fields ['lazy']"),
@@ -126,7 +126,7 @@ def test_a_request_the_zygote_refuses_fails_with_its_reason(tmp_path: Path) -> N
         pool = Pool(tmp_path)
         await pool.start()
         try:
-            base = pool.zygotes[frozenset()]
+            base = pool.zygotes[BASE]
             with pytest.raises(ZygoteProtocolError,
                                match=r"refused fork_zygote: fork_zygote.modules\[0\] is 1,"):
                 await base.request(control.ForkZygote(modules=[1]))  # type: ignore[list-item]

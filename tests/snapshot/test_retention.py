@@ -137,6 +137,22 @@ def test_removing_a_session_frees_what_only_it_named(tmp_path) -> None:
     assert not history.remove(store, "s")
 
 
+def test_a_gc_pass_during_a_removal_does_not_lose_what_it_released(tmp_path) -> None:
+    """A pass that starts while the session is being removed still sees it and keeps its data:
+    the next pass frees that data at once, with no grace period to wait out."""
+    store = _store_with(tmp_path, 3)
+    remove_session = store.remove_session
+
+    def gc_then_remove(session: str) -> bool:
+        history.gc(store)  # the server's upkeep, in a thread, as `rm` runs
+        return remove_session(session)
+
+    store.remove_session = gc_then_remove
+    assert history.remove(store, "s")
+    history.gc(store)
+    assert not any(store.disk.files()) and not any((store.root / "released").iterdir())
+
+
 def test_gc_leaves_a_removal_record_being_written_and_clears_one_a_crash_left(tmp_path) -> None:
     store = _store_with(tmp_path, 1)
     folder = store.root / "released"

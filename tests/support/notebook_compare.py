@@ -15,6 +15,7 @@ import difflib
 import os
 import re
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -44,6 +45,8 @@ def notebook_env() -> dict[str, str]:
         # Workers size their thread pools as a plain kernel does, to all the cores: a float
         # reduction split over fewer threads rounds differently in its last digits.
         LLFABRIC_THREADS=str(os.cpu_count() or 1),
+        # `!` lines find the environment's console scripts (`!tqdm`), as in an activated one
+        PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
     )
     # Local connections (the kernel's own ZMQ/ipc, llfabric's socket) must
     # not be routed through the dead proxy.
@@ -125,6 +128,12 @@ MASKS: list[tuple[re.Pattern[str], str, str]] = [
                    r"\d+ runs?, [\d,]+ loops? each\)$", re.MULTILINE),
         "<%timeit>",
         "%timeit reports durations, and its loop count is chosen from them",
+    ),
+    (
+        re.compile(r"\[(?:\d+:)?\d\d:\d\d(?:<(?:\d+:)?\d\d:\d\d|<\?)?, +(?:\?|[\d.]+[kMGTP]?)"
+                   r"(?:\w*/s|s/\w+)"),
+        "[<tqdm time>",
+        "tqdm's progress bars end with the time spent, the time left and the rate",
     ),
 ]
 
@@ -245,6 +254,16 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
         4: ("numbers", "datetime.utcnow() in three time zones"),
         7: ("numbers", "log records stamped with the time (asctime)"),
         9: ("numbers", "unseeded random.randint and random.random"),
+    },
+    "tqdm/DEMO": {
+        9: ("text", "the shell's `time` reports durations"),
+        10: ("text", "the shell's `time` reports durations"),
+        14: ("numbers", "a progress bar's postfix of unseeded random() and randint()"),
+        15: ("numbers", "a bar format showing a total time estimated from the time spent"),
+        17: ("numbers", "a frame of unseeded np.random.randint"),
+    },
+    "tqdm/tests_notebook": {
+        11: ("text", "a bar of fixed ncols: its width is what the rate's text, a timing, leaves"),
     },
     "scipy-2018-sklearn/13.Cross_Validation": {
         16: ("text", "scores of a ShuffleSplit without random_state"),

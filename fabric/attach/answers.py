@@ -1,0 +1,172 @@
+"""The attached kernel's answers to a frontend's requests other than execute, from the session
+rather than the kernel process, which holds none of its state.
+
+A frontend's messages to the comms a cell opened in the session's worker (a widget moved) go
+to that worker through the server; what its callbacks output comes back as the kernel's own.
+
+Completion and inspection go to the server, which asks the session's live worker, or answers
+from the catalog of its head when none is live (`snapshot.catalog`). History is the session's
+cells, read from its versions when the session opens and kept up as cells run, in a history
+manager of the kernel's own that no other kernel writes to: `history_request`, `%history` and
+`%recall` (run in the kernel, see `relay.LOCAL`) see this session's cells and no other's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.history import HistoryManager
+
+from ..errors import FabricError, RemoteError
+from ..messages import Comm, Output, Reply, request
+
+if TYPE_CHECKING:
+    from .relay import Attachment
+
+log = logging.getLogger(__name__)
+
+ASK_TIMEOUT = 5.0  # seconds a completion or inspection waits for the server
+COMM_TIMEOUT = 60.0  # seconds of silence a frontend's comm message waits for its callbacks
+FORWARDED = ("comm_msg", "comm_close")
+
+
+class Answers:
+    """What one attachment answers; `install` takes the kernel's handlers, `uninstall` gives
+    them back."""
+
+    def __init__(self, attachment: Attachment) -> None:
+        self.attachment = attachment
+        self.shell = attachment.shell
+        self.kernel = attachment.kernel
+        self._own_history: HistoryManager | None = None
+        self._kernel_history: HistoryManager | None = None
+        self._comms: set[str] = set()  # ids of the comms the session's worker opened
+        self._handlers: dict[str, Any] = {}  # the kernel's own, for its own comms
+
+    def install(self) -> None:
+        self.kernel.do_complete = self.complete
+        self.kernel.do_inspect = self.inspect
+        self._kernel_history = self.shell.history_manager
+        self._fresh_history()
+        handlers = getattr(self.kernel, "shell_handlers", {})
+        for kind in FORWARDED:
+            if kind in handlers:
+                self._handlers[kind] = handlers[kind]
+                handlers[kind] = self._comm_handler(handlers[kind])
+
+    def uninstall(self) -> None:
+        for name in ("do_complete", "do_inspect"):
+            self.kernel.__dict__.pop(name, None)
+        self.kernel.shell_handlers.update(self._handlers)
+        self._handlers = {}
+        if self._kernel_history is not None:
+            self.shell.history_manager = self._kernel_history
+            self._kernel_history = None
+        if self._own_history is not None:
+            self._own_history.close()
+            self._own_history = None
+
+    # completion and inspection
+    def _ask(self, op: str, empty: dict, **fields: Any) -> dict:
+        if not self.attachment.opened:
+            return empty
+        try:
+            try:
+                reply = self.attachment.call(op, timeout=ASK_TIMEOUT, **fields)
+            except RemoteError as exc:
+                if exc.kind != "unknown_session":
+                    raise
+                self.attachment.open()  # the server restarted: the session is in the store
+                reply = self.attachment.call(op, timeout=ASK_TIMEOUT, **fields)
+        except FabricError as exc:  # the frontend shows nothing, as for a name unknown
+            log.info("llfabric: %s not answered: %s", op, exc.message)
+            return empty
+        return reply if reply.get("status") in ("ok", "error") else empty
+
+    async def complete(self, code: str, cursor_pos: int | None) -> dict:
+        cursor = len(code) if cursor_pos is None else cursor_pos
+        empty = {"status": "ok", "matches": [], "cursor_start": cursor, "cursor_end": cursor,
+                 "metadata": {}}
+        return self._ask("complete", empty, source=code, cursor=cursor)
+
+    async def inspect(self, code: str, cursor_pos: int, detail_level: int = 0,
+                      omit_sections: Any = ()) -> dict:
+        empty = {"status": "ok", "found": False, "data": {}, "metadata": {}}
+        return self._ask("inspect", empty, source=code, cursor=cursor_pos,
+                         detail=1 if detail_level else 0)
+
+    # history
+    def _fresh_history(self) -> HistoryManager:
+        if self._own_history is not None:
+            self._own_history.close()
+        self._own_history = HistoryManager(shell=self.shell, parent=self.shell,
+                                           hist_file=":memory:")
+        self.shell.history_manager = self._own_history
+        return self._own_history
+
+    def load_history(self) -> None:
+        """The session's cells, from its versions (on opening it: a restarted kernel, a
+        reopened notebook)."""
+        try:
+            cells = self.attachment.call("history", timeout=ASK_TIMEOUT).get("cells")
+        except FabricError as exc:
+            log.warning("llfabric: the session's history is not read: %s", exc.message)
+            return
+        self._fresh_history()
+        for cell in cells if isinstance(cells, list) else []:
+            if isinstance(cell, list) and len(cell) == 2 and isinstance(cell[0], int) \
+                    and isinstance(cell[1], str):
+                self.record(cell[0], cell[1])
+
+    def record(self, count: int, source: str) -> None:
+        """A cell the session ran, as the kernel's history would have stored it."""
+        manager = self._own_history
+        if manager is None:
+            return
+        try:
+            parsed = self.shell.transform_cell(source)
+        except Exception:  # a cell that does not transform is kept as it was typed
+            parsed = source
+        latest = manager.get_tail(1, include_latest=True)
+        # a cell run in the kernel itself (%%local) may have taken this line already
+        line = max([count] + [row[1] + 1 for row in latest])
+        manager.store_inputs(line, parsed, source)
+        manager.writeout_cache()
+
+    # comms
+    def comm_seen(self, msg_type: str, content: dict) -> None:
+        """A comm message of the worker's, on its way to the frontend."""
+        comm_id = content.get("comm_id")
+        if msg_type == "comm_open" and isinstance(comm_id, str):
+            self._comms.add(comm_id)
+        elif msg_type == "comm_close":
+            self._comms.discard(comm_id)
+
+    def _comm_handler(self, own: Any) -> Any:
+        def handle(stream: Any, ident: Any, msg: dict) -> Any:
+            comm_id = msg["content"].get("comm_id")
+            if comm_id not in self._comms:
+                return own(stream, ident, msg)  # one of the kernel's (the draft comm)
+            kind = msg["header"]["msg_type"]
+            if kind == "comm_close":
+                self._comms.discard(comm_id)
+            self._forward(kind, msg)
+            return None
+
+        return handle
+
+    def _forward(self, kind: str, msg: dict) -> None:
+        """The frontend's message to the worker's comm; its callbacks' outputs published."""
+        try:
+            sent = request("comm", session=self.attachment.session, msg_type=kind,
+                           content=msg["content"],
+                           buffers=[bytes(b) for b in msg.get("buffers") or []])
+            for event in self.attachment.client.start(sent, timeout=COMM_TIMEOUT):
+                if isinstance(event, Output | Comm):
+                    self.attachment.publish_event(event)
+                elif isinstance(event, Reply) and not event.fields.get("delivered"):
+                    log.warning("llfabric: the worker holding comm %s is gone or busy; the "
+                                "frontend's message had no effect", msg["content"].get("comm_id"))
+        except FabricError as exc:
+            log.warning("llfabric: a comm message was not delivered: %s", exc.message)

@@ -1,0 +1,121 @@
+"""Every figure the simulator's per-cell costs come from, in one place.
+
+Each input says whether this project measured it (and with which command, on which machine) or
+whether it is modelled (no measurement here yet; what would measure it). The CPU figures were
+measured on the 2-core development machine without a GPU; the GPU figures are all modelled
+until `bench/gpu.py` runs on a GPU host (`bench/device_check.sh`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Input:
+    value: float
+    unit: str
+    measured: bool
+    source: str
+
+
+INPUTS: dict[str, Input] = {
+    "cold_start_s": Input(4.34, "s", True,
+                          "bench/warm_start.py -n 5: cold `python -c 'import torch'` (median)"),
+    "cuda_init_s": Input(1.5, "s", False,
+                         "CUDA context creation in a new process; bench/gpu.py `start`"),
+    "fork_s": Input(0.046, "s", True,
+                    "bench/warm_start.py -n 5: fork from the torch zygote to hello (median)"),
+    "template_restore_s": Input(0.318, "s", True,
+                                "bench/warm_start.py -n 5: template restore to hello (median)"),
+    "cuda_restore_s": Input(0.2, "s", False,
+                            "restoring a template's CUDA context (cuda-checkpoint); bench/gpu.py"),
+    "warm_ready_s": Input(0.002, "s", True,
+                          "make demo: median visible delay of warm cells (7 of 7 under 100 ms)"),
+    "load_gbps": Input(0.55, "GB/s", True,
+                       "bench/store.py --size 1: whole-state load, 0.9 GB in 1.63 s (issue 19)"),
+    "save_gbps": Input(0.74, "GB/s", True,
+                       "bench/store.py --size 1: whole-state save, 0.9 GB in 1.21 s (issue 19)"),
+    "peer_gbps": Input(1.25, "GB/s", False, "10 Gb/s between hosts (a peer's blobs)"),
+    "h2d_gbps": Input(25.0, "GB/s", False,
+                      "pinned host-to-device copy, PCIe 5; bench/gpu.py `store` measures it"),
+    "park_gbps": Input(10.0, "GB/s", False,
+                       "CUDA checkpoint and restore of device memory; bench/gpu.py `park`"),
+    "session_gb": Input(2.0, "GB", False, "a session's whole saved state"),
+    "closure_share": Input(0.5, "", False,
+                           "a cell's closure as a share of the session's bytes; bench/closure.py"),
+    "gpu_gb": Input(2.0, "GB", False, "device memory a session holds per GPU"),
+    "changed_training": Input(0.5, "", False, "share of the closure a training cell changes"),
+    "changed_small": Input(0.02, "", False, "share of the closure a small cell changes"),
+    "election_s": Input(0.05, "s", False, "NotebookOS: electing the replica that executes (Raft)"),
+    "host_boot_s": Input(120.0, "s", False, "a new GPU host joining the fleet"),
+    "subscription_limit": Input(3.0, "", False,
+                                "NotebookOS: GPUs its replicas subscribe per physical GPU before "
+                                "it scales out (3 replicas: 3.0 provisions what the sessions "
+                                "would reserve)"),
+}
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The inputs as numbers; `with_inputs` makes a variant for a sensitivity sweep."""
+
+    cold_start_s: float
+    cuda_init_s: float
+    fork_s: float
+    template_restore_s: float
+    cuda_restore_s: float
+    warm_ready_s: float
+    load_gbps: float
+    save_gbps: float
+    peer_gbps: float
+    h2d_gbps: float
+    park_gbps: float
+    session_gb: float
+    closure_share: float
+    gpu_gb: float
+    changed_training: float
+    changed_small: float
+    election_s: float
+    host_boot_s: float
+    subscription_limit: float
+
+    @classmethod
+    def default(cls) -> Costs:
+        return cls(**{f.name: INPUTS[f.name].value for f in fields(cls)})
+
+    def with_inputs(self, **changes: float) -> Costs:
+        return replace(self, **changes)
+
+    @property
+    def closure_gb(self) -> float:
+        return self.session_gb * self.closure_share
+
+    def save_s(self, training: bool) -> float:
+        """A delta save after a cell: the groups it changed, at the store's save speed."""
+        share = self.changed_training if training else self.changed_small
+        return self.closure_gb * share / self.save_gbps
+
+    @property
+    def park_s(self) -> float:
+        """Taking a worker's device memory off its GPU (each GPU's in parallel)."""
+        return self.gpu_gb / self.park_gbps
+
+    @property
+    def resume_s(self) -> float:
+        """A parked worker back on its GPU: its context and its whole device memory."""
+        return self.warm_ready_s + self.cuda_restore_s + self.gpu_gb / self.park_gbps
+
+    @property
+    def staged_s(self) -> float:
+        """A prepared worker's staged closure onto the GPU: only the closure's share of the
+        device memory, by plain copies."""
+        return self.warm_ready_s + self.gpu_gb * self.closure_share / self.h2d_gbps
+
+    def fresh_s(self, gbps: float) -> float:
+        """A fresh worker from a template (its CUDA context restored) loaded with the closure."""
+        return self.template_restore_s + self.cuda_restore_s + self.closure_gb / gbps
+
+    def cold_kernel_s(self, gbps: float) -> float:
+        """A new kernel process (imports, CUDA context) loaded with the whole session."""
+        return self.cold_start_s + self.cuda_init_s + self.session_gb / gbps

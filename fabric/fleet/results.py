@@ -1,0 +1,63 @@
+"""One policy's outcome as plain figures: GPU-hours, delays, waits, hosts over time."""
+
+from __future__ import annotations
+
+from .simulate import Outcome
+
+INTERACTIVE_S = 0.1  # a delay a user does not see
+CDF_POINTS = 400
+HOST_SAMPLES = 2000
+LEASES_KEPT = 30  # of each traced session: its first, enough to see the gaps between them
+# (the report's label says 30 too)
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of an ascending list (nearest rank); 0 for an empty one."""
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _thin(points: list, count: int) -> list:
+    step = max(1, len(points) // count)
+    return points[::step]
+
+
+def figures(outcome: Outcome) -> dict:
+    """Every figure of `outcome`, JSON-ready; the delay CDF as (delay, share) points."""
+    delays, waits = sorted(outcome.delays), sorted(outcome.waits)
+    cells = len(delays)
+    hosts = [n for _, n, _ in outcome.samples]
+    return {
+        "policy": outcome.policy,
+        "cells": cells,
+        "gpu_hours_provisioned": outcome.provisioned_gpu_s / 3600,
+        "gpu_hours_held": outcome.held_gpu_s / 3600,
+        "gpu_hours_busy": outcome.busy_gpu_s / 3600,
+        "share_under_100ms": sum(d < INTERACTIVE_S for d in delays) / cells if cells else 0.0,
+        "delay_p50_s": quantile(delays, 0.5),
+        "delay_p99_s": quantile(delays, 0.99),
+        "delay_max_s": delays[-1] if delays else 0.0,
+        "wait_share": sum(w > 0 for w in waits) / cells if cells else 0.0,
+        "wait_p99_s": quantile(waits, 0.99),
+        "wait_max_s": waits[-1] if waits else 0.0,
+        "peak_hosts": outcome.peak_hosts,
+        "mean_hosts": sum(hosts) / len(hosts) if hosts else 0.0,
+        "paths": dict(sorted(outcome.paths.items())),
+        "delay_cdf": [[quantile(delays, i / CDF_POINTS), i / CDF_POINTS]
+                      for i in range(CDF_POINTS + 1)] if cells else [],
+        "hosts_over_time": [list(s) for s in _thin(outcome.samples, HOST_SAMPLES)],
+        "leases": {str(k): v[:LEASES_KEPT] for k, v in outcome.leases.items()},
+    }
+
+
+def compare(by_policy: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Provisioned GPU-hours saved by each policy, in percent, against pinned and NotebookOS."""
+    saved: dict[str, dict[str, float]] = {}
+    for name, figs in by_policy.items():
+        saved[name] = {}
+        for base in ("pinned", "notebookos"):
+            if base in by_policy and by_policy[base]["gpu_hours_provisioned"] > 0:
+                ref = by_policy[base]["gpu_hours_provisioned"]
+                saved[name][f"vs_{base}_pct"] = 100 * (1 - figs["gpu_hours_provisioned"] / ref)
+    return saved

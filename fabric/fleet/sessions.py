@@ -1,0 +1,110 @@
+"""Notebook sessions modelled from the training trace, which has no session ids.
+
+What the trace gives: the trace's generator numbered each session's trainings consecutively, so a
+drop of submit_time along job_id starts a new session (the boundary heuristic). What it cannot
+give, and the model assumes instead (each assumption a parameter of `SessionModel`, swept by
+`fabric.fleet.sweep`):
+
+- a boundary the heuristic misses: a run of trainings is cut where the next one starts more than
+  `split_gap_min` minutes after the run's last training ended (the user left the notebook);
+- the seconds under the trace's whole minutes: each start and duration gets a uniform draw
+  in [0, 60) s, from a seeded generator, so one model always yields the same sessions;
+- the cells that are not trainings (inspecting, plotting, editing code): `cells_per_gap` short
+  cells of `small_cell_s` between two trainings, on the GPUs of the training before them, fewer
+  where the gap is too short; the gap's think time is split among the cells at random;
+- the think time before a session's first cell (`first_think_s`): nothing in the trace says.
+
+A session runs its cells one at a time; trainings of one session that overlap in the trace
+(a gap below zero) run one after the other, with no think time between them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .trace import Training
+
+MIN_THINK_S = 1.0  # a small cell is only modelled where its user has at least this to think
+
+
+@dataclass(frozen=True)
+class SessionModel:
+    split_gap_min: float = 120.0
+    cells_per_gap: int = 3
+    small_cell_s: float = 5.0
+    first_think_s: float = 30.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell: the user thinks `think_s` after the previous cell ended, then runs it."""
+
+    think_s: float
+    run_s: float
+    gpus: int
+    training: bool
+
+
+@dataclass(frozen=True)
+class Session:
+    index: int
+    start_s: float  # when the first cell is executed
+    cells: tuple[Cell, ...]
+
+    @property
+    def max_gpus(self) -> int:
+        return max(c.gpus for c in self.cells)
+
+
+def runs(trainings: list[Training], split_gap_min: float) -> list[list[Training]]:
+    """The trainings cut into sessions: at each drop of submit_time along job_id, and where the
+    next training starts more than `split_gap_min` after the run so far ended."""
+    groups: list[list[Training]] = []
+    end = 0.0
+    for training in trainings:
+        current = groups[-1] if groups else None
+        if (current is None or training.submit_min < current[-1].submit_min
+                or training.submit_min - end > split_gap_min):
+            groups.append([training])
+            end = training.submit_min + training.duration_min
+        else:
+            current.append(training)
+            end = max(end, training.submit_min + training.duration_min)
+    return groups
+
+
+def _gap_cells(gap_s: float, gpus: int, model: SessionModel, rng: random.Random) -> list[Cell]:
+    """The small cells in a gap of `gap_s` before a training, and that training's think time
+    as a last cell with no run (the caller fills it in)."""
+    count = min(model.cells_per_gap, int(gap_s // (model.small_cell_s + MIN_THINK_S)))
+    think_total = gap_s - count * model.small_cell_s
+    weights = [rng.random() + 1e-9 for _ in range(count + 1)]
+    thinks = [think_total * w / sum(weights) for w in weights]
+    return [Cell(t, model.small_cell_s, gpus, False) for t in thinks[:-1]] + \
+           [Cell(thinks[-1], 0.0, gpus, True)]
+
+
+def build_sessions(trainings: list[Training], model: SessionModel) -> list[Session]:
+    """The sessions of the trace under `model`, ordered by when they start."""
+    rng = random.Random(model.seed)
+    sessions = []
+    for group in runs(trainings, model.split_gap_min):
+        cells: list[Cell] = []
+        start = end = 0.0
+        for k, training in enumerate(group):
+            begin = training.submit_min * 60 + rng.uniform(0, 60)
+            length = training.duration_min * 60 + rng.uniform(0, 60)
+            if k == 0:
+                start = begin
+                cells.append(Cell(model.first_think_s, length, training.gpus, True))
+            else:
+                gap = _gap_cells(max(0.0, begin - end), cells[-1].gpus, model, rng)
+                last = gap.pop()
+                cells += gap
+                cells.append(Cell(last.think_s, length, training.gpus, True))
+            end = max(end, begin + length)
+        sessions.append(Session(0, start, tuple(cells)))
+    sessions.sort(key=lambda s: s.start_s)
+    return [Session(i, s.start_s, s.cells) for i, s in enumerate(sessions)]

@@ -1,0 +1,276 @@
+"""A version's catalog: what each of its names is, so that completion and inspection work on a
+session no worker holds.
+
+The worker describes the names a cell saved (`describe`: type, attributes, signature, docstring,
+shape and dtype, a short repr; an instance's class once for all its instances), the commit
+merges that into the parent's catalog (`merge`) and stores it as one blob the manifest names.
+Every entry and the catalog are bounded, so a session of many or large values keeps a small
+catalog. `complete` and `inspect` answer Jupyter's
+`complete_request` and `inspect_request` from it, as a kernel would from live objects, one
+attribute level deep.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import inspect as pyinspect
+import keyword
+import re
+import reprlib
+import types
+from typing import Any
+
+import msgpack
+
+from ..errors import StoreError
+
+FORMAT = 1
+MAX_NAMES = 2000  # names a catalog describes
+MAX_ATTRS = 1000  # attributes of one name, for `x.<Tab>`: public ones first
+MAX_DOC = 1000  # characters of a docstring
+MAX_TEXT = 200  # characters of a repr, a signature, a member's docstring
+MAX_MEMBERS = 60  # public callables of one name whose signature and doc are kept
+MAX_BYTES = 512 * 1024  # a catalog past this loses the members and docs of its largest entries
+
+Entry = dict[str, Any]
+Catalog = dict[str, dict[str, Entry]]  # "names": name -> entry; "classes": class -> entry
+EMPTY: Catalog = {"names": {}, "classes": {}}
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = MAX_TEXT
+_short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 10
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _kind(value: object) -> str:
+    """The kind Jupyter's completion metadata gives a name."""
+    if isinstance(value, types.ModuleType):
+        return "module"
+    if isinstance(value, type):
+        return "class"
+    if callable(value):
+        return "function"
+    return "instance"
+
+
+def describe_one(value: object, classes: dict[str, Entry]) -> Entry:
+    """One value's entry. An instance's class (its attributes, methods and docstring) is
+    described once in `classes`, for all its instances; the entry keeps what is its own."""
+    kind = type(value)
+    entry: Entry = {"type": kind.__name__, "module": getattr(kind, "__module__", "") or "",
+                    "kind": _kind(value)}
+    attrs = _attrs(value)
+    if entry["kind"] == "instance":
+        key = f"{entry['module']}.{kind.__qualname__}"
+        if key not in classes:
+            classes[key] = {"attrs": _attrs(kind), "members": _members(kind, True)}
+            if doc := pyinspect.getdoc(kind):
+                classes[key]["doc"] = _clip(doc, MAX_DOC)
+        entry["class"] = key
+        shared = set(classes[key]["attrs"])
+        entry["attrs"] = [a for a in attrs if a not in shared]
+    else:
+        entry["attrs"] = attrs
+        entry["members"] = _members(value, False)
+        if doc := pyinspect.getdoc(value):
+            entry["doc"] = _clip(doc, MAX_DOC)
+    if callable(value):
+        entry.update(_signature(value, bound=False))
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None and not isinstance(value, type):
+        entry["shape"] = [int(n) for n in shape if isinstance(n, int)]
+        entry["dtype"] = str(dtype)
+    elif entry["kind"] == "instance":  # arrays are told by shape and dtype, never printed here
+        with contextlib.suppress(Exception):  # user code: a failing repr leaves it out
+            entry["repr"] = _short.repr(value)
+    if isinstance(value, (list, tuple, set, frozenset, dict, str, bytes)):
+        entry["len"] = len(value)
+    return entry
+
+
+def _attrs(value: object) -> list[str]:
+    """`dir(value)`, public names first, bounded; [] if its `__dir__` fails."""
+    try:
+        attrs = sorted(str(a) for a in dir(value))
+    except Exception:  # user code: whatever it raises only leaves the attributes out
+        return []
+    return ([a for a in attrs if not a.startswith("_")]
+            + [a for a in attrs if a.startswith("_")])[:MAX_ATTRS]
+
+
+def _signature(function: Any, bound: bool) -> Entry:
+    """`{"signature": ...}`, without the first parameter if `bound`; {} if it has none."""
+    try:
+        signature = pyinspect.signature(function)
+    except (TypeError, ValueError):
+        return {}
+    if bound and signature.parameters:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return {"signature": _clip(str(signature), MAX_TEXT)}
+
+
+def _members(owner: object, instances: bool) -> dict[str, Entry]:
+    """The signatures and docs of `owner`'s public callables (`thing.method(` + Shift+Tab),
+    as its `instances` see them if so; read from the dicts, never by running a property."""
+    members: dict[str, Entry] = {}
+    for name in _attrs(owner):
+        if len(members) >= MAX_MEMBERS or name.startswith("_"):
+            break  # public names come first
+        try:
+            member = pyinspect.getattr_static(owner, name)
+        except AttributeError:
+            continue
+        bound = instances and isinstance(member, types.FunctionType)
+        if isinstance(member, (staticmethod, classmethod)):
+            member, bound = member.__func__, isinstance(member, classmethod)
+        if not callable(member):
+            continue
+        entry: Entry = {"kind": "function", "type": type(member).__name__,
+                        **_signature(member, bound)}
+        if doc := pyinspect.getdoc(member):
+            entry["doc"] = _clip(doc.split("\n\n")[0], MAX_TEXT)
+        members[name] = entry
+    return members
+
+
+def describe(namespace: dict[str, Any], names: list[str]) -> Catalog:
+    """The catalog of `names` in `namespace` (the first MAX_NAMES of them); a value whose own
+    code fails as it is read (a property of its class, say) is described by its type alone."""
+    entries, classes = {}, {}
+    for name in sorted(set(names))[:MAX_NAMES]:
+        if name not in namespace:
+            continue
+        value = namespace[name]
+        try:
+            entries[name] = describe_one(value, classes)
+        except Exception:
+            entries[name] = {"type": type(value).__name__, "kind": "instance", "attrs": []}
+    return {"names": entries, "classes": classes}
+
+
+def merge(parent: Catalog, fresh: Catalog, names: set[str]) -> Catalog:
+    """The catalog of a version naming `names`: `fresh` entries over the parent's, the classes
+    their instances name, and, past MAX_BYTES, the largest entries slimmed."""
+    entries = {n: e for n, e in parent.get("names", {}).items() if n in names} | {
+        n: e for n, e in fresh.get("names", {}).items() if n in names}
+    entries = dict(sorted(entries.items())[:MAX_NAMES])
+    used = {e.get("class") for e in entries.values()}
+    classes = {k: c for k, c in (parent.get("classes", {}) | fresh.get("classes", {})).items()
+               if k in used}
+    merged = {"names": entries, "classes": classes}
+    sizes = {(part, key): len(msgpack.packb(e, use_bin_type=True))
+             for part, table in merged.items() for key, e in table.items()}
+    total = sum(sizes.values())
+    for part, key in sorted(sizes, key=sizes.__getitem__, reverse=True):
+        if total <= MAX_BYTES:
+            break
+        slim = {k: v for k, v in merged[part][key].items() if k not in ("members", "doc")}
+        slim["attrs"] = slim.get("attrs", [])[:100]
+        merged[part][key] = slim
+        total += len(msgpack.packb(slim, use_bin_type=True)) - sizes[part, key]
+    return merged
+
+
+def encode(catalog: Catalog) -> bytes:
+    return msgpack.packb({"format": FORMAT, **catalog}, use_bin_type=True)
+
+
+def decode(data: bytes) -> Catalog:
+    """A catalog read from the store, checked as input from outside."""
+    try:
+        raw = msgpack.unpackb(data, raw=False)
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise ValueError(f"not a catalog of format {FORMAT}")
+        for part in ("names", "classes"):
+            table = raw[part]
+            if not isinstance(table, dict) or not all(
+                    isinstance(k, str) and isinstance(v, dict) for k, v in table.items()):
+                raise ValueError(f"its {part} are not a map of entries")
+        return {"names": raw["names"], "classes": raw["classes"]}
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise StoreError(f"malformed catalog: {exc}") from exc
+
+
+def _entry(catalog: Catalog, name: str) -> Entry | None:
+    """A name's entry with what its class says of it (attributes, methods, docstring)."""
+    entry = catalog["names"].get(name)
+    if entry is None or "class" not in entry:
+        return entry
+    cls = catalog["classes"].get(entry["class"], {})
+    return {**cls, **entry, "attrs": [*entry.get("attrs", []), *cls.get("attrs", [])]}
+
+
+# answering a frontend
+
+_DOTTED = re.compile(r"(?:[A-Za-z_]\w*\.)*\w*$")  # `name.attr.pre` before the cursor
+_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_GLOBALS = sorted(set(dir(builtins)) | set(keyword.kwlist))
+
+
+def _visible(name: str, prefix: str) -> bool:
+    """Private names only once the user typed their underscore, as IPython's completer does."""
+    return name.startswith(prefix) and (prefix.startswith("_") or not name.startswith("_"))
+
+
+def complete(catalog: Catalog, code: str, cursor: int) -> dict:
+    """A `complete_reply`'s content for `code` with the cursor at `cursor`."""
+    cursor = max(0, min(cursor, len(code)))
+    match = _DOTTED.search(code[:cursor])
+    base, dot, prefix = match.group().rpartition(".") if match else ("", "", "")
+    start = cursor - len(prefix)
+    before = code[:match.start()] if match else ""
+    if match is None or before.endswith((".", "'", '"')):  # `3.`, `f().`, `d['k`: no name
+        found = []
+    elif dot:
+        entry = _entry(catalog, base) or {}
+        members = entry.get("members", {})
+        found = [(a, members.get(a)) for a in entry.get("attrs", []) if _visible(a, prefix)]
+    else:
+        names = catalog["names"]
+        found = [(n, names[n]) for n in names if _visible(n, prefix)]
+        found += [(n, None) for n in _GLOBALS if _visible(n, prefix) and n not in names]
+    found.sort(key=lambda item: item[0])
+    types_ = [{"start": start, "end": cursor, "text": text,
+               "type": (entry or {}).get("kind", ""),
+               "signature": (entry or {}).get("signature", "")} for text, entry in found]
+    return {"status": "ok", "matches": [text for text, _ in found], "cursor_start": start,
+            "cursor_end": cursor, "metadata": {"_jupyter_types_experimental": types_}}
+
+
+def name_at(code: str, cursor: int) -> str:
+    """The dotted name the cursor is on or just after, else the callee of the call it is in."""
+    cursor = max(0, min(cursor, len(code)))
+    for match in _NAME.finditer(code):
+        if match.start() <= cursor <= match.end():
+            return match.group()
+    depth = 0
+    for i in range(cursor - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(code[i], 0)
+        if depth < 0:
+            match = re.search(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\s*$", code[:i])
+            return match.group().strip() if match else ""
+    return ""
+
+
+def inspect(catalog: Catalog, code: str, cursor: int) -> dict:
+    """An `inspect_reply`'s content: the catalog's entry for the name at the cursor."""
+    name = name_at(code, cursor)
+    base, _, attr = name.rpartition(".")
+    entry = _entry(catalog, name) or (_entry(catalog, base) or {}).get("members", {}).get(attr)
+    if entry is None:
+        return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+    rows = [("Type", entry.get("type", ""))]
+    for key, label in (("repr", "String form"), ("len", "Length"), ("shape", "Shape"),
+                       ("dtype", "Dtype"), ("signature", "Signature")):
+        if key in entry:
+            value = entry[key]
+            rows.append((label, name + value if key == "signature" else
+                         str(tuple(value)) if key == "shape" else str(value)))
+    if entry.get("doc"):
+        rows.append(("Docstring" if entry.get("kind") != "instance" else "Class docstring",
+                     entry["doc"]))
+    text = "\n".join(f"{label + ':':<16}{value}" for label, value in rows)
+    return {"status": "ok", "found": True, "data": {"text/plain": text}, "metadata": {}}
