@@ -36,6 +36,7 @@ from .messages import (
     Request,
     Status,
     Tag,
+    Versions,
 )
 from .private import check_dir
 from .status import ServerStatus, SessionStatus
@@ -184,6 +185,10 @@ class Client:
 
     def tag(self, session: str, name: str, version: int | str | None = None) -> dict:
         return self.request(Tag(session, name, version))
+
+    def versions(self, session: str, timeout: float | None = None) -> list[dict]:
+        """The session's versions, newest first, described for a history view."""
+        return list(self.request(Versions(session), timeout).get("versions", []))
 
     def remove(self, session: str) -> dict:
         return self.request(Remove(session))

@@ -245,6 +245,16 @@ class History(Request):
 
 
 @dataclass(frozen=True)
+class Versions(Request):
+    """The session's versions, newest first, each described for a history view: its cell's
+    prompt number and first line, when, its size, and which variables it changed; open or
+    not."""
+
+    op = "versions"
+    session: str
+
+
+@dataclass(frozen=True)
 class Status(Request):
     op = "status"
 
@@ -256,7 +266,7 @@ class Ping(Request):
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
     Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete, Inspect,
-    CommMessage, History, Status, Ping)}
+    CommMessage, History, Versions, Status, Ping)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 

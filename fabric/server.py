@@ -73,6 +73,7 @@ from .messages import (
     Request,
     Status,
     Tag,
+    Versions,
 )
 from .metrics import Metrics
 from .pool import Leases, Pool, cuda
@@ -357,6 +358,8 @@ class Server:
                 return self._tag(user, name, version, tag)
             case History(session=name):  # open or not: the cells are the store's
                 return self._history(user, name)
+            case Versions(session=name):
+                return self._versions(user, name)
         session = self._session(user, request.session)
         match request:
             case Draft(source=source):
@@ -441,6 +444,13 @@ class Server:
         if self.store.head(stored) is None:
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         return {"cells": [list(cell) for cell in history.cells(self.store, stored)]}
+
+    def _versions(self, user: str, name: str) -> dict:
+        stored = self._store_name(user, name)
+        versions = history.log(self.store, stored)
+        if not versions:
+            raise UnknownSession(f"no session {name!r} in the store", session=name)
+        return {"versions": history.describe(versions, self.store.index(stored))}
 
     async def _remove(self, user: str, name: str) -> dict:
         """Close the session if it is open (refused while it runs a cell) and remove it from

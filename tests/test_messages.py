@@ -32,6 +32,7 @@ from fabric.messages import (
     Request,
     Status,
     Tag,
+    Versions,
     from_server,
     request,
 )
@@ -41,7 +42,7 @@ EVERY_REQUEST = [
     Open("s"), Open("s", "/tmp"), Draft("s", "x = 1"), Execute("s", "x", stdin=True, cell_id="c"),
     Interrupt("s"), Answer("s", value="42"), Answer("s", error="no stdin"), Checkout("s", 3),
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
-    Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
+    Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"), Versions("s"),
     CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
     Status(), Ping(),
 ]

@@ -112,7 +112,10 @@ def _run_cell(attachment: Attachment, local_run_cell: Any, raw_cell: str, *args:
         match = LOCAL.match(raw_cell)
         if match is not None and match.group(1) == "%local":
             raw_cell = raw_cell.split("\n", 1)[1] if "\n" in raw_cell else ""
-        return local_run_cell(raw_cell, *args, cell_id=cell_id, **kwargs)
+        try:
+            return local_run_cell(raw_cell, *args, cell_id=cell_id, **kwargs)
+        finally:
+            attachment.frontend.update()  # `%llfabric checkout` moved the session, say
     return attachment.run(raw_cell, cell_id)
 
 

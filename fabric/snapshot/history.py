@@ -55,6 +55,48 @@ def cells(store: Store, session: str) -> list[tuple[int, str]]:
             for _, m in reversed(log(store, session)) if "checkout" not in m.cell]
 
 
+CHANGED_NAMES = 20  # names listed per kind of change in `describe`; the rest are counted
+
+
+def describe(versions: list[tuple[str, Manifest]], index: Index) -> list[dict]:
+    """The versions of `log` (newest first) as a history view shows them: prompt number, the
+    cell's first line (or the version a checkout went back to), time, size (None: thinned by
+    retention), names, and the variables and imports it added, changed or removed."""
+    names: dict[str, list[str]] = {}
+    for name, ident in index.tags.items():
+        names.setdefault(ident, []).append(name)
+    described = []
+    for at, (ident, m) in enumerate(versions):
+        before = versions[at + 1][1] if at + 1 < len(versions) else Manifest(session=m.session)
+        now, then = _bindings(m), _bindings(before)
+        lines = str(m.cell.get("source") or "").strip().splitlines()
+        described.append({
+            "version": m.version, "execution_count": int(m.cell.get("execution_count", 0)),
+            "first_line": lines[0][:120] if lines else "", "lines": len(lines),
+            "status": str(m.cell.get("status", "")), "time": float(m.cell.get("time", 0)),
+            "checkout": m.cell.get("checkout"), "tags": sorted(names.get(ident, [])),
+            "size": None if ident in index.thinned else size(m),
+            "variables": len(m.variables()),
+            "unsaved": list(m.cell.get("unsaved", ()))[:CHANGED_NAMES],
+            **_changes(now, then)})
+    return described
+
+
+def _bindings(manifest: Manifest) -> dict[str, str]:
+    """What each name of a version is bound to: its group's blob, or its import's module."""
+    bound = {name: f"import {module}" for name, module in manifest.imports.items()}
+    bound.update({name: g.blob for name, g in manifest.variables().items()})
+    return bound
+
+
+def _changes(now: dict[str, str], then: dict[str, str]) -> dict:
+    changes = {"added": sorted(set(now) - set(then)), "removed": sorted(set(then) - set(now)),
+               "changed": sorted(n for n in set(now) & set(then) if now[n] != then[n])}
+    listed = {kind: found[:CHANGED_NAMES] for kind, found in changes.items()}
+    listed["more"] = sum(max(0, len(found) - CHANGED_NAMES) for found in changes.values())
+    return listed
+
+
 def lineage(store: Store, session: str, names: list[str]) -> list[int]:
     """The cells (execution counts) that made `names`, state that could not be saved, as it was:
     for each name, the last cell that left it unsaved after writing it, and every later cell that

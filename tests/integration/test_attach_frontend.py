@@ -166,3 +166,39 @@ def test_live_drafts_prepare_a_worker_and_stale_revisions_are_dropped(
     assert not _prepared(server, session, timeout=3)
     _send(kernel, comm, {"source": "w + 2", "revision": 3})
     assert _prepared(server, session)
+
+
+def _versions(kernel: Kernel, comm: str, head: int) -> dict:
+    """The history comm's versions once the session's head is `head` (asked for: what the kernel
+    sent after a cell may have gone by with that cell's messages)."""
+    _send(kernel, comm, {"op": "list"})
+    return _comm_data(kernel, comm, lambda d: "versions" in d and d["version"] == head)
+
+
+def test_the_history_comm_lists_versions_and_checks_one_out(kernel: Kernel,
+                                                            session: str) -> None:
+    comm = _open_comm(kernel, "llfabric.history", {})
+    first = _comm_data(kernel, comm, lambda d: "versions" in d)
+    assert first == {"session": session, "versions": [], "version": 0}  # nothing ran yet
+    kernel.execute("x = 1\nimport math")
+    kernel.execute("x = 2\ny = 'why'")
+    versions = _versions(kernel, comm, 2)["versions"]
+    assert [v["version"] for v in versions] == [2, 1]
+    latest, earliest = versions
+    assert latest["first_line"] == "x = 2" and latest["lines"] == 2
+    assert latest["execution_count"] == 2 and latest["status"] == "ok"
+    assert (latest["added"], latest["changed"], latest["removed"]) == (["y"], ["x"], [])
+    assert earliest["added"] == ["math", "x"] and earliest["checkout"] is None
+    assert latest["size"] > 0 and latest["variables"] == 2 and latest["time"] > 0
+    _send(kernel, comm, {"op": "checkout", "version": 1})
+    done = _comm_data(kernel, comm, lambda d: "checked_out" in d or "error" in d)
+    assert done == {"checked_out": 1, "version": 3}
+    after = _versions(kernel, comm, 3)["versions"][0]
+    assert after["checkout"] == 1 and after["first_line"] == ""
+    assert (after["added"], after["changed"], after["removed"]) == ([], ["x"], ["y"])
+    reply, outputs = kernel.execute("x")  # the next cell runs on version 1's state
+    assert [m["content"]["data"]["text/plain"] for m in outputs
+            if m["msg_type"] == "execute_result"] == ["1"]
+    assert reply["execution_count"] == 3  # prompt numbers go on, as after %llfabric checkout
+    _send(kernel, comm, {"op": "checkout", "version": 99})
+    assert "no version 99" in _comm_data(kernel, comm, lambda d: "error" in d)["error"]
