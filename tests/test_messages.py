@@ -42,9 +42,9 @@ EVERY_REQUEST = [
     Open("s"), Open("s", "/tmp"), Draft("s", "x = 1"), Execute("s", "x", stdin=True, cell_id="c"),
     Interrupt("s"), Answer("s", value="42"), Answer("s", error="no stdin"), Checkout("s", 3),
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
-    Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"), Versions("s"),
+    Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
     CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
-    Status(), Ping(),
+    Versions("s"), Status(), Ping(),
 ]
 EVERY_EVENT = [
     Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),
