@@ -1,26 +1,31 @@
 // llfabric in JupyterLab: a status bar item for the current notebook's session, notices as
-// notifications, and live drafts of the cell being edited.
+// notifications, live drafts of the cell being edited, and a History side panel of the
+// session's versions that checks one out with a click.
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Signal } from '@lumino/signaling';
+import { HistoryPanel } from './history';
 import { StatusItem } from './item';
 import { Link } from './link';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'llfabric-lab:plugin',
-  description: 'The llfabric session of a notebook: status, notices and live drafts',
+  description: 'The llfabric session of a notebook: status, notices, live drafts and history',
   autoStart: true,
   requires: [INotebookTracker],
   optional: [IStatusBar],
-  activate: (_: JupyterFrontEnd, tracker: INotebookTracker, statusBar: IStatusBar | null) => {
+  activate: (app: JupyterFrontEnd, tracker: INotebookTracker, statusBar: IStatusBar | null) => {
     const links = new Map<NotebookPanel, Link>();
     const item = new StatusItem();
+    const history = new HistoryPanel();
+    app.shell.add(history, 'right', { rank: 900 });
     const current = (): Link | undefined =>
       tracker.currentWidget ? links.get(tracker.currentWidget) : undefined;
     const active = new Signal<object, void>(item);
     const refresh = () => {
       item.show_(current()?.status ?? null);
+      history.follow(current());
       active.emit();
     };
 

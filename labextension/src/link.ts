@@ -1,5 +1,6 @@
 // One notebook's comms with its attached kernel (fabric/attach/frontend.py): the status the
-// kernel sends, the notices it sends, and the drafts this side sends as the user types.
+// kernel sends, the notices it sends, the drafts this side sends as the user types, and the
+// session's versions, one of which this side may check out.
 import { Notification } from '@jupyterlab/apputils';
 import { ICellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
@@ -8,6 +9,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 export const DRAFT_TARGET = 'llfabric.draft';
 export const STATUS_TARGET = 'llfabric.status';
+export const HISTORY_TARGET = 'llfabric.history';
 // While the user types, a draft at most this often (the latest text each time), so that the
 // worker is readied during the typing, not only after a pause in it.
 const THROTTLE_MS = 300;
@@ -27,6 +29,32 @@ export interface IStatus {
   error?: string;
 }
 
+// One version of the session, as the server's `versions` op describes it.
+export interface IVersion {
+  version: number;
+  execution_count: number;
+  first_line: string;
+  lines: number;
+  status: string;
+  time: number; // seconds since the epoch
+  checkout: number | null; // the version a checkout went back to
+  tags: string[];
+  size: number | null; // bytes; null: thinned by retention
+  variables: number;
+  unsaved: string[];
+  added: string[];
+  changed: string[];
+  removed: string[];
+  more: number; // names changed beyond those listed
+}
+
+export interface IHistory {
+  session: string;
+  version: number; // the head
+  versions: IVersion[]; // newest first
+  error?: string;
+}
+
 export class Link {
   constructor(private panel: NotebookPanel) {
     const context = panel.sessionContext;
@@ -43,6 +71,23 @@ export class Link {
 
   get changed(): ISignal<this, IStatus | null> {
     return this._changed;
+  }
+
+  get history(): IHistory | null {
+    return this._history;
+  }
+
+  get historyChanged(): ISignal<this, IHistory | null> {
+    return this._historyChanged;
+  }
+
+  // As `%llfabric checkout VERSION`: the next cell runs on that version's state.
+  checkout(version: number): void {
+    if (this._historyComm === null) {
+      Notification.error('llfabric: the kernel is not attached to a session');
+      return;
+    }
+    this._historyComm.send({ op: 'checkout', version });
   }
 
   // A kernel that is idle again may have attached since (`%load_ext fabric.attach`); one that
@@ -80,6 +125,9 @@ export class Link {
     if (data.status) {
       const wasPinned = this._status?.pinned;
       this._setStatus(data.status);
+      if (this._historyComm === null && data.status.session) {
+        this._openHistory(); // the kernel is attached: its session has a history
+      }
       if (data.status.pinned && !wasPinned) {
         Notification.warning(
           `llfabric: session ${data.status.session} is pinned to its worker ` +
@@ -91,6 +139,49 @@ export class Link {
     if (data.notice) {
       Notification.info(`llfabric: ${data.notice}`, { autoClose: 5000 });
     }
+  }
+
+  private _openHistory(): void {
+    const kernel = this._kernel();
+    if (kernel === null) {
+      return;
+    }
+    const comm = kernel.createComm(HISTORY_TARGET);
+    comm.onMsg = msg => this._onHistoryMessage(msg.content.data as any);
+    comm.onClose = () => {
+      this._historyComm = null;
+      this._setHistory(null);
+    };
+    comm.open({ op: 'list' });
+    this._historyComm = comm;
+  }
+
+  private _onHistoryMessage(data: {
+    versions?: IVersion[];
+    checked_out?: number;
+    version?: number;
+    warning?: string;
+    error?: string;
+  }): void {
+    if (data.versions) {
+      this._setHistory(data as IHistory);
+    } else if (data.checked_out !== undefined) {
+      Notification.success(
+        `llfabric: back at the state of version ${data.checked_out}; ` +
+          'the next cell runs on it',
+        { autoClose: 5000 }
+      );
+      if (data.warning) {
+        Notification.warning(`llfabric: ${data.warning}`, { autoClose: 10000 });
+      }
+    } else if (data.error) {
+      Notification.error(`llfabric: no checkout: ${data.error}`, { autoClose: 8000 });
+    }
+  }
+
+  private _setHistory(history: IHistory | null): void {
+    this._history = history;
+    this._historyChanged.emit(history);
   }
 
   private _setStatus(status: IStatus | null): void {
@@ -136,21 +227,26 @@ export class Link {
   }
 
   private _reset(): void {
-    for (const comm of [this._statusComm, this._draftComm]) {
+    for (const comm of [this._statusComm, this._draftComm, this._historyComm]) {
       if (comm !== null && !comm.isDisposed) {
         comm.dispose();
       }
     }
     this._statusComm = null;
     this._draftComm = null;
+    this._historyComm = null;
     this._refused = false;
     this._setStatus(null);
+    this._setHistory(null);
   }
 
   private _status: IStatus | null = null;
   private _changed = new Signal<this, IStatus | null>(this);
   private _statusComm: Kernel.IComm | null = null;
   private _draftComm: Kernel.IComm | null = null;
+  private _historyComm: Kernel.IComm | null = null;
+  private _history: IHistory | null = null;
+  private _historyChanged = new Signal<this, IHistory | null>(this);
   private _refused = false;
   private _revision = 0;
   private _timer: ReturnType<typeof setTimeout> | null = null;

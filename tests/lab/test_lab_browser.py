@@ -97,3 +97,50 @@ def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServ
             (tmp_path / "failure.json").write_text(json.dumps(
                 {"test": request.node.name, "status": _session_status(server, session)}))
             raise
+
+
+def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    session = f"lab-{uuid.uuid4().hex[:8]}"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source)
+                for source in ("x = 1", "x = 2\ny = x * 10", "print('x is', x)")]
+    nbformat.write(nb, str(tmp_path / "history.ipynb"))
+    with jupyterlab(tmp_path, server.address, session) as url:
+        try:
+            page.goto(f"{url}/lab/tree/history.ipynb")
+            page.locator("[data-llfabric=status]").filter(has_text=session) \
+                .wait_for(timeout=90_000)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            for at in (0, 1):  # versions 1 and 2
+                cells.nth(at).locator(".cm-content").click()
+                page.keyboard.press("Shift+Enter")
+                assert _wait_until(lambda at=at: (_session_status(server, session) or {})
+                                   .get("version") == at + 1)
+            page.locator(".jp-SideBar [data-id=llfabric-history]").click()  # the panel's tab
+            panel = page.locator("[data-llfabric=history]")
+            panel.filter(has_text=f"session {session} · version 2").wait_for(timeout=30_000)
+            latest = panel.locator("[data-version='2']")
+            assert "[2] x = 2 …" in latest.inner_text()
+            assert "+y ~x" in latest.inner_text()  # what the cell changed
+            first = panel.locator("[data-version='1']")
+            assert "[1] x = 1" in first.inner_text() and "+x" in first.inner_text()
+            first.click()  # as `%llfabric checkout 1`
+            assert _wait_until(lambda: _session_status(server, session)["version"] == 3)
+            panel.locator("[data-version='3']").filter(has_text="checkout of version 1") \
+                .wait_for(timeout=30_000)
+            page.screenshot(path=str(tmp_path / "history.png"))  # for the record
+            cells.nth(2).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="x is 1") \
+                .wait_for(timeout=60_000)
+            # the cell after the checkout is in the list, refreshed without asking
+            panel.locator("[data-version='4']").filter(has_text="print('x is', x)") \
+                .wait_for(timeout=30_000)
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            (tmp_path / "failure.json").write_text(json.dumps(
+                {"test": request.node.name, "status": _session_status(server, session)}))
+            raise
