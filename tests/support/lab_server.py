@@ -35,6 +35,11 @@ def jupyterlab(root: Path, address: str, session: str) -> Iterator[str]:
     extensions = home / "extensions"
     extensions.mkdir()
     (extensions / "llfabric-lab").symlink_to(BUILT)
+    # no "get notified about Jupyter news?" toast over what a test looks at (the host is offline)
+    news = home / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}')
     port = _free_port()
     env = {**os.environ, "JUPYTER_PATH": str(home / "share" / "jupyter"),
            "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
