@@ -28,6 +28,7 @@ from .messages import (
     Draft,
     Event,
     Execute,
+    Follow,
     Interrupt,
     Open,
     Ping,
@@ -140,7 +141,8 @@ class Client:
     def start(self, request: Request, timeout: float | None = None) -> Events:
         """Send `request`; its events and reply to iterate. A cell's silence is probed: it may
         compute quietly for hours."""
-        return self.events(self.send(request), timeout, probe=isinstance(request, Execute))
+        return self.events(self.send(request), timeout,
+                           probe=isinstance(request, Execute | Follow))
 
     def request(self, request: Request, timeout: float | None = None) -> dict:
         """Send `request`, wait for its reply (its events are not needed); the reply's fields."""
@@ -169,6 +171,12 @@ class Client:
         then its Reply."""
         return self.start(Execute(session, source, stdin, cell_id, gpus, execution_count),
                           timeout)
+
+    def follow(self, session: str, timeout: float | None = None) -> Events:
+        """Follow the session's running cell, whose client went away (or the reply of one that
+        ended with none): its outputs so far, its live ones, then its Reply (`followed` false:
+        there was none)."""
+        return self.start(Follow(session), timeout)
 
     def interrupt(self, session: str) -> bool:
         """Interrupt the session's running cell; False if none ran."""
