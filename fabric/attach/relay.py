@@ -4,6 +4,12 @@ Outputs arrive as nbformat output dicts and are re-published on the kernel's IOP
 the request's parent header, so frontends cannot tell them from the kernel's own. The kernel's
 namespace is never used: what a cell defines lives in the session's store.
 
+A cell keeps running on the fabric when the kernel that sent it dies: the kernel started in its
+place follows it (`Follow`) before its first cell, which shows that cell's outputs so far and its
+live ones (under a line that says where they come from), then runs once it has ended. They go
+out as the first cell's own outputs because a notebook shows only outputs whose parent is one of
+its execute requests: published at the kernel's start, with no parent, they would be lost.
+
 While a cell runs, a Jupyter interrupt (SIGINT, delivered as KeyboardInterrupt in the kernel's
 main thread while it waits for the server) becomes an `interrupt` request, and a server that stops
 answering is noticed by a ping after ten seconds of silence.
@@ -19,6 +25,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +77,7 @@ class Attachment:
         self.notebook = notebook
         self.client = Client(address, timeout=CALL_TIMEOUT)
         self.opened = False
+        self.follow = False  # a cell of the session may still run: follow it before the next
         # the session's GPU count (`%llfabric gpus`), sent with every cell so that a restarted
         # server keeps it; None: the server's
         self.gpus: int | None = None
@@ -92,6 +100,7 @@ class Attachment:
         self._check_reachable()
         reply = self.client.open(self.session, os.getcwd(), os.environ.get(ENV_VARIABLE))
         self.opened = True
+        self.follow = True
         self.shell.execution_count = reply.execution_count + 1
         self.answers.load_history()
         return reply
@@ -116,6 +125,7 @@ class Attachment:
                 self._check_reachable()
             else:
                 self.open()
+            count = self._follow_running(count)
             try:
                 reply = self._execute(source, count, result)
             except RemoteError as exc:
@@ -151,13 +161,49 @@ class Attachment:
             if isinstance(payload, dict) and isinstance(payload.get("source"), str):
                 self.shell.payload_manager.write_payload(payload)
 
+    def _follow_running(self, count: int) -> int:
+        """Show the outputs of the session's cell that runs on from a kernel gone (or ended
+        unseen), and wait for its end; the prompt number for the cell to run after it."""
+        if not self.follow:
+            return count
+        self.follow = False
+        shown = ExecutionResult(ExecutionInfo("", True, False, True, None))  # not this cell's
+        events = self.client.follow(self.session, timeout=SILENCE)
+        header = [True]
+
+        def announce(message: object) -> None:
+            if header and not (isinstance(message, Reply) and not message.fields.get("followed")):
+                header.clear()
+                self.publish("stream", {"name": "stderr", "text": (
+                    "llfabric: outputs of the session's cell that ran on after its kernel was "
+                    "lost; this cell runs once it ends\n")})
+
+        try:
+            reply = self._relay(events, shown, announce)
+        except RemoteError as exc:  # the cell ended in an error of the fabric's (stopped, say)
+            if exc.kind == "protocol":  # a server from before `follow`: nothing to follow
+                return count
+            announce(None)
+            self.publish("stream", {"name": "stderr", "text": f"llfabric: {exc.message}\n"})
+            return count
+        if not reply.get("followed"):
+            return count
+        return max(count, int(reply.get("execution_count", 0)) + 1)
+
     def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:
         events = self.client.execute(self.session, source, stdin=True,
                                      cell_id=result.info.cell_id, gpus=self.gpus,
                                      execution_count=count, timeout=SILENCE)
+        return self._relay(events, result)
+
+    def _relay(self, events: Events, result: ExecutionResult,
+               seen: Callable[[object], None] | None = None) -> dict:
+        """Publish a cell's events (`seen` first hears of each) until its reply."""
         while True:
             try:
                 for message in events:
+                    if seen is not None:
+                        seen(message)
                     match message:
                         case Reply(fields=reply):
                             return reply
@@ -168,6 +214,9 @@ class Attachment:
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
                                       "sessions ahead")
+                        case Notice(topic="dropped", text=text):  # a follower's gap
+                            self.publish("stream", {"name": "stderr",
+                                                    "text": f"llfabric: {text}\n"})
                         case Notice(text=text):
                             self._log(text)
                         case InputRequest():
