@@ -13,7 +13,11 @@ as `{"notice": text}`, which the frontend shows as notifications, never in a cel
 versions again.
 
 All go through a thread with its own client of the server, so a slow answer never holds up the
-kernel's shell, and a burst of keystrokes queued behind a running cell becomes one draft.
+kernel's shell, and a burst of keystrokes queued behind a running cell becomes one draft. The
+comms' messages may come on any of the kernel's threads: the main shell's, or a subshell's
+(JEP 91), on which the extension sends drafts so that they arrive while a cell runs (the main
+thread then waits for the cell); what they hand the thread is taken under a lock, and the
+client the running cell uses is never touched.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Frontend:
         self._wake = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
+        self._starting = threading.Lock()  # one thread, however many kernel threads nudge
         self._thread: threading.Thread | None = None
 
     def install(self) -> None:
@@ -151,10 +156,11 @@ class Frontend:
         self._nudge()
 
     def _nudge(self) -> None:
-        if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._serve, name="llfabric-frontend",
-                                            daemon=True)
-            self._thread.start()
+        with self._starting:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._serve, name="llfabric-frontend",
+                                                daemon=True)
+                self._thread.start()
         self._wake.set()
 
     # the frontend thread

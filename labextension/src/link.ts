@@ -4,7 +4,7 @@
 import { Notification } from '@jupyterlab/apputils';
 import { ICellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
-import { Kernel } from '@jupyterlab/services';
+import { CommsOverSubshells, Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 
 export const DRAFT_TARGET = 'llfabric.draft';
@@ -210,19 +210,33 @@ export class Link {
       return; // no cell, or a kernel that is not attached
     }
     this._revision += 1;
-    const data = { source, revision: this._revision };
+    this._pendingDraft = { source, revision: this._revision };
     if (this._draftComm === null) {
       const kernel = this._kernel();
       if (kernel === null) {
         return;
       }
-      this._draftComm = kernel.createComm(DRAFT_TARGET);
-      this._draftComm.onClose = () => {
-        this._draftComm = null;
+      const comm = kernel.createComm(DRAFT_TARGET);
+      this._draftComm = comm;
+      this._draftReady = false;
+      comm.onClose = () => {
+        if (this._draftComm === comm) {
+          this._draftComm = null;
+        }
       };
-      this._draftComm.open(data);
-    } else {
-      this._draftComm.send(data);
+      // opened once its subshell exists, so that the open, too, arrives while a cell runs;
+      // the newest draft typed meanwhile goes with it
+      void onSubshell(kernel, comm).then(() => {
+        if (comm.isDisposed || this._draftComm !== comm) {
+          return;
+        }
+        this._draftReady = true;
+        comm.open(this._pendingDraft ?? {});
+        this._pendingDraft = null;
+      });
+    } else if (this._draftReady && this._pendingDraft !== null) {
+      this._draftComm.send(this._pendingDraft);
+      this._pendingDraft = null;
     }
   }
 
@@ -244,6 +258,8 @@ export class Link {
   private _changed = new Signal<this, IStatus | null>(this);
   private _statusComm: Kernel.IComm | null = null;
   private _draftComm: Kernel.IComm | null = null;
+  private _draftReady = false; // opened: drafts go out as they are typed
+  private _pendingDraft: { source: string; revision: number } | null = null;
   private _historyComm: Kernel.IComm | null = null;
   private _history: IHistory | null = null;
   private _historyChanged = new Signal<this, IHistory | null>(this);
@@ -251,4 +267,33 @@ export class Link {
   private _revision = 0;
   private _timer: ReturnType<typeof setTimeout> | null = null;
   private _watched: ICellModel | null = null;
+}
+
+// Drafts go on a kernel subshell (JEP 91) where the kernel has them (its kernel_info's
+// supported_features lists "kernel subshells"): a cell that runs holds the kernel's main shell
+// (an attached kernel's main thread waits for the fabric), and a draft is worth most while the
+// user types the next cell during it. JupyterLab sends comms on subshells by default; a setting
+// that turned it off still leaves drafts on theirs. Resolves once the comm's subshell exists,
+// at once where there is none.
+async function onSubshell(
+  kernel: Kernel.IKernelConnection,
+  comm: Kernel.IComm
+): Promise<void> {
+  try {
+    await kernel.info;
+  } catch {
+    return; // no kernel_info: the main shell
+  }
+  if (!kernel.supportsSubshells) {
+    return;
+  }
+  if (comm.commsOverSubshells === CommsOverSubshells.Disabled) {
+    comm.commsOverSubshells = CommsOverSubshells.PerCommTarget;
+  }
+  const started = (comm as { subshellStarted?: Promise<void> }).subshellStarted;
+  try {
+    await started;
+  } catch {
+    // no subshell after all: the main shell
+  }
 }

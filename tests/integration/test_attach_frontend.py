@@ -202,3 +202,55 @@ def test_the_history_comm_lists_versions_and_checks_one_out(kernel: Kernel,
     assert reply["execution_count"] == 3  # prompt numbers go on, as after %llfabric checkout
     _send(kernel, comm, {"op": "checkout", "version": 99})
     assert "no version 99" in _comm_data(kernel, comm, lambda d: "error" in d)["error"]
+
+
+def _on_subshell(kernel: Kernel, msg_type: str, content: dict, subshell: str) -> None:
+    client = kernel.client
+    message = client.session.msg(msg_type, content)
+    message["header"]["subshell_id"] = subshell
+    client.shell_channel.send(message)
+
+
+def _status_of(server: RunningServer, session: str) -> dict:
+    with server.client() as client:
+        sessions = client.call("status")["sessions"]
+    return next((s for s in sessions if s["session"] == session), {})
+
+
+def test_a_draft_sent_on_a_subshell_reaches_the_server_while_a_cell_runs(
+        kernel: Kernel, server: RunningServer, session: str, tmp_path: Path) -> None:
+    client = kernel.client
+    info = client.kernel_info(reply=True, timeout=30)["content"]
+    assert "kernel subshells" in info.get("supported_features", [])
+    client.control_channel.send(client.session.msg("create_subshell_request", {}))
+    subshell = client.get_control_msg(timeout=30)["content"]["subshell_id"]
+    kernel.execute("w = 1")
+    comm_id = uuid.uuid4().hex
+    _on_subshell(kernel, "comm_open", {"comm_id": comm_id, "target_name": "llfabric.draft",
+                                       "data": {}}, subshell)
+    flag = tmp_path / "go"
+    running = client.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
+                             "    time.sleep(0.05)")
+    try:
+        _until(lambda: _status_of(server, session).get("running"), "the cell started")
+        assert not _status_of(server, session)["prepared"]
+        # the kernel's main thread waits for the cell: the subshell's thread takes the draft
+        _on_subshell(kernel, "comm_msg", {"comm_id": comm_id,
+                                          "data": {"source": "w + 1", "revision": 1}}, subshell)
+        _until(lambda: _status_of(server, session)["prepared"], "the draft reached the server")
+        assert _status_of(server, session)["running"]  # before the cell ended
+    finally:
+        flag.touch()
+    deadline = time.monotonic() + 60
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == running:
+            break
+    assert reply["content"]["status"] == "ok"
+
+
+def _until(predicate: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.1)

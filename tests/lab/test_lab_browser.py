@@ -144,3 +144,44 @@ def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
             (tmp_path / "failure.json").write_text(json.dumps(
                 {"test": request.node.name, "status": _session_status(server, session)}))
             raise
+
+
+def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, page,
+                                                       tmp_path: Path,
+                                                       request: pytest.FixtureRequest) -> None:
+    session = f"lab-{uuid.uuid4().hex[:8]}"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
+                                 "language": "python"}
+    waiting = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)"
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in ("x = 41", waiting, "")]
+    nbformat.write(nb, str(tmp_path / "busy.ipynb"))
+    with jupyterlab(tmp_path, server.address, session) as url:
+        try:
+            page.goto(f"{url}/lab/tree/busy.ipynb")
+            page.locator("[data-llfabric=status]").filter(has_text=session) \
+                .wait_for(timeout=90_000)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            cells.nth(0).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")  # x = 41
+            assert _wait_until(lambda: (_session_status(server, session) or {})
+                               .get("version") == 1)
+            page.keyboard.press("Shift+Enter")  # the waiting cell; the focus moves on
+            assert _wait_until(lambda: _session_status(server, session)["running"])
+            assert not _session_status(server, session)["prepared"]
+            cells.nth(2).locator(".cm-content").click()
+            page.keyboard.type("x + 1", delay=80)  # while the kernel's main shell waits
+            assert _wait_until(lambda: _session_status(server, session)["prepared"], 30), \
+                "no draft reached the server while the cell ran"
+            assert _session_status(server, session)["running"]
+            (tmp_path / "go").touch()
+            page.keyboard.press("Shift+Enter")
+            cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="42") \
+                .wait_for(timeout=60_000)
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            (tmp_path / "failure.json").write_text(json.dumps(
+                {"test": request.node.name, "status": _session_status(server, session)}))
+            raise
+        finally:
+            (tmp_path / "go").touch()
