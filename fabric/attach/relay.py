@@ -175,8 +175,8 @@ class Attachment:
             if header and not (isinstance(message, Reply) and not message.fields.get("followed")):
                 header.clear()
                 self.publish("stream", {"name": "stderr", "text": (
-                    "llfabric: outputs of the session's cell that ran on after its kernel was "
-                    "lost; this cell runs once it ends\n")})
+                    "llfabric: outputs of the session's cell that was running when this kernel "
+                    "started (its own kernel was lost); this cell runs once it ends\n")})
 
         try:
             reply = self._relay(events, shown, announce)

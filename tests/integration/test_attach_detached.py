@@ -60,7 +60,7 @@ def test_a_new_kernel_shows_the_cell_its_killed_predecessor_left_running(
         assert reply["status"] == "ok"
         lines = "".join(f"line {i}\n" for i in range(LINES))
         assert text_of(outputs) == lines + "yes\n"  # all of it, in order, then this cell's
-        assert "ran on after its kernel was lost" in text_of(outputs, "stderr")
+        assert "running when this kernel started" in text_of(outputs, "stderr")
         reply, outputs = second.execute("print(warm)")
         assert text_of(outputs) == "1\n" and text_of(outputs, "stderr") == ""  # followed once
     finally:
