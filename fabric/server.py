@@ -566,6 +566,11 @@ class Server:
         return stored[len(self._store_name(user, "")):]
 
     def _public(self, user: str, status: dict) -> dict:
+        """A session's status as its user sees it: their name for it, and how long its running
+        cell has gone unfollowed, if it has."""
+        run = self._runs.get(status["session"])
+        if run is not None and run.detached is not None and not run.targets:
+            status = {**status, "detached": time.monotonic() - run.detached}
         return {**status, "session": self._public_name(user, status["session"])}
 
     def _scrape(self) -> dict:
