@@ -5,7 +5,8 @@ STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
 INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-fast test-corpus-full test-deep lint criu native sysdeps clean device-bundle
+.PHONY: demo test test-fast test-corpus-full test-deep lint criu native sysdeps clean device-bundle \
+	labextension
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +24,19 @@ $(INIT): native/init.c native/Makefile
 
 native: $(INIT)
 
+# The JupyterLab extension (labextension/): Node only here, at build time. Its prebuilt output
+# (labextension/dist) goes into the venv's share/jupyter/labextensions, where JupyterLab finds it;
+# a wheel carries it there through pyproject's data-files.
+LABEXT   := labextension/dist/package.json
+LABSHARE := $(VENV)/share/jupyter/labextensions/llfabric-lab
+$(LABEXT): labextension/package.json labextension/package-lock.json labextension/tsconfig.json \
+		$(wildcard labextension/src/*.ts) $(STAMP)
+	cd labextension && npm ci --no-audit --no-fund && npx tsc && node_modules/.bin/build-labextension \
+		--core-path "$$(../$(PY) -c 'import jupyterlab, os; print(os.path.dirname(jupyterlab.__file__))')/staging" .
+	mkdir -p $(dir $(LABSHARE)) && ln -sfn $(CURDIR)/labextension/dist $(LABSHARE)
+
+labextension: $(LABEXT)
+
 sysdeps:
 	bash scripts/provision-sysdeps.sh
 
@@ -32,7 +46,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(CRIU) $(INIT) sysdeps lint
+test: $(STAMP) $(CRIU) $(INIT) $(LABEXT) sysdeps lint
 	$(VENV)/bin/pytest -m "not gpu and not deep" -q
 
 # Every corpus differential on every notebook, the heavy ones included (about an hour here).
@@ -57,4 +71,4 @@ device-bundle: $(BUNDLE)/MANIFEST
 	@echo "device-bundle: $(BUNDLE) holds $$(du -sh $(BUNDLE) | cut -f1) (limit 64 MiB with the checkout)"
 
 clean:
-	rm -rf $(VENV) .criu build
+	rm -rf $(VENV) .criu build labextension/node_modules labextension/lib labextension/dist

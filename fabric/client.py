@@ -28,6 +28,7 @@ from .messages import (
     Draft,
     Event,
     Execute,
+    Follow,
     Interrupt,
     Open,
     Ping,
@@ -36,6 +37,7 @@ from .messages import (
     Request,
     Status,
     Tag,
+    Versions,
 )
 from .private import check_dir
 from .status import ServerStatus, SessionStatus
@@ -139,7 +141,8 @@ class Client:
     def start(self, request: Request, timeout: float | None = None) -> Events:
         """Send `request`; its events and reply to iterate. A cell's silence is probed: it may
         compute quietly for hours."""
-        return self.events(self.send(request), timeout, probe=isinstance(request, Execute))
+        return self.events(self.send(request), timeout,
+                           probe=isinstance(request, Execute | Follow))
 
     def request(self, request: Request, timeout: float | None = None) -> dict:
         """Send `request`, wait for its reply (its events are not needed); the reply's fields."""
@@ -162,10 +165,18 @@ class Client:
 
     def execute(self, session: str, source: str, *, stdin: bool = False,
                 cell_id: str | None = None, gpus: int | None = None,
-                timeout: float | None = None) -> Events:
-        """Start a cell (with `gpus`, the session's GPU count from it on); iterate the result
-        for its outputs and notices, then its Reply."""
-        return self.start(Execute(session, source, stdin, cell_id, gpus), timeout)
+                execution_count: int | None = None, timeout: float | None = None) -> Events:
+        """Start a cell (with `gpus`, the session's GPU count from it on; with
+        `execution_count`, its prompt number); iterate the result for its outputs and notices,
+        then its Reply."""
+        return self.start(Execute(session, source, stdin, cell_id, gpus, execution_count),
+                          timeout)
+
+    def follow(self, session: str, timeout: float | None = None) -> Events:
+        """Follow the session's running cell, whose client went away (or the reply of one that
+        ended with none): its outputs so far, its live ones, then its Reply (`followed` false:
+        there was none)."""
+        return self.start(Follow(session), timeout)
 
     def interrupt(self, session: str) -> bool:
         """Interrupt the session's running cell; False if none ran."""
@@ -182,6 +193,10 @@ class Client:
 
     def tag(self, session: str, name: str, version: int | str | None = None) -> dict:
         return self.request(Tag(session, name, version))
+
+    def versions(self, session: str, timeout: float | None = None) -> list[dict]:
+        """The session's versions, newest first, described for a history view."""
+        return list(self.request(Versions(session), timeout).get("versions", []))
 
     def remove(self, session: str) -> dict:
         return self.request(Remove(session))

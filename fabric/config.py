@@ -57,9 +57,12 @@ class Config:
     # seconds a cell may run on after an interrupt before its worker is killed (its lease back)
     interrupt_grace: int = 5
     # seconds between heartbeats to each client (ZMTP pings, answered by its libzmq); a client
-    # silent for heartbeat_timeout seconds, or gone, has its running cell stopped. 0: off
+    # silent for heartbeat_timeout seconds, or gone, has left its running cell. 0: off
     heartbeat: int = 2
     heartbeat_timeout: int = 10
+    # seconds a cell whose client left runs on, its outputs kept for a client that follows it
+    # (a kernel started again); then it is stopped, its lease back. 0: stopped at once
+    detached_grace: int = 3600
     metrics_bind: str = ""  # HOST:PORT where Prometheus scrapes /metrics; empty: not served
     user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
     # "single": every cell runs as the server's user (a laptop, CI); "separate": each user's

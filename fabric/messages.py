@@ -17,7 +17,14 @@ session, only when the execute said ``stdin``) and `Notice` (what llfabric says 
 never a cell output; see `fabric.notices`).
 
 While a client's cell runs, the server probes it with `Heartbeat` frames (no msg_id) and ZMTP
-pings; a client gone or silent has its cell stopped.
+pings. A cell whose client is gone or silent runs on for the server's ``detached_grace`` seconds
+(0: it is stopped at once), then is stopped unless a client follows it. ``follow`` (`Follow`)
+takes over a session's running cell, or the reply of one that ended while no client followed
+it: its answer is the cell's events kept so far (the newest ``fabric.following.KEEP_BYTES``; a
+``dropped`` `Notice` first says how many were not kept), then its live events, then the cell's
+own final frame (a reply also carries ``followed``: true), or at once a reply with ``followed``
+false when there is nothing to follow. Input requests are not kept; one made while no client
+follows the cell is answered as stdin not available.
 """
 
 from __future__ import annotations
@@ -147,6 +154,18 @@ class Execute(Request):
     stdin: bool = False  # the client answers the cell's input() (see `InputRequest`)
     cell_id: str | None = None  # the frontend's id of the cell, where it has one
     gpus: int | None = None  # slots this and the session's later cells lease; None: as before
+    # the prompt number the frontend shows (its kernel's own cells take numbers too);
+    # None: the one after the session's last cell
+    execution_count: int | None = None
+
+
+@dataclass(frozen=True)
+class Follow(Request):
+    """Follow the session's running cell (its client went away): what it output so far, then
+    its live events and reply; see the top of this module."""
+
+    op = "follow"
+    session: str
 
 
 @dataclass(frozen=True)
@@ -242,6 +261,16 @@ class History(Request):
 
 
 @dataclass(frozen=True)
+class Versions(Request):
+    """The session's versions, newest first, each described for a history view: its cell's
+    prompt number and first line, when, its size, and which variables it changed; open or
+    not."""
+
+    op = "versions"
+    session: str
+
+
+@dataclass(frozen=True)
 class Status(Request):
     op = "status"
 
@@ -252,8 +281,8 @@ class Ping(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
-    Open, Draft, Execute, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete, Inspect,
-    CommMessage, History, Status, Ping)}
+    Open, Draft, Execute, Follow, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete,
+    Inspect, CommMessage, History, Versions, Status, Ping)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 

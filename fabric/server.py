@@ -8,8 +8,11 @@ Every connection is admitted as a user (`fabric.auth`: a CURVE key on tcp://, th
 ipc://); a user reaches only their own sessions, within the configured per-user limits.
 
 Clients are watched while their cells run: libzmq pings each connection every `heartbeat`
-seconds and drops one silent for `heartbeat_timeout`; a running cell whose client is no longer
-connected (gone, killed, or silent) is stopped, so that its lease comes back.
+seconds and drops one silent for `heartbeat_timeout`. A running cell whose client is no longer
+connected (gone, killed, or silent) runs on for `detached_grace` seconds, its outputs kept, so
+that another client (the kernel started after one that died) can `follow` it
+(`fabric.following`); with nobody following it by then, it is stopped, so that its lease comes
+back.
 
 The store stays bounded: after cells commit, and every `gc_interval` seconds besides (versions
 age out of the policy's hours and days without any commit), a thread thins each session's
@@ -51,6 +54,7 @@ from .errors import (
     UnknownEnv,
     UnknownSession,
 )
+from .following import Run
 from .messages import (
     COMM_TYPES,
     EVENTS,
@@ -62,6 +66,7 @@ from .messages import (
     Draft,
     Error,
     Execute,
+    Follow,
     Heartbeat,
     History,
     Inspect,
@@ -74,6 +79,7 @@ from .messages import (
     Request,
     Status,
     Tag,
+    Versions,
 )
 from .metrics import Metrics
 from .pool import Leases, Pool, cuda
@@ -118,8 +124,10 @@ class Server:
         self.running: dict[str, int] = {}  # cells each user runs now
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
-        # the sessions whose cells run, by the (client, msg_id) of the execute that runs each
-        self._executing: dict[tuple[bytes, str | None], Session] = {}
+        # the executes in progress, by their sessions' names (one cell at a time each), and
+        # those that ended while no client followed them, their final frames not yet taken
+        self._runs: dict[str, Run] = {}
+        self._unclaimed: dict[str, Run] = {}
         self._stop = asyncio.Event()
         self.policy = config.policy
         self._wanted = asyncio.Event()  # a cell committed: retention and gc now
@@ -214,14 +222,31 @@ class Server:
                     and probe.exception().errno == zmq.EHOSTUNREACH)
 
     async def _watch_clients(self) -> None:
-        """Stop the cells of clients that are no longer connected."""
+        """Notice the running cells whose clients are no longer connected: each runs on for
+        `detached_grace` seconds unless a client follows it, then is stopped."""
+        grace = self.config.detached_grace
         while True:
             await asyncio.sleep(self.config.heartbeat or 1)
-            for (identity, _), session in list(self._executing.items()):
-                if not self._connected(identity):
-                    log.warning("session %s: its client went away; stopping its cell",
-                                session.name)
-                    session.stop("client")
+            now = time.monotonic()
+            for run in list(self._runs.values()):
+                session = run.session
+                if run.prune(self._connected):
+                    run.detached = now
+                    if grace <= 0:
+                        log.warning("session %s: its client went away; stopping its cell",
+                                    session.name)
+                        run.stopping = True
+                        session.stop("client")
+                    else:
+                        log.warning("session %s: its client went away; its cell runs on for "
+                                    "%d s unless a client follows it", session.name, grace)
+                        run.no_stdin()
+                elif (run.detached is not None and not run.targets and not run.stopping
+                      and now - run.detached >= grace):
+                    log.warning("session %s: no client followed its cell within %d s; "
+                                "stopping it", session.name, grace)
+                    run.stopping = True
+                    session.stop("detached")
 
     async def _upkeep(self) -> None:
         """Retention and gc in a thread, when cells have committed and every `gc_interval`
@@ -305,20 +330,34 @@ class Server:
             request = Request.from_wire(message)
             msg_id = message["msg_id"]  # a valid one, however far into the frame it was
 
+            if isinstance(request, Follow):
+                if self._follow(user, request.session, identity, msg_id):
+                    return  # the cell's frames come as it runs
+                self._send(identity, Reply({"followed": False}).to_wire(msg_id))
+                return
+
             def emit(payload: dict, event: str = "output") -> None:
                 sent = Output(payload) if event == "output" else EVENTS[event](**payload)
-                self._send(identity, sent.to_wire(msg_id))
+                if run is None:
+                    self._send(identity, sent.to_wire(msg_id))
+                else:
+                    run.emit(sent.to_wire(""))
 
-            call = (identity, msg_id)
-            if isinstance(request, Execute):
-                session = self.sessions.get(self._store_name(user, request.session))
-                if session is not None:
-                    self._executing[call] = session
+            run = self._start_run(user, request, identity, msg_id)
             try:
-                result = await self._dispatch(user, request, emit)
-            finally:
-                self._executing.pop(call, None)
-            self._send(identity, Reply(result).to_wire(msg_id))
+                final = Reply(await self._dispatch(user, request, emit)).to_wire(msg_id)
+            except FabricError as exc:
+                final = Error(exc.to_wire()).to_wire(msg_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug: the client hears of it, the server keeps serving
+                log.exception("request failed")
+                final = Error({"kind": "internal",
+                               "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id)
+            if run is None:
+                self._send(identity, final)
+            else:
+                self._end_run(run, final)
         except FabricError as exc:
             self._send(identity, Error(exc.to_wire()).to_wire(msg_id))
         except asyncio.CancelledError:
@@ -327,6 +366,40 @@ class Server:
             log.exception("request failed")
             self._send(identity, Error({
                 "kind": "internal", "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id))
+
+    def _start_run(self, user: str, request: Request, identity: bytes,
+                   msg_id: str) -> Run | None:
+        """The `Run` of an execute of an open session not running a cell (another one is
+        refused as busy, its frames its own client's only)."""
+        if not isinstance(request, Execute):
+            return None
+        session = self.sessions.get(self._store_name(user, request.session))
+        if session is None or session.name in self._runs or session.lock.locked():
+            return None
+        run = self._runs[session.name] = Run(session, self._send)
+        run.attach(identity, msg_id, follow=False)
+        self._unclaimed.pop(session.name, None)  # a new cell: the one before is no one's
+        return run
+
+    def _end_run(self, run: Run, final: dict) -> None:
+        name = run.session.name
+        if self._runs.get(name) is run:
+            del self._runs[name]
+        final = {k: v for k, v in final.items() if k != "msg_id"}
+        if not run.finish(final) and self.sessions.get(name) is run.session:
+            log.warning("session %s: its cell ended while no client followed it; its outputs "
+                        "are kept for the next client that follows it", name)
+            self._unclaimed[name] = run
+
+    def _follow(self, user: str, name: str, identity: bytes, msg_id: str) -> bool:
+        """Send `identity` the session's running cell, or one that ended unfollowed; False if
+        there is none."""
+        stored = self._session(user, name).name
+        run = self._runs.get(stored) or self._unclaimed.pop(stored, None)
+        if run is None:
+            return False
+        run.attach(identity, msg_id)
+        return True
 
     def _user(self, frame: zmq.Frame) -> str:
         """The user the connection was admitted as; a revoked key is refused at once."""
@@ -384,18 +457,21 @@ class Server:
                 return self._tag(user, name, version, tag)
             case History(session=name):  # open or not: the cells are the store's
                 return self._history(user, name)
+            case Versions(session=name):
+                return self._versions(user, name)
         session = self._session(user, request.session)
         match request:
             case Draft(source=source):
                 return session.draft(source)
-            case Execute(source=source, stdin=stdin, gpus=gpus):
+            case Execute(source=source, stdin=stdin, gpus=gpus, execution_count=count):
                 self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
                 if self.config.user_bytes:
                     self._check_limit(user, "user_bytes", self._stored_bytes(user),
                                       "bytes stored")
                 self.running[user] = self.running.get(user, 0) + 1
                 try:
-                    reply = await session.execute(source, emit, stdin=stdin, gpus=gpus)
+                    reply = await session.execute(source, emit, stdin=stdin, gpus=gpus,
+                                                  count=count)
                     self.metrics.cell(reply)
                     return reply
                 finally:
@@ -419,6 +495,7 @@ class Server:
             case Close():
                 await session.close()
                 del self.sessions[session.name]
+                self._unclaimed.pop(session.name, None)
                 return {"closed": True, "version": session.manifest.version}
         raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
 
@@ -477,6 +554,13 @@ class Server:
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         return {"cells": [list(cell) for cell in history.cells(store, stored)]}
 
+    def _versions(self, user: str, name: str) -> dict:
+        stored, store = self._store_name(user, name), self._store_of(user)
+        versions = history.log(store, stored)
+        if not versions:
+            raise UnknownSession(f"no session {name!r} in the store", session=name)
+        return {"versions": history.describe(versions, store.index(stored))}
+
     async def _remove(self, user: str, name: str) -> dict:
         """Close the session if it is open (refused while it runs a cell) and remove it from
         the store; gc frees its data."""
@@ -488,6 +572,7 @@ class Server:
                                   "before removing it", session=name)
             await session.close()
             del self.sessions[stored]
+            self._unclaimed.pop(stored, None)
         if not history.remove(self._store_of(user), stored):
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         return {"removed": True}
@@ -517,6 +602,11 @@ class Server:
         return stored[len(self._store_name(user, "")):]
 
     def _public(self, user: str, status: dict) -> dict:
+        """A session's status as its user sees it: their name for it, and how long its running
+        cell has gone unfollowed, if it has."""
+        run = self._runs.get(status["session"])
+        if run is not None and run.detached is not None and not run.targets:
+            status = {**status, "detached": time.monotonic() - run.detached}
         return {**status, "session": self._public_name(user, status["session"])}
 
     def _scrape(self) -> dict:

@@ -114,9 +114,10 @@ class Session:
                 "exact": cl.exact, "session_variables": len(self.manifest.variables())}
 
     async def execute(self, source: str, emit: Emit, stdin: bool = False,
-                      gpus: int | None = None) -> dict:
+                      gpus: int | None = None, count: int | None = None) -> dict:
         """Run `source` as the session's next cell; with `gpus`, on that many slots from now
-        on (refused before anything runs if the host cannot give them)."""
+        on (refused before anything runs if the host cannot give them); with `count`, as the
+        prompt number the frontend shows, else the one after the last cell's."""
         received = time.monotonic()
         if self.lock.locked():
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
@@ -127,7 +128,8 @@ class Session:
             head = self._follow_head()
             cell = plan(source)
             cl = closure(cell, self.manifest)
-            count = int(self.manifest.cell.get("execution_count", 0)) + 1
+            if count is None or count < 1:
+                count = int(self.manifest.cell.get("execution_count", 0)) + 1
             self._told = []
             ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus), head,
                                        self._events(emit),

@@ -64,10 +64,14 @@ class SessionStatus(_Wire):
     notices: tuple[Notice, ...] = ()
     gpus: int = 1  # slots (GPUs) its cells lease together
     env: str | None = None  # the user's environment its cells import from; None: the server's
+    # seconds since the client of its running cell went away, while no client follows the cell
+    # (it runs on for the server's detached_grace); None: followed, or no cell runs
+    detached: float | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return tuple(name for name in ("running", "pinned", "prepared") if getattr(self, name))
+        names = tuple(name for name in ("running", "pinned", "prepared") if getattr(self, name))
+        return names + (("detached",) if self.detached is not None else ())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from fabric.messages import (
     Draft,
     Error,
     Execute,
+    Follow,
     History,
     InputRequest,
     Inspect,
@@ -32,6 +33,7 @@ from fabric.messages import (
     Request,
     Status,
     Tag,
+    Versions,
     from_server,
     request,
 )
@@ -43,7 +45,7 @@ EVERY_REQUEST = [
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
     Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
     CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
-    Status(), Ping(),
+    Versions("s"), Follow("s"), Status(), Ping(),
 ]
 EVERY_EVENT = [
     Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),

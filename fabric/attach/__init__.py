@@ -20,6 +20,7 @@ from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 from .. import config as fabric_config
 from ..errors import FabricError
+from . import restart
 from .magics import FabricMagics
 from .notebook_file import find_notebook, session_name
 from .relay import LOCAL, Attachment, is_local
@@ -27,7 +28,6 @@ from .relay import LOCAL, Attachment, is_local
 __all__ = ["attach", "current", "detach", "load_ipython_extension", "unload_ipython_extension"]
 
 _attached: Attachment | None = None
-DRAFT_TARGET = "llfabric.draft"  # comm target a frontend extension sends live edits to
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:
@@ -64,6 +64,7 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
     shell.should_run_async = lambda *args, **kwargs: False  # the relay blocks, as a sync cell
     attachment.answers.install()
     _listen_for_drafts(attachment)
+    restart.install(attachment)  # Restart Kernel empties the session
     atexit.register(attachment.close)  # a kernel shut down retires its session's workers
     try:
         reply = attachment.open()
@@ -85,9 +86,8 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
     _attached = None
     for name in ("run_cell", "should_run_async"):
         shell.__dict__.pop(name, None)
-    comms = getattr(shell.kernel, "comm_manager", None)
-    if comms is not None:
-        comms.targets.pop(DRAFT_TARGET, None)
+    attachment.frontend.close()
+    restart.uninstall(attachment)
     atexit.unregister(attachment.close)
     attachment.answers.uninstall()
     attachment.close(forget)
@@ -112,23 +112,13 @@ def _run_cell(attachment: Attachment, local_run_cell: Any, raw_cell: str, *args:
         match = LOCAL.match(raw_cell)
         if match is not None and match.group(1) == "%local":
             raw_cell = raw_cell.split("\n", 1)[1] if "\n" in raw_cell else ""
-        return local_run_cell(raw_cell, *args, cell_id=cell_id, **kwargs)
+        try:
+            return local_run_cell(raw_cell, *args, cell_id=cell_id, **kwargs)
+        finally:
+            attachment.frontend.update()  # `%llfabric checkout` moved the session, say
     return attachment.run(raw_cell, cell_id)
 
 
 def _listen_for_drafts(attachment: Attachment) -> None:
-    """Live edits from a frontend extension: a comm whose messages carry `{"source": ...}`."""
-    comms = getattr(attachment.kernel, "comm_manager", None)
-    if comms is None:
-        return
-
-    def on_open(comm: Any, message: dict) -> None:
-        def on_message(msg: dict) -> None:
-            source = (msg.get("content", {}).get("data") or {}).get("source")
-            if isinstance(source, str):
-                attachment.draft(source)
-
-        comm.on_msg(on_message)
-        on_message(message)
-
-    comms.register_target(DRAFT_TARGET, on_open)
+    """Live edits and status for a frontend extension (`frontend`)."""
+    attachment.frontend.install()

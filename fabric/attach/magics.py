@@ -90,8 +90,7 @@ class FabricMagics(Magics):
         elif command == "checkout" and len(words) == 1:
             reply = self._call("checkout", version=int(words[0]) if words[0].isdigit()
                                else words[0])
-            if reply is not None:
-                self.shell.execution_count = int(reply.get("execution_count", 0)) + 1
+            if reply is not None:  # prompt numbers go on, as after any cell
                 print(f"llfabric: session {current(self.shell).session} is back at version "
                       f"{reply['checked_out']}")
                 if differ := reply.get("packages_differ"):

@@ -4,6 +4,12 @@ Outputs arrive as nbformat output dicts and are re-published on the kernel's IOP
 the request's parent header, so frontends cannot tell them from the kernel's own. The kernel's
 namespace is never used: what a cell defines lives in the session's store.
 
+A cell keeps running on the fabric when the kernel that sent it dies: the kernel started in its
+place follows it (`Follow`) before its first cell, which shows that cell's outputs so far and its
+live ones (under a line that says where they come from), then runs once it has ended. They go
+out as the first cell's own outputs because a notebook shows only outputs whose parent is one of
+its execute requests: published at the kernel's start, with no parent, they would be lost.
+
 While a cell runs, a Jupyter interrupt (SIGINT, delivered as KeyboardInterrupt in the kernel's
 main thread while it waits for the server) becomes an `interrupt` request, and a server that stops
 answering is noticed by a ping after ten seconds of silence.
@@ -19,6 +25,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,7 @@ from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
 from .answers import Answers
+from .frontend import Frontend
 from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
 
@@ -37,6 +45,7 @@ log = logging.getLogger(__name__)
 
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
+PING = 1.0  # seconds a server has to answer before a cell is sent to it
 # Cells the kernel runs itself: `%%local` ones, those that manage the attachment, and a line of
 # the history magics, which read the session's history the kernel keeps (see `answers`).
 LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b"
@@ -68,10 +77,12 @@ class Attachment:
         self.notebook = notebook
         self.client = Client(address, timeout=CALL_TIMEOUT)
         self.opened = False
+        self.follow = False  # a cell of the session may still run: follow it before the next
         # the session's GPU count (`%llfabric gpus`), sent with every cell so that a restarted
         # server keeps it; None: the server's
         self.gpus: int | None = None
         self.answers = Answers(self)
+        self.frontend = Frontend(self)  # the comms of a JupyterLab extension
 
     def close(self, forget: bool = True) -> None:
         """Detach; with `forget`, the server also retires the session's workers (the store
@@ -86,14 +97,20 @@ class Attachment:
 
     def open(self) -> SessionStatus:
         """Open (or rejoin) the session; the kernel's prompt numbers continue the session's."""
-        if not self.client.ping(timeout=2.0):
-            raise Unreachable(f"no llfabric server answers at {self.address}",
-                              address=self.address)
+        self._check_reachable()
         reply = self.client.open(self.session, os.getcwd(), os.environ.get(ENV_VARIABLE))
         self.opened = True
+        self.follow = True
         self.shell.execution_count = reply.execution_count + 1
         self.answers.load_history()
         return reply
+
+    def _check_reachable(self) -> None:
+        """A server that is down is said within a second, before the cell is sent, rather
+        than after the relay's patience with a cell that runs."""
+        if not self.client.ping(timeout=PING):
+            raise Unreachable(f"no llfabric server answers at {self.address}; the cell was "
+                              "not sent", address=self.address)
 
     def call(self, op: str, **fields: Any) -> dict:
         return self.client.call(op, session=self.session, **fields)
@@ -102,30 +119,40 @@ class Attachment:
     def run(self, source: str, cell_id: str | None = None) -> ExecutionResult:
         """Run one cell on the fabric, publishing its outputs; the result ipykernel replies with."""
         result = ExecutionResult(ExecutionInfo(source, True, False, True, cell_id))
+        count = self.shell.execution_count  # the number the kernel announced for this cell
         try:
-            if not self.opened:
+            if self.opened:
+                self._check_reachable()
+            else:
                 self.open()
+            count = self._follow_running(count)
             try:
-                reply = self._execute(source, result)
+                reply = self._execute(source, count, result)
             except RemoteError as exc:
                 if exc.kind != "unknown_session":
                     raise
                 self.open()  # the server restarted: the session continues from the store
-                reply = self._execute(source, result)
+                reply = self._execute(source, count, result)
         except FabricError as exc:
             self._fail(result, exc)
-            return result
+            return self._numbered(result, count)
         except KeyboardInterrupt:  # before the cell reached the server: it did not run
             self._fail(result, FabricError("interrupted before the cell started"))
-            return result
-        count = int(reply.get("execution_count", self.shell.execution_count))
-        result.execution_count = count
+            return self._numbered(result, count)
+        count = int(reply.get("execution_count", count))
+        self._numbered(result, count)
         self.answers.record(count, source)
-        self.shell.execution_count = count + 1
         self._relay_payloads(reply.get("payload"))
         if reply.get("status") == "error" and result.error_in_exec is None:
             result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")
         self._draft_next(cell_id)
+        self.frontend.update()
+        return result
+
+    def _numbered(self, result: ExecutionResult, count: int) -> ExecutionResult:
+        """A cell takes its number, run or failed, as in a plain kernel; the next one follows."""
+        result.execution_count = count
+        self.shell.execution_count = count + 1
         return result
 
     def _relay_payloads(self, payloads: object) -> None:
@@ -134,13 +161,49 @@ class Attachment:
             if isinstance(payload, dict) and isinstance(payload.get("source"), str):
                 self.shell.payload_manager.write_payload(payload)
 
-    def _execute(self, source: str, result: ExecutionResult) -> dict:
+    def _follow_running(self, count: int) -> int:
+        """Show the outputs of the session's cell that runs on from a kernel gone (or ended
+        unseen), and wait for its end; the prompt number for the cell to run after it."""
+        if not self.follow:
+            return count
+        self.follow = False
+        shown = ExecutionResult(ExecutionInfo("", True, False, True, None))  # not this cell's
+        events = self.client.follow(self.session, timeout=SILENCE)
+        header = [True]
+
+        def announce(message: object) -> None:
+            if header and not (isinstance(message, Reply) and not message.fields.get("followed")):
+                header.clear()
+                self.publish("stream", {"name": "stderr", "text": (
+                    "llfabric: outputs of the session's cell that was running when this kernel "
+                    "started (its own kernel was lost); this cell runs once it ends\n")})
+
+        try:
+            reply = self._relay(events, shown, announce)
+        except RemoteError as exc:  # the cell ended in an error of the fabric's (stopped, say)
+            if exc.kind == "protocol":  # a server from before `follow`: nothing to follow
+                return count
+            announce(None)
+            self.publish("stream", {"name": "stderr", "text": f"llfabric: {exc.message}\n"})
+            return count
+        if not reply.get("followed"):
+            return count
+        return max(count, int(reply.get("execution_count", 0)) + 1)
+
+    def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:
         events = self.client.execute(self.session, source, stdin=True,
                                      cell_id=result.info.cell_id, gpus=self.gpus,
-                                     timeout=SILENCE)
+                                     execution_count=count, timeout=SILENCE)
+        return self._relay(events, result)
+
+    def _relay(self, events: Events, result: ExecutionResult,
+               seen: Callable[[object], None] | None = None) -> dict:
+        """Publish a cell's events (`seen` first hears of each) until its reply."""
         while True:
             try:
                 for message in events:
+                    if seen is not None:
+                        seen(message)
                     match message:
                         case Reply(fields=reply):
                             return reply
@@ -151,6 +214,9 @@ class Attachment:
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
                                       "sessions ahead")
+                        case Notice(topic="dropped", text=text):  # a follower's gap
+                            self.publish("stream", {"name": "stderr",
+                                                    "text": f"llfabric: {text}\n"})
                         case Notice(text=text):
                             self._log(text)
                         case InputRequest():
@@ -161,7 +227,8 @@ class Attachment:
                 events.send(Interrupt(self.session))
             except Unreachable as exc:
                 raise Unreachable(f"the llfabric server at {self.address} stopped answering "
-                                  "while the cell ran", address=self.address) from exc
+                                  "while the cell ran; the session keeps the state of the cells "
+                                  "before it", address=self.address) from exc
 
     def _answer(self, request: InputRequest, events: Events) -> None:
         """Ask the frontend through the kernel's stdin channel, as the cell's own input() would."""
@@ -176,8 +243,10 @@ class Attachment:
         events.send(Answer(self.session, value=str(value)))
 
     def _log(self, text: str) -> None:
-        """The kernel's log: where a kernel's own news goes, apart from the notebook."""
+        """The kernel's log and the frontend's notifications: where a kernel's own news goes,
+        apart from the notebook."""
         getattr(self.kernel, "log", log).warning("llfabric: session %s: %s", self.session, text)
+        self.frontend.notice(text)  # a notification in JupyterLab
 
     # publishing
     def publish(self, msg_type: str, content: dict, metadata: dict | None = None,
@@ -210,8 +279,7 @@ class Attachment:
     def _fail(self, result: ExecutionResult, exc: FabricError) -> None:
         """The fabric could not run the cell: say so in the cell, as its error."""
         if isinstance(exc, Unreachable):
-            text = (f"{exc.message}. If the cell had started, the session keeps the state of the "
-                    "cells before it. Start a server with `llfabric serve`, then run the cell "
+            text = (f"{exc.message}. Start a server with `llfabric serve`, then run the cell "
                     "again; `%%local` runs a cell in this kernel instead.")
         elif exc.kind == "busy":
             text = (f"{exc.message} (perhaps from before a kernel restart). Wait for it, or "

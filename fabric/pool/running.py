@@ -22,6 +22,7 @@ STOPS = {  # why the server stopped a running cell, as the user is told
     "interrupt": "the cell did not stop within {grace:g} s of its interrupt",
     "close": "the session was closed while the cell ran",
     "client": "the client that ran the cell stopped answering",
+    "detached": "the client that ran the cell went away and no other followed it in time",
 }
 
 

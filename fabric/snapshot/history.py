@@ -55,6 +55,48 @@ def cells(store: Store, session: str) -> list[tuple[int, str]]:
             for _, m in reversed(log(store, session)) if "checkout" not in m.cell]
 
 
+CHANGED_NAMES = 20  # names listed per kind of change in `describe`; the rest are counted
+
+
+def describe(versions: list[tuple[str, Manifest]], index: Index) -> list[dict]:
+    """The versions of `log` (newest first) as a history view shows them: prompt number, the
+    cell's first line (or the version a checkout went back to), time, size (None: thinned by
+    retention), names, and the variables and imports it added, changed or removed."""
+    names: dict[str, list[str]] = {}
+    for name, ident in index.tags.items():
+        names.setdefault(ident, []).append(name)
+    described = []
+    for at, (ident, m) in enumerate(versions):
+        before = versions[at + 1][1] if at + 1 < len(versions) else Manifest(session=m.session)
+        now, then = _bindings(m), _bindings(before)
+        lines = str(m.cell.get("source") or "").strip().splitlines()
+        described.append({
+            "version": m.version, "execution_count": int(m.cell.get("execution_count", 0)),
+            "first_line": lines[0][:120] if lines else "", "lines": len(lines),
+            "status": str(m.cell.get("status", "")), "time": float(m.cell.get("time", 0)),
+            "checkout": m.cell.get("checkout"), "tags": sorted(names.get(ident, [])),
+            "size": None if ident in index.thinned else size(m),
+            "variables": len(m.variables()),
+            "unsaved": list(m.cell.get("unsaved", ()))[:CHANGED_NAMES],
+            **_changes(now, then)})
+    return described
+
+
+def _bindings(manifest: Manifest) -> dict[str, str]:
+    """What each name of a version is bound to: its group's blob, or its import's module."""
+    bound = {name: f"import {module}" for name, module in manifest.imports.items()}
+    bound.update({name: g.blob for name, g in manifest.variables().items()})
+    return bound
+
+
+def _changes(now: dict[str, str], then: dict[str, str]) -> dict:
+    changes = {"added": sorted(set(now) - set(then)), "removed": sorted(set(then) - set(now)),
+               "changed": sorted(n for n in set(now) & set(then) if now[n] != then[n])}
+    listed = {kind: found[:CHANGED_NAMES] for kind, found in changes.items()}
+    listed["more"] = sum(max(0, len(found) - CHANGED_NAMES) for found in changes.values())
+    return listed
+
+
 def lineage(store: Store, session: str, names: list[str]) -> list[int]:
     """The cells (execution counts) that made `names`, state that could not be saved, as it was:
     for each name, the last cell that left it unsaved after writing it, and every later cell that
@@ -88,23 +130,34 @@ def size(manifest: Manifest) -> int:
 
 def checkout(store: Store, session: str, version: int | str) -> Manifest:
     """Make `version`'s state (a number or a tag) the session's next one; returns the new head
-    manifest. A thinned version is refused, naming those that can still be checked out."""
+    manifest. A thinned version is refused, naming those that can still be checked out.
+    Version 0 is the empty state before the first cell: after it, prompt numbers start at 1
+    again, as after a kernel restart (what a Jupyter user asks for with Restart)."""
     with store.locked(session):  # retention cannot thin `version` between reading and commit
         versions = log(store, session)
         if not versions:
             raise StoreError(f"session {session} has no versions", session=session)
         index = store.index(session)
         head_id, head = versions[0]
+        if version in (0, "0"):
+            return _commit_checkout(store, session, head_id, head, Manifest(session=session), 0)
         old_id, old = resolve(store, session, version, versions, index)
         if old_id in index.thinned:
             raise StoreError(f"version {old.version} of session {session} was thinned away by "
                              f"retention; these remain: {remaining(versions, index)}",
                              session=session, version=old.version)
-        manifest = dataclasses.replace(
-            old, version=head.version + 1, parent=head_id,
-            cell={"execution_count": head.cell.get("execution_count", 0), "status": "ok",
-                  "source": "", "checkout": old.version, "time": time.time()})
-        store.set_head(session, store.put_manifest(manifest.encode()), head_id, held=True)
+        return _commit_checkout(store, session, head_id, head, old,
+                                head.cell.get("execution_count", 0))
+
+
+def _commit_checkout(store: Store, session: str, head_id: str, head: Manifest, old: Manifest,
+                     count: int) -> Manifest:
+    """Commit `old`'s state as the version after `head`, its cell numbered `count`."""
+    manifest = dataclasses.replace(
+        old, version=head.version + 1, parent=head_id,
+        cell={"execution_count": count, "status": "ok", "source": "", "checkout": old.version,
+              "time": time.time()})
+    store.set_head(session, store.put_manifest(manifest.encode()), head_id, held=True)
     return manifest
 
 

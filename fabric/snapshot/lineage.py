@@ -81,6 +81,8 @@ def _made(store: Store, manifest: Manifest) -> Manifest:
     state (its ambient state too), not its cell record."""
     if "checkout" not in manifest.cell:
         return manifest
+    if int(manifest.cell["checkout"]) == 0:  # the empty state before the first cell (a restart)
+        return Manifest(session=manifest.session)
     return _version(store, manifest, int(manifest.cell["checkout"]))
 
 

@@ -218,9 +218,6 @@ def test_run_takes_the_environment_from_the_notebook_or_its_flag(
     assert missing.exit_code == 1 and "no environment 'missing'" in missing.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "after a %llfabric cell the attached kernel repeats the next cell's execution count (issue "
-    "18), so its history store prints 'ERROR! Session/line number was not unique' into a cell"))
 def test_a_notebook_chooses_its_environment_and_installs_from_a_cell(
         server: RunningServer, wheels: Path, tmp_path: Path,
         tmp_path_factory: pytest.TempPathFactory) -> None:

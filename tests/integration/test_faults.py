@@ -37,7 +37,7 @@ while True:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with serving(tmp_path_factory.mktemp("store"), keep_warm=0, slots=2, interrupt_grace=GRACE,
-                 heartbeat=1, heartbeat_timeout=2) as running:
+                 heartbeat=1, heartbeat_timeout=2, detached_grace=0) as running:
         yield running
 
 
@@ -135,6 +135,8 @@ def test_a_commit_on_a_head_moved_meanwhile_is_refused(server, client, tmp_path)
 
 
 def test_a_client_that_stops_answering_has_its_cell_stopped(server, client, tmp_path) -> None:
+    """With detached_grace = 0 (this module's server), at once; see test_detached for the
+    grace a cell gets by default."""
     name = open_session(client, tmp_path)
     script = (f"from helpers import execute\nfrom fabric.client import Client\n"
               f"execute(Client({server.address!r}), {name!r}, "

@@ -11,7 +11,7 @@ import pytest
 from helpers import commit_values
 
 from fabric.errors import StoreError
-from fabric.snapshot import Manifest, Store, dumps, history, loads
+from fabric.snapshot import Manifest, Store, dumps, history, loads, retention
 
 CHUNK = 1 << 16
 
@@ -40,6 +40,32 @@ def test_log_lists_versions_newest_first_and_checkout_appends_the_old_state(tmp_
     assert loads(store.get_object(blob), {}) == {"x": 1}
     with pytest.raises(StoreError, match="no version 9"):
         history.checkout(store, "s", 9)
+
+
+def test_describe_tells_each_version_s_cell_size_and_changed_names(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    commit_values(store, "s", x=1, y="why")
+    commit_values(store, "s", x=2)
+    history.tag(store, "s", 1, "first")
+    history.checkout(store, "s", 1)
+    assert history.retain(store, "s", retention.Policy(last=1, hourly=0, daily=0)) == [2]
+    described = history.describe(history.log(store, "s"), store.index("s"))
+    assert [v["version"] for v in described] == [3, 2, 1]
+    back, thinned, first = described
+    assert back["checkout"] == 1 and back["first_line"] == "" and back["lines"] == 0
+    assert (back["added"], back["changed"], back["removed"]) == (["y"], ["x"], [])
+    assert thinned["size"] is None and thinned["variables"] == 1  # its cell is still known
+    assert (thinned["added"], thinned["changed"], thinned["removed"]) == ([], ["x"], ["y"])
+    assert first["tags"] == ["first"] and first["size"] > 0 and first["checkout"] is None
+    assert (first["first_line"], first["execution_count"], first["status"]) == ("x", 1, "ok")
+    assert (first["added"], first["more"]) == (["x", "y"], 0)
+
+
+def test_describe_lists_a_few_changed_names_and_counts_the_rest(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    commit_values(store, "s", **{f"v{i:02}": i for i in range(history.CHANGED_NAMES + 5)})
+    [only] = history.describe(history.log(store, "s"), store.index("s"))
+    assert len(only["added"]) == history.CHANGED_NAMES and only["more"] == 5
 
 
 def test_gc_keeps_every_blob_a_history_names_and_removes_the_rest(tmp_path) -> None:

@@ -1,0 +1,239 @@
+"""The comms a frontend extension (labextension/) holds with an attached kernel.
+
+`llfabric.draft`: the frontend sends the source of the cell being edited, `{"source", "revision"}`,
+as the user types; the latest revision is forwarded to the server's draft op, older ones are
+dropped. `llfabric.status`: the kernel sends the session's status (`summary`) when the comm
+opens, after each cell, every few seconds (tiers change between cells), and the tool's notices
+as `{"notice": text}`, which the frontend shows as notifications, never in a cell's outputs.
+`llfabric.history`: the kernel sends the session's versions (`Client.versions`) as
+`{"versions": [...], "version": head}` when the comm opens, after each cell and when asked
+(`{"op": "list"}`); `{"op": "checkout", "version": N}` checks version N out, as
+`%llfabric checkout N` does, and is answered `{"checked_out": N, "version": M}` (with a
+`warning` where N's packages differ from its environment's now) or `{"error": text}`, then the
+versions again.
+
+All go through a thread with its own client of the server, so a slow answer never holds up the
+kernel's shell, and a burst of keystrokes queued behind a running cell becomes one draft. The
+comms' messages may come on any of the kernel's threads: the main shell's, or a subshell's
+(JEP 91), on which the extension sends drafts so that they arrive while a cell runs (the main
+thread then waits for the cell); what they hand the thread is taken under a lock, and the
+client the running cell uses is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..client import Client
+from ..envs import describe_differences
+from ..errors import FabricError, RemoteError
+from ..status import ServerStatus
+
+if TYPE_CHECKING:
+    from .relay import Attachment
+
+log = logging.getLogger(__name__)
+
+DRAFT_TARGET = "llfabric.draft"
+STATUS_TARGET = "llfabric.status"
+HISTORY_TARGET = "llfabric.history"
+TARGETS = (DRAFT_TARGET, STATUS_TARGET, HISTORY_TARGET)
+POLL = 3.0  # seconds between status updates while nothing else asks for one
+
+
+def summary(status: ServerStatus, session: str) -> dict:
+    """What the status item shows: the session, where its worker is, its lease, its savings."""
+    mine = status.session(session)
+    if mine is None:
+        return {"session": session, "address": status.address, "open": False}
+    leases = status.leases
+    queue = [w.session for w in leases.queue]
+    if session in queue:  # waiting for a slot (not yet `running`)
+        lease, position = "queued", queue.index(session) + 1
+    else:
+        lease, position = ("held" if mine.running else "released"), None
+    pinned_seconds = max(time.time() - mine.opened, mine.lease_seconds)
+    saved = pinned_seconds - mine.lease_seconds
+    return {"session": session, "address": status.address, "open": True,
+            "version": mine.version, "tier": mine.tier, "pinned": mine.pinned,
+            "kind": leases.kind, "lease": lease, "position": position,
+            "lease_seconds": mine.lease_seconds, "saved_hours": saved / 3600,
+            "saved_share": saved / pinned_seconds if pinned_seconds > 0 else 0.0}
+
+
+class Frontend:
+    """The comms of one attachment, and the thread that serves them."""
+
+    def __init__(self, attachment: Attachment) -> None:
+        self.attachment = attachment
+        self.comms: list[Any] = []  # open status comms
+        self.history_comms: list[Any] = []  # open history comms
+        self._history_due = False  # the history comms are sent the versions at the next wake
+        self._checkouts: list[tuple[Any, int | str]] = []  # asked for, not yet done
+        self._draft: tuple[int, str] | None = None  # the newest revision not yet sent
+        self._revision = -1
+        self._wake = threading.Event()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._starting = threading.Lock()  # one thread, however many kernel threads nudge
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> None:
+        manager = getattr(self.attachment.kernel, "comm_manager", None)
+        if manager is None:
+            return
+        manager.register_target(DRAFT_TARGET, self._open_draft)
+        manager.register_target(STATUS_TARGET, self._open_status)
+        manager.register_target(HISTORY_TARGET, self._open_history)
+
+    def close(self) -> None:
+        manager = getattr(self.attachment.kernel, "comm_manager", None)
+        if manager is not None:
+            for target in TARGETS:
+                manager.targets.pop(target, None)
+        self._closed = True
+        self._wake.set()
+
+    # called on the kernel's threads
+    def draft(self, source: str, revision: int | None = None) -> None:
+        """Have `source` drafted, unless a newer revision came first."""
+        with self._lock:
+            if revision is not None:
+                if revision <= self._revision:
+                    return
+                self._revision = revision
+            self._draft = (self._revision, source)
+        self._nudge()
+
+    def notice(self, text: str) -> None:
+        """Tell the frontend (a slot wait, a pinned session), and refresh its status."""
+        for comm in list(self.comms):
+            comm.send({"notice": text})
+        self.update()
+
+    def update(self) -> None:
+        """Send the status and the versions soon (after a cell, say)."""
+        if self.history_comms:
+            self._history_due = True
+        if self.comms or self.history_comms:
+            self._nudge()
+
+    def _open_draft(self, comm: Any, message: dict) -> None:
+        def on_message(msg: dict) -> None:
+            data = msg.get("content", {}).get("data") or {}
+            revision = data.get("revision")
+            if isinstance(data.get("source"), str):
+                self.draft(data["source"], revision if isinstance(revision, int) else None)
+
+        comm.on_msg(on_message)
+        on_message(message)
+
+    def _open_status(self, comm: Any, message: dict) -> None:
+        self.comms.append(comm)
+        comm.on_msg(lambda msg: self._nudge())  # any message asks for the status now
+        comm.on_close(lambda msg: self.comms.remove(comm) if comm in self.comms else None)
+        self._nudge()
+
+    def _open_history(self, comm: Any, message: dict) -> None:
+        def on_message(msg: dict) -> None:
+            data = msg.get("content", {}).get("data") or {}
+            version = data.get("version")
+            if data.get("op") == "checkout" and isinstance(version, int | str) \
+                    and not isinstance(version, bool):
+                with self._lock:
+                    self._checkouts.append((comm, version))
+            self._history_due = True  # `list`, or the versions after a checkout
+            self._nudge()
+
+        self.history_comms.append(comm)
+        comm.on_msg(on_message)
+        comm.on_close(lambda msg: self.history_comms.remove(comm)
+                      if comm in self.history_comms else None)
+        self._history_due = True
+        self._nudge()
+
+    def _nudge(self) -> None:
+        with self._starting:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._serve, name="llfabric-frontend",
+                                                daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    # the frontend thread
+    def _serve(self) -> None:
+        client = Client(self.attachment.address, timeout=5.0)
+        try:
+            while not self._closed:
+                self._wake.wait(POLL)
+                self._wake.clear()
+                if self._closed:
+                    break
+                with self._lock:
+                    draft, self._draft = self._draft, None
+                    checkouts, self._checkouts = self._checkouts, []
+                if draft is not None:
+                    self._send_draft(client, draft[1])
+                for comm, version in checkouts:
+                    self._checkout(client, comm, version)
+                if self.history_comms and (self._history_due or checkouts):
+                    self._history_due = False
+                    self._send_versions(client)
+                if self.comms:
+                    self._send_status(client)
+        finally:
+            client.close()
+
+    def _send_draft(self, client: Client, source: str) -> None:
+        from .relay import is_local
+
+        if is_local(source) or not source.strip() or not self.attachment.opened:
+            return
+        try:
+            client.draft(self.attachment.session, source)
+        except FabricError as exc:  # a draft only saves time: the cell runs without it
+            log.info("draft not sent: %s", exc.message)
+
+    def _checkout(self, client: Client, comm: Any, version: int | str) -> None:
+        """`%llfabric checkout VERSION`, asked from the history panel: the next cell runs on
+        that version's state; prompt numbers go on."""
+        try:
+            reply = client.checkout(self.attachment.session, version)
+        except FabricError as exc:  # a cell running, a thinned version, a server down
+            comm.send({"error": exc.message, "version": version})
+            return
+        data = {"checked_out": reply.get("checked_out"), "version": reply.get("version")}
+        if differ := reply.get("packages_differ"):
+            data["warning"] = describe_differences(differ, reply.get("env"))
+        comm.send(data)
+
+    def _send_versions(self, client: Client) -> None:
+        try:
+            versions = client.versions(self.attachment.session)
+        except RemoteError as exc:
+            if exc.kind != "unknown_session":
+                versions, error = [], exc.message
+            else:  # no cell has run yet: nothing in the store
+                versions, error = [], None
+        except FabricError as exc:
+            versions, error = [], exc.message
+        else:
+            error = None
+        data: dict = {"session": self.attachment.session, "versions": versions,
+                      "version": versions[0]["version"] if versions else 0}
+        if error is not None:
+            data["error"] = error
+        for comm in list(self.history_comms):
+            comm.send(data)
+
+    def _send_status(self, client: Client) -> None:
+        try:
+            data = summary(client.status(), self.attachment.session)
+        except FabricError as exc:
+            data = {"session": self.attachment.session, "address": self.attachment.address,
+                    "error": exc.message}
+        for comm in list(self.comms):
+            comm.send({"status": data})

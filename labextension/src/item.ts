@@ -1,0 +1,33 @@
+// The status bar item: the current notebook's session on the fabric, in one line.
+import { Widget } from '@lumino/widgets';
+import { IStatus } from './link';
+
+export class StatusItem extends Widget {
+  constructor() {
+    super();
+    this.addClass('jp-StatusBar-TextItem');
+    this.node.dataset.llfabric = 'status';
+  }
+
+  show_(status: IStatus | null): void {
+    this.node.textContent = status === null ? '' : describe(status);
+    this.node.title =
+      status === null ? '' : `llfabric server ${status.address}, version ${status.version ?? 0}`;
+  }
+}
+
+export function describe(status: IStatus): string {
+  if (status.error) {
+    return `llfabric: ${status.session}: ${status.error}`;
+  }
+  if (!status.open) {
+    return `llfabric: ${status.session} (not open on ${status.address})`;
+  }
+  const kind = (status.kind ?? 'gpu').toUpperCase();
+  const lease =
+    status.lease === 'queued' ? `queued #${status.position}` : `lease ${status.lease}`;
+  const share = Math.round(100 * (status.saved_share ?? 0));
+  const saved = (status.saved_hours ?? 0).toFixed(3);
+  const pinned = status.pinned ? ' · pinned' : '';
+  return `llfabric: ${status.session} · ${status.tier} · ${lease} · ${saved} ${kind}-h saved (${share}%)${pinned}`;
+}

@@ -1,0 +1,256 @@
+"""The comms of the JupyterLab extension (labextension/) with an attached kernel, driven as the
+extension drives them, by jupyter_client against a real kernel and a real server."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from attached import Kernel, install_test_kernelspec, kernel_env
+from helpers import RunningServer, execute, serving
+from jupyter_client.kernelspec import KernelSpecManager
+
+from fabric.messages import Output
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    # one slot, so that another session's cell makes ours queue; no worker kept after a cell,
+    # so that a prepared worker shows that a draft arrived
+    with serving(tmp_path_factory.mktemp("store"), slots=1, keep_warm=0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
+    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
+
+
+@pytest.fixture
+def session() -> str:
+    return f"f-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def kernel(server: RunningServer, specs: KernelSpecManager, session: str,
+           tmp_path: Path) -> Iterator[Kernel]:
+    started = Kernel.start(specs, kernel_env(server.address, session), tmp_path)
+    yield started
+    started.stop()
+
+
+def _open_comm(kernel: Kernel, target: str, data: dict) -> str:
+    comm_id = uuid.uuid4().hex
+    client = kernel.client
+    client.shell_channel.send(client.session.msg("comm_open", {
+        "comm_id": comm_id, "target_name": target, "data": data}))
+    return comm_id
+
+
+def _send(kernel: Kernel, comm_id: str, data: dict) -> None:
+    client = kernel.client
+    client.shell_channel.send(client.session.msg("comm_msg", {"comm_id": comm_id, "data": data}))
+
+
+def _comm_data(kernel: Kernel, comm_id: str, wanted: Callable[[dict], bool],
+               timeout: float = 60) -> dict:
+    """The first message the kernel sends on `comm_id` that is `wanted`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.client.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        content = msg["content"]
+        if msg["msg_type"] == "comm_msg" and content["comm_id"] == comm_id and \
+                wanted(content["data"]):
+            return content["data"]
+    raise AssertionError(f"no such message on comm {comm_id} in {timeout} s")
+
+
+def _prepared(server: RunningServer, session: str, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with server.client() as client:
+            mine = [s for s in client.call("status")["sessions"] if s["session"] == session]
+        if mine and mine[0]["prepared"]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_status_comm_tells_the_session_and_its_changes(kernel: Kernel,
+                                                           session: str) -> None:
+    comm = _open_comm(kernel, "llfabric.status", {})
+    first = _comm_data(kernel, comm, lambda d: "status" in d)["status"]
+    assert first["session"] == session and first["version"] == 0
+    assert first["lease"] == "released" and first["tier"] == "cold"
+    assert first["kind"] in ("gpu", "cpu") and first["saved_hours"] >= 0
+    reply, outputs = kernel.execute("x = 1")
+    assert reply["status"] == "ok"
+    assert [m for m in outputs if m["msg_type"] != "comm_msg"] == []  # the cell shows nothing
+    after = _comm_data(kernel, comm, lambda d: d.get("status", {}).get("version") == 1)
+    assert after["status"]["lease"] == "released"
+
+
+def test_a_slot_wait_is_a_notice_and_a_queue_position(kernel: Kernel, server: RunningServer,
+                                                      session: str) -> None:
+    comm = _open_comm(kernel, "llfabric.status", {})
+    _comm_data(kernel, comm, lambda d: "status" in d)
+    other = f"o-{uuid.uuid4().hex[:8]}"
+    with server.client() as client:
+        client.call("open", session=other, cwd="/tmp")
+        execute(client, other, "1")  # a warm zygote, so the slow cell starts at once
+    started = threading.Event()
+
+    def hold_the_slot() -> None:
+        with server.client() as client:
+            for message in client.execute(other, "import time\nprint('go', flush=True)\n"
+                                                 "time.sleep(8)", timeout=60):
+                if isinstance(message, Output):
+                    started.set()
+
+    holder = threading.Thread(target=hold_the_slot)
+    holder.start()
+    assert started.wait(60)
+    try:
+        reply, messages = _run_watching(kernel, "'ran'")
+    finally:
+        holder.join()
+    assert reply["status"] == "ok"
+    mine = [m for m in messages if m["parent_header"].get("msg_id") == reply["msg_id"]]
+    # the wait is llfabric's news: a notice and the queue position, not the cell's outputs
+    assert [m["msg_type"] for m in mine if m["msg_type"] in ("stream", "execute_result",
+                                                           "display_data", "error")] == \
+        ["execute_result"]
+    data = [m["content"]["data"] for m in messages
+            if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm]
+    assert any("execution slot" in d.get("notice", "") for d in data)
+    assert {"lease": "queued", "position": 1} in [
+        {k: d["status"].get(k) for k in ("lease", "position")} for d in data if "status" in d]
+
+
+def _run_watching(kernel: Kernel, code: str, timeout: float = 120) -> tuple[dict, list[dict]]:
+    """Run a cell; its reply (with its msg_id) and every IOPub message until it is idle."""
+    msg_id = kernel.client.execute(code)
+    messages: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.client.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") == msg_id and \
+                msg["content"]["execution_state"] == "idle":
+            break
+    reply = kernel.client.get_shell_msg(timeout=10)
+    return {**reply["content"], "msg_id": msg_id}, messages
+
+
+def test_live_drafts_prepare_a_worker_and_stale_revisions_are_dropped(
+        kernel: Kernel, server: RunningServer, session: str) -> None:
+    kernel.execute("w = 1")
+    assert not _prepared(server, session, timeout=1)
+    comm = _open_comm(kernel, "llfabric.draft", {"source": "w +", "revision": 1})
+    _send(kernel, comm, {"source": "w + 1", "revision": 2})
+    assert _prepared(server, session)
+    kernel.execute("w + 1")  # the prepared worker runs it, and is retired after (keep_warm=0)
+    assert not _prepared(server, session, timeout=1)
+    _send(kernel, comm, {"source": "w + 2", "revision": 2})  # not newer than one already sent
+    assert not _prepared(server, session, timeout=3)
+    _send(kernel, comm, {"source": "w + 2", "revision": 3})
+    assert _prepared(server, session)
+
+
+def _versions(kernel: Kernel, comm: str, head: int) -> dict:
+    """The history comm's versions once the session's head is `head` (asked for: what the kernel
+    sent after a cell may have gone by with that cell's messages)."""
+    _send(kernel, comm, {"op": "list"})
+    return _comm_data(kernel, comm, lambda d: "versions" in d and d["version"] == head)
+
+
+def test_the_history_comm_lists_versions_and_checks_one_out(kernel: Kernel,
+                                                            session: str) -> None:
+    comm = _open_comm(kernel, "llfabric.history", {})
+    first = _comm_data(kernel, comm, lambda d: "versions" in d)
+    assert first == {"session": session, "versions": [], "version": 0}  # nothing ran yet
+    kernel.execute("x = 1\nimport math")
+    kernel.execute("x = 2\ny = 'why'")
+    versions = _versions(kernel, comm, 2)["versions"]
+    assert [v["version"] for v in versions] == [2, 1]
+    latest, earliest = versions
+    assert latest["first_line"] == "x = 2" and latest["lines"] == 2
+    assert latest["execution_count"] == 2 and latest["status"] == "ok"
+    assert (latest["added"], latest["changed"], latest["removed"]) == (["y"], ["x"], [])
+    assert earliest["added"] == ["math", "x"] and earliest["checkout"] is None
+    assert latest["size"] > 0 and latest["variables"] == 2 and latest["time"] > 0
+    _send(kernel, comm, {"op": "checkout", "version": 1})
+    done = _comm_data(kernel, comm, lambda d: "checked_out" in d or "error" in d)
+    assert done == {"checked_out": 1, "version": 3}
+    after = _versions(kernel, comm, 3)["versions"][0]
+    assert after["checkout"] == 1 and after["first_line"] == ""
+    assert (after["added"], after["changed"], after["removed"]) == ([], ["x"], ["y"])
+    reply, outputs = kernel.execute("x")  # the next cell runs on version 1's state
+    assert [m["content"]["data"]["text/plain"] for m in outputs
+            if m["msg_type"] == "execute_result"] == ["1"]
+    assert reply["execution_count"] == 3  # prompt numbers go on, as after %llfabric checkout
+    _send(kernel, comm, {"op": "checkout", "version": 99})
+    assert "no version 99" in _comm_data(kernel, comm, lambda d: "error" in d)["error"]
+
+
+def _on_subshell(kernel: Kernel, msg_type: str, content: dict, subshell: str) -> None:
+    client = kernel.client
+    message = client.session.msg(msg_type, content)
+    message["header"]["subshell_id"] = subshell
+    client.shell_channel.send(message)
+
+
+def _status_of(server: RunningServer, session: str) -> dict:
+    with server.client() as client:
+        sessions = client.call("status")["sessions"]
+    return next((s for s in sessions if s["session"] == session), {})
+
+
+def test_a_draft_sent_on_a_subshell_reaches_the_server_while_a_cell_runs(
+        kernel: Kernel, server: RunningServer, session: str, tmp_path: Path) -> None:
+    client = kernel.client
+    info = client.kernel_info(reply=True, timeout=30)["content"]
+    assert "kernel subshells" in info.get("supported_features", [])
+    client.control_channel.send(client.session.msg("create_subshell_request", {}))
+    subshell = client.get_control_msg(timeout=30)["content"]["subshell_id"]
+    kernel.execute("w = 1")
+    comm_id = uuid.uuid4().hex
+    _on_subshell(kernel, "comm_open", {"comm_id": comm_id, "target_name": "llfabric.draft",
+                                       "data": {}}, subshell)
+    flag = tmp_path / "go"
+    running = client.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
+                             "    time.sleep(0.05)")
+    try:
+        _until(lambda: _status_of(server, session).get("running"), "the cell started")
+        assert not _status_of(server, session)["prepared"]
+        # the kernel's main thread waits for the cell: the subshell's thread takes the draft
+        _on_subshell(kernel, "comm_msg", {"comm_id": comm_id,
+                                          "data": {"source": "w + 1", "revision": 1}}, subshell)
+        _until(lambda: _status_of(server, session)["prepared"], "the draft reached the server")
+        assert _status_of(server, session)["running"]  # before the cell ended
+    finally:
+        flag.touch()
+    deadline = time.monotonic() + 60
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == running:
+            break
+    assert reply["content"]["status"] == "ok"
+
+
+def _until(predicate: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.1)

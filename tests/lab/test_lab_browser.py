@@ -1,0 +1,187 @@
+"""The JupyterLab extension (labextension/) in a real browser: Chromium driven by Playwright, a
+real JupyterLab, the llfabric kernel and a real `llfabric serve`. A failing test leaves a
+screenshot in its tmp dir."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from attached import KERNEL_NAME
+from helpers import RunningServer, serving
+from lab_server import BUILT, CHROMIUM, jupyterlab
+
+pytestmark = pytest.mark.browser
+
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH (make sysdeps installs it)", allow_module_level=True)
+if not (BUILT / "package.json").is_file():
+    pytest.skip("the extension is not built (make labextension)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    # no worker kept after a cell: a prepared worker shows that a draft arrived
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=0) as running:
+        yield running
+
+
+def _session_status(server: RunningServer, session: str) -> dict | None:
+    with server.client() as client:
+        status = client.call("status")
+    return next((s for s in status["sessions"] if s["session"] == session), None)
+
+
+def _wait_until(check, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator:
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServer, page,
+                                                             tmp_path: Path,
+                                                             request: pytest.FixtureRequest
+                                                             ) -> None:
+    session = f"lab-{uuid.uuid4().hex[:8]}"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("x = 41"), nbformat.v4.new_code_cell("")]
+    nbformat.write(nb, str(tmp_path / "work.ipynb"))
+    with jupyterlab(tmp_path, server.address, session) as url:
+        try:
+            page.goto(f"{url}/lab/tree/work.ipynb")
+            item = page.locator("[data-llfabric=status]")
+            # the kernel attached and the extension hears its status comm
+            item.filter(has_text=session).wait_for(timeout=90_000)
+            assert "cold" in item.inner_text()  # a new session: no worker yet
+            first = page.locator(".jp-Notebook .jp-Cell").nth(0)
+            first.locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")  # runs `x = 41`, moves to the empty cell
+            assert _wait_until(lambda: (_session_status(server, session) or {})
+                               .get("version") == 1)
+            assert not _session_status(server, session)["prepared"]  # retired after the cell
+            second = page.locator(".jp-Notebook .jp-Cell").nth(1)
+            second.locator(".cm-content").click()
+            page.keyboard.type("x + 1", delay=80)  # unsaved: only a live draft can tell it
+            assert _wait_until(lambda: _session_status(server, session)["prepared"]), \
+                "the server got no draft of the cell being typed"
+            page.keyboard.press("Shift+Enter")
+            second.locator(".jp-OutputArea-output").filter(has_text="42") \
+                .wait_for(timeout=60_000)
+            assert session in item.inner_text()
+            page.screenshot(path=str(tmp_path / "lab.png"))  # what a user sees, for the record
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            (tmp_path / "failure.json").write_text(json.dumps(
+                {"test": request.node.name, "status": _session_status(server, session)}))
+            raise
+
+
+def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    session = f"lab-{uuid.uuid4().hex[:8]}"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source)
+                for source in ("x = 1", "x = 2\ny = x * 10", "print('x is', x)")]
+    nbformat.write(nb, str(tmp_path / "history.ipynb"))
+    with jupyterlab(tmp_path, server.address, session) as url:
+        try:
+            page.goto(f"{url}/lab/tree/history.ipynb")
+            page.locator("[data-llfabric=status]").filter(has_text=session) \
+                .wait_for(timeout=90_000)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            for at in (0, 1):  # versions 1 and 2
+                cells.nth(at).locator(".cm-content").click()
+                page.keyboard.press("Shift+Enter")
+                assert _wait_until(lambda at=at: (_session_status(server, session) or {})
+                                   .get("version") == at + 1)
+            page.locator(".jp-SideBar [data-id=llfabric-history]").click()  # the panel's tab
+            panel = page.locator("[data-llfabric=history]")
+            panel.filter(has_text=f"session {session} · version 2").wait_for(timeout=30_000)
+            latest = panel.locator("[data-version='2']")
+            assert "[2] x = 2 …" in latest.inner_text()
+            assert "+y ~x" in latest.inner_text()  # what the cell changed
+            first = panel.locator("[data-version='1']")
+            assert "[1] x = 1" in first.inner_text() and "+x" in first.inner_text()
+            first.click()  # as `%llfabric checkout 1`
+            assert _wait_until(lambda: _session_status(server, session)["version"] == 3)
+            panel.locator("[data-version='3']").filter(has_text="checkout of version 1") \
+                .wait_for(timeout=30_000)
+            page.screenshot(path=str(tmp_path / "history.png"))  # for the record
+            cells.nth(2).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="x is 1") \
+                .wait_for(timeout=60_000)
+            # the cell after the checkout is in the list, refreshed without asking
+            panel.locator("[data-version='4']").filter(has_text="print('x is', x)") \
+                .wait_for(timeout=30_000)
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            (tmp_path / "failure.json").write_text(json.dumps(
+                {"test": request.node.name, "status": _session_status(server, session)}))
+            raise
+
+
+def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, page,
+                                                       tmp_path: Path,
+                                                       request: pytest.FixtureRequest) -> None:
+    session = f"lab-{uuid.uuid4().hex[:8]}"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
+                                 "language": "python"}
+    waiting = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)"
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in ("x = 41", waiting, "")]
+    nbformat.write(nb, str(tmp_path / "busy.ipynb"))
+    with jupyterlab(tmp_path, server.address, session) as url:
+        try:
+            page.goto(f"{url}/lab/tree/busy.ipynb")
+            page.locator("[data-llfabric=status]").filter(has_text=session) \
+                .wait_for(timeout=90_000)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            cells.nth(0).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")  # x = 41
+            assert _wait_until(lambda: (_session_status(server, session) or {})
+                               .get("version") == 1)
+            page.keyboard.press("Shift+Enter")  # the waiting cell; the focus moves on
+            assert _wait_until(lambda: _session_status(server, session)["running"])
+            assert not _session_status(server, session)["prepared"]
+            cells.nth(2).locator(".cm-content").click()
+            page.keyboard.type("x + 1", delay=80)  # while the kernel's main shell waits
+            assert _wait_until(lambda: _session_status(server, session)["prepared"], 30), \
+                "no draft reached the server while the cell ran"
+            assert _session_status(server, session)["running"]
+            (tmp_path / "go").touch()
+            page.keyboard.press("Shift+Enter")
+            cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="42") \
+                .wait_for(timeout=60_000)
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            (tmp_path / "failure.json").write_text(json.dumps(
+                {"test": request.node.name, "status": _session_status(server, session)}))
+            raise
+        finally:
+            (tmp_path / "go").touch()
