@@ -10,7 +10,15 @@ as `{"notice": text}`, which the frontend shows as notifications, never in a cel
 (`{"op": "list"}`); `{"op": "checkout", "version": N}` checks version N out, as
 `%llfabric checkout N` does, and is answered `{"checked_out": N, "version": M}` (with a
 `warning` where N's packages differ from its environment's now) or `{"error": text}`, then the
-versions again.
+versions again. `llfabric.running`: opened by a frontend as it connects to the kernel (a notebook
+reopened after its tab closed, say), it is answered `{"running": null}`, or, while a cell runs,
+`{"running": {"cell_id", "msg_id", "execution_count", "outputs", "next", "dropped"}}`: the cell's
+id in the notebook, its execute request's msg_id, and what the kernel has published for it so far
+(`outputs`: `{"msg_type", "content", "seq"}`, the last `KEEP_BYTES` of them; `dropped`: earlier
+ones were left out), so that the frontend shows them, then appends the cell's live IOPub
+messages, which carry their `seq` in the message metadata (`llfabric_seq`) from `next` on. When
+the cell ends, `{"done": {"msg_id", "execution_count", "status"}}`: a frontend that did not send
+the request gets neither its execute_reply nor, from the kernel's start, its `execute_input`.
 
 All go through a thread with its own client of the server, so a slow answer never holds up the
 kernel's shell, and a burst of keystrokes queued behind a running cell becomes one draft. The
@@ -22,9 +30,11 @@ client the running cell uses is never touched.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..client import Client
@@ -40,7 +50,12 @@ log = logging.getLogger(__name__)
 DRAFT_TARGET = "llfabric.draft"
 STATUS_TARGET = "llfabric.status"
 HISTORY_TARGET = "llfabric.history"
-TARGETS = (DRAFT_TARGET, STATUS_TARGET, HISTORY_TARGET)
+RUNNING_TARGET = "llfabric.running"
+TARGETS = (DRAFT_TARGET, STATUS_TARGET, HISTORY_TARGET, RUNNING_TARGET)
+# what a cell publishes that a reopened notebook shows again
+OUTPUT_TYPES = frozenset({"stream", "display_data", "execute_result", "error", "clear_output",
+                          "update_display_data"})
+KEEP_BYTES = 4 * 2**20  # of a running cell's outputs kept for a frontend that comes back
 POLL = 3.0  # seconds between status updates while nothing else asks for one
 
 
@@ -64,6 +79,47 @@ def summary(status: ServerStatus, session: str) -> dict:
             "saved_share": saved / pinned_seconds if pinned_seconds > 0 else 0.0}
 
 
+class RunningCell:
+    """The cell the kernel runs: where it is in the notebook, its request, its outputs so far."""
+
+    def __init__(self, cell_id: str | None, msg_id: str | None, execution_count: int,
+                 keep: int = KEEP_BYTES) -> None:
+        self.cell_id = cell_id
+        self.msg_id = msg_id
+        self.execution_count = execution_count
+        self.keep = keep
+        self.outputs: deque[tuple[int, str, dict, int]] = deque()  # seq, type, content, size
+        self.size = 0
+        self.next = 0  # the seq of the next output
+        self.dropped = False
+
+    def record(self, msg_type: str, content: dict) -> int:
+        """Keep an output (the last `keep` bytes of them); its seq."""
+        seq, self.next = self.next, self.next + 1
+        if msg_type == "clear_output" and not content.get("wait"):
+            self.outputs.clear()  # what the frontend shows from here on starts empty
+            self.size = 0
+            self.dropped = False
+            return seq
+        try:
+            size = len(json.dumps(content))
+        except (TypeError, ValueError):
+            return seq
+        self.outputs.append((seq, msg_type, content, size))
+        self.size += size
+        while self.size > self.keep and self.outputs:
+            self.size -= self.outputs.popleft()[3]
+            self.dropped = True
+        return seq
+
+    def snapshot(self) -> dict:
+        return {"cell_id": self.cell_id, "msg_id": self.msg_id,
+                "execution_count": self.execution_count, "next": self.next,
+                "dropped": self.dropped,
+                "outputs": [{"seq": seq, "msg_type": msg_type, "content": content}
+                            for seq, msg_type, content, _ in self.outputs]}
+
+
 class Frontend:
     """The comms of one attachment, and the thread that serves them."""
 
@@ -71,6 +127,8 @@ class Frontend:
         self.attachment = attachment
         self.comms: list[Any] = []  # open status comms
         self.history_comms: list[Any] = []  # open history comms
+        self.running_comms: list[Any] = []  # open running-cell comms
+        self.running: RunningCell | None = None  # the cell the kernel runs now
         self._history_due = False  # the history comms are sent the versions at the next wake
         self._checkouts: list[tuple[Any, int | str]] = []  # asked for, not yet done
         self._draft: tuple[int, str] | None = None  # the newest revision not yet sent
@@ -88,6 +146,7 @@ class Frontend:
         manager.register_target(DRAFT_TARGET, self._open_draft)
         manager.register_target(STATUS_TARGET, self._open_status)
         manager.register_target(HISTORY_TARGET, self._open_history)
+        manager.register_target(RUNNING_TARGET, self._open_running)
 
     def close(self) -> None:
         manager = getattr(self.attachment.kernel, "comm_manager", None)
@@ -120,6 +179,38 @@ class Frontend:
             self._history_due = True
         if self.comms or self.history_comms:
             self._nudge()
+
+    # the running cell (its outputs come from the kernel's main thread, the comm on a subshell's)
+    def cell_started(self, cell_id: str | None, msg_id: str | None, execution_count: int) -> None:
+        with self._lock:
+            self.running = RunningCell(cell_id, msg_id, execution_count)
+
+    def record(self, msg_type: str, content: dict) -> int | None:
+        """Keep what the running cell publishes; its seq (None: not an output of a cell)."""
+        with self._lock:
+            if self.running is None or msg_type not in OUTPUT_TYPES:
+                return None
+            return self.running.record(msg_type, content)
+
+    def cell_ended(self, execution_count: int, status: str) -> None:
+        with self._lock:
+            running, self.running = self.running, None
+            comms, self.running_comms = self.running_comms, []  # each followed this cell
+        if running is None:
+            return
+        done = {"msg_id": running.msg_id, "cell_id": running.cell_id,
+                "execution_count": execution_count, "status": status}
+        for comm in comms:
+            comm.send({"done": done})
+
+    def _open_running(self, comm: Any, message: dict) -> None:
+        with self._lock:
+            running = None if self.running is None else self.running.snapshot()
+            if running is not None:
+                self.running_comms.append(comm)
+        comm.on_close(lambda msg: self.running_comms.remove(comm)
+                      if comm in self.running_comms else None)
+        comm.send({"running": running})
 
     def _open_draft(self, comm: Any, message: dict) -> None:
         def on_message(msg: dict) -> None:

@@ -117,9 +117,24 @@ class Attachment:
 
     # cells
     def run(self, source: str, cell_id: str | None = None) -> ExecutionResult:
-        """Run one cell on the fabric, publishing its outputs; the result ipykernel replies with."""
-        result = ExecutionResult(ExecutionInfo(source, True, False, True, cell_id))
+        """Run one cell on the fabric, publishing its outputs; the result ipykernel replies with.
+
+        The frontend comms keep the cell's id, request and outputs while it runs, for a notebook
+        reopened meanwhile (its own tab closed): it shows them and follows the cell."""
         count = self.shell.execution_count  # the number the kernel announced for this cell
+        parent = self.kernel.get_parent("shell") or {}
+        self.frontend.cell_started(cell_id, (parent.get("header") or {}).get("msg_id"), count)
+        result: ExecutionResult | None = None
+        try:
+            result = self._run(source, cell_id, count)
+            return result
+        finally:
+            failed = result is None or result.error_in_exec is not None
+            self.frontend.cell_ended(count if result is None else result.execution_count,
+                                     "error" if failed else "ok")
+
+    def _run(self, source: str, cell_id: str | None, count: int) -> ExecutionResult:
+        result = ExecutionResult(ExecutionInfo(source, True, False, True, cell_id))
         try:
             if self.opened:
                 self._check_reachable()
@@ -254,6 +269,9 @@ class Attachment:
         """Send on IOPub as the kernel does for the execute request being handled."""
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # what the kernel itself printed comes first
+        seq = self.frontend.record(msg_type, content)  # an output of the running cell
+        if seq is not None:
+            metadata = {**(metadata or {}), "llfabric_seq": seq}
         kernel = self.kernel
         kernel.session.send(kernel.iopub_socket, msg_type, content,
                             parent=kernel.get_parent("shell"), ident=kernel._topic(msg_type),

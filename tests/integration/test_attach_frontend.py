@@ -254,3 +254,65 @@ def _until(predicate: Callable[[], object], what: str, timeout: float = 60.0) ->
     while not predicate():
         assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
         time.sleep(0.1)
+
+
+def test_the_running_comm_gives_a_running_cell_its_outputs_so_far_then_its_end(
+        kernel: Kernel, session: str) -> None:
+    """As a notebook reopened while a cell runs: on a subshell (the main shell waits for the
+    cell), the cell's id, request and outputs so far; its live outputs carry their seq; then its
+    end with its execution count."""
+    client = kernel.client
+    comm = _open_comm(kernel, "llfabric.running", {})
+    assert _comm_data(kernel, comm, lambda d: "running" in d) == {"running": None}  # idle
+    kernel.execute("x = 1")
+    client.control_channel.send(client.session.msg("create_subshell_request", {}))
+    subshell = client.get_control_msg(timeout=30)["content"]["subshell_id"]
+    request = client.session.msg("execute_request", {
+        "code": "import time\nfor i in range(12):\n    print('line', i, flush=True)\n"
+                "    time.sleep(0.3)", "silent": False, "store_history": True,
+        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        metadata={"cellId": "the-cell"})
+    client.shell_channel.send(request)
+    msg_id = request["header"]["msg_id"]
+    live: list[dict] = []
+    deadline = time.monotonic() + 60
+    while "line 2" not in "".join(m["content"]["text"] for m in live):
+        assert time.monotonic() < deadline, "the cell printed nothing"
+        try:
+            msg = client.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        if msg["msg_type"] == "stream" and msg["parent_header"].get("msg_id") == msg_id:
+            live.append(msg)
+    assert [m["metadata"]["llfabric_seq"] for m in live] == list(range(len(live)))
+    comm = uuid.uuid4().hex
+    _on_subshell(kernel, "comm_open", {"comm_id": comm, "target_name": "llfabric.running",
+                                       "data": {}}, subshell)
+    texts: dict[int, str] = {}
+    running = done = None
+    deadline = time.monotonic() + 60
+    while done is None:
+        assert time.monotonic() < deadline, "the cell did not end"
+        try:
+            msg = client.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        content = msg["content"]
+        if msg["msg_type"] == "stream" and msg["parent_header"].get("msg_id") == msg_id:
+            texts[msg["metadata"]["llfabric_seq"]] = content["text"]
+        elif msg["msg_type"] == "comm_msg" and content["comm_id"] == comm:
+            if "running" in content["data"]:
+                running = content["data"]["running"]
+            else:
+                done = content["data"]["done"]
+    assert running is not None, "the comm said nothing before the cell's end"
+    assert running["cell_id"] == "the-cell" and running["msg_id"] == msg_id
+    assert running["execution_count"] == 2 and not running["dropped"]
+    assert "line 2" in "".join(o["content"]["text"] for o in running["outputs"])
+    assert "line 11" not in "".join(o["content"]["text"] for o in running["outputs"])
+    shown = {o["seq"]: o["content"]["text"] for o in running["outputs"]}
+    shown.update((seq, text) for seq, text in texts.items() if seq >= running["next"])
+    assert "".join(shown[seq] for seq in sorted(shown)) == \
+        "".join(f"line {i}\n" for i in range(12))
+    assert done == {"msg_id": msg_id, "cell_id": "the-cell", "execution_count": 2,
+                    "status": "ok"}
