@@ -6,6 +6,7 @@ import { ICellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { CommsOverSubshells, Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
+import { RunningCellFollower } from './running';
 
 export const DRAFT_TARGET = 'llfabric.draft';
 export const STATUS_TARGET = 'llfabric.status';
@@ -59,10 +60,17 @@ export class Link {
   constructor(private panel: NotebookPanel) {
     const context = panel.sessionContext;
     context.statusChanged.connect(this._onKernelStatus, this);
-    context.kernelChanged.connect(() => this._reset(), this);
+    context.kernelChanged.connect(() => {
+      this._reset();
+      this._followRunning();
+    }, this);
     panel.content.activeCellChanged.connect(this._watchActiveCell, this);
     this._watchActiveCell();
-    panel.disposed.connect(() => this._reset());
+    this._followRunning();
+    panel.disposed.connect(() => {
+      this._reset();
+      this._follower?.dispose();
+    });
   }
 
   get status(): IStatus | null {
@@ -98,6 +106,34 @@ export class Link {
     } else if (status === 'idle' && this._statusComm === null && !this._refused) {
       this._openStatus();
     }
+  }
+
+  // A kernel this notebook connects to may be running one of its cells, sent from a tab since
+  // closed: once connected, ask, and show that cell's outputs as they come.
+  private _followRunning(): void {
+    const kernel = this._kernel();
+    if (kernel === null || kernel === this._followed) {
+      return;
+    }
+    this._followed = kernel;
+    this._follower?.dispose();
+    this._follower = null;
+    const start = () => {
+      if (this._followed === kernel && !kernel.isDisposed && !this.panel.isDisposed) {
+        this._follower = new RunningCellFollower(this.panel, kernel);
+      }
+    };
+    if (kernel.connectionStatus === 'connected') {
+      start();
+      return;
+    }
+    const onConnection = (_: unknown, status: Kernel.ConnectionStatus) => {
+      if (status === 'connected') {
+        kernel.connectionStatusChanged.disconnect(onConnection);
+        start();
+      }
+    };
+    kernel.connectionStatusChanged.connect(onConnection);
   }
 
   private _kernel(): Kernel.IKernelConnection | null {
@@ -255,6 +291,8 @@ export class Link {
   }
 
   private _status: IStatus | null = null;
+  private _followed: Kernel.IKernelConnection | null = null;
+  private _follower: RunningCellFollower | null = null;
   private _changed = new Signal<this, IStatus | null>(this);
   private _statusComm: Kernel.IComm | null = null;
   private _draftComm: Kernel.IComm | null = null;

@@ -185,3 +185,56 @@ def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, pa
             raise
         finally:
             (tmp_path / "go").touch()
+
+
+def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    session = f"lab-{uuid.uuid4().hex[:8]}"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
+                                 "language": "python"}
+    # a line every 0.3 s; from line 12 on once the test says so, after the notebook is back
+    lines = ("import os, time\nfor i in range(20):\n    if i == 12:\n"
+             "        while not os.path.exists('go'):\n            time.sleep(0.05)\n"
+             "    print('line', i, flush=True)\n    time.sleep(0.3)")
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(lines)]
+    nbformat.write(nb, str(tmp_path / "closed.ipynb"))
+    with jupyterlab(tmp_path, server.address, session) as url:
+        try:
+            page.goto(f"{url}/lab/tree/closed.ipynb")
+            page.locator("[data-llfabric=status]").filter(has_text=session) \
+                .wait_for(timeout=90_000)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            cells.nth(0).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")  # [1]
+            assert _wait_until(lambda: (_session_status(server, session) or {})
+                               .get("version") == 1)
+            page.keyboard.press("Shift+Enter")  # the printing cell, [2]
+            cells.nth(1).locator(".jp-OutputArea-output").filter(has_text="line 2") \
+                .wait_for(timeout=60_000)
+            browser = page.context.browser
+            page.close()  # the tab goes; the kernel and its cell run on, lines with them
+            time.sleep(1.5)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{url}/lab/tree/closed.ipynb")
+            cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+            # the outputs so far, lines printed while no tab was open among them, and [*]
+            cell.locator(".jp-OutputArea-output").filter(has_text="line 11") \
+                .wait_for(timeout=90_000)
+            cell.locator(".jp-InputPrompt").filter(has_text="[*]").wait_for(timeout=10_000)
+            assert _session_status(server, session)["running"]
+            (tmp_path / "go").touch()
+            # the later lines as they come, then the cell's end with its count
+            cell.locator(".jp-OutputArea-output").filter(has_text="line 19") \
+                .wait_for(timeout=60_000)
+            cell.locator(".jp-InputPrompt").filter(has_text="[2]").wait_for(timeout=30_000)
+            shown = cell.locator(".jp-OutputArea").inner_text()
+            assert [line for line in shown.splitlines() if line.startswith("line")] == \
+                [f"line {i}" for i in range(20)]
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            (tmp_path / "failure.json").write_text(json.dumps(
+                {"test": request.node.name, "status": _session_status(server, session)}))
+            raise
+        finally:
+            (tmp_path / "go").touch()

@@ -1,0 +1,255 @@
+// A cell that kept running while its notebook's tab was closed (or reloaded): the reopened
+// notebook shows its outputs so far and the ones that follow, with `[*]` until it ends, then its
+// execution count. JupyterLab routes a kernel's IOPub messages only to the futures of the
+// requests it sent, so a cell sent by a tab gone shows nothing by itself: the kernel keeps what
+// the running cell published, and tells it on the `llfabric.running` comm
+// (fabric/attach/frontend.py); its live outputs carry their `llfabric_seq` in their metadata.
+import { ICodeCellModel } from '@jupyterlab/cells';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { Kernel, KernelMessage } from '@jupyterlab/services';
+
+export const RUNNING_TARGET = 'llfabric.running';
+const OUTPUT_TYPES = new Set([
+  'stream',
+  'display_data',
+  'execute_result',
+  'error',
+  'clear_output'
+]);
+const SUBSHELL_WAIT_MS = 5000; // for a kernel without subshells, that never answers
+
+interface IOutputMessage {
+  seq: number;
+  msg_type: string;
+  content: any;
+}
+
+interface IRunning {
+  cell_id: string | null;
+  msg_id: string | null;
+  execution_count: number;
+  next: number;
+  dropped: boolean;
+  outputs: IOutputMessage[];
+}
+
+interface IDone {
+  msg_id: string | null;
+  execution_count: number;
+  status: string;
+}
+
+// Asks `kernel` whether a cell of it runs, and follows that cell in `panel`'s notebook. The
+// kernel's main shell waits for the running cell, so the question goes on a subshell (JEP 91)
+// of its own, asked for on the control channel: the kernel_info that tells JupyterLab whether
+// the kernel has subshells waits for the cell too.
+export class RunningCellFollower {
+  constructor(
+    private panel: NotebookPanel,
+    private kernel: Kernel.IKernelConnection
+  ) {
+    kernel.iopubMessage.connect(this._onIOPub, this);
+    void this._ask();
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this.kernel.iopubMessage.disconnect(this._onIOPub, this);
+    if (this._comm !== null && !this._comm.isDisposed) {
+      this._comm.dispose();
+    }
+    this._comm = null;
+    this._buffered = [];
+  }
+
+  private async _ask(): Promise<void> {
+    await this.panel.context.ready;
+    const kernel = this.kernel;
+    const subshell = await this._subshell();
+    if (this._disposed || kernel.isDisposed) {
+      return;
+    }
+    const comm = kernel.createComm(RUNNING_TARGET);
+    this._comm = comm;
+    comm.onMsg = msg => this._onCommMessage(msg.content.data as any, subshell);
+    comm.onClose = () => {
+      this._deleteSubshell(subshell);
+      this.dispose(); // a kernel that is not attached has no such comm
+    };
+    const open = KernelMessage.createMessage({
+      msgType: 'comm_open',
+      channel: 'shell',
+      username: kernel.username,
+      session: kernel.clientId,
+      subshellId: subshell,
+      content: { comm_id: comm.commId, target_name: RUNNING_TARGET, data: {} }
+    });
+    kernel.sendShellMessage(open, false, true);
+  }
+
+  private async _subshell(): Promise<string | null> {
+    const kernel = this.kernel;
+    const request = KernelMessage.createMessage({
+      msgType: 'create_subshell_request',
+      channel: 'control',
+      username: kernel.username,
+      session: kernel.clientId,
+      content: {}
+    });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      const future = kernel.sendControlMessage(request, true, true);
+      const reply = (await Promise.race([
+        future.done,
+        new Promise<null>(resolve => {
+          timer = setTimeout(() => resolve(null), SUBSHELL_WAIT_MS);
+        })
+      ])) as any;
+      if (reply === null) {
+        future.dispose();
+        return null;
+      }
+      return reply.content.status === 'ok' ? reply.content.subshell_id : null;
+    } catch {
+      return null; // no subshells: the main shell, once the cell (if any) is over
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  private _deleteSubshell(subshell: string | null): void {
+    if (subshell === null || this._subshellDeleted || this.kernel.isDisposed) {
+      return;
+    }
+    this._subshellDeleted = true;
+    try {
+      const request = KernelMessage.createMessage({
+        msgType: 'delete_subshell_request',
+        channel: 'control',
+        username: this.kernel.username,
+        session: this.kernel.clientId,
+        content: { subshell_id: subshell }
+      });
+      this.kernel.sendControlMessage(request, true, true);
+    } catch {
+      // a kernel gone takes its subshells with it
+    }
+  }
+
+  private _onCommMessage(
+    data: { running?: IRunning | null; done?: IDone },
+    subshell: string | null
+  ): void {
+    if (data.running !== undefined) {
+      this._deleteSubshell(subshell); // the rest comes on IOPub
+      this._start(data.running);
+    } else if (data.done && data.done.msg_id === this._msgId) {
+      this._finish(data.done.execution_count);
+    }
+  }
+
+  private _start(running: IRunning | null): void {
+    const model = running ? this._cell(running.cell_id) : null;
+    // a cell this JupyterLab runs itself (another view of the notebook) shows its outputs already
+    if (running === null || model === null || model.executionState === 'running') {
+      this._comm?.close();
+      this.dispose();
+      return;
+    }
+    this._model = model;
+    this._msgId = running.msg_id;
+    this._next = running.next;
+    model.outputs.clear();
+    if (running.dropped) {
+      model.outputs.add({
+        output_type: 'stream',
+        name: 'stderr',
+        text: 'llfabric: earlier outputs of this cell were dropped (they were too long)\n'
+      });
+    }
+    for (const output of running.outputs) {
+      this._apply(output.msg_type, output.content);
+    }
+    model.executionState = 'running';
+    const buffered = this._buffered;
+    this._buffered = [];
+    for (const msg of buffered) {
+      this._onIOPub(this.kernel, msg);
+    }
+  }
+
+  private _cell(id: string | null): ICodeCellModel | null {
+    const cells = this.panel.content.model?.cells;
+    if (!id || !cells) {
+      return null;
+    }
+    for (let i = 0; i < cells.length; i++) {
+      const cell = cells.get(i);
+      if (cell.id === id && cell.type === 'code') {
+        return cell as ICodeCellModel;
+      }
+    }
+    return null;
+  }
+
+  private _onIOPub(_: unknown, msg: KernelMessage.IIOPubMessage): void {
+    if (this._disposed) {
+      return;
+    }
+    if (this._model === null) {
+      this._buffered.push(msg); // before the kernel said which cell runs
+      return;
+    }
+    const parent = (msg.parent_header as KernelMessage.IHeader | undefined)?.msg_id;
+    if (parent !== this._msgId) {
+      return;
+    }
+    if (msg.header.msg_type === 'status') {
+      if ((msg.content as any).execution_state === 'idle') {
+        this._finish(null); // its end, where the comm's word of it went missing
+      }
+      return;
+    }
+    const seq = (msg.metadata as any)?.llfabric_seq;
+    if (typeof seq !== 'number' || seq < this._next) {
+      return; // not the cell's own, or shown already
+    }
+    this._next = seq + 1;
+    this._apply(msg.header.msg_type, msg.content);
+  }
+
+  private _apply(msgType: string, content: any): void {
+    const outputs = this._model?.outputs;
+    if (!outputs || !OUTPUT_TYPES.has(msgType)) {
+      return;
+    }
+    if (msgType === 'clear_output') {
+      outputs.clear(!!content.wait);
+    } else {
+      outputs.add({ ...content, output_type: msgType });
+    }
+  }
+
+  private _finish(count: number | null): void {
+    const model = this._model;
+    if (model !== null) {
+      if (count !== null) {
+        model.executionCount = count;
+      }
+      model.executionState = 'idle';
+    }
+    this._comm?.close();
+    this.dispose();
+  }
+
+  private _disposed = false;
+  private _subshellDeleted = false;
+  private _comm: Kernel.IComm | null = null;
+  private _model: ICodeCellModel | null = null;
+  private _msgId: string | null = null;
+  private _next = 0;
+  private _buffered: KernelMessage.IIOPubMessage[] = [];
+}
