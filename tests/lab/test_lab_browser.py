@@ -187,8 +187,10 @@ def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, pa
             (tmp_path / "go").touch()
 
 
+@pytest.mark.parametrize("leave", ["close", "reload"])
 def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
-        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest,
+        leave: str) -> None:
     session = f"lab-{uuid.uuid4().hex[:8]}"
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
@@ -212,11 +214,14 @@ def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
             page.keyboard.press("Shift+Enter")  # the printing cell, [2]
             cells.nth(1).locator(".jp-OutputArea-output").filter(has_text="line 2") \
                 .wait_for(timeout=60_000)
-            browser = page.context.browser
-            page.close()  # the tab goes; the kernel and its cell run on, lines with them
-            time.sleep(1.5)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{url}/lab/tree/closed.ipynb")
+            if leave == "close":  # the tab goes; the kernel and its cell run on, lines too
+                browser = page.context.browser
+                page.close()
+                time.sleep(1.5)
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.goto(f"{url}/lab/tree/closed.ipynb")
+            else:
+                page.reload()
             cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
             # the outputs so far, lines printed while no tab was open among them, and [*]
             cell.locator(".jp-OutputArea-output").filter(has_text="line 11") \
