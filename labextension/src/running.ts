@@ -14,7 +14,8 @@ const OUTPUT_TYPES = new Set([
   'display_data',
   'execute_result',
   'error',
-  'clear_output'
+  'clear_output',
+  'update_display_data'
 ]);
 const SUBSHELL_WAIT_MS = 5000; // for a kernel without subshells, that never answers
 
@@ -226,10 +227,30 @@ export class RunningCellFollower {
     if (!outputs || !OUTPUT_TYPES.has(msgType)) {
       return;
     }
+    const displayId: string | undefined = content.transient?.display_id;
     if (msgType === 'clear_output') {
       outputs.clear(!!content.wait);
+      this._clearNext = !!content.wait; // the model clears at the next output
+      if (!content.wait) {
+        this._displays.clear();
+      }
+    } else if (msgType === 'update_display_data') {
+      for (const index of this._displays.get(displayId ?? '') ?? []) {
+        if (index < outputs.length) {
+          outputs.set(index, { ...content, output_type: 'display_data' });
+        }
+      }
     } else {
+      if (this._clearNext) {
+        this._displays.clear();
+        this._clearNext = false;
+      }
       outputs.add({ ...content, output_type: msgType });
+      if (displayId && msgType !== 'stream') {
+        const indices = this._displays.get(displayId) ?? [];
+        indices.push(outputs.length - 1);
+        this._displays.set(displayId, indices);
+      }
     }
   }
 
@@ -252,4 +273,6 @@ export class RunningCellFollower {
   private _msgId: string | null = null;
   private _next = 0;
   private _buffered: KernelMessage.IIOPubMessage[] = [];
+  private _displays = new Map<string, number[]>(); // display_id: its outputs' indices
+  private _clearNext = false;
 }

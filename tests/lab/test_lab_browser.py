@@ -195,10 +195,13 @@ def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
                                  "language": "python"}
-    # a line every 0.3 s; from line 12 on once the test says so, after the notebook is back
-    lines = ("import os, time\nfor i in range(20):\n    if i == 12:\n"
+    # a line every 0.3 s, and a display updated with it; from line 12 on once the test says
+    # so, after the notebook is back
+    lines = ("import os, time\nshown = display('progress -', display_id=True)\n"
+             "for i in range(20):\n    if i == 12:\n"
              "        while not os.path.exists('go'):\n            time.sleep(0.05)\n"
-             "    print('line', i, flush=True)\n    time.sleep(0.3)")
+             "    print('line', i, flush=True)\n    shown.update(f'progress {i}')\n"
+             "    time.sleep(0.3)")
     nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(lines)]
     nbformat.write(nb, str(tmp_path / "closed.ipynb"))
     with jupyterlab(tmp_path, server.address, session) as url:
@@ -236,6 +239,8 @@ def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
             shown = cell.locator(".jp-OutputArea").inner_text()
             assert [line for line in shown.splitlines() if line.startswith("line")] == \
                 [f"line {i}" for i in range(20)]
+            assert [line for line in shown.splitlines() if "progress" in line] == \
+                ["'progress 19'"]  # the display, updated in place
         except BaseException:
             page.screenshot(path=str(tmp_path / "failure.png"))
             (tmp_path / "failure.json").write_text(json.dumps(
