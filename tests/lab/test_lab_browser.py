@@ -248,3 +248,66 @@ def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
             raise
         finally:
             (tmp_path / "go").touch()
+
+
+def test_the_status_item_follows_the_lease_and_counts_restart_at_one_after_a_restart(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    session = f"lab-{uuid.uuid4().hex[:8]}"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
+                                 "language": "python"}
+    waiting = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)"
+    nb.cells = [nbformat.v4.new_code_cell(source)
+                for source in ("x = 1", "%llfabric status", waiting, "print('x' in dir())")]
+    nbformat.write(nb, str(tmp_path / "counts.ipynb"))
+    with jupyterlab(tmp_path, server.address, session) as url:
+        try:
+            page.goto(f"{url}/lab/tree/counts.ipynb")
+            item = page.locator("[data-llfabric=status]")
+            item.filter(has_text=session).wait_for(timeout=90_000)
+            assert "· cold · lease released ·" in item.inner_text()  # no worker yet
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            prompts = [cells.nth(at).locator(".jp-InputPrompt") for at in range(4)]
+            cells.nth(0).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")  # x = 1
+            prompts[0].filter(has_text="[1]").wait_for(timeout=60_000)
+            page.keyboard.press("Shift+Enter")  # %llfabric status: a cell like any other
+            cells.nth(1).locator(".jp-OutputArea-output").filter(has_text=session) \
+                .wait_for(timeout=60_000)
+            prompts[1].filter(has_text="[2]").wait_for(timeout=30_000)
+            page.keyboard.press("Shift+Enter")  # the waiting cell: a worker, the lease held
+            item.filter(has_text="· hot · lease held ·").wait_for(timeout=30_000)
+            assert _session_status(server, session)["running"]
+            (tmp_path / "go").touch()
+            prompts[2].filter(has_text="[3]").wait_for(timeout=60_000)
+            assert [prompt.inner_text().strip() for prompt in prompts[:3]] == \
+                ["[1]:", "[2]:", "[3]:"]
+
+            def released_at_the_servers_tier() -> bool:
+                tier = _session_status(server, session)["tier"]
+                return tier in ("warm", "cool", "cold") and \
+                    f"· {tier} · lease released ·" in item.inner_text()
+            assert _wait_until(released_at_the_servers_tier, 30), item.inner_text()
+            before = _session_status(server, session)["version"]
+            # Kernel > Restart Kernel…, and yes in JupyterLab's dialog: an empty session
+            page.locator(".lm-MenuBar-itemLabel").filter(has_text="Kernel").click()
+            page.locator(".lm-Menu-itemLabel").filter(has_text="Restart Kernel…").first.click()
+            page.locator(".jp-Dialog-button").filter(has_text="Restart").click()
+            # the kernel empties the session (a checkout of version 0) before it goes; the
+            # session is closed on the server until the new kernel attaches again
+            assert _wait_until(lambda: (_session_status(server, session) or {})
+                               .get("version", before) > before)
+            item.filter(has_text=session).wait_for(timeout=60_000)
+            cells.nth(3).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            cells.nth(3).locator(".jp-OutputArea-output").filter(has_text="False") \
+                .wait_for(timeout=60_000)
+            prompts[3].filter(has_text="[1]").wait_for(timeout=30_000)
+            assert prompts[3].inner_text().strip() == "[1]:"
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"))
+            (tmp_path / "failure.json").write_text(json.dumps(
+                {"test": request.node.name, "status": _session_status(server, session)}))
+            raise
+        finally:
+            (tmp_path / "go").touch()
