@@ -256,7 +256,8 @@ class Server:
                 await asyncio.wait_for(self._wanted.wait(), self.config.gc_interval or None)
             self._wanted.clear()  # before the pass: a commit during it asks for another
             try:
-                summary = await asyncio.to_thread(self.collect, self._protected())
+                summary = await asyncio.to_thread(self.collect, self._protected(),
+                                                  self._saving_since())
                 self.upkeep = {**summary, "pressure": self._pressure is not None}
             except Exception:
                 log.exception("retention and gc failed; the next commit or %d s retries",
@@ -268,9 +269,15 @@ class Server:
         ids |= {s.prepared.base for s in self.sessions.values() if s.prepared is not None}
         return {i for i in ids if i}
 
-    def collect(self, protect: set[str]) -> dict:
+    def _saving_since(self) -> float:
+        """When the oldest save that may still commit began: the pass's own start, or the
+        start of a cell running now, if earlier (`history.gc`)."""
+        return min([time.time(), *(s.running_since for s in self.sessions.values()
+                                   if s.running_since is not None)])
+
+    def collect(self, protect: set[str], saving_since: float | None = None) -> dict:
         """One pass: thin every session's history, then free what that released (in the
-        store, and in each user's part of it)."""
+        store, and in each user's part of it); `saving_since`: see `history.gc`."""
         started, thinned, removed, freed, kept = time.time(), 0, 0, 0, 0
         for store in users.stores(self.store) if self.separate else [self.store]:
             for name in store.sessions():
@@ -278,7 +285,7 @@ class Server:
                     thinned += len(history.retain(store, name, self.policy, protect))
                 except StoreError as exc:  # a damaged session keeps everything; gc reports it
                     log.warning("retention skipped session %s: %s", name, exc.message)
-            result = history.gc(store)
+            result = history.gc(store, saving_since=saving_since)
             removed, freed = removed + result.removed, freed + result.freed
             kept += result.kept_bytes
         summary = {"time": started, "seconds": time.time() - started, "thinned": thinned,

@@ -43,6 +43,8 @@ class Session:
                          else Manifest(session=name))
         self.lock = asyncio.Lock()
         self.opened = time.time()
+        # when the running cell began (its save may reuse blobs retention releases meanwhile)
+        self.running_since: float | None = None
         self.notices: deque[dict] = deque(maxlen=notices.KEEP)  # the latest, for `status`
         self._told: list[dict] = []  # the running cell's notices, for its reply
         # checks a version before it commits (the server's quotas): raises to refuse it
@@ -131,9 +133,13 @@ class Session:
             if count is None or count < 1:
                 count = int(self.manifest.cell.get("execution_count", 0)) + 1
             self._told = []
-            ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus), head,
-                                       self._events(emit),
-                                       lambda done: self._commit(done, cell, count))
+            self.running_since = time.time()
+            try:
+                ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus),
+                                           head, self._events(emit),
+                                           lambda done: self._commit(done, cell, count))
+            finally:
+                self.running_since = None
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
                     "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
                     "path": ran.path, "source": ran.source, "closure": self._describe(cl),

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..closure.plan import plan
 from ..errors import StoreError
@@ -434,13 +436,20 @@ class Collected:
     damaged: dict[str, str] = field(default_factory=dict)  # session -> why, kept whole
 
 
-def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
+def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = None
+       ) -> Collected:
     """Remove manifests, blobs and crash leftovers that no session's history names: those older
     than `grace` seconds, and those that retention or removal released, unless touched since.
+    `saving_since`: when the oldest save that may still commit began (a running cell's start);
+    what was written or reused after it is kept, even if released later: that save may name it
+    (a value back to what a thinned version held reuses that version's blob).
     A damaged session (its history cannot be read completely) is reported and keeps every
     version that still reads; the others are collected as usual."""
     started = time.time()
     young = started - grace
+    # what was released after this may have been kept for a save: the next pass decides it
+    # (file times lag the clock by up to a tick: a second's margin keeps a little more)
+    settled = started if saving_since is None else min(started, saving_since - 1.0)
     live: set[str] = set()
     result = Collected()
     sessions = store.sessions()
@@ -456,13 +465,19 @@ def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
     for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
         with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
             stats[path] = path.stat()
+
+    def touched(path: Path, stat: os.stat_result) -> bool:
+        """Written or reused since it was released (or since `saving_since`, if earlier)."""
+        mark = released.get(path.name, 0.0)
+        return stat.st_mtime >= min(mark, settled)
+
     for path, stat in stats.items():
         if stat.st_mtime >= young and path.parent.parent == store.disk.root \
-                and stat.st_mtime >= released.get(path.name, 0.0) and store.is_object(path.name):
+                and touched(path, stat) and store.is_object(path.name):
             with contextlib.suppress(StoreError):  # a corrupt one names nothing to keep
                 live.update(store.object_chunks(path.name))  # a save in flight: its chunks
     for path, stat in stats.items():
-        free = stat.st_mtime < young or stat.st_mtime < released.get(path.name, 0.0)
+        free = stat.st_mtime < young or not touched(path, stat)
         if path.name in live or not free:
             result.kept += 1
             result.kept_bytes += stat.st_size
@@ -470,5 +485,5 @@ def gc(store: Store, grace: float = GRACE_SECONDS) -> Collected:
             path.unlink(missing_ok=True)
             result.removed += 1
             result.freed += stat.st_size
-    _freed(store, sessions, result.damaged, started, young)
+    _freed(store, sessions, result.damaged, settled, young)
     return result

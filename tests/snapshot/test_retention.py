@@ -137,6 +137,24 @@ def test_removing_a_session_frees_what_only_it_named(tmp_path) -> None:
     assert not history.remove(store, "s")
 
 
+def test_a_blob_a_running_save_reused_stays_though_retention_releases_it_after(
+        tmp_path) -> None:
+    """A cell sets a value back to what a version about to be thinned holds: its save reuses
+    that version's blob, then a pass thins the version and frees its data before the cell
+    commits. Told when the cell began, gc keeps the blob the commit will name."""
+    store = Store(tmp_path, chunk=CHUNK)
+    first = np.random.default_rng(0).random(40_000)
+    commit_values(store, "s", w=first)
+    for i in range(1, 4):
+        commit_values(store, "s", w=np.random.default_rng(i).random(40_000))
+    began = time.time()
+    reused = store.put_object(dumps({"w": first}, {}))  # the running cell's save
+    assert sorted(history.retain(store, "s", Policy(last=1, hourly=0, daily=0))) == [1, 2, 3]
+    history.gc(store, saving_since=began)
+    assert store.has(reused) and all(store.has(c) for c in store.object_chunks(reused))
+    assert np.array_equal(loads(store.get_object(reused), {})["w"], first)
+
+
 def test_a_gc_pass_during_a_removal_does_not_lose_what_it_released(tmp_path) -> None:
     """A pass that starts while the session is being removed still sees it and keeps its data:
     the next pass frees that data at once, with no grace period to wait out."""
