@@ -64,7 +64,7 @@ test-deep: $(STAMP) $(CRIU) $(INIT) sysdeps
 # What the GPU test machine lacks, in one folder to send with a call there (README, "On a GPU").
 BUNDLE := build/device-bundle
 $(BUNDLE)/MANIFEST: scripts/device-bundle.sh scripts/device-machine.txt pyproject.toml \
-		$(shell find fabric cli -name '*.py') $(CRIU) $(INIT)
+		$(shell find fabric cli -name '*.py') $(CRIU) $(INIT) $(LABEXT)
 	bash scripts/device-bundle.sh $(BUNDLE)
 
 device-bundle: $(BUNDLE)/MANIFEST
