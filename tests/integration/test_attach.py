@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from attached import Kernel, install_test_kernelspec, kernel_env, text_of
+from attached import Kernel, kernel_env, text_of
 from click.testing import CliRunner
 from helpers import RunningServer, execute, serving, start_server
 from jupyter_client.kernelspec import KernelSpecManager
@@ -35,22 +35,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
-    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
-
-
 @pytest.fixture
 def session() -> str:
     return f"k-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def kernel(server: RunningServer, specs: KernelSpecManager, session: str,
-           tmp_path: Path) -> Iterator[Kernel]:
-    started = Kernel.start(specs, kernel_env(server.address, session), tmp_path)
-    yield started
-    started.stop()
 
 
 def _session_status(server: RunningServer, session: str) -> dict:

@@ -8,14 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from attached import Kernel, install_test_kernelspec, kernel_env
+from attached import Kernel
 from helpers import RunningServer, serving
-from jupyter_client.kernelspec import KernelSpecManager
-
-
-@pytest.fixture(scope="module")
-def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
-    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
 
 
 @pytest.fixture
@@ -27,14 +21,6 @@ def session() -> str:
 def server(tmp_path: Path) -> Iterator[RunningServer]:
     with serving(tmp_path / "store", keep_warm=0) as running:
         yield running
-
-
-@pytest.fixture
-def kernel(server: RunningServer, specs: KernelSpecManager, session: str,
-           tmp_path: Path) -> Iterator[Kernel]:
-    started = Kernel.start(specs, kernel_env(server.address, session), tmp_path)
-    yield started
-    started.stop()
 
 
 def _prompts(kernel: Kernel, code: str) -> tuple[int, bool, list[int]]:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from attached import Kernel, install_test_kernelspec, kernel_env, text_of
+from attached import Kernel, kernel_env, text_of
 from helpers import RunningServer, serving
 from jupyter_client.kernelspec import KernelSpecManager
 
@@ -31,11 +31,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with serving(tmp_path_factory.mktemp("store"), keep_warm=0, heartbeat=1,
                  heartbeat_timeout=2) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
-    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
 
 
 def test_a_new_kernel_shows_the_cell_its_killed_predecessor_left_running(

@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from attached import Kernel, install_test_kernelspec, kernel_env
+from attached import Kernel
 from helpers import RunningServer, execute, serving
-from jupyter_client.kernelspec import KernelSpecManager
 
 from fabric.messages import Output
 
@@ -26,22 +25,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
-    return install_test_kernelspec(tmp_path_factory.mktemp("jupyter"))
-
-
 @pytest.fixture
 def session() -> str:
     return f"f-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def kernel(server: RunningServer, specs: KernelSpecManager, session: str,
-           tmp_path: Path) -> Iterator[Kernel]:
-    started = Kernel.start(specs, kernel_env(server.address, session), tmp_path)
-    yield started
-    started.stop()
 
 
 def _open_comm(kernel: Kernel, target: str, data: dict) -> str:
