@@ -4,11 +4,14 @@ screenshot in its tmp dir."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -17,6 +20,8 @@ from helpers import RunningServer, serving
 from lab_server import BUILT, CHROMIUM, jupyterlab
 
 pytestmark = pytest.mark.browser
+
+WAITING = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)"  # for `go`
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
@@ -59,127 +64,36 @@ def page(tmp_path: Path) -> Iterator:
             browser.close()
 
 
-def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServer, page,
-                                                             tmp_path: Path,
-                                                             request: pytest.FixtureRequest
-                                                             ) -> None:
+@dataclass
+class Lab:
+    """A notebook open in JupyterLab on the llfabric kernel: its session, the server's URL and
+    the browser page showing it (a test that closes the tab puts the new one here)."""
+    session: str
+    url: str
+    page: Any
+
+
+@contextlib.contextmanager
+def _notebook(server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest,
+              *sources: str) -> Iterator[Lab]:
+    """A new notebook of `sources` in tmp_path, open once the status item names its session.
+    A failure leaves a screenshot and the session's status in tmp_path; a cell waiting for the
+    file `go` is let go in the end."""
     session = f"lab-{uuid.uuid4().hex[:8]}"
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
                                  "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("x = 41"), nbformat.v4.new_code_cell("")]
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
     nbformat.write(nb, str(tmp_path / "work.ipynb"))
     with jupyterlab(tmp_path, server.address, session) as url:
+        lab = Lab(session, url, page)
         try:
             page.goto(f"{url}/lab/tree/work.ipynb")
-            item = page.locator("[data-llfabric=status]")
-            # the kernel attached and the extension hears its status comm
-            item.filter(has_text=session).wait_for(timeout=90_000)
-            assert "cold" in item.inner_text()  # a new session: no worker yet
-            first = page.locator(".jp-Notebook .jp-Cell").nth(0)
-            first.locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")  # runs `x = 41`, moves to the empty cell
-            assert _wait_until(lambda: (_session_status(server, session) or {})
-                               .get("version") == 1)
-            assert not _session_status(server, session)["prepared"]  # retired after the cell
-            second = page.locator(".jp-Notebook .jp-Cell").nth(1)
-            second.locator(".cm-content").click()
-            page.keyboard.type("x + 1", delay=80)  # unsaved: only a live draft can tell it
-            assert _wait_until(lambda: _session_status(server, session)["prepared"]), \
-                "the server got no draft of the cell being typed"
-            page.keyboard.press("Shift+Enter")
-            second.locator(".jp-OutputArea-output").filter(has_text="42") \
-                .wait_for(timeout=60_000)
-            assert session in item.inner_text()
-            page.screenshot(path=str(tmp_path / "lab.png"))  # what a user sees, for the record
-        except BaseException:
-            page.screenshot(path=str(tmp_path / "failure.png"))
-            (tmp_path / "failure.json").write_text(json.dumps(
-                {"test": request.node.name, "status": _session_status(server, session)}))
-            raise
-
-
-def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
-        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    session = f"lab-{uuid.uuid4().hex[:8]}"
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
-                                 "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source)
-                for source in ("x = 1", "x = 2\ny = x * 10", "print('x is', x)")]
-    nbformat.write(nb, str(tmp_path / "history.ipynb"))
-    with jupyterlab(tmp_path, server.address, session) as url:
-        try:
-            page.goto(f"{url}/lab/tree/history.ipynb")
             page.locator("[data-llfabric=status]").filter(has_text=session) \
                 .wait_for(timeout=90_000)
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            for at in (0, 1):  # versions 1 and 2
-                cells.nth(at).locator(".cm-content").click()
-                page.keyboard.press("Shift+Enter")
-                assert _wait_until(lambda at=at: (_session_status(server, session) or {})
-                                   .get("version") == at + 1)
-            page.locator(".jp-SideBar [data-id=llfabric-history]").click()  # the panel's tab
-            panel = page.locator("[data-llfabric=history]")
-            panel.filter(has_text=f"session {session} · version 2").wait_for(timeout=30_000)
-            latest = panel.locator("[data-version='2']")
-            assert "[2] x = 2 …" in latest.inner_text()
-            assert "+y ~x" in latest.inner_text()  # what the cell changed
-            first = panel.locator("[data-version='1']")
-            assert "[1] x = 1" in first.inner_text() and "+x" in first.inner_text()
-            first.click()  # as `%llfabric checkout 1`
-            assert _wait_until(lambda: _session_status(server, session)["version"] == 3)
-            panel.locator("[data-version='3']").filter(has_text="checkout of version 1") \
-                .wait_for(timeout=30_000)
-            page.screenshot(path=str(tmp_path / "history.png"))  # for the record
-            cells.nth(2).locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")
-            cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="x is 1") \
-                .wait_for(timeout=60_000)
-            # the cell after the checkout is in the list, refreshed without asking
-            panel.locator("[data-version='4']").filter(has_text="print('x is', x)") \
-                .wait_for(timeout=30_000)
+            yield lab
         except BaseException:
-            page.screenshot(path=str(tmp_path / "failure.png"))
-            (tmp_path / "failure.json").write_text(json.dumps(
-                {"test": request.node.name, "status": _session_status(server, session)}))
-            raise
-
-
-def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, page,
-                                                       tmp_path: Path,
-                                                       request: pytest.FixtureRequest) -> None:
-    session = f"lab-{uuid.uuid4().hex[:8]}"
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
-                                 "language": "python"}
-    waiting = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)"
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in ("x = 41", waiting, "")]
-    nbformat.write(nb, str(tmp_path / "busy.ipynb"))
-    with jupyterlab(tmp_path, server.address, session) as url:
-        try:
-            page.goto(f"{url}/lab/tree/busy.ipynb")
-            page.locator("[data-llfabric=status]").filter(has_text=session) \
-                .wait_for(timeout=90_000)
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            cells.nth(0).locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")  # x = 41
-            assert _wait_until(lambda: (_session_status(server, session) or {})
-                               .get("version") == 1)
-            page.keyboard.press("Shift+Enter")  # the waiting cell; the focus moves on
-            assert _wait_until(lambda: _session_status(server, session)["running"])
-            assert not _session_status(server, session)["prepared"]
-            cells.nth(2).locator(".cm-content").click()
-            page.keyboard.type("x + 1", delay=80)  # while the kernel's main shell waits
-            assert _wait_until(lambda: _session_status(server, session)["prepared"], 30), \
-                "no draft reached the server while the cell ran"
-            assert _session_status(server, session)["running"]
-            (tmp_path / "go").touch()
-            page.keyboard.press("Shift+Enter")
-            cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="42") \
-                .wait_for(timeout=60_000)
-        except BaseException:
-            page.screenshot(path=str(tmp_path / "failure.png"))
+            lab.page.screenshot(path=str(tmp_path / "failure.png"))
             (tmp_path / "failure.json").write_text(json.dumps(
                 {"test": request.node.name, "status": _session_status(server, session)}))
             raise
@@ -187,14 +101,95 @@ def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, pa
             (tmp_path / "go").touch()
 
 
+def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServer, page,
+                                                             tmp_path: Path,
+                                                             request: pytest.FixtureRequest
+                                                             ) -> None:
+    with _notebook(server, page, tmp_path, request, "x = 41", "") as lab:
+        session = lab.session
+        item = page.locator("[data-llfabric=status]")
+        # the kernel attached and the extension hears its status comm
+        item.filter(has_text=session).wait_for(timeout=90_000)
+        assert "cold" in item.inner_text()  # a new session: no worker yet
+        first = page.locator(".jp-Notebook .jp-Cell").nth(0)
+        first.locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # runs `x = 41`, moves to the empty cell
+        assert _wait_until(lambda: (_session_status(server, session) or {})
+                           .get("version") == 1)
+        assert not _session_status(server, session)["prepared"]  # retired after the cell
+        second = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        second.locator(".cm-content").click()
+        page.keyboard.type("x + 1", delay=80)  # unsaved: only a live draft can tell it
+        assert _wait_until(lambda: _session_status(server, session)["prepared"]), \
+            "the server got no draft of the cell being typed"
+        page.keyboard.press("Shift+Enter")
+        second.locator(".jp-OutputArea-output").filter(has_text="42") \
+            .wait_for(timeout=60_000)
+        assert session in item.inner_text()
+        page.screenshot(path=str(tmp_path / "lab.png"))  # what a user sees, for the record
+
+
+def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with _notebook(server, page, tmp_path, request,
+                   "x = 1", "x = 2\ny = x * 10", "print('x is', x)") as lab:
+        session = lab.session
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        for at in (0, 1):  # versions 1 and 2
+            cells.nth(at).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            assert _wait_until(lambda at=at: (_session_status(server, session) or {})
+                               .get("version") == at + 1)
+        page.locator(".jp-SideBar [data-id=llfabric-history]").click()  # the panel's tab
+        panel = page.locator("[data-llfabric=history]")
+        panel.filter(has_text=f"session {session} · version 2").wait_for(timeout=30_000)
+        latest = panel.locator("[data-version='2']")
+        assert "[2] x = 2 …" in latest.inner_text()
+        assert "+y ~x" in latest.inner_text()  # what the cell changed
+        first = panel.locator("[data-version='1']")
+        assert "[1] x = 1" in first.inner_text() and "+x" in first.inner_text()
+        first.click()  # as `%llfabric checkout 1`
+        assert _wait_until(lambda: _session_status(server, session)["version"] == 3)
+        panel.locator("[data-version='3']").filter(has_text="checkout of version 1") \
+            .wait_for(timeout=30_000)
+        page.screenshot(path=str(tmp_path / "history.png"))  # for the record
+        cells.nth(2).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="x is 1") \
+            .wait_for(timeout=60_000)
+        # the cell after the checkout is in the list, refreshed without asking
+        panel.locator("[data-version='4']").filter(has_text="print('x is', x)") \
+            .wait_for(timeout=30_000)
+
+
+def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, page,
+                                                       tmp_path: Path,
+                                                       request: pytest.FixtureRequest) -> None:
+    with _notebook(server, page, tmp_path, request, "x = 41", WAITING, "") as lab:
+        session = lab.session
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # x = 41
+        assert _wait_until(lambda: (_session_status(server, session) or {})
+                           .get("version") == 1)
+        page.keyboard.press("Shift+Enter")  # the waiting cell; the focus moves on
+        assert _wait_until(lambda: _session_status(server, session)["running"])
+        assert not _session_status(server, session)["prepared"]
+        cells.nth(2).locator(".cm-content").click()
+        page.keyboard.type("x + 1", delay=80)  # while the kernel's main shell waits
+        assert _wait_until(lambda: _session_status(server, session)["prepared"], 30), \
+            "no draft reached the server while the cell ran"
+        assert _session_status(server, session)["running"]
+        (tmp_path / "go").touch()
+        page.keyboard.press("Shift+Enter")
+        cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="42") \
+            .wait_for(timeout=60_000)
+
+
 @pytest.mark.parametrize("leave", ["close", "reload"])
 def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
         server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest,
         leave: str) -> None:
-    session = f"lab-{uuid.uuid4().hex[:8]}"
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
-                                 "language": "python"}
     # a line every 0.3 s, and a display updated with it; from line 12 on once the test says
     # so, after the notebook is back
     lines = ("import os, time\nshown = display('progress -', display_id=True)\n"
@@ -202,112 +197,85 @@ def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
              "        while not os.path.exists('go'):\n            time.sleep(0.05)\n"
              "    print('line', i, flush=True)\n    shown.update(f'progress {i}')\n"
              "    time.sleep(0.3)")
-    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(lines)]
-    nbformat.write(nb, str(tmp_path / "closed.ipynb"))
-    with jupyterlab(tmp_path, server.address, session) as url:
-        try:
-            page.goto(f"{url}/lab/tree/closed.ipynb")
-            page.locator("[data-llfabric=status]").filter(has_text=session) \
-                .wait_for(timeout=90_000)
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            cells.nth(0).locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")  # [1]
-            assert _wait_until(lambda: (_session_status(server, session) or {})
-                               .get("version") == 1)
-            page.keyboard.press("Shift+Enter")  # the printing cell, [2]
-            cells.nth(1).locator(".jp-OutputArea-output").filter(has_text="line 2") \
-                .wait_for(timeout=60_000)
-            if leave == "close":  # the tab goes; the kernel and its cell run on, lines too
-                browser = page.context.browser
-                page.close()
-                time.sleep(1.5)
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.goto(f"{url}/lab/tree/closed.ipynb")
-            else:
-                page.reload()
-            cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
-            # the outputs so far, lines printed while no tab was open among them, and [*]
-            cell.locator(".jp-OutputArea-output").filter(has_text="line 11") \
-                .wait_for(timeout=90_000)
-            cell.locator(".jp-InputPrompt").filter(has_text="[*]").wait_for(timeout=10_000)
-            assert _session_status(server, session)["running"]
-            (tmp_path / "go").touch()
-            # the later lines as they come, then the cell's end with its count
-            cell.locator(".jp-OutputArea-output").filter(has_text="line 19") \
-                .wait_for(timeout=60_000)
-            cell.locator(".jp-InputPrompt").filter(has_text="[2]").wait_for(timeout=30_000)
-            shown = cell.locator(".jp-OutputArea").inner_text()
-            assert [line for line in shown.splitlines() if line.startswith("line")] == \
-                [f"line {i}" for i in range(20)]
-            assert [line for line in shown.splitlines() if "progress" in line] == \
-                ["'progress 19'"]  # the display, updated in place
-        except BaseException:
-            page.screenshot(path=str(tmp_path / "failure.png"))
-            (tmp_path / "failure.json").write_text(json.dumps(
-                {"test": request.node.name, "status": _session_status(server, session)}))
-            raise
-        finally:
-            (tmp_path / "go").touch()
+    with _notebook(server, page, tmp_path, request, "x = 1", lines) as lab:
+        session = lab.session
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # [1]
+        assert _wait_until(lambda: (_session_status(server, session) or {})
+                           .get("version") == 1)
+        page.keyboard.press("Shift+Enter")  # the printing cell, [2]
+        cells.nth(1).locator(".jp-OutputArea-output").filter(has_text="line 2") \
+            .wait_for(timeout=60_000)
+        if leave == "close":  # the tab goes; the kernel and its cell run on, lines too
+            browser = page.context.browser
+            page.close()
+            time.sleep(1.5)
+            page = lab.page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{lab.url}/lab/tree/work.ipynb")
+        else:
+            page.reload()
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        # the outputs so far, lines printed while no tab was open among them, and [*]
+        cell.locator(".jp-OutputArea-output").filter(has_text="line 11") \
+            .wait_for(timeout=90_000)
+        cell.locator(".jp-InputPrompt").filter(has_text="[*]").wait_for(timeout=10_000)
+        assert _session_status(server, session)["running"]
+        (tmp_path / "go").touch()
+        # the later lines as they come, then the cell's end with its count
+        cell.locator(".jp-OutputArea-output").filter(has_text="line 19") \
+            .wait_for(timeout=60_000)
+        cell.locator(".jp-InputPrompt").filter(has_text="[2]").wait_for(timeout=30_000)
+        shown = cell.locator(".jp-OutputArea").inner_text()
+        assert [line for line in shown.splitlines() if line.startswith("line")] == \
+            [f"line {i}" for i in range(20)]
+        assert [line for line in shown.splitlines() if "progress" in line] == \
+            ["'progress 19'"]  # the display, updated in place
 
 
 def test_the_status_item_follows_the_lease_and_counts_restart_at_one_after_a_restart(
         server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    session = f"lab-{uuid.uuid4().hex[:8]}"
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_NAME,
-                                 "language": "python"}
-    waiting = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)"
-    nb.cells = [nbformat.v4.new_code_cell(source)
-                for source in ("x = 1", "%llfabric status", waiting, "print('x' in dir())")]
-    nbformat.write(nb, str(tmp_path / "counts.ipynb"))
-    with jupyterlab(tmp_path, server.address, session) as url:
-        try:
-            page.goto(f"{url}/lab/tree/counts.ipynb")
-            item = page.locator("[data-llfabric=status]")
-            item.filter(has_text=session).wait_for(timeout=90_000)
-            assert "· cold · lease released ·" in item.inner_text()  # no worker yet
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            prompts = [cells.nth(at).locator(".jp-InputPrompt") for at in range(4)]
-            cells.nth(0).locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")  # x = 1
-            prompts[0].filter(has_text="[1]").wait_for(timeout=60_000)
-            page.keyboard.press("Shift+Enter")  # %llfabric status: a cell like any other
-            cells.nth(1).locator(".jp-OutputArea-output").filter(has_text=session) \
-                .wait_for(timeout=60_000)
-            prompts[1].filter(has_text="[2]").wait_for(timeout=30_000)
-            page.keyboard.press("Shift+Enter")  # the waiting cell: a worker, the lease held
-            item.filter(has_text="· hot · lease held ·").wait_for(timeout=30_000)
-            assert _session_status(server, session)["running"]
-            (tmp_path / "go").touch()
-            prompts[2].filter(has_text="[3]").wait_for(timeout=60_000)
-            assert [prompt.inner_text().strip() for prompt in prompts[:3]] == \
-                ["[1]:", "[2]:", "[3]:"]
+    with _notebook(server, page, tmp_path, request,
+                   "x = 1", "%llfabric status", WAITING, "print('x' in dir())") as lab:
+        session = lab.session
+        item = page.locator("[data-llfabric=status]")
+        item.filter(has_text=session).wait_for(timeout=90_000)
+        assert "· cold · lease released ·" in item.inner_text()  # no worker yet
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        prompts = [cells.nth(at).locator(".jp-InputPrompt") for at in range(4)]
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # x = 1
+        prompts[0].filter(has_text="[1]").wait_for(timeout=60_000)
+        page.keyboard.press("Shift+Enter")  # %llfabric status: a cell like any other
+        cells.nth(1).locator(".jp-OutputArea-output").filter(has_text=session) \
+            .wait_for(timeout=60_000)
+        prompts[1].filter(has_text="[2]").wait_for(timeout=30_000)
+        page.keyboard.press("Shift+Enter")  # the waiting cell: a worker, the lease held
+        item.filter(has_text="· hot · lease held ·").wait_for(timeout=30_000)
+        assert _session_status(server, session)["running"]
+        (tmp_path / "go").touch()
+        prompts[2].filter(has_text="[3]").wait_for(timeout=60_000)
+        assert [prompt.inner_text().strip() for prompt in prompts[:3]] == \
+            ["[1]:", "[2]:", "[3]:"]
 
-            def released_at_the_servers_tier() -> bool:
-                tier = _session_status(server, session)["tier"]
-                return tier in ("warm", "cool", "cold") and \
-                    f"· {tier} · lease released ·" in item.inner_text()
-            assert _wait_until(released_at_the_servers_tier, 30), item.inner_text()
-            before = _session_status(server, session)["version"]
-            # Kernel > Restart Kernel…, and yes in JupyterLab's dialog: an empty session
-            page.locator(".lm-MenuBar-itemLabel").filter(has_text="Kernel").click()
-            page.locator(".lm-Menu-itemLabel").filter(has_text="Restart Kernel…").first.click()
-            page.locator(".jp-Dialog-button").filter(has_text="Restart").click()
-            # the kernel empties the session (a checkout of version 0) before it goes; the
-            # session is closed on the server until the new kernel attaches again
-            assert _wait_until(lambda: (_session_status(server, session) or {})
-                               .get("version", before) > before)
-            item.filter(has_text=session).wait_for(timeout=60_000)
-            cells.nth(3).locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")
-            cells.nth(3).locator(".jp-OutputArea-output").filter(has_text="False") \
-                .wait_for(timeout=60_000)
-            prompts[3].filter(has_text="[1]").wait_for(timeout=30_000)
-            assert prompts[3].inner_text().strip() == "[1]:"
-        except BaseException:
-            page.screenshot(path=str(tmp_path / "failure.png"))
-            (tmp_path / "failure.json").write_text(json.dumps(
-                {"test": request.node.name, "status": _session_status(server, session)}))
-            raise
-        finally:
-            (tmp_path / "go").touch()
+        def released_at_the_servers_tier() -> bool:
+            tier = _session_status(server, session)["tier"]
+            return tier in ("warm", "cool", "cold") and \
+                f"· {tier} · lease released ·" in item.inner_text()
+        assert _wait_until(released_at_the_servers_tier, 30), item.inner_text()
+        before = _session_status(server, session)["version"]
+        # Kernel > Restart Kernel…, and yes in JupyterLab's dialog: an empty session
+        page.locator(".lm-MenuBar-itemLabel").filter(has_text="Kernel").click()
+        page.locator(".lm-Menu-itemLabel").filter(has_text="Restart Kernel…").first.click()
+        page.locator(".jp-Dialog-button").filter(has_text="Restart").click()
+        # the kernel empties the session (a checkout of version 0) before it goes; the
+        # session is closed on the server until the new kernel attaches again
+        assert _wait_until(lambda: (_session_status(server, session) or {})
+                           .get("version", before) > before)
+        item.filter(has_text=session).wait_for(timeout=60_000)
+        cells.nth(3).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        cells.nth(3).locator(".jp-OutputArea-output").filter(has_text="False") \
+            .wait_for(timeout=60_000)
+        prompts[3].filter(has_text="[1]").wait_for(timeout=30_000)
+        assert prompts[3].inner_text().strip() == "[1]:"
