@@ -17,13 +17,13 @@ import nbformat
 import pytest
 from attached import Kernel, kernel_env, text_of
 from click.testing import CliRunner
-from helpers import RunningServer, execute, serving, start_server
+from helpers import RunningServer, execute, hold_a_slot, serving, start_server
 from jupyter_client.kernelspec import KernelSpecManager
 
 from cli.main import main as cli
 from fabric.attach.notebook_file import session_name
 from fabric.errors import RemoteError
-from fabric.messages import Output, Reply
+from fabric.messages import Reply
 from fabric.snapshot import Store
 
 
@@ -203,22 +203,7 @@ def test_the_rm_magic_removes_another_session(kernel: Kernel,
 
 
 def test_a_waiting_cell_says_how_long_it_waits(kernel: Kernel, server: RunningServer) -> None:
-    other = f"o-{uuid.uuid4().hex[:8]}"
-    with server.client() as client:
-        client.call("open", session=other, cwd=tempfile.gettempdir())
-        execute(client, other, "1")  # a warm zygote, so the slow cell starts at once
-    started = threading.Event()
-
-    def hold_the_slot() -> None:
-        with server.client() as client:
-            for message in client.execute(other, "import time\nprint('go', flush=True)\n"
-                                                 "time.sleep(3)", timeout=60):
-                if isinstance(message, Output):
-                    started.set()
-
-    holder = threading.Thread(target=hold_the_slot)
-    holder.start()
-    assert started.wait(60)
+    holder = hold_a_slot(server, 3)
     reply, outputs = kernel.execute("'ran'")
     holder.join()
     assert reply["status"] == "ok"

@@ -4,7 +4,6 @@ extension drives them, by jupyter_client against a real kernel and a real server
 from __future__ import annotations
 
 import queue
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,9 +11,7 @@ from pathlib import Path
 
 import pytest
 from attached import Kernel
-from helpers import RunningServer, execute, serving
-
-from fabric.messages import Output
+from helpers import RunningServer, hold_a_slot, serving, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -88,22 +85,7 @@ def test_a_slot_wait_is_a_notice_and_a_queue_position(kernel: Kernel, server: Ru
                                                       session: str) -> None:
     comm = _open_comm(kernel, "llfabric.status", {})
     _comm_data(kernel, comm, lambda d: "status" in d)
-    other = f"o-{uuid.uuid4().hex[:8]}"
-    with server.client() as client:
-        client.call("open", session=other, cwd="/tmp")
-        execute(client, other, "1")  # a warm zygote, so the slow cell starts at once
-    started = threading.Event()
-
-    def hold_the_slot() -> None:
-        with server.client() as client:
-            for message in client.execute(other, "import time\nprint('go', flush=True)\n"
-                                                 "time.sleep(8)", timeout=60):
-                if isinstance(message, Output):
-                    started.set()
-
-    holder = threading.Thread(target=hold_the_slot)
-    holder.start()
-    assert started.wait(60)
+    holder = hold_a_slot(server, 8)
     try:
         reply, messages = _run_watching(kernel, "'ran'")
     finally:
@@ -218,12 +200,12 @@ def test_a_draft_sent_on_a_subshell_reaches_the_server_while_a_cell_runs(
     running = client.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
                              "    time.sleep(0.05)")
     try:
-        _until(lambda: _status_of(server, session).get("running"), "the cell started")
+        wait_until(lambda: _status_of(server, session).get("running"), "the cell started")
         assert not _status_of(server, session)["prepared"]
         # the kernel's main thread waits for the cell: the subshell's thread takes the draft
         _on_subshell(kernel, "comm_msg", {"comm_id": comm_id,
                                           "data": {"source": "w + 1", "revision": 1}}, subshell)
-        _until(lambda: _status_of(server, session)["prepared"], "the draft reached the server")
+        wait_until(lambda: _status_of(server, session)["prepared"], "the draft reached the server")
         assert _status_of(server, session)["running"]  # before the cell ended
     finally:
         flag.touch()
@@ -233,13 +215,6 @@ def test_a_draft_sent_on_a_subshell_reaches_the_server_while_a_cell_runs(
         if reply["parent_header"].get("msg_id") == running:
             break
     assert reply["content"]["status"] == "ok"
-
-
-def _until(predicate: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
-        time.sleep(0.1)
 
 
 def test_the_running_comm_gives_a_running_cell_its_outputs_so_far_then_its_end(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import RunningServer, execute, open_session, serving, text
+from helpers import RunningServer, execute, open_session, serving, text, wait_until
 
 from fabric.client import Client
 from fabric.errors import RemoteError
@@ -40,20 +40,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture
-def client(server: RunningServer) -> Iterator[Client]:
-    with server.client() as c:
-        yield c
-
-
-def _until(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.1)
-
-
 def _running(client: Client, name: str) -> bool:
     return any(s["session"] == name and s["running"] for s in client.call("status")["sessions"])
 
@@ -76,7 +62,7 @@ def _killed_client_running(server: RunningServer, name: str, started: Path) -> N
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen([sys.executable, "-c", script], env=env)
     try:
-        _until(started.exists, "the long cell started")
+        wait_until(started.exists, "the long cell started")
         time.sleep(0.5)  # a few lines went to that client
     finally:
         os.kill(process.pid, signal.SIGKILL)
@@ -104,7 +90,7 @@ def test_a_cell_that_ended_unfollowed_keeps_its_reply_for_one_follower(server, c
         events = first.execute(name, "print('before')\nx = input('? ')", stdin=True)
         assert any(isinstance(m, InputRequest) for m in events)  # it waits for an answer
     # the client closed while the cell asked: it is answered as stdin not available
-    _until(lambda: not _running(client, name), "the cell ended", timeout=20)
+    wait_until(lambda: not _running(client, name), "the cell ended", timeout=20)
     reply, outputs = _follow(client, name)
     assert reply["followed"] is True and reply["status"] == "error"
     assert "before\n" in text(outputs) and "StdinNotImplementedError" in text(outputs)
@@ -116,10 +102,10 @@ def test_a_cell_nobody_follows_within_the_grace_is_stopped(server, client, tmp_p
     forever = "import time\nopen('started', 'w').close()\nwhile True:\n    time.sleep(0.05)\n"
     with server.client() as first:
         events = first.execute(name, forever)
-        _until((tmp_path / "started").exists, "the cell started")
+        wait_until((tmp_path / "started").exists, "the cell started")
         events.done = True
     gone = time.monotonic()
-    _until(lambda: client.call("status")["leases"]["held"] == 0, "its slot came back",
+    wait_until(lambda: client.call("status")["leases"]["held"] == 0, "its slot came back",
            timeout=30)
     assert time.monotonic() - gone >= GRACE - 0.5  # not at once: it had its grace
     assert not _running(client, name)

@@ -13,7 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import RunningServer, execute, execute_in_thread, open_session, serving, text
+from helpers import (
+    RunningServer,
+    execute,
+    execute_in_thread,
+    open_session,
+    serving,
+    text,
+    wait_until,
+)
 
 from fabric.client import Client
 from fabric.config import Config
@@ -41,22 +49,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture
-def client(server: RunningServer) -> Iterator[Client]:
-    with server.client() as c:
-        yield c
-
-
-def _until(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.1)
-
-
 def _started(path: Path) -> None:
-    _until(path.exists, f"the cell that makes {path.name}")
+    wait_until(path.exists, f"the cell that makes {path.name}")
 
 
 def _held(client: Client) -> int:
@@ -71,7 +65,7 @@ def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_pa
         _started(tmp_path / name)
     third = open_session(client, tmp_path)
     waiting, result = execute_in_thread(server, third, "print('third ran')")
-    _until(lambda: client.call("status")["leases"]["queued"] == 1, "the third cell queued")
+    wait_until(lambda: client.call("status")["leases"]["queued"] == 1, "the third cell queued")
     for name in stubborn:
         assert client.call("interrupt", session=name)["interrupted"]
     waiting.join(60)
@@ -104,7 +98,7 @@ def test_close_stops_the_running_cell_and_a_reopen_loses_nothing(server, client,
     name = open_session(client, tmp_path)
     execute(client, name, "x = 1")
     thread, slow = execute_in_thread(server, name, "import time\ntime.sleep(30)\ny = 'slow'")
-    _until(lambda: _held(client) >= 1, "the slow cell started")
+    wait_until(lambda: _held(client) >= 1, "the slow cell started")
     client.call("close", session=name)
     thread.join(30)
     assert slow["error"].kind == "stopped" and "closed" in slow["error"].message
@@ -123,7 +117,7 @@ def test_a_commit_on_a_head_moved_meanwhile_is_refused(server, client, tmp_path)
     thread, slow = execute_in_thread(server, name, (
         f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)\n"
         "x = 'slow'"))
-    _until(lambda: _held(client) >= 1, "the slow cell started")
+    wait_until(lambda: _held(client) >= 1, "the slow cell started")
     store = Store(server.store)
     moved = history.checkout(store, name, 1)  # another hand moves the head while it runs
     flag.touch()
@@ -146,7 +140,7 @@ def test_a_client_that_stops_answering_has_its_cell_stopped(server, client, tmp_
     try:
         _started(tmp_path / "started")
         os.kill(frozen.pid, signal.SIGSTOP)  # alive, connected, but silent
-        _until(lambda: _held(client) == 0, "its slot came back", timeout=30)
+        wait_until(lambda: _held(client) == 0, "its slot came back", timeout=30)
     finally:
         frozen.kill()
         frozen.wait()
@@ -190,7 +184,7 @@ def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_
     def rebuilt() -> bool:
         pids = [z["pid"] for z in client.call("status")["zygotes"] if not z["modules"]]
         return bool(pids) and pids[0] != base
-    _until(rebuilt, "a new base zygote")
+    wait_until(rebuilt, "a new base zygote")
     assert not Path(f"/proc/{base}").exists()  # reaped, not a zombie
     assert execute(client, names[0], "import json\nprint(v)")[0]["status"] == "ok"
 
@@ -200,7 +194,7 @@ def test_a_dead_family_zygote_is_rebuilt(server, client, tmp_path) -> None:
     execute(client, name, "import numpy as np\na = np.arange(3)")
     family = next(z["pid"] for z in client.call("status")["zygotes"] if "numpy" in z["modules"])
     os.kill(family, signal.SIGKILL)
-    _until(lambda: all(z["pid"] != family for z in client.call("status")["zygotes"]),
+    wait_until(lambda: all(z["pid"] != family for z in client.call("status")["zygotes"]),
            "the dead zygote dropped")
     assert text(execute(client, name, "print(a.sum())")[1]) == "3\n"
     assert any("numpy" in z["modules"] for z in client.call("status")["zygotes"])

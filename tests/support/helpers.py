@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -128,6 +128,37 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
             server.stop()
         # its log lies in `sockdir`: read it before the directory goes
         assert server.process.returncode == 0, server.log.read_text()
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    """Poll `predicate` until it holds; fail saying `what` did not happen in time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.1)
+
+
+def hold_a_slot(server: RunningServer, seconds: float) -> threading.Thread:
+    """Another session's cell holding an execution slot for `seconds`, already running (its
+    zygote warmed first, so it starts at once): join the thread when done."""
+    other = f"o-{uuid.uuid4().hex[:8]}"
+    with server.client() as client:
+        client.call("open", session=other, cwd=tempfile.gettempdir())
+        execute(client, other, "1")
+    started = threading.Event()
+
+    def hold() -> None:
+        with server.client() as client:
+            for message in client.execute(other, "import time\nprint('go', flush=True)\n"
+                                                 f"time.sleep({seconds})", timeout=60):
+                if isinstance(message, Output):
+                    started.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert started.wait(60), "the slot-holding cell did not start"
+    return holder
 
 
 def require_criu(what: str) -> None:
