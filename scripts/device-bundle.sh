@@ -54,6 +54,10 @@ mkdir -p "$tmp/wheels" "$tmp/bin" "$tmp/criu/bin" "$tmp/criu/libexec" "$tmp/criu
 src="$(mktemp -d)"
 trap 'rm -rf "$src"' EXIT
 cp -r "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOT/fabric" "$ROOT/cli" "$src/"
+# the wheel carries the prebuilt JupyterLab extension as data files
+[ -f "$ROOT/labextension/dist/package.json" ] \
+    || die "the JupyterLab extension is not built (run: make labextension)"
+mkdir -p "$src/labextension" && cp -r "$ROOT/labextension/dist" "$src/labextension/"
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp/wheels" "$src" \
     || die "building the project's wheel failed"
 own="$(ls "$tmp/wheels"/llfabric-*.whl)"
