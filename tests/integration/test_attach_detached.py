@@ -13,17 +13,11 @@ from pathlib import Path
 
 import pytest
 from attached import Kernel, kernel_env, text_of
-from helpers import RunningServer, serving
+from helpers import RunningServer, printing_cell, serving
 from jupyter_client.kernelspec import KernelSpecManager
 
 LINES = 25  # 5 s: the new kernel starts while it runs
-LONG = f"""import time
-open('started', 'w').close()
-for i in range({LINES}):
-    print('line', i, flush=True)
-    time.sleep(0.2)
-done = 'yes'
-"""
+LONG = printing_cell(LINES)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import RunningServer, execute, open_session, serving, text, wait_until
+from helpers import (
+    RunningServer,
+    execute,
+    open_session,
+    printing_cell,
+    serving,
+    text,
+    wait_until,
+)
 
 from fabric.client import Client
 from fabric.errors import RemoteError
@@ -23,13 +31,7 @@ GRACE = 2  # the server's detached_grace
 
 LINES = 15
 # prints a line per 0.2 s, then sets a variable; `started` appears in the session's directory
-LONG = f"""import time
-open('started', 'w').close()
-for i in range({LINES}):
-    print('line', i, flush=True)
-    time.sleep(0.2)
-done = 'yes'
-"""
+LONG = printing_cell(LINES)
 ALL_LINES = "".join(f"line {i}\n" for i in range(LINES))
 
 

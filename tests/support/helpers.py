@@ -130,6 +130,13 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
         assert server.process.returncode == 0, server.log.read_text()
 
 
+def printing_cell(lines: int) -> str:
+    """A cell that touches `started` in its working directory, prints a line every 0.2 s, then
+    sets `done`: one that runs long enough for a test to act while it runs."""
+    return (f"import time\nopen('started', 'w').close()\nfor i in range({lines}):\n"
+            "    print('line', i, flush=True)\n    time.sleep(0.2)\ndone = 'yes'\n")
+
+
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = 60.0) -> None:
     """Poll `predicate` until it holds; fail saying `what` did not happen in time."""
     deadline = time.monotonic() + timeout
