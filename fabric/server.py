@@ -90,6 +90,8 @@ from .snapshot import Manifest, Store, history
 
 log = logging.getLogger(__name__)
 
+UPKEEP_SHARE = 5  # retention and gc take at most a fifth of the server's time
+
 
 class Server:
     def __init__(self, config: Config) -> None:
@@ -255,6 +257,7 @@ class Server:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wanted.wait(), self.config.gc_interval or None)
             self._wanted.clear()  # before the pass: a commit during it asks for another
+            started = time.monotonic()
             try:
                 summary = await asyncio.to_thread(self.collect, self._protected(),
                                                   self._saving_since())
@@ -262,6 +265,9 @@ class Server:
             except Exception:
                 log.exception("retention and gc failed; the next commit or %d s retries",
                               self.config.gc_interval)
+            # a pass holds the interpreter much of its time: commits in quick succession wait,
+            # so that passes take at most 1/UPKEEP_SHARE of the server's time
+            await asyncio.sleep((UPKEEP_SHARE - 1) * (time.monotonic() - started))
 
     def _protected(self) -> set[str]:
         """The versions open sessions build on: heads, and what prepared workers loaded."""
@@ -558,6 +564,8 @@ class Server:
     def _history(self, user: str, name: str) -> dict:
         stored, store = self._store_name(user, name), self._store_of(user)
         if store.head(stored) is None:
+            if stored in self.sessions:  # opened, no cell committed yet
+                return {"cells": []}
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         return {"cells": [list(cell) for cell in history.cells(store, stored)]}
 

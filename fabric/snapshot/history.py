@@ -483,6 +483,7 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
             result.kept_bytes += stat.st_size
         else:
             path.unlink(missing_ok=True)
+            store.forget_object(path.name)
             result.removed += 1
             result.freed += stat.st_size
     _freed(store, sessions, result.damaged, settled, young)

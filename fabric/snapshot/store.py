@@ -118,6 +118,9 @@ class Store:
         self.disk = DiskTier(self.root / "blobs", owner)
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
         self._key = (key or _load_key(self.root / "key")) if signs else None
+        # object id -> the chunks its index names: an id names one content, so this never goes
+        # stale; gc, which asks for every live object's on each pass, reads each index once
+        self._chunks: dict[str, tuple[str, ...]] = {}
 
     @property
     def key(self) -> bytes:
@@ -318,7 +321,15 @@ class Store:
             return f.read(len(_OBJECT)) == _OBJECT
 
     def object_chunks(self, ident: str) -> list[str]:
-        return [cid for _, ids in _large(self.object_index(ident)[2]) for cid in ids]
+        chunks = self._chunks.get(ident)
+        if chunks is None:
+            chunks = tuple(cid for _, ids in _large(self.object_index(ident)[2]) for cid in ids)
+            self._chunks[ident] = chunks
+        return list(chunks)
+
+    def forget_object(self, ident: str) -> None:
+        """Drop what is remembered of a blob gc removed."""
+        self._chunks.pop(ident, None)
 
     # manifests
     def _sign(self, body: bytes) -> bytes:

@@ -237,6 +237,9 @@ def test_bad_questions_get_clear_answers_and_the_server_serves_on(server: Runnin
         assert answer["type"] == "error" and why in answer["error"]["message"], answer
     assert "no session" in _raw(server, {"op": "history", "session": "never-opened"})[
         "error"]["message"]
+    with server.client() as client:  # opened, nothing run yet: a history, empty
+        client.open("opened-only")
+        assert client.call("history", session="opened-only")["cells"] == []
     assert "comm_msg or comm_close" in _raw(server, {
         "op": "comm", "session": fresh.session, "msg_type": "comm_open", "content": {}})[
         "error"]["message"]
