@@ -26,7 +26,7 @@ def client_of(connect: str | None, store: str | None) -> Iterator[Client]:
     """A client of the given server, of the default one, or of an embedded one started now."""
     configured = config(store, connect)
     with Client(configured.address) as client:
-        if client.ping():
+        if client.answers():
             yield client
             return
     if connect:

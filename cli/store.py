@@ -135,7 +135,7 @@ def store_rm(session: str, path: str | None) -> None:
     removes it (refused while the session runs a cell)."""
     configured = config(path)
     with Client(configured.address) as client:
-        served = client.ping() and \
+        served = client.answers() and \
             client.status().store == str(configured.store)
         if served:
             client.remove(session)

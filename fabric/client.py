@@ -10,6 +10,7 @@ import itertools
 import logging
 import math
 import os
+import socket
 import time
 from collections import deque
 from collections.abc import Collection
@@ -43,6 +44,8 @@ from .private import check_dir
 from .status import ServerStatus, SessionStatus
 
 log = logging.getLogger(__name__)
+
+PATIENCE = 30.0  # seconds a server that listens may take to answer: a loaded host answers late
 
 
 class Client:
@@ -212,6 +215,11 @@ class Client:
             return False
         return True
 
+    def answers(self) -> bool:
+        """Whether a server answers: within a second, or, if one listens at the address (up,
+        but busy on a loaded host), within PATIENCE seconds more."""
+        return self.ping() or (listening(self.address) and self.ping(timeout=PATIENCE))
+
 
 class Events:
     """The frames answering one request, as messages: events, then the Reply (an error frame
@@ -285,6 +293,24 @@ class Events:
         self.done = True
         for msg_id in (self.msg_id, *self._side):
             self.client.forget(msg_id)
+
+
+def listening(address: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts connections at `address`: a server that does not answer a
+    ping but listens is up and busy, not down."""
+    try:
+        if address.startswith("ipc://"):
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(timeout)
+                probe.connect(address[len("ipc://"):])
+        elif address.startswith("tcp://"):
+            host, _, port = address[len("tcp://"):].rpartition(":")
+            socket.create_connection((host.strip("[]"), int(port)), timeout).close()
+        else:
+            return False
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _check_socket_dir(folder: Path) -> None:

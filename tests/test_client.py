@@ -3,6 +3,7 @@ the typed events of a cell, a silent cell probed with pings, and frames that are
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from fabric.client import Client
+from fabric.client import Client, listening
 from fabric.errors import ProtocolError, RemoteError, Unreachable
 from fabric.messages import (
     Error,
@@ -165,3 +166,20 @@ def test_an_error_reply_raises_it(scripted) -> None:
     with pytest.raises(RemoteError) as err:
         client.interrupt("s")
     assert err.value.kind == "busy" and err.value.fields == {"session": "s"}
+
+
+def test_listening_tells_a_busy_server_from_a_down_one(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    assert not listening(f"ipc://{path}")  # no socket
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        server.listen()
+        assert listening(f"ipc://{path}")  # accepts, whether or not it answers
+    assert not listening(f"ipc://{path}")  # the file is left, nobody listens
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert listening(f"tcp://127.0.0.1:{port}")
+    assert not listening(f"tcp://127.0.0.1:{port}")
+    assert not listening("tcp://127.0.0.1:notaport") and not listening("inproc://x")

@@ -32,7 +32,7 @@ from typing import Any
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
-from ..client import Client, Events
+from ..client import PATIENCE, Client, Events, listening
 from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
-PING = 1.0  # seconds a server has to answer before a cell is sent to it
 # Cells the kernel runs itself: `%%local` ones, those that manage the attachment, and a line of
 # the history magics, which read the session's history the kernel keeps (see `answers`).
 LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b"
@@ -107,10 +106,16 @@ class Attachment:
 
     def _check_reachable(self) -> None:
         """A server that is down is said within a second, before the cell is sent, rather
-        than after the relay's patience with a cell that runs."""
-        if not self.client.ping(timeout=PING):
-            raise Unreachable(f"no llfabric server answers at {self.address}; the cell was "
-                              "not sent", address=self.address)
+        than after the relay's patience with a cell that runs; one that listens but answers
+        late (a loaded host) is waited for (`Client.answers`)."""
+        if self.client.answers():
+            return
+        if listening(self.address):
+            raise FabricError(f"the llfabric server at {self.address} accepts connections but "
+                              f"has not answered for {PATIENCE:.0f} s; the cell was not sent",
+                              address=self.address)
+        raise Unreachable(f"no llfabric server answers at {self.address}; the cell was not "
+                          "sent", address=self.address)
 
     def call(self, op: str, **fields: Any) -> dict:
         return self.client.call(op, session=self.session, **fields)

@@ -227,6 +227,21 @@ def test_unreachable_fabric_is_said_in_the_cell(specs: KernelSpecManager, tmp_pa
         started.stop()
 
 
+def test_a_busy_server_is_waited_for_not_called_down(kernel: Kernel,
+                                                     server: RunningServer) -> None:
+    """A server that listens but answers late (stopped here for 3 s, as a loaded host's can
+    be) gets the cell: only one that does not listen is unreachable."""
+    os.kill(server.process.pid, signal.SIGSTOP)
+    resume = threading.Timer(3.0, os.kill, (server.process.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        reply, outputs = kernel.execute("'ran'")
+    finally:
+        resume.join()
+    assert reply["status"] == "ok", outputs
+    assert _results(outputs)[0]["data"]["text/plain"] == "'ran'"
+
+
 def test_cli_attaches_a_running_plain_kernel(server: RunningServer, session: str,
                                              tmp_path: Path) -> None:
     env = kernel_env(server.address, session)
