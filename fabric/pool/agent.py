@@ -107,7 +107,7 @@ class HostAgent:
         if self._usable(self.prepared, head):
             self._extend(self.prepared, cl, events)
         else:
-            self.prepared = self._replace(self.prepared, cl, head, events)
+            self.prepared = self._replace(self.prepared, cl, head, events, running=self.busy)
 
     def _prepare(self, cl: Closure, head: Head, events: Events,
                  replay: lineage.Replay | None = None) -> Life:
@@ -216,14 +216,16 @@ class HostAgent:
             self._spawn(closing)
         self.keeper.changed()
 
-    def _replace(self, life: Life | None, cl: Closure, head: Head, events: Events) -> Life:
+    def _replace(self, life: Life | None, cl: Closure, head: Head, events: Events,
+                 running: bool = False) -> Life:
         """A fresh worker in place of one that is stale or gone: what only a worker held at
         the head (it died, or this server restarted) is recomputed where that is safe, else the
-        user is told it is lost."""
+        user is told it is lost. Not for a draft while a cell `running`: that cell's worker
+        holds it."""
         self._discard(life)
         replay = None
         try:
-            if self.lost_at != head.id:
+            if not running and self.lost_at != head.id:
                 replay = lineage.plan(self.store, head.manifest)
         except lineage.NotReplayable as exc:
             _, names = lineage.unsaved(self.store, head.manifest)

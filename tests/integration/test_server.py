@@ -329,6 +329,27 @@ def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session:
     assert [n["topic"] for n in reply["notices"]] == ["lost"]
 
 
+def test_a_draft_while_the_pinned_worker_runs_a_cell_loses_nothing(
+        server, client: Client, session: str, tmp_path) -> None:
+    """A draft that comes while the cell runs (the frontend drafts the next cell as soon as it
+    may) finds no worker prepared: the pinned one is busy, not gone."""
+    execute(client, session, "gen = (i for i in range(3))\nopen('f', 'w').close()")
+    flag = tmp_path / "go"
+    thread, result = execute_in_thread(
+        server, session,
+        f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)")
+    try:
+        pid_of_running_cell(server, session)
+        client.draft(session, "print(next(gen))")
+    finally:
+        flag.touch()
+        thread.join(60)
+    assert result["reply"]["status"] == "ok" and result["reply"]["path"].startswith("pinned")
+    reply, outputs = execute(client, session, "print(next(gen))")
+    assert reply["path"].startswith("pinned") and reply["notices"] == []
+    assert text(outputs) == "0\n"
+
+
 def test_evicting_a_zygote_spares_the_families_forked_from_it(server, client: Client,
                                                             session: str) -> None:
     # Each new import makes a new import family, forked from the previous one; more families
