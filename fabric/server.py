@@ -360,6 +360,9 @@ class Server:
             try:
                 final = Reply(await self._dispatch(user, request, emit)).to_wire(msg_id)
             except FabricError as exc:
+                if isinstance(request, Execute):  # its client shows it; the log says it too
+                    log.info("session %s: the cell did not commit: %s", request.session,
+                             exc.message)
                 final = Error(exc.to_wire()).to_wire(msg_id)
             except asyncio.CancelledError:
                 raise

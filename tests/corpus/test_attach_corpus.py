@@ -66,9 +66,19 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
             km.shutdown_kernel()
     # A kernel that failed to attach runs cells itself: the session proves they ran on the fabric.
     ran = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
-    assert sessions.get(session, {}).get("version") == ran, \
-        f"cells did not run on the fabric; the server's log ends:\n{server.log.read_text()[-6000:]}"
+    assert sessions.get(session, {}).get("version") == ran, _why_not_run(nb, server)
     return nb
+
+
+def _why_not_run(nb: nbformat.NotebookNode, server: RunningServer) -> str:
+    """What the cells' errors and the server's log say, for a notebook some of whose cells did
+    not commit (the log's routine gc lines left out)."""
+    errors = [f"cell {c.execution_count}: {o.get('ename')}: {o.get('evalue', '')[:300]}"
+              for c in nb.cells if c.cell_type == "code"
+              for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    log = [line for line in server.log.read_text().splitlines() if "gc freed" not in line]
+    return ("cells did not run on the fabric; their errors:\n" + "\n".join(errors) +
+            "\nthe server's log ends:\n" + "\n".join(log[-60:]))
 
 
 @pytest.mark.slow
