@@ -46,7 +46,9 @@ def _train(tmp_path: Path, store: Path, cells: int, floats: int, last: int) -> N
             if i == cells // 2:
                 client.call("tag", session=name, name="half")
         done = time.time()
-        upkeep = _wait_for_upkeep(server, done)
+        # a pass keeps what was written in the second before it began (a save in flight may
+        # name it): one that begins after that has freed what the policy releases
+        upkeep = _wait_for_upkeep(server, done + 1.5)
         assert upkeep["thinned"] >= 0 and "disk_percent" in upkeep
         # the bound the policy implies: the newest `last`, the named two, and the newest of
         # this hour and of this day (at most two more), each a whole copy of the state
