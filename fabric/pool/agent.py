@@ -220,8 +220,8 @@ class HostAgent:
                  running: bool = False) -> Life:
         """A fresh worker in place of one that is stale or gone: what only a worker held at
         the head (it died, or this server restarted) is recomputed where that is safe, else the
-        user is told it is lost. Not for a draft while a cell `running`: that cell's worker
-        holds it."""
+        user is told it is lost; not for a draft that comes while a cell is `running`: that
+        cell's worker holds it."""
         self._discard(life)
         replay = None
         try:
