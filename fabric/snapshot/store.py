@@ -228,11 +228,14 @@ class Store:
     def put_object(self, encoded: Encoded, known: str | None = None,
                    progress: Progress | None = None) -> str:
         """Store a pickled group durably; return its id. Nothing is written if it equals `known`
-        (the group as last loaded or saved), and otherwise only chunks missing or corrupt on
-        disk: an index already there is no proof that its chunks are intact."""
+        (the group as last loaded or saved) and is still on disk, and otherwise only chunks
+        missing or corrupt on disk: an index already there is no proof that its chunks are
+        intact."""
         ident, index, chunks = self.fingerprint(encoded)
         if ident == known:
-            return ident
+            with contextlib.suppress(FileNotFoundError):  # gone: written again below
+                self.disk.touch(ident)  # named again: a gc running meanwhile keeps it
+                return ident
         reporter = _Reporter(progress, sum(part.nbytes for _, part in chunks))
         written: list[str] = []
 

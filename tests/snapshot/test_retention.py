@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabric.errors import FabricError, StoreError
-from fabric.snapshot import Store, dumps, history, loads
+from fabric.snapshot import Manifest, Store, dumps, history, loads
 from fabric.snapshot.retention import DAY, HOUR, Policy, Version, keep
 
 CHUNK = 1 << 16
@@ -153,6 +153,25 @@ def test_a_blob_a_running_save_reused_stays_though_retention_releases_it_after(
     history.gc(store, saving_since=began)
     assert store.has(reused) and all(store.has(c) for c in store.object_chunks(reused))
     assert np.array_equal(loads(store.get_object(reused), {})["w"], first)
+
+
+def test_an_unchanged_group_a_running_save_names_again_stays(tmp_path) -> None:
+    """As above, where the worker still holds the object it loaded long ago (`known`): the save
+    writes nothing, yet the object it names again is kept."""
+    store = Store(tmp_path, chunk=CHUNK)
+    first = np.random.default_rng(0).random(40_000)
+    commit_values(store, "s", w=first)
+    [group] = Manifest.decode(store.get_manifest(store.head("s"))).groups
+    known = group.blob
+    for path in store.disk.files():  # written long before the cell began
+        os.utime(path, (time.time() - 100, time.time() - 100))
+    for i in range(1, 4):
+        commit_values(store, "s", w=np.random.default_rng(i).random(40_000))
+    began = time.time()
+    assert store.put_object(dumps({"w": first}, {}), known) == known
+    assert sorted(history.retain(store, "s", Policy(last=1, hourly=0, daily=0))) == [1, 2, 3]
+    history.gc(store, saving_since=began)
+    assert store.has(known) and all(store.has(c) for c in store.object_chunks(known))
 
 
 def test_a_gc_pass_during_a_removal_does_not_lose_what_it_released(tmp_path) -> None:

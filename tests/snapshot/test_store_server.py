@@ -23,7 +23,7 @@ def _head(server, session: str) -> Manifest:
 
 def _files(store: Store, blob: str) -> dict[Path, int]:
     paths = [store.disk.path(b) for b in [blob, *store.object_chunks(blob)]]
-    return {p: p.stat().st_mtime_ns for p in paths}
+    return {p: p.stat().st_ino for p in paths}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
