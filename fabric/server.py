@@ -265,8 +265,7 @@ class Server:
             except Exception:
                 log.exception("retention and gc failed; the next commit or %d s retries",
                               self.config.gc_interval)
-            # a pass holds the interpreter much of its time: commits in quick succession wait,
-            # so that passes take at most 1/UPKEEP_SHARE of the server's time
+            # a pass holds the interpreter much of its time: commits in quick succession wait
             await asyncio.sleep((UPKEEP_SHARE - 1) * (time.monotonic() - started))
 
     def _protected(self) -> set[str]:
