@@ -11,9 +11,12 @@ holes in the page files as it reads them), and a template's images are restored 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from pathlib import Path
+
+import psutil
 
 from ..errors import CheckpointError
 
@@ -21,6 +24,8 @@ from ..errors import CheckpointError
 # (installed from a wheel, nothing is there)
 _CHECKOUT = Path(__file__).resolve().parents[2]
 CRIU, INIT = "LLFABRIC_CRIU", "LLFABRIC_INIT"  # the settings: paths of the binaries
+GHOST_LIMIT = 1 << 31  # bytes of an unlinked file a dump may keep
+_MAPPED = "mapped"  # the images' links to the files the tree mapped
 
 
 def locate(configured: str, name: str, built: Path) -> Path | None:
@@ -103,10 +108,16 @@ def _call(verb: str, images: Path, log_name: str, **opts: object):
         os.close(fd)
 
 
-def dump(pid: int, images: Path, log_name: str = "dump.log") -> None:
-    """Dump the tree rooted at `pid` into `images`; CRIU kills the tree once it is written."""
+def dump(pid: int, images: Path, log_name: str = "dump.log", keep_under: Path | None = None
+         ) -> None:
+    """Dump the tree rooted at `pid` into `images`; CRIU kills the tree once it is written.
+    `keep_under`: a folder whose files the tree maps (a worker's arrays are mappings of the
+    store's chunk files) and which may be unlinked before the restore: the images keep links."""
     images.mkdir(parents=True, exist_ok=True)
-    _call("dump", images, log_name, pid=pid, leave_running=False)
+    if keep_under is not None:
+        _keep_mapped(pid, images / _MAPPED, keep_under)
+    # a file unlinked before the dump goes into the images whole (up to 1 MiB by default)
+    _call("dump", images, log_name, pid=pid, leave_running=False, ghost_limit=GHOST_LIMIT)
 
 
 def restore(images: Path, log_name: str) -> int:
@@ -115,8 +126,47 @@ def restore(images: Path, log_name: str) -> int:
     A tree dumped as the init of its own PID namespace comes back in a new one, so the same
     images can be restored many times at once.
     """
+    _put_back(images / _MAPPED)  # CRIU opens a mapped file by its path
     response = _call("restore", images, log_name, rst_sibling=True)
     return int(response.pid)
+
+
+def _mapped_files(pid: int, root: Path) -> set[str]:
+    """The files under `root` that the tree rooted at `pid` maps."""
+    prefix, found = f"{root}/", set()
+    for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        with contextlib.suppress(psutil.Error, OSError):
+            for region in process.memory_maps(grouped=True):
+                if region.path.startswith(prefix) and os.path.isfile(region.path):
+                    found.add(region.path)
+    return found
+
+
+def _keep_mapped(pid: int, kept: Path, root: Path) -> None:
+    """Link (else copy) the files under `root` the tree maps into `kept`, with their paths."""
+    kept.mkdir()
+    paths = {}
+    for i, path in enumerate(sorted(_mapped_files(pid, root))):
+        try:
+            os.link(path, kept / str(i))
+        except FileNotFoundError:  # unlinked meanwhile: the dump keeps its bytes
+            continue
+        except OSError:  # another file system
+            shutil.copyfile(path, kept / str(i))
+        paths[str(i)] = path
+    (kept / "paths.json").write_text(json.dumps(paths))
+
+
+def _put_back(kept: Path) -> None:
+    """Link back the mapped files that were unlinked since the dump (content-addressed blobs:
+    the same bytes under the same name)."""
+    index = kept / "paths.json"
+    if not index.exists():
+        return
+    for name, path in json.loads(index.read_text()).items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.link(kept / name, path)
 
 
 def remove(images: Path) -> None:

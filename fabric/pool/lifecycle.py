@@ -71,7 +71,7 @@ async def cool(pool: Pool, worker: WorkerHandle) -> CoolImage:
         if not isinstance(reply, Sleeping):
             raise ParkFailed(f"worker {worker.pid} answered {reply.op!r} to sleep")
         await wake.until_asleep(worker.process, SLEEP_TIMEOUT)
-        await asyncio.to_thread(criu.dump, worker.pid, images)
+        await asyncio.to_thread(criu.dump, worker.pid, images, keep_under=pool.store_root)
         await asyncio.wait_for(asyncio.shield(worker.died), SLEEP_TIMEOUT)
     except (FabricError, TimeoutError) as exc:
         with contextlib.suppress(ProcessLookupError):

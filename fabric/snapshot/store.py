@@ -44,6 +44,7 @@ import xxhash
 
 from ..errors import DiskFull, StaleHead, StoreError
 from .codec import Encoded
+from .mapped import Region, mappable
 from .tiers import Buffer, DiskTier, MemoryTier, Tier, write_atomic
 
 CHUNK = 16 << 20  # large enough for full-speed sequential I/O, small enough to dedup parts
@@ -290,9 +291,11 @@ class Store:
         reporter = _Reporter(progress, sum(nbytes for _, _, entries in indexes
                                            for nbytes, _ in _large(entries)))
 
-        def read(chunk: tuple[str, memoryview]) -> None:
-            self._read_into(*chunk)
-            reporter.add(chunk[1].nbytes)
+        def read(chunk: tuple[str, memoryview, Region | None, int]) -> None:
+            ident, out, region, offset = chunk
+            if region is None or not self._map(ident, out, region, offset):
+                self._read_into(ident, out)
+            reporter.add(out.nbytes)
 
         pending: collections.deque[tuple[Encoded, list[Future], int]] = collections.deque()
         ahead, following = 0, iter(indexes)
@@ -303,7 +306,7 @@ class Store:
                         if (index := next(following, None)) is None:
                             break
                         encoded, reads = _allocated(*index)
-                        size = sum(part.nbytes for _, part in reads)
+                        size = sum(read[1].nbytes for read in reads)
                         pending.append((encoded, [pool.submit(read, r) for r in reads], size))
                         ahead += size
                     encoded, futures, size = pending.popleft()
@@ -315,6 +318,15 @@ class Store:
                 for _, futures, _ in pending:
                     for future in futures:
                         future.cancel()
+
+    def _map(self, ident: str, out: memoryview, region: Region, offset: int) -> bool:
+        """Map a chunk's disk copy where `out` lies in `region` and verify it; False if the disk
+        has no copy of its size (the tiers are read instead, which says what is wrong)."""
+        if not region.map(offset, self.disk.path(self._checked(ident)), out.nbytes):
+            return False
+        if blob_id(out) != ident:
+            raise StoreError(f"blob {ident} is corrupt (hash mismatch)", blob=ident)
+        return True
 
     def is_object(self, ident: str) -> bool:
         """Whether a blob on disk starts as an object index does (a cheap peek, unverified)."""
@@ -486,20 +498,23 @@ def _large(entries: list) -> list[tuple[int, list[str]]]:
     return [entry for entry in entries if not isinstance(entry, bytes)]
 
 
-def _allocated(stream: bytes, chunk: int,
-               entries: list) -> tuple[Encoded, list[tuple[str, memoryview]]]:
+def _allocated(stream: bytes, chunk: int, entries: list
+               ) -> tuple[Encoded, list[tuple[str, memoryview, Region | None, int]]]:
     """An object's buffers, small ones filled from its index, and the chunk reads that fill the
-    large ones: (chunk id, the part of its buffer it fills)."""
+    large ones: (chunk id, the part of its buffer it fills, the region to map the chunk's file
+    into where chunks can be mapped, and the part's offset in it)."""
     buffers: list[memoryview] = []
-    reads: list[tuple[str, memoryview]] = []
+    reads: list[tuple[str, memoryview, Region | None, int]] = []
     for entry in entries:
         if isinstance(entry, bytes):
             buffers.append(memoryview(bytearray(entry)))
             continue
         nbytes, ids = entry
-        view = _allocate(nbytes)
+        region = Region(nbytes) if nbytes and mappable(chunk) else None
+        view = region.view if region is not None else _allocate(nbytes)
         buffers.append(view)
-        reads += [(cid, view[i * chunk:(i + 1) * chunk]) for i, cid in enumerate(ids)]
+        reads += [(cid, view[i * chunk:(i + 1) * chunk], region, i * chunk)
+                  for i, cid in enumerate(ids)]
     return Encoded(stream, buffers), reads
 
 

@@ -102,3 +102,35 @@ def test_memory_pressure_cools_a_kept_worker_before_its_idle_time(tmp_path: Path
         _wait_tier(client, session, "cool")
         reply, outputs = execute(client, session, "next(g)")
         assert text(outputs) == "0\n" and reply["source"] == "cool"
+
+
+def _unlink_chunks(store: Path) -> None:
+    """Remove the store's chunk files, as gc does once no version names them."""
+    for chunk in (store / "blobs").glob("*/*"):
+        if chunk.stat().st_size > 1 << 20:
+            chunk.unlink()
+
+
+@pytest.mark.parametrize("unlinked", ["never", "before the dump", "after the dump"])
+def test_a_cooled_worker_keeps_arrays_mapped_from_the_store(tmp_path: Path,
+                                                            unlinked: str) -> None:
+    # A fresh worker loads `a` as mappings of its chunk files; the worker, pinned by `g`, is
+    # dumped and restored with them, whether gc unlinked the files before the dump, after it,
+    # or not at all.
+    with serving(tmp_path / "store", cool_after=1, keep_warm=0,
+                 worker_source="zygote") as server, server.client() as client:
+        session = open_session(client, tmp_path)
+        execute(client, session, "import numpy as np\na = np.arange(3_000_000.0)")
+        reply, outputs = execute(client, session, (
+            "g = (i for i in range(10))\nnext(g)\ntotal = a.sum()\n"
+            "print(sum('/blobs/' in line for line in open('/proc/self/maps')))"))
+        assert reply["unsaved"] == ["g"] and reply["path"] != "warm", (reply, outputs)
+        assert text(outputs) == "2\n"  # a's two chunks, mapped
+        if unlinked == "before the dump":
+            _unlink_chunks(server.store)
+        _wait_tier(client, session, "cool")
+        if unlinked == "after the dump":
+            _unlink_chunks(server.store)
+        reply, outputs = execute(client, session, "a[1] = 7\nprint(next(g), a[:3], a[-1])")
+        assert (reply["status"], reply["source"]) == ("ok", "cool"), outputs
+        assert text(outputs) == "1 [0. 7. 2.] 2999999.0\n"

@@ -1,7 +1,11 @@
-"""Whole-state loads: objects streamed in order, read ahead, each buffer its own and verified."""
+"""Whole-state loads: objects streamed in order, read ahead, each buffer its own and verified.
+
+Every test runs twice: large buffers mapped from their chunk files, and read into memory (the
+path for chunk sizes that cannot be mapped)."""
 
 from __future__ import annotations
 
+import gc
 import shutil
 from pathlib import Path
 
@@ -10,10 +14,23 @@ import pytest
 import torch
 
 from fabric.errors import StoreError
-from fabric.snapshot import Store, blob_id, dumps, loads
+from fabric.snapshot import Store, blob_id, dumps, loads, mapped
 from fabric.snapshot import store as store_module
 
 CHUNK = 1 << 16
+
+
+@pytest.fixture(autouse=True, params=["mapped", "read"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(mapped, "SMALLEST", CHUNK if request.param == "mapped" else 1 << 40)
+    return request.param
+
+
+def _mapped_from(store: Store) -> set[str]:
+    """The store's blobs this process maps."""
+    root = str(store.disk.root)
+    return {Path(line.split()[-1]).name for line in Path("/proc/self/maps").read_text().splitlines()
+            if root in line}
 
 
 def _state() -> dict[str, dict]:
@@ -92,3 +109,20 @@ def test_an_abandoned_load_leaves_the_store_usable(tmp_path: Path) -> None:
     next(objects)
     objects.close()  # stops the reads of the objects nobody will unpickle
     assert loads(store.get_object(ids[1]), {})["small"] == [1, 2, 3]
+
+
+def test_a_mapped_buffer_is_its_chunk_files_in_order_and_copies_a_page_only_when_written(
+        tmp_path: Path, way: str) -> None:
+    original = np.random.default_rng(1).random(50_000)  # 7 chunks, the last one short
+    ident = _saved(tmp_path, {"a": {"a": original}})[0]
+    store = Store(tmp_path, chunk=CHUNK)
+    chunks = store.object_chunks(ident)
+    a = loads(store.get_object(ident), {})["a"]
+    assert _mapped_from(store) == (set(chunks) if way == "mapped" else set())
+    np.testing.assert_array_equal(a, original)
+    a[::1000] = -1.0  # a page of every chunk: copied, the files untouched
+    assert all(blob_id(store.disk.path(c).read_bytes()) == c for c in chunks)
+    np.testing.assert_array_equal(loads(store.get_object(ident), {})["a"], original)
+    del a
+    gc.collect()
+    assert _mapped_from(store) == set()  # unmapped with the last array on it
