@@ -11,7 +11,8 @@ same run, each with an fsync where it writes:
                 unpickle), and delta saves (as a worker makes them) after a cell that touched
                 nothing, one that read everything and changed nothing (every group fingerprinted),
                 and one that changed one tensor
-  dill          dill.dump_module / load_module of a module holding the state (dump_session)
+  dill          dill.dump_module / load_module of a module holding the state (dump_session),
+                in each round
   torch.save    torch.save / torch.load of the same dict
   Kishu         its checkpoint (its hooks after the cell that built the state, and after cells
                 like the delta saves') and its checkout of that commit after every variable
@@ -19,8 +20,12 @@ same run, each with an fsync where it writes:
                 made on first use): bench/kishu_peer.py says how and exactly what is timed
 
 Reads come after evicting the files from the page cache (posix_fadvise DONTNEED), so they hit the
-disk as a new worker's would. Usage:
+disk as a new worker's would, and then again from the page cache (as a load right after a save,
+or on a host whose cache holds the state). Then cells whose draft missed: the time from execute
+to their first statement on a fresh worker that loads their closure, by the closure's size,
+against loading it in this process. Usage:
 python bench/store.py [--size 0.5] [--dir DIR] [--no-dill] [--no-kishu] [--repeat 3]
+                      [--first 0.01,0.1,0.5,1]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
+import math
 import os
 import shutil
 import statistics
@@ -43,6 +49,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fabric.client import Client
+from fabric.config import Config
+from fabric.embedded import EmbeddedServer
 from fabric.snapshot import Store, dumps, loads
 from fabric.snapshot.delta import DeltaSaver
 from fabric.snapshot.store import CHUNK, THREADS
@@ -126,7 +135,8 @@ def raw_disk(work: Path, size: int) -> tuple[float, float]:
 
 
 def raw_disk_parallel(work: Path, size: int) -> tuple[float, float]:
-    """The disk at the store's own access pattern: 16 MiB files, each fsync'd, 4 at a time."""
+    """The disk at the store's own access pattern: 16 MiB files, each fsync'd, 4 at a time;
+    read from the disk, then again from the page cache."""
     data = np.random.default_rng(2).integers(0, 255, size, dtype=np.uint8)
     pieces = [(work / f"raw{i}", memoryview(data)[start:start + CHUNK])
               for i, start in enumerate(range(0, size, CHUNK))]
@@ -147,9 +157,10 @@ def raw_disk_parallel(work: Path, size: int) -> tuple[float, float]:
         for path, _ in pieces:
             evict(path)
         read_s = timed(lambda: list(pool.map(read, pieces)))[0]
+        cached_s = timed(lambda: list(pool.map(read, pieces)))[0]  # now in the page cache
     for path, _ in pieces:
         path.unlink()
-    return write_s, read_s
+    return write_s, read_s, cached_s
 
 
 def memcpy(size: int) -> float:
@@ -170,6 +181,8 @@ def llfabric_once(root: Path, state: dict) -> dict[str, float]:
     fresh = Store(root / "all")
     ids = [blob for blob, _, _ in first.groups]
     out["load"], _ = timed(lambda: [loads(e, {}) for e in fresh.get_objects(ids)])
+    again = Store(root / "all")  # the chunks are in the page cache now
+    out["cached load"], _ = timed(lambda: [loads(e, {}) for e in again.get_objects(ids)])
     out["delta: cell touched nothing"], _ = timed(lambda: saver.save(ns, names, set()))
     out["delta: read all, changed nothing"], _ = timed(lambda: saver.save(ns, names, None))
     state["ten0"][:1000] += 1
@@ -190,21 +203,31 @@ def large_only(root: Path, state: dict) -> tuple[float, float]:
     return save, load
 
 
-def llfabric(work: Path, state: dict, repeat: int) -> dict[str, float]:
-    """Medians over `repeat` rounds; each round measures the raw disk right before llfabric on
-    the same bytes, and the ratios are taken within a round (this disk's speed drifts)."""
+def llfabric(work: Path, state: dict, repeat: int, dill: bool) -> dict[str, float]:
+    """Medians over `repeat` rounds; each round measures the raw disk (and dill) right before
+    llfabric on the same bytes, and the ratios are taken within a round (this disk's speed
+    drifts)."""
     size = nbytes(state)
     large = nbytes({n: v for n, v in state.items() if isinstance(v, np.ndarray | torch.Tensor)})
     runs = []
     for i in range(repeat):
         run = dict(zip(("raw write", "raw read"), raw_disk(work, size), strict=True))
-        run |= dict(zip(("par write", "par read"), raw_disk_parallel(work, size), strict=True))
+        run |= dict(zip(("par write", "par read", "par cached read"),
+                        raw_disk_parallel(work, size), strict=True))
+        if dill:
+            run |= dict(zip(("dill save", "dill load", "dill cached load"),
+                            dill_session(work, state), strict=True))
         ours = llfabric_once(work / f"store{i}", state)
         run |= ours
+        run |= {"cached load/par": run["par cached read"] / run["cached load"]}
+        if dill:
+            run |= {"dill/save": run["dill save"] / run["save"],
+                    "dill/load": run["dill load"] / run["load"],
+                    "dill/cached load": run["dill cached load"] / run["cached load"]}
         run |= dict(zip(("raw large write", "raw large read"), raw_disk(work, large),
                         strict=True))
-        run |= dict(zip(("par large write", "par large read"), raw_disk_parallel(work, large),
-                        strict=True))
+        run |= dict(zip(("par large write", "par large read"),
+                        raw_disk_parallel(work, large)[:2], strict=True))
         large_save, large_load = large_only(work / f"large{i}", state)
         run |= {"large save": large_save, "large load": large_load}
         run |= {"save/par": run["par write"] / run["save"],
@@ -219,7 +242,8 @@ def llfabric(work: Path, state: dict, repeat: int) -> dict[str, float]:
     return {k: statistics.median(run[k] for run in runs) for k in runs[0]} | {"large": large}
 
 
-def dill_session(work: Path, state: dict) -> tuple[float, float]:
+def dill_session(work: Path, state: dict) -> tuple[float, float, float]:
+    """dill's dump_session and load_session: from the disk, then from the page cache."""
     import dill
 
     # dump_session saves __main__, as a notebook's namespace is: put the state there. dill cannot
@@ -239,11 +263,12 @@ def dill_session(work: Path, state: dict) -> tuple[float, float]:
         save, _ = timed(dump)
         evict(path)
         load, _ = timed(lambda: dill.load_module(str(path)))
+        cached, _ = timed(lambda: dill.load_module(str(path)))
     finally:
         for name in state:
             main.__dict__.pop(name, None)
         path.unlink(missing_ok=True)
-    return save, load
+    return save, load, cached
 
 
 def torch_save(work: Path, state: dict) -> tuple[float, float]:
@@ -262,6 +287,35 @@ def torch_save(work: Path, state: dict) -> tuple[float, float]:
     return save, load
 
 
+def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[float, ...]]:
+    """Cells whose draft missed: from execute to the first statement of a cell reading `x` (of
+    each size, in GB), on a fresh worker that loads it, against loading the same object in this
+    process (from the page cache, as the worker's load is) and a cell that reads nothing.
+    Medians of `repeat` cells: (GB, load here, delay of a cell reading nothing, delay)."""
+    config = Config(store=work / "first", runtime_dir=work, bind=f"ipc://{work}/first.sock")
+    rows = []
+    with EmbeddedServer(config, {**os.environ, "LLFABRIC_KEEP_WARM": "0"}), \
+            Client(config.address) as client:
+        def delays(session: str, source: str) -> float:
+            return statistics.median(
+                client.call("execute", timeout=0, session=session,
+                            source=source)["timings"]["visible_delay"] for _ in range(repeat))
+
+        for size in sizes:
+            session, n = f"first-{size}", int(size * 1e9 / 8)
+            client.call("open", session=session, cwd=str(work))
+            client.call("execute", timeout=0, session=session,
+                        source=f"import numpy as np\nx = np.random.default_rng(0).random({n})")
+            store = Store(work / f"here-{size}")
+            ident = store.put_object(dumps({"x": np.random.default_rng(0).random(n)}, {}))
+            here = statistics.median(timed(lambda s=store, i=ident: loads(s.get_object(i), {}))[0]
+                                     for _ in range(repeat))
+            rows.append((size, here, delays(session, "1 + 1"), delays(session, "x[0]")))
+            client.call("close", session=session)
+            shutil.rmtree(work / f"here-{size}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=float, default=0.5, help="GB of state (default 0.5)")
@@ -269,6 +323,9 @@ def main() -> None:
     parser.add_argument("--no-dill", action="store_true", help="Skip dill (slow at large sizes)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="Runs of the raw disk and llfabric measurements (medians shown)")
+    parser.add_argument("--first", default="0.01,0.1,0.5,1",
+                        help="closure sizes (GB) of the draft-missed cells timed (default "
+                             "0.01,0.1,0.5,1; empty: none)")
     parser.add_argument("--kishu", action=argparse.BooleanOptionalAction, default=True,
                         help="Drive Kishu in its own venv, made on first use (default: on)")
     args = parser.parse_args()
@@ -283,15 +340,20 @@ def main() -> None:
     size, names = nbytes(state), list(state)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="llf-bench-") as tmp:
         work = Path(tmp)
-        ours = llfabric(work, state, args.repeat)
+        ours = llfabric(work, state, args.repeat, not args.no_dill)
         copy = memcpy(size)
         rows = [("raw disk, one file (fsync'd)", ours["raw write"], ours["raw read"]),
                 ("raw disk, 16 MiB files x4 (fsync'd)", ours["par write"], ours["par read"]),
+                ("  the same files from the page cache", float("nan"), ours["par cached read"]),
                 ("memcpy", copy, copy), ("llfabric", ours["save"], ours["load"]),
+                ("  loaded from the page cache", float("nan"), ours["cached load"]),
                 ("torch.save / torch.load", *torch_save(work, state))]
-        dill = None if args.no_dill else dill_session(work, state)
+        dill = None if args.no_dill else (ours["dill save"], ours["dill load"])
         if dill is not None:
-            rows.append(("dill dump/load_session (*)", *dill))
+            rows += [("dill dump/load_session (*)", *dill),
+                     ("  loaded from the page cache", float("nan"), ours["dill cached load"])]
+        sizes = [float(x) for x in args.first.split(",") if x.strip()]
+        first = first_statement(work, sizes, args.repeat) if sizes else []
         kishu = None
         if kishu_exe is not None:
             del state  # the kernel builds its own copy: do not hold two
@@ -310,14 +372,21 @@ def main() -> None:
     print(f"{'':36} {'save s':>8} {'GB/s':>6} {'load s':>8} {'GB/s':>6}"
           f" {'save / llfabric':>16} {'load / llfabric':>16}")
     for name, save, load in rows:
-        print(f"{name:36} {save:8.3f} {gb / save:6.2f} {load:8.3f} {gb / load:6.2f}"
-              f" {save / ours['save']:16.2f} {load / ours['load']:16.2f}")
+        if math.isnan(save):  # a load alone
+            saved, ratio = f"{'':8} {'':6}", f"{'':16}"
+        else:
+            saved, ratio = f"{save:8.3f} {gb / save:6.2f}", f"{save / ours['save']:16.2f}"
+        print(f"{name:36} {saved} {load:8.3f} {gb / load:6.2f} {ratio} "
+              f"{load / ours['load']:16.2f}")
     print(f"\nwhole state: llfabric save at {ours['save/raw']:.0%} of one-file raw write, "
           f"{ours['save/par']:.0%} of chunked raw write; load at {ours['load/raw']:.0%} and "
           f"{ours['load/par']:.0%} of those reads (ratios within each round)")
+    print(f"from the page cache: llfabric loads at {ours['cached load/par']:.0%} of the chunked "
+          f"raw read's speed")
     if dill is not None:
-        print(f"whole state against dill: llfabric saves {dill[0] / ours['save']:.2f}x and loads "
-              f"{dill[1] / ours['load']:.2f}x as fast as dill's dump/load_session")
+        print(f"whole state against dill: llfabric saves {ours['dill/save']:.2f}x and loads "
+              f"{ours['dill/load']:.2f}x as fast as dill's dump/load_session "
+              f"({ours['dill/cached load']:.2f}x from the page cache; ratios within each round)")
     print(f"large buffers alone ({lgb:.2f} GB): save {lgb / ours['large save']:.2f} GB/s = "
           f"{ours['large save/raw']:.0%} of one-file, {ours['large save/par']:.0%} of chunked raw "
           f"write; load {lgb / ours['large load']:.2f} GB/s = {ours['large load/raw']:.0%} and "
@@ -330,6 +399,13 @@ def main() -> None:
             line += (f"   Kishu {seconds:8.4f} s = {seconds / ours[key]:.3g} x llfabric, "
                      f"stored {written / 1e9:.3f} GB")
         print(line)
+    if first:
+        print(f"\ncells whose draft missed (a fresh worker loads the closure; medians of "
+              f"{args.repeat}): from execute to the first statement")
+        print(f"{'closure GB':>10} {'load here s':>12} {'empty cell s':>13} {'cell s':>8} "
+              f"{'cell - load':>12}")
+        for gbs, here, empty, delay in first:
+            print(f"{gbs:10.2f} {here:12.3f} {empty:13.3f} {delay:8.3f} {delay - here:12.3f}")
     if not args.no_dill:
         print("(*) dill cannot pickle the Adam optimizer: it saved the optimizer's state_dict")
     if kishu is None:
