@@ -93,6 +93,14 @@ def reseed() -> None:
     _when_imported("torch", lambda torch: torch.manual_seed(seed))
 
 
+def warm() -> None:
+    """Import now what reseeding and restoring will import for the modules already imported
+    (numpy's random module is lazy): a process forked from this one then does not pay for it
+    at the start of its first cell."""
+    if "numpy" in sys.modules:
+        importlib.import_module("numpy.random")
+
+
 def _environ_changes(base: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     changed = {k: v for k, v in os.environ.items()
                if base.get(k) != v and k not in _MANAGED_ENVIRON}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 # Read by OpenMP, OpenBLAS, MKL, numexpr and Accelerate when they load.
 ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -29,6 +30,26 @@ def environ(count: int) -> dict[str, str]:
     return {name: str(count) for name in ENV}
 
 
+_found: tuple[int, Any] | None = None  # (len(sys.modules), a ThreadpoolController) last scanned
+
+
+def pools() -> Any:
+    """threadpoolctl's view of the native pools loaded now; the scan of the loaded libraries is
+    redone only once modules were imported since (a zygote's scan serves its forks)."""
+    global _found
+    if _found is None or _found[0] != len(sys.modules):
+        from threadpoolctl import ThreadpoolController
+
+        _found = (len(sys.modules), ThreadpoolController())
+    return _found[1]
+
+
+def warm() -> None:
+    """Scan for native pools now, where modules that load them are imported."""
+    if not NATIVE.isdisjoint(sys.modules):
+        pools()
+
+
 class Threads:
     def __init__(self) -> None:
         self.count = 0
@@ -40,9 +61,7 @@ class Threads:
             return
         os.environ.update(environ(count))
         if not NATIVE.isdisjoint(sys.modules):
-            from threadpoolctl import threadpool_limits
-
-            threadpool_limits(count)
+            pools().limit(limits=count)
             if (torch := sys.modules.get("torch")) is not None:
                 torch.set_num_threads(count)
         self.count, self._modules = count, len(sys.modules)

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from ..errors import ZygoteProtocolError
-from . import control, env, runner
+from ..snapshot import ambient
+from . import control, env, runner, threads
 from .shell import make_shell
 
 
@@ -64,6 +65,8 @@ class Zygote:
                 imported.append(name)
             except BaseException as exc:  # a module may even sys.exit(); the zygote must live
                 failed[name] = f"{type(exc).__name__}: {exc}"
+        ambient.warm()
+        threads.warm()
         control.send(self.ctrl, control.Ready(pid=os.getpid(), imported=imported, failed=failed))
 
     def serve(self) -> None:

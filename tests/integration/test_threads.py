@@ -6,6 +6,8 @@ Real servers and workers.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from helpers import execute, open_session, serving, text
 
 from fabric.worker import threads
 
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = ("import threadpoolctl, torch\n"
          "print(torch.get_num_threads(), sorted({p['num_threads'] for p in "
          "threadpoolctl.threadpool_info()}), os.environ['OMP_NUM_THREADS'])")
@@ -33,3 +36,18 @@ def test_a_worker_under_a_lease_uses_the_threads_it_grants(settings: dict,
         client.call("open", session=session, cwd=str(tmp_path))
         reply, outputs = execute(client, session, PROBE)  # torch came with the worker's zygote
         assert reply["path"] == "cold" and text(outputs) == f"{grant} [{grant}] {grant}\n"
+
+
+def test_a_zygote_readies_what_each_fork_would_otherwise_import_and_scan() -> None:
+    # numpy's random module (lazy: the first worker load reseeds it) and the scan of loaded
+    # thread pools (each cell's lease sizes them): once in the zygote, not on every cell's path.
+    probe = ("import sys, numpy\n"
+             "from fabric.snapshot import ambient\nfrom fabric.worker import threads\n"
+             "before = 'numpy.random' in sys.modules\n"
+             "ambient.warm(); threads.warm()\n"
+             "scanned = threads.pools()\n"
+             "print(before, 'numpy.random' in sys.modules, threads.pools() is scanned, "
+             "threads.pools() is not None)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert out.split() == ["False", "True", "True", "True"]
