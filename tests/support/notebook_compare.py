@@ -229,6 +229,9 @@ VOLATILE_CELLS: dict[str, dict[int, tuple[Volatility, str]]] = {
     "PythonDataScienceHandbook/05.08-Random-Forests": {
         14: ("numbers", "report of a RandomForestClassifier fitted without random_state"),
     },
+    "d2l-pytorch/ch04_Automatic_Differentiation": {
+        8: ("text", "a.grad == d / a holds or not by the rounding of an unseeded torch.randn"),
+    },
     "d2l-pytorch/ch06_Numerical_Stability_and_Initialization": {
         1: ("numbers", "products of unseeded torch.rand and torch.randn matrices"),
         2: ("numbers", "weights drawn by an unseeded xavier_uniform_"),
