@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ..closure.groups import group_variables
 from ..errors import DiskFull
 from . import codec
-from .store import Progress, Store
+from .store import Progress, Store, Writes
 
 
 @dataclass
@@ -73,13 +73,26 @@ class DeltaSaver:
         saved = Saved(kept=sorted(keep), bounded=grouping.bounded,
                       refs={n: sorted(r) for n, r in grouping.refs.items() if r},
                       packages={n: sorted(p) for n, p in grouping.packages.items() if p})
-        for members in grouping.groups:
-            if not self._put(ns, members, saved, progress) and len(members) > 1:
-                # Saved member by member instead, so that one generator costs only itself.
-                for name in members:
-                    self._put(ns, [name], saved, progress)
+        writes = Writes(self.store)  # each group written while the next is pickled
+        try:
+            for members in grouping.groups:
+                if not self._put(ns, members, saved, progress, writes) and len(members) > 1:
+                    # Saved member by member instead, so that one generator costs only itself.
+                    for name in members:
+                        self._put(ns, [name], saved, progress, writes)
+        finally:
+            failed = writes.finish()
+        self._unwritten(saved, failed)
         self._forget_stale(present, set(rest), saved)
         return saved
+
+    def _unwritten(self, saved: Saved, failed: dict[str, Exception]) -> None:
+        """The groups whose writes failed are not saved: their names are told as unsaved."""
+        for entry in [g for g in saved.groups if g[0] in failed]:
+            saved.groups.remove(entry)
+            self.objects.pop(frozenset(entry[1]), None)
+            exc = failed[entry[0]]
+            saved.unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in entry[1]})
 
     def _forget_stale(self, present: set[str], regrouped: set[str], saved: Saved) -> None:
         """Keep `objects` the partition of the namespace into its current groups. A group this
@@ -90,13 +103,14 @@ class DeltaSaver:
         self.objects = {key: value for key, value in self.objects.items() if key in current
                         or (key <= present and key.isdisjoint(regrouped))}
 
-    def _put(self, ns: dict, names: list[str], saved: Saved, progress: Progress | None) -> bool:
+    def _put(self, ns: dict, names: list[str], saved: Saved, progress: Progress | None,
+             writes: Writes) -> bool:
         """Save `names` as one group; on failure record why, per name."""
         key = frozenset(names)
         known = self.objects.get(key)
         try:
             encoded = codec.dumps({n: ns[n] for n in names}, ns)
-            blob = self.store.put_object(encoded, known and known[0], progress)
+            blob = self.store.put_object(encoded, known and known[0], progress, writes)
         except DiskFull:  # not the objects' fault: the whole save fails
             raise
         except Exception as exc:  # user objects may fail in any way; the server tells the user

@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,31 +228,24 @@ class Store:
         return blob_id(index), index, chunks
 
     def put_object(self, encoded: Encoded, known: str | None = None,
-                   progress: Progress | None = None) -> str:
+                   progress: Progress | None = None, writes: Writes | None = None) -> str:
         """Store a pickled group durably; return its id. Nothing is written if it equals `known`
         (the group as last loaded or saved) and is still on disk, and otherwise only chunks
         missing or corrupt on disk: an index already there is no proof that its chunks are
-        intact."""
+        intact. With `writes`, the writes are only begun: durable once `writes.finish()`."""
         ident, index, chunks = self.fingerprint(encoded)
         if ident == known:
             with contextlib.suppress(FileNotFoundError):  # gone: written again below
                 self.disk.touch(ident)  # named again: a gc running meanwhile keeps it
                 return ident
         reporter = _Reporter(progress, sum(part.nbytes for _, part in chunks))
-        written: list[str] = []
-
-        def put_chunk(chunk: tuple[str, memoryview]) -> None:
-            if self._put(*chunk):
-                written.append(chunk[0])
-            reporter.add(chunk[1].nbytes)
-
-        try:
-            _parallel(put_chunk, chunks)
-            self._put(ident, index)
-        except DiskFull:  # what it wrote is garbage no index names: freed now, not at gc
-            for chunk_id in written:
-                self.disk.remove(chunk_id)
-            raise
+        if writes is not None:
+            writes.add(ident, index, chunks, reporter)
+            return ident
+        own = Writes(self)
+        own.add(ident, index, chunks, reporter)
+        for exc in own.finish().values():
+            raise exc
         return ident
 
     def object_index(self, ident: str) -> tuple[bytes, int, list]:
@@ -455,6 +448,62 @@ class Store:
         return sorted(p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists())
 
 
+class Writes:
+    """The writes of one save, on the store's threads: the chunks of each object handed over
+    are written while the caller pickles the next group (I/O, fsync and hashing release the
+    interpreter), and its index once its chunks are durable."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._chunks = ThreadPoolExecutor(THREADS)
+        self._indexes = ThreadPoolExecutor(1)  # its tasks wait on chunk writes: a pool apart
+        self._objects: dict[str, Future] = {}
+
+    def add(self, ident: str, index: bytes, chunks: list[tuple[str, memoryview]],
+            reporter: _Reporter) -> None:
+        if ident in self._objects:  # the same object twice in one save
+            return
+        written: list[str] = []
+
+        def put_chunk(chunk: tuple[str, memoryview]) -> None:
+            if self.store._put(*chunk):
+                written.append(chunk[0])
+            reporter.add(chunk[1].nbytes)
+
+        puts = [self._chunks.submit(put_chunk, chunk) for chunk in chunks]
+
+        def put_index() -> None:
+            wait(puts)
+            try:
+                for put in puts:
+                    put.result()
+                self.store._put(ident, index)
+            except DiskFull:  # what it wrote is garbage no index names: freed now, not at gc
+                for chunk_id in written:
+                    self.store.disk.remove(chunk_id)
+                raise
+
+        self._objects[ident] = self._indexes.submit(put_index)
+
+    def finish(self) -> dict[str, Exception]:
+        """Wait for every write: the objects whose writes failed, with why; a full disk raises
+        DiskFull, as nothing more of the save can be written."""
+        failed: dict[str, Exception] = {}
+        try:
+            for ident, future in self._objects.items():
+                try:
+                    future.result()
+                except Exception as exc:  # each object its own error
+                    failed[ident] = exc
+        finally:
+            self._indexes.shutdown()
+            self._chunks.shutdown()
+        for exc in failed.values():
+            if isinstance(exc, DiskFull):
+                raise exc
+        return failed
+
+
 @dataclass
 class Index:
     """What a session records besides its head: tags (name -> manifest id), thinned versions
@@ -537,13 +586,3 @@ def _hashes(parts: list[memoryview]) -> list[str]:
         return list(pool.map(blob_id, parts))
 
 
-def _parallel(fn: Callable, items: Iterable) -> None:
-    """Run `fn` on every item on a few threads (I/O, fsync and hashing release the GIL)."""
-    items = list(items)
-    if len(items) <= 1:
-        for item in items:
-            fn(item)
-        return
-    with ThreadPoolExecutor(min(THREADS, len(items))) as pool:
-        for _ in pool.map(fn, items):
-            pass

@@ -14,6 +14,7 @@ import pytest
 
 from fabric.errors import DiskFull, StoreError
 from fabric.snapshot import Group, Manifest, Store, dumps, history, loads
+from fabric.snapshot.delta import DeltaSaver
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -99,3 +100,28 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_last_version(small_disk: 
 def test_store_errors_name_the_bad_blob(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="missing"):
         Store(tmp_path).get_object("0" * 32)
+
+
+def test_a_save_that_fills_the_disk_leaves_no_chunk_without_its_index(small_disk: Path) -> None:
+    # Groups are written while the next is pickled: the one that does not fit fails the save,
+    # and what is left on disk is whole objects only (gc frees those no version names).
+    store = Store(small_disk, chunk=1 << 16)
+    rng = np.random.default_rng(0)
+    ns = {"a": rng.random(20_000), "b": rng.random(20_000), "c": rng.random(200_000)}
+    with pytest.raises(DiskFull):
+        DeltaSaver(store).save(ns, list(ns), None)
+    indexes = [p.name for p in _files(small_disk / "blobs") if store.is_object(p.name)]
+    named = {cid for ident in indexes for cid in store.object_chunks(ident)}
+    assert {p.name for p in _files(small_disk / "blobs")} == set(indexes) | named
+
+
+def test_a_group_whose_write_fails_is_unsaved_and_the_others_are_saved(tmp_path: Path) -> None:
+    store = Store(tmp_path, chunk=1 << 16)
+    rng = np.random.default_rng(1)
+    ns = {"a": rng.random(20_000), "b": rng.random(20_000)}
+    _, _, chunks = store.fingerprint(dumps({"b": ns["b"]}, ns))
+    (store.disk.root / chunks[0][0][:2]).write_text("a file where its folder goes")
+    saved = DeltaSaver(store).save(ns, list(ns), None)
+    assert [names for _, names, _ in saved.groups] == [["a"]]
+    assert list(saved.unsaved) == ["b"] and "Error" in saved.unsaved["b"]
+    assert loads(store.get_object(saved.groups[0][0]), {})["a"].tolist() == ns["a"].tolist()
