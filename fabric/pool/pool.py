@@ -617,7 +617,8 @@ class Pool:
             task.cancel()
         for worker in list(self.workers.values()):
             if worker.pid and not worker.died.done():
-                os.kill(worker.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # reaped, not yet told
+                    os.kill(worker.pid, signal.SIGKILL)
             worker.socket.close()
         for zygote in (*self.zygotes.values(), *self.retired):
             zygote.stop()
@@ -627,7 +628,7 @@ class Pool:
                 self._base_proc.wait(5)
             except subprocess.TimeoutExpired:
                 self._base_proc.kill()
-        self.context.term()
+        self.context.destroy(linger=0)  # any socket left open: term alone would wait on it
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def status(self) -> dict:
