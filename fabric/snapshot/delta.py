@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..closure.groups import group_variables
-from ..errors import DiskFull
 from . import codec
 from .store import Progress, Store, Writes
 
@@ -73,7 +72,8 @@ class DeltaSaver:
         saved = Saved(kept=sorted(keep), bounded=grouping.bounded,
                       refs={n: sorted(r) for n, r in grouping.refs.items() if r},
                       packages={n: sorted(p) for n, p in grouping.packages.items() if p})
-        writes = Writes(self.store)  # each group written while the next is pickled
+        # each group written while the next is pickled; a full disk fails the save at finish
+        writes = Writes(self.store)
         try:
             for members in grouping.groups:
                 if not self._put(ns, members, saved, progress, writes) and len(members) > 1:
@@ -111,8 +111,6 @@ class DeltaSaver:
         try:
             encoded = codec.dumps({n: ns[n] for n in names}, ns)
             blob = self.store.put_object(encoded, known and known[0], progress, writes)
-        except DiskFull:  # not the objects' fault: the whole save fails
-            raise
         except Exception as exc:  # user objects may fail in any way; the server tells the user
             saved.unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
             return False
