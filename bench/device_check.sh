@@ -15,14 +15,14 @@
 # It reports the runtime (gVisor or Firecracker), the NVIDIA driver, whether the CUDA checkpoint
 # API answers for a live CUDA process and whether `criu check` passes; then runs `pytest -m gpu`
 # and bench/gpu.py. Without a checkpoint API that answers, the suite leaves out the tests that
-# park or restore CUDA state; without a working CRIU, templates skip; each says why.
+# park or restore CUDA state; without a working CRIU, cool workers skip; each says why.
 #
 # --dry-run (here, without a GPU) proves the rest: the bundle installs into a clean CPython 3.12
 # folder with --no-index and its requirements resolve (the machine's own packages stood in by
 # BUNDLE.machine/), and every step runs, with the bundle's CRIU, pycriu and init, on a venv that
 # sees only the packages the machine has (scripts/device-machine.txt) and the bundle's; CUDA
-# skips, and tests/pool/test_templates.py runs the same path without it (a real server, workers
-# restored from templates by the bundle's CRIU).
+# skips, and tests/pool/test_templates.py proves the bundle's CRIU (a real server, workers
+# restored from CRIU images).
 #
 # Exit status: 0 when every part ran or skipped with its reason, else 1.
 set -uo pipefail
@@ -37,8 +37,11 @@ out="$(realpath -m "${1:-${OUT:-.}/device_check.txt}")"
 bundle="$(realpath -m "${BUNDLE:-$root/build/device-bundle}")"
 cd "$root" || exit 1
 # The tests that park or restore CUDA state, which need the checkpoint API (pytest -k).
-NEEDS_CHECKPOINT="template or park or checkpoint or warm_worker"
-deadline=$((SECONDS + 450))
+NEEDS_CHECKPOINT="park or checkpoint or warm_worker"
+# DEADLINE: seconds for the whole check; TEST_TIMEOUT: for one GPU test, so that one that
+# hangs still leaves the others' results and every failure's reason; BENCH_ARGS: bench/gpu.py's,
+# BENCH_TIME: the seconds kept for it.
+deadline=$((SECONDS + ${DEADLINE:-450}))
 # seconds left for a part, keeping `keep` for what follows it (30 at least)
 left() { local n=$((deadline - SECONDS - ${1:-0})); echo $((n > 30 ? n : 30)); }
 failed=0
@@ -47,6 +50,8 @@ say() { echo "$@" | tee -a "$out"; }
 section() { say "" && say "== $* =="; }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+export LLFABRIC_KEEP_LOGS="$tmp/logs"  # the test servers' logs, appended to the results
+mkdir -p "$LLFABRIC_KEEP_LOGS"
 
 say "llfabric device check, $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), commit" \
     "$(git describe --always --dirty 2>/dev/null || echo unknown)$( ((dry)) && echo ', dry run')"
@@ -137,13 +142,13 @@ fi
 
 # --- CRIU -------------------------------------------------------------------------------------
 if [[ -z "$criu" ]]; then
-    say "criu check: no criu binary; templates skip"
+    say "criu check: no criu binary; cool workers skip"
 elif msg="$(timeout 60 "$criu" check 2>&1)"; then
     say "criu check: passed ($("$criu" --version | awk '/^Version:/ {print $2}'):" \
         "$(tail -n1 <<<"$msg"))"
     export LLFABRIC_CRIU="$criu"
 else
-    say "criu check: FAILED on kernel $kernel, so templates skip:" \
+    say "criu check: FAILED on kernel $kernel, so cool workers skip:" \
         "$(tail -n3 <<<"$msg" | tr '\n' ' ')"
 fi
 
@@ -160,9 +165,9 @@ if ! grep -qE '^checkpoint API: (not tried|.*, answers)' "$tmp/about"; then
         "(-k 'not ($NEEDS_CHECKPOINT)'): ${why#checkpoint API: }"
 fi
 
-# --- without a GPU, what stands in for it: templates through a real server, with the bundle --
+# --- without a GPU, what stands in for it: the bundle's CRIU through a real server ----------
 if ((dry)); then
-    section "pytest tests/pool/test_templates.py (dry run: the GPU suite's path without CUDA)"
+    section "pytest tests/pool/test_templates.py (dry run: the bundle's CRIU without CUDA)"
     timeout -k 10 120 "$PYTHON" -u -m pytest tests/pool/test_templates.py -v -rsP \
         -p no:cacheprovider 2>&1 | tee "$tmp/cpu" >>"$out"
     cpu=${PIPESTATUS[0]}
@@ -171,20 +176,28 @@ if ((dry)); then
 fi
 
 # --- the GPU suite, then the benchmarks, in what is left ---------------------------------------
-limit="$(left 150)"
+limit="$(left "${BENCH_TIME:-150}")"
 section "pytest ${picks[*]} ${gpu_tests[*]} (at most $limit s)"
-timeout -k 10 "$limit" "$PYTHON" -u -m pytest "${picks[@]}" "${gpu_tests[@]}" -v -rsP \
-    -p no:cacheprovider 2>&1 | tee "$tmp/suite" >>"$out"
+timeout -k 10 "$limit" "$PYTHON" -u -m pytest "${picks[@]}" "${gpu_tests[@]}" -v -rfEsP \
+    --timeout "${TEST_TIMEOUT:-120}" -p no:cacheprovider 2>&1 | tee "$tmp/suite" >>"$out"
 suite=${PIPESTATUS[0]}
 [[ $suite == 124 ]] && say "the GPU suite ran out of time"
 [[ $suite == 0 ]] || failed=1
 
 limit="$(left 10)"
 section "bench/gpu.py (at most $limit s)"
-timeout -k 10 "$limit" "$PYTHON" -u bench/gpu.py 2>&1 | tee "$tmp/bench" >>"$out"
+read -ra bench_args <<<"${BENCH_ARGS:-}"
+timeout -k 10 "$limit" "$PYTHON" -u bench/gpu.py "${bench_args[@]}" 2>&1 | tee "$tmp/bench" \
+    >>"$out"
 bench=${PIPESTATUS[0]}
 [[ $bench == 124 ]] && say "the benchmark ran out of time"
 [[ $bench == 0 ]] || failed=1
+
+for log in "$LLFABRIC_KEEP_LOGS"/*.log; do
+    [[ -e "$log" ]] || continue
+    section "the last 150 lines of a test server's log, $(basename "$log")"
+    tail -n 150 "$log" >>"$out"
+done
 
 # --- the summary, last, where a device call's output tail shows it ---------------------------
 section summary

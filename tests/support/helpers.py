@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -126,6 +127,8 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
             yield server
         finally:
             server.stop()
+            if keep := os.environ.get("LLFABRIC_KEEP_LOGS"):  # bench/device_check.sh reads them
+                shutil.copy(server.log, Path(keep) / f"server-{sockdir.rsplit('-', 1)[-1]}.log")
         # its log lies in `sockdir`: read it before the directory goes
         assert server.process.returncode == 0, server.log.read_text()
 
