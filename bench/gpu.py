@@ -1,17 +1,17 @@
 """The GPU path, against baselines measured on the same GPU in the same run.
 
   start     cold `python -c "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"`
-            vs a worker restored from the torch family's template (its CUDA context came with
-            it) and put back on the GPU (CUDA restore + unlock), until it has said hello
+            vs a worker forked from the torch zygote until its first CUDA tensor exists (GPU
+            hosts fork their workers: CUDA cannot initialize in a template copy's namespace)
   park      per GPU memory size held by a process: checkpoint off the GPU (lock + checkpoint)
             and resume (restore + unlock), vs a pinned device-to-host and host-to-device copy
             of the same bytes; the process checks its memory is intact afterwards
   store     saving CUDA tensors to the store (device to pinned host, hash, chunk, write) and
             loading them back onto the GPU, vs the same pinned copies
 
-Needs an NVIDIA GPU and a CUDA build of torch; templates also need CRIU and llfabric-init, and
-templates and parking a CUDA checkpoint driver (cuda-python with driver >= 570, or
-`cuda-checkpoint`) whose API answers for a live CUDA process; a row that cannot run says why.
+Needs an NVIDIA GPU and a CUDA build of torch, and parking a CUDA checkpoint driver (cuda-python
+with driver >= 570, or `cuda-checkpoint`) whose API answers for a live CUDA process; a row that
+cannot run says why.
 Without a GPU it says so and exits 0. `--about` prints only what the host offers the GPU path.
 Usage: python bench/gpu.py [--about] [-n 3] [--sizes 0.25,1,4,16] [--store-gb 1]
 """
@@ -36,10 +36,12 @@ from fabric.errors import FabricError
 from fabric.pool import Pool, criu, gpus
 from fabric.pool.cuda import CudaError, Driver, State, find_driver
 from fabric.pool.parking import resume, suspend
+from fabric.worker.messages import Done, Run
 
 GIB = 1 << 30
 PROBE_WAIT = 30.0  # seconds the checkpoint API has to answer the probe
-COLD = "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"
+FIRST_TENSOR = "import torch; torch.empty(1, device='cuda')"
+COLD = f"import torch; torch.cuda.init(); {FIRST_TENSOR.split('; ', 1)[1]}"
 
 # Holds `size` bytes of device memory filled with a pattern; checks it after each stdin line.
 HOLDER = r"""
@@ -174,31 +176,25 @@ def cold_starts(n: int) -> list[float]:
             for _ in range(n)]
 
 
-async def template_starts(driver: Driver | None, n: int) -> list[float] | str:
-    """Restore + put back on the GPU + hello, n times; or why it cannot be measured."""
-    if why := criu.unavailable():
-        return why
-    if driver is None:
-        return "no CUDA checkpoint driver that answers: a CUDA context cannot be dumped"
-    family = frozenset({"torch"})
+async def fork_starts(n: int) -> list[float]:
+    """A worker forked from the torch zygote until its first CUDA tensor exists, n times (the
+    zygote built first): what a GPU host's cell that no draft prepared waits for."""
     with tempfile.TemporaryDirectory() as store:
-        pool = Pool(Path(store), worker_source="template")
-        pool.cuda = driver
+        pool = Pool(Path(store), worker_source="zygote")
         await pool.start()
         try:
-            pool.templates.build_soon(family)
-            template = await pool.templates.wait(family)
-            if template.state != "ready":
-                return f"template build failed: {template.error}"
-            if not template.cuda:
-                return "the template holds no CUDA context (see its process.log)"
+            await pool.zygote_for(frozenset({"torch"}))
             times = []
             for _ in range(n):
                 start = time.perf_counter()
-                worker = await pool.restore_worker(template)
-                await pool.unpark(worker, None)  # onto the GPU it was made on
+                worker = await pool.new_worker(frozenset({"torch"}))
+                await worker.send(Run(FIRST_TENSOR, 1))
+                while not isinstance(done := await worker.recv(timeout=120), Done):
+                    pass
                 times.append(time.perf_counter() - start)
                 await worker.close()
+                if done.status != "ok":
+                    raise RuntimeError(f"the forked worker's first CUDA tensor: {done.ename}")
             return times
         finally:
             await pool.stop()
@@ -286,10 +282,10 @@ def main() -> int:
           f" {min(cold):>8.3f} {'1.0x':>8}")
     failed = 0
     try:
-        warm = asyncio.run(template_starts(driver, args.n))
-    except FabricError as exc:
+        warm = asyncio.run(fork_starts(args.n))
+    except (FabricError, RuntimeError) as exc:
         warm, failed = f"FAILED: {exc}", 1
-    name = "template restore + CUDA back on the GPU"
+    name = "zygote fork + CUDA init, first tensor"
     if isinstance(warm, str):
         print(f"{name:<48} {'-':>9} {'-':>8} {'-':>8}  ({warm})")
     else:

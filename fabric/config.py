@@ -40,8 +40,8 @@ class Config:
     gpus: int = 1
     max_zygotes: int = 4  # import-family zygotes kept, least recently used evicted
     zygote_memory: int = 0  # bytes those zygotes may hold, LRU evicted past it; 0: 1/4 of RAM
-    # where fresh workers come from: zygote forks, template restores (CRIU), or auto: templates
-    # on GPU hosts (a fork cannot carry a CUDA context), zygotes elsewhere
+    # where fresh workers come from: zygote forks, template restores (CRIU; CPU hosts only, as
+    # CUDA cannot initialize in a template copy's PID namespace), or auto: zygote forks
     worker_source: str = "auto"
     # seconds a session's worker stays warm (parked off the GPU) after its cell, so the next
     # runs on it with no load; 0: every cell starts on a fresh worker loaded with its closure

@@ -135,7 +135,6 @@ class TemplateStatus(_Wire):
     built_in: float
     restores: int
     failed_imports: dict[str, str]
-    cuda: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..closure import Closure, closure, plan
@@ -125,8 +126,10 @@ class HostAgent:
             try:
                 if self.account is not None:  # never deferred: before anything of the session
                     await self._send_load(worker, Become(self.account), events)
+                # a replay's starting state is loaded before it, under its lease or not
                 await self._load(life, worker, _load(needs.groups, needs.imports, start,
-                                                     self.cwd), events)
+                                                     self.cwd), events,
+                                 defer=replay is None and self._on_gpus)
             except BaseException:
                 await worker.close()
                 raise
@@ -155,12 +158,18 @@ class HostAgent:
         if not groups and not imports:
             return False
         # a worker still to replay loads the head's state after it, see `replay.recompute`
-        defer = life.replay is not None
+        defer = life.replay is not None or self._on_gpus
         life.chain(lambda worker: self._load(life, worker, _load(groups, imports, None, self.cwd),
                                              events, defer))
         self._holds(life, groups, imports)
         self.keeper.changed()
         return True
+
+    @property
+    def _on_gpus(self) -> bool:
+        """Whether loads wait for the lease: on a GPU host, unpickling a CUDA tensor (or the CUDA
+        RNG) would initialize CUDA on a GPU that no lease grants, whichever one CUDA picks."""
+        return self.leases.kind == "gpu"
 
     async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: Events,
                     defer: bool = False) -> None:
@@ -395,7 +404,8 @@ class HostAgent:
                     self.lost_at = head.id
                 life.unsaved = result.rebuilt  # told of already: not again as pinned
             while life.deferred:  # under the lease, back on the GPU (and after a replay)
-                await self._send_load(worker, life.deferred.pop(0), events)
+                await self._send_load(worker, replace(life.deferred.pop(0), device=lease.device),
+                                      events)
             reached = cell.plan.reached
             await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
                                   lease.threads,

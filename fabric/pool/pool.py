@@ -318,6 +318,7 @@ class Pool:
             (self.socket_dir / images).mkdir(mode=0o700)
         os.chmod(self.socket_dir, 0o711)
         self.templates = Templates(self.socket_dir / "templates", self.socket_dir, store_root)
+        self.cuda: cuda.Driver | None = None  # the CUDA checkpoint driver, on GPU hosts
         self.zygotes: dict[Key, ZygoteHandle] = {}
         self.retired: set[ZygoteHandle] = set()  # of a changed environment, kept for its workers
         self.generations: dict[str, int] = {}  # site -> generation its zygotes were built at
@@ -521,8 +522,7 @@ class Pool:
     async def restore_worker(self, template: Template) -> WorkerHandle:
         """Restore a copy of `template`, wake it, and wait until it has connected."""
         root = await self.templates.restore(template)
-        return await self.wake_restored(root, True, "template", parked=template.cuda,
-                                        device=self.templates.device if template.cuda else None)
+        return await self.wake_restored(root, True, "template", parked=False, device=None)
 
     async def wake_restored(self, root: int, init: bool, source: str, parked: bool,
                             device: str | None) -> WorkerHandle:
@@ -554,15 +554,6 @@ class Pool:
         hello = await worker.recv(timeout=HELLO_TIMEOUT)
         if not isinstance(hello, Hello):
             raise WorkerDied(f"worker {worker.pid} sent {hello.op!r} before hello")
-
-    @property
-    def cuda(self) -> cuda.Driver | None:
-        """The CUDA checkpoint driver, on GPU hosts (templates use it too)."""
-        return self.templates.cuda
-
-    @cuda.setter
-    def cuda(self, driver: cuda.Driver | None) -> None:
-        self.templates.cuda = driver
 
     async def park(self, worker: WorkerHandle, device: str | None) -> None:
         """Checkpoint the worker's CUDA state off `device`, the GPU its cell ran on (nothing
@@ -645,17 +636,20 @@ class Pool:
 
 
 def choose_source(configured: str, gpu: bool) -> str:
-    """Where fresh workers come from: `configured` (zygote, template, or auto: templates on GPU
-    hosts, where a fork cannot carry a CUDA context), zygotes where CRIU cannot work."""
+    """Where fresh workers come from: `configured` (zygote, template, or auto: zygotes), and
+    zygotes wherever templates cannot work: without CRIU, and on GPU hosts, where CUDA cannot
+    initialize in a template copy (its PID namespace sees the host's /proc; the driver answers
+    error 304)."""
     if configured not in ("zygote", "template", "auto"):
         raise ConfigError(f"worker_source must be zygote, template or auto, not {configured!r}")
-    source = "template" if configured == "auto" and gpu else configured
-    if source == "auto":
+    if configured != "template":
         return "zygote"
-    if source == "template" and (why := criu.unavailable()):
+    why = ("CUDA cannot initialize in a template copy's PID namespace" if gpu
+           else criu.unavailable())
+    if why:
         log.warning("workers fork from zygotes: templates cannot work here (%s)", why)
         return "zygote"
-    return source
+    return "template"
 
 
 def _moves(parked: str | None, leased: str | None) -> dict[str, str] | None:

@@ -1,11 +1,10 @@
 """Templates: CRIU images of dormant workers, one per import family, restored many times.
 
 A template is built once per family: `llfabric-init --pidns python -m fabric.worker.dormant`
-imports the family (on a GPU host it also creates its CUDA context, which the server then
-checkpoints off the GPU), reports ready and closes its control socket; CRIU dumps the
-namespace rooted at the init. Each restore brings back a copy in a new PID namespace as a child
-of the server; woken, the copy connects to the endpoint named after its pid (see `wake`). A
-copy's CUDA state goes back onto a GPU under its first cell's lease.
+imports the family, reports ready and closes its control socket; CRIU dumps the namespace
+rooted at the init. Each restore brings back a copy in a new PID namespace as a child of the
+server; woken, the copy connects to the endpoint named after its pid (see `wake`). CPU hosts
+only: CUDA cannot initialize in such a namespace, whose /proc is the host's (`choose_source`).
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..worker import control, wake
-from . import criu, parking
-from .cuda import Driver
+from . import criu
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +41,6 @@ class Template:
     built_in: float = 0.0
     restores: int = 0
     failed_imports: dict[str, str] = field(default_factory=dict)
-    cuda: bool = False  # dumped with a CUDA context, checkpointed off the GPU
 
     @property
     def size(self) -> int:
@@ -54,7 +51,7 @@ class Template:
         return {"modules": sorted(self.modules), "env": self.site, "state": self.state,
                 "error": self.error,
                 "bytes": self.size, "built_in": self.built_in, "restores": self.restores,
-                "failed_imports": self.failed_imports, "cuda": self.cuda}
+                "failed_imports": self.failed_imports}
 
 
 class Templates:
@@ -67,8 +64,6 @@ class Templates:
         self._tasks: dict[tuple[str, frozenset[str]], asyncio.Task] = {}
         self._restores = itertools.count()
         self._builds = itertools.count()  # a family rebuilt after a retire gets a new folder
-        self.cuda: Driver | None = None  # on GPU hosts: templates carry a CUDA context
-        self.device: str | None = None  # the GPU (UUID) that context is made on
 
     def ready(self, modules: frozenset[str], site: str = "") -> Template | None:
         """The smallest ready template of environment `site` whose family covers `modules`."""
@@ -122,8 +117,7 @@ class Templates:
              str(theirs.fileno()), str(self.socket_dir), str(self.store_root),
              str(template.images / "process.log"), template.site, *sorted(template.modules)],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
-            env={**os.environ, **self._cuda_env()})
+            stderr=subprocess.DEVNULL, cwd="/", start_new_session=True)
         theirs.close()
         root = None
         try:
@@ -141,8 +135,6 @@ class Templates:
             root = worker_of(launcher.pid)
             dormant = worker_of(root)
             await wake.until_asleep(dormant, BUILD_TIMEOUT)
-            if self.cuda is not None:  # CRIU cannot dump live device state
-                template.cuda = await asyncio.to_thread(parking.suspend, self.cuda, dormant)
             await asyncio.to_thread(criu.dump, root, template.images)
         except BaseException:
             if root is not None:  # killing a namespace's init ends everything in it
@@ -152,14 +144,6 @@ class Templates:
             raise
         finally:
             await asyncio.to_thread(launcher.wait)
-
-    def _cuda_env(self) -> dict[str, str]:
-        """Where the dormant worker makes its CUDA context: on one known GPU, the only one its
-        copies see, moved onto their lease's GPU when they resume."""
-        if self.cuda is None:
-            return {}
-        return {wake.CUDA_CONTEXT: "1", **({"CUDA_VISIBLE_DEVICES": self.device}
-                                          if self.device else {})}
 
     async def restore(self, template: Template) -> int:
         """Restore a copy of `template`; return its init's pid (a child of this process)."""

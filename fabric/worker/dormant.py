@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import traceback
 from pathlib import Path
 
 from . import env, runner, wake
@@ -35,23 +34,6 @@ def _redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def _create_cuda_context() -> None:
-    """Pay CUDA's initialization once, here, rather than in every worker; the server
-    checkpoints the context off the GPU before the dump. Without it copies still work: they
-    initialize CUDA on first use, as the log says."""
-    try:
-        if "torch" in sys.modules:
-            sys.modules["torch"].empty(1, device="cuda")  # the context torch's cells will use
-        else:
-            from cuda.bindings import driver
-
-            driver.cuInit(0)
-            _, device = driver.cuDeviceGet(0)
-            driver.cuDevicePrimaryCtxRetain(device)
-    except Exception:  # logged; the template is then made without a context
-        traceback.print_exc()
-
-
 def main() -> None:
     ctrl = socket.socket(fileno=int(sys.argv[1]))
     socket_dir, store, log = Path(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -62,8 +44,6 @@ def main() -> None:
     if sys.argv[5]:
         env.enter(sys.argv[5])
     zygote.import_modules(sys.argv[6:])
-    if os.environ.pop(wake.CUDA_CONTEXT, None):
-        _create_cuda_context()
     _redirect_output(os.devnull)
     ctrl.close()  # the server dumps once it sees this close: nothing outside may stay open
     endpoint = wake.sleep(socket_dir)

@@ -58,13 +58,15 @@ def _plain(record: Any) -> dict:
 @dataclass(frozen=True)
 class Load(Message):
     """Load groups and imports; the first load of a worker also sets its directory and ambient
-    state (`cwd`, `ambient`: the blob of the session's ambient state)."""
+    state (`cwd`, `ambient`: the blob of the session's ambient state). `device`: the leased GPUs
+    (as `Run`'s), for a load under a lease, where unpickling may initialize CUDA."""
 
     op: ClassVar[str] = "load"
     groups: Groups = field(default_factory=list)
     imports: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     ambient: str | None = None
+    device: str | None = None
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,7 @@ class Worker:
 
     def load(self, message: Load) -> Loaded:
         start = time.monotonic()
+        _use_devices(message.device)
         ns = self.shell.user_ns
         try:
             if message.cwd is not None and not self.restored_ambient:
@@ -258,8 +259,7 @@ class Worker:
         return Loaded()
 
     def run(self, message: Run) -> Done:
-        if message.device:  # the leased GPUs; CUDA reads them when it first initializes
-            os.environ["CUDA_VISIBLE_DEVICES"] = message.device
+        _use_devices(message.device)
         if message.threads > 0:  # the leased cores
             self.threads.grant(message.threads)
             # llfabric's setting, not the session's: never saved as a change it made
@@ -384,3 +384,9 @@ def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
         Worker(shell, channel, Store(Path(store_root), signs=False)).serve()
     finally:
         channel.close()
+
+
+def _use_devices(device: str | None) -> None:
+    """The leased GPUs, if any: CUDA reads them when it first initializes."""
+    if device:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 WAKE = signal.SIGUSR1
-CUDA_CONTEXT = "LLFABRIC_TEMPLATE_CUDA"  # set for a dormant worker that creates a CUDA context
 _PR_SET_PDEATHSIG = 1
 _RT_SIGTIMEDWAIT = {"x86_64": "128", "aarch64": "137"}  # where /proc/PID/wchan shows nothing
 

@@ -27,7 +27,7 @@ SERVER = {"type": "reply", "msg_id": "1-1", "pid": 10, "uptime": 3.5, "address":
           "workers": [{"pid": 12, "source": "zygote", "zygote": 11}],
           "worker_source": "zygote",
           "templates": [{"modules": [], "state": "failed", "error": "no criu", "bytes": 0,
-                         "built_in": 0.0, "restores": 0, "failed_imports": {}, "cuda": False}],
+                         "built_in": 0.0, "restores": 0, "failed_imports": {}}],
           "upkeep": {}, "sessions": [SESSION]}
 
 

@@ -27,7 +27,7 @@ GPUS = [Gpu(0, "GPU-00000000-0000-0000-0000-00000000000a", "fake", 1 << 30),
         Gpu(1, "GPU-00000000-0000-0000-0000-00000000000b", "fake", 1 << 30)]
 
 
-def _with_server(tmp_path: Path, driver: FakeDriver, scenario, source: str = "zygote",
+def _with_server(tmp_path: Path, driver: FakeDriver, scenario,
                  cool_after: int = 0, keep_warm: int = 0, gpus: list[Gpu] | None = None) -> None:
     """Run `scenario(client, server)` in a thread against a server in this thread's loop
     (by default keeping a session's worker only while it holds unsaved state), leasing `gpus`
@@ -35,7 +35,7 @@ def _with_server(tmp_path: Path, driver: FakeDriver, scenario, source: str = "zy
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
         config = Config(store=tmp_path / "store", runtime_dir=Path(sockdir),
                         bind=f"ipc://{sockdir}/s.sock", cool_after=cool_after,
-                        keep_warm=keep_warm, worker_source=source)
+                        keep_warm=keep_warm)
 
         async def main() -> None:
             server = Server(config)
@@ -97,15 +97,6 @@ def test_processes_a_cell_started_are_parked_and_resumed_with_its_worker(tmp_pat
     _with_server(tmp_path, driver, scenario)
 
 
-def _built_template(client: Client) -> list[dict]:
-    """The server's templates once the first build has ended."""
-    deadline = time.monotonic() + 60
-    while not (built := client.call("status")["templates"]) or built[0]["state"] == "building":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    return built
-
-
 def _wait_session(client: Client, session: str, check) -> None:
     deadline = time.monotonic() + 60
     while not check(next(s for s in client.call("status")["sessions"]
@@ -153,54 +144,6 @@ def test_a_worker_that_cannot_be_resumed_is_replaced_and_its_values_recomputed(
     _with_server(tmp_path, driver, scenario)
 
 
-def test_a_template_is_dumped_off_the_gpu_and_its_copies_resume_under_a_lease(
-        tmp_path: Path) -> None:
-    require_criu("templates")
-    driver = FakeDriver()
-
-    def scenario(client: Client, server: Server) -> None:
-        session = open_session(client, tmp_path)
-        execute(client, session, "x = 1")  # the family's template builds meanwhile
-        built = _built_template(client)
-        assert built[0]["state"] == "ready" and built[0]["cuda"] is True, built
-        dumped = [pid for step, pid in driver.calls if step == "checkpoint"]
-        assert len(dumped) == 1  # the dormant worker, checkpointed before its dump
-        driver.default = State.CHECKPOINTED  # as every copy comes back
-        reply, outputs = execute(client, session, "print(x + 1)")
-        assert (reply["source"], text(outputs)) == ("template", "2\n")
-        resumed = [pid for step, pid in driver.calls if step in ("restore", "unlock")]
-        assert len(set(resumed)) == 1 and resumed[0] != dumped[0]  # the copy, not the original
-        assert driver.states[resumed[0]] is State.RUNNING
-
-    _with_server(tmp_path, driver, scenario, source="template")
-
-
-def test_a_parked_copy_loads_the_session_state_only_under_its_lease(tmp_path: Path) -> None:
-    """Unpickling a CUDA tensor (or seeding torch's CUDA RNG) in a copy whose CUDA state is
-    still checkpointed would block in the driver: the copy is prepared, its load waits."""
-    require_criu("templates")
-    driver = FakeDriver()
-    probe = tmp_path / "unpickled"
-    cell = "print(open(p.path).read())"
-
-    def scenario(client: Client, server: Server) -> None:
-        session = open_session(client, tmp_path)
-        execute(client, session, (  # an object that says when it is unpickled
-            "class Probe:\n    def __setstate__(self, state):\n"
-            "        open(state['path'], 'a').write('loaded\\n')\n"
-            f"        self.__dict__.update(state)\np = Probe()\np.path = {str(probe)!r}"))
-        assert _built_template(client)[0]["state"] == "ready"
-        driver.default = State.CHECKPOINTED  # as every copy comes back
-        client.call("draft", session=session, source=cell)
-        _wait_session(client, session, lambda status: status["worker"])
-        assert not probe.exists()  # restored and woken, but nothing loaded while parked
-        reply, outputs = execute(client, session, cell)
-        assert (reply["path"], reply["source"]) == ("draft", "template")
-        assert text(outputs) == "loaded\n\n"
-
-    _with_server(tmp_path, driver, scenario, source="template")
-
-
 def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
         tmp_path: Path) -> None:
     require_criu("cool workers")
@@ -218,6 +161,29 @@ def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
         assert (reply["path"], text(outputs)) == ("pinned", "42 0\n")
 
     _with_server(tmp_path, driver, scenario, cool_after=1)
+
+
+def test_a_prepared_worker_on_a_gpu_host_loads_only_under_its_lease_on_the_leased_gpu(
+        tmp_path: Path) -> None:
+    """A fresh worker prepared for a draft must not unpickle the session's state before the
+    lease: a CUDA tensor would initialize CUDA and hold a GPU that no lease grants."""
+    probe = tmp_path / "unpickled"
+    cell = "print(open(p.path).read())"
+
+    def scenario(client: Client, server: Server) -> None:
+        session = open_session(client, tmp_path)
+        execute(client, session, (  # an object that says when, and on which GPU, it is unpickled
+            "import os\nclass Probe:\n    def __setstate__(self, state):\n"
+            "        open(state['path'], 'a').write(os.environ.get('CUDA_VISIBLE_DEVICES', '-'))\n"
+            f"        self.__dict__.update(state)\np = Probe()\np.path = {str(probe)!r}"))
+        client.call("draft", session=session, source=cell)
+        _wait_session(client, session, lambda status: status["worker"])
+        time.sleep(1)  # time enough for a load that went ahead of the lease
+        assert not probe.exists()
+        reply, outputs = execute(client, session, cell)
+        assert reply["path"] == "draft" and text(outputs) in {f"{g.uuid}\n" for g in GPUS}
+
+    _with_server(tmp_path, FakeDriver(), scenario, gpus=GPUS)
 
 
 def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_path: Path) -> None:

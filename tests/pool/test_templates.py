@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import execute, open_session, require_criu, serving, text
 
-from fabric.errors import RemoteError
+from fabric.errors import ConfigError, RemoteError
 from fabric.pool import Pool, WorkerHandle
+from fabric.pool.pool import choose_source
 from fabric.worker.messages import Done, Load, Output, Run
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,3 +127,16 @@ def test_a_restored_worker_runs_cells_through_a_real_server(tmp_path: Path) -> N
         assert text(outputs) == "42\n"
         status = client.call("status")
         assert status["templates"][0]["restores"] >= 3
+
+
+def test_a_gpu_host_forks_its_workers_from_zygotes_even_where_templates_are_configured(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A template copy lives in a PID namespace whose /proc is the host's, where CUDA cannot
+    # initialize (cudaGetDeviceCount: error 304 on an H200, driver 580): on a GPU host every
+    # cell would fail on its first CUDA call.
+    assert choose_source("template", gpu=False) == "template"
+    assert choose_source("auto", gpu=True) == choose_source("auto", gpu=False) == "zygote"
+    assert choose_source("template", gpu=True) == "zygote"
+    assert "CUDA cannot initialize" in caplog.text
+    with pytest.raises(ConfigError, match="worker_source"):
+        choose_source("fork", gpu=False)
