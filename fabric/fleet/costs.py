@@ -26,10 +26,9 @@ INPUTS: dict[str, Input] = {
                          "CUDA context creation in a new process; bench/gpu.py `start`"),
     "fork_s": Input(0.046, "s", True,
                     "bench/warm_start.py -n 5: fork from the torch zygote to hello (median)"),
-    "template_restore_s": Input(0.318, "s", True,
-                                "bench/warm_start.py -n 5: template restore to hello (median)"),
     "cuda_restore_s": Input(0.2, "s", False,
-                            "restoring a template's CUDA context (cuda-checkpoint); bench/gpu.py"),
+                            "restoring a parked worker's CUDA context (cuda-checkpoint); "
+                            "bench/gpu.py `park`"),
     "warm_ready_s": Input(0.002, "s", True,
                           "make demo: median visible delay of warm cells (7 of 7 under 100 ms)"),
     "load_gbps": Input(0.55, "GB/s", True,
@@ -37,10 +36,12 @@ INPUTS: dict[str, Input] = {
     "save_gbps": Input(0.74, "GB/s", True,
                        "bench/store.py --size 1: whole-state save, 0.9 GB in 1.21 s (issue 19)"),
     "peer_gbps": Input(1.25, "GB/s", False, "10 Gb/s between hosts (a peer's blobs)"),
-    "h2d_gbps": Input(25.0, "GB/s", False,
-                      "pinned host-to-device copy, PCIe 5; bench/gpu.py `store` measures it"),
-    "park_gbps": Input(10.0, "GB/s", False,
-                       "CUDA checkpoint and restore of device memory; bench/gpu.py `park`"),
+    "h2d_gbps": Input(55.1, "GB/s", True,
+                      "bench/gpu.py `park` on an H200 (driver 580): pinned copy of 4 GiB, 0.078 s"),
+    "park_gbps": Input(0.263, "GB/s", True,
+                       "bench/gpu.py `park` on an H200 (driver 580): 4 GiB checkpointed in 16.3 s"),
+    "resume_gbps": Input(0.781, "GB/s", True,
+                         "bench/gpu.py `park` on an H200 (driver 580): 4 GiB restored in 5.50 s"),
     "session_gb": Input(2.0, "GB", False, "a session's whole saved state"),
     "closure_share": Input(0.5, "", False,
                            "a cell's closure as a share of the session's bytes; bench/closure.py"),
@@ -63,7 +64,6 @@ class Costs:
     cold_start_s: float
     cuda_init_s: float
     fork_s: float
-    template_restore_s: float
     cuda_restore_s: float
     warm_ready_s: float
     load_gbps: float
@@ -71,6 +71,7 @@ class Costs:
     peer_gbps: float
     h2d_gbps: float
     park_gbps: float
+    resume_gbps: float
     session_gb: float
     closure_share: float
     gpu_gb: float
@@ -104,7 +105,7 @@ class Costs:
     @property
     def resume_s(self) -> float:
         """A parked worker back on its GPU: its context and its whole device memory."""
-        return self.warm_ready_s + self.cuda_restore_s + self.gpu_gb / self.park_gbps
+        return self.warm_ready_s + self.cuda_restore_s + self.gpu_gb / self.resume_gbps
 
     @property
     def staged_s(self) -> float:
@@ -113,8 +114,9 @@ class Costs:
         return self.warm_ready_s + self.gpu_gb * self.closure_share / self.h2d_gbps
 
     def fresh_s(self, gbps: float) -> float:
-        """A fresh worker from a template (its CUDA context restored) loaded with the closure."""
-        return self.template_restore_s + self.cuda_restore_s + self.closure_gb / gbps
+        """A fresh worker forked from a zygote, its CUDA context made, loaded with the closure
+        (a template copy cannot carry a CUDA context: see `pool.choose_source`)."""
+        return self.fork_s + self.cuda_init_s + self.closure_gb / gbps
 
     def cold_kernel_s(self, gbps: float) -> float:
         """A new kernel process (imports, CUDA context) loaded with the whole session."""
