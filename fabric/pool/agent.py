@@ -126,10 +126,12 @@ class HostAgent:
             try:
                 if self.account is not None:  # never deferred: before anything of the session
                     await self._send_load(worker, Become(self.account), events)
-                # a replay's starting state is loaded before it, under its lease or not
-                await self._load(life, worker, _load(needs.groups, needs.imports, start,
-                                                     self.cwd), events,
-                                 defer=replay is None and self._on_gpus)
+                if replay is None:
+                    await self._load_state(life, worker, needs.groups, needs.imports, start,
+                                           events)
+                else:  # the state its replay starts from, before the replay
+                    await self._load(life, worker, _load(needs.groups, needs.imports, start,
+                                                         self.cwd), events)
             except BaseException:
                 await worker.close()
                 raise
@@ -158,18 +160,26 @@ class HostAgent:
         if not groups and not imports:
             return False
         # a worker still to replay loads the head's state after it, see `replay.recompute`
-        defer = life.replay is not None or self._on_gpus
-        life.chain(lambda worker: self._load(life, worker, _load(groups, imports, None, self.cwd),
-                                             events, defer))
+        defer = life.replay is not None
+        life.chain(lambda worker: self._load_state(life, worker, groups, imports, None, events,
+                                                   defer))
         self._holds(life, groups, imports)
         self.keeper.changed()
         return True
 
-    @property
-    def _on_gpus(self) -> bool:
-        """Whether loads wait for the lease: on a GPU host, unpickling a CUDA tensor (or the CUDA
-        RNG) would initialize CUDA on a GPU that no lease grants, whichever one CUDA picks."""
-        return self.leases.kind == "gpu"
+    async def _load_state(self, life: Life, worker: WorkerHandle, groups: list[Group],
+                          imports: dict[str, str], first: Manifest | None, events: Events,
+                          defer: bool = False) -> None:
+        """Load `groups` and `imports` (`first`: a worker's first load, see `_load`) now or, with
+        `defer`, under the cell's lease. On a GPU host the groups holding CUDA memory wait for
+        the lease: unpickled before it, they would make a CUDA context on a GPU no lease grants,
+        whichever one CUDA picked."""
+        later = [g for g in groups if g.device] if self.leases.kind == "gpu" else []
+        now = [g for g in groups if g not in later]
+        if now or imports or first is not None:
+            await self._load(life, worker, _load(now, imports, first, self.cwd), events, defer)
+        if later:
+            await self._load(life, worker, _load(later, {}, None, self.cwd), events, defer=True)
 
     async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: Events,
                     defer: bool = False) -> None:

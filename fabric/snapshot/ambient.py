@@ -232,10 +232,20 @@ def _write_torch(torch: Any, part: Mapping[str, Any]) -> None:
     torch.set_float32_matmul_precision(part["matmul_precision"])
     cudnn = torch.backends.cudnn
     cudnn.enabled, cudnn.benchmark, cudnn.deterministic = part["cudnn"]
-    if "cuda_rng" in part and torch.cuda.is_available():
-        states = part["cuda_rng"][: torch.cuda.device_count()]
-        # torch defers this until CUDA initialises
-        torch.cuda.set_rng_state_all([_byte_tensor(torch, s) for s in states])
+    if "cuda_rng" in part:
+        states = [_byte_tensor(torch, s) for s in part["cuda_rng"]]
+        if torch.cuda.is_initialized():
+            _write_cuda_rng(torch, states)
+        else:  # when a cell first uses CUDA, under its lease: asking now whether CUDA is there
+            # would initialize it before the lease names the GPUs (CUDA_VISIBLE_DEVICES)
+            torch.cuda._lazy_call(lambda: _write_cuda_rng(torch, states))
+
+
+def _write_cuda_rng(torch: Any, states: list) -> None:
+    """Each visible GPU's generator, as many as there are states for (set directly: torch's
+    setters would queue themselves again while CUDA initializes)."""
+    for generator, state in zip(torch.cuda.default_generators, states, strict=False):
+        generator.set_state(state)
 
 
 # matplotlib

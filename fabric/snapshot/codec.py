@@ -270,6 +270,7 @@ class Encoded(NamedTuple):
 
     stream: bytes
     buffers: list[memoryview]
+    device: bool = False  # it holds CUDA memory: unpickled, it makes a CUDA context
 
     @property
     def nbytes(self) -> int:
@@ -284,7 +285,7 @@ def dumps(values: dict[str, Any], namespace: dict) -> Encoded:
     buf = io.BytesIO()
     pickler = _Pickler(buf, namespace)
     pickler.dump(values)
-    return Encoded(buf.getvalue(), [b.raw() for b in pickler.buffers])
+    return Encoded(buf.getvalue(), [b.raw() for b in pickler.buffers], bool(pickler._device))
 
 
 def loads(data: Encoded | bytes, namespace: dict, buffers: Sequence[Any] = ()) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class Report:
     bounded: bool = False  # its grouping walk was cut short
     hooks: list[str] = field(default_factory=list)  # import hooks the notebook defined
     described: dict[str, dict[str, Any]] = field(default_factory=dict)  # a `catalog.Catalog`
+    devices: list[str] = field(default_factory=list)  # blobs of the groups holding CUDA memory
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,13 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
     """Commit what `cell` left, as its worker's save `report` says, on `head`; `admit` may
     refuse the version (it raises). The new head's id and manifest."""
     owned = set(report.owned) - set(report.kept)  # kept: stay as committed
-    new_groups = [Group(blob, tuple(names), size) for blob, names, size in report.groups]
+    new_groups = [Group(blob, tuple(names), size, blob in report.devices)
+                  for blob, names, size in report.groups]
     for blob in [g.blob for g in new_groups] + [report.ambient]:
         if not store.has(blob):  # a head must never point at missing data
             raise StoreError(f"the worker reported blob {blob!r} that is not in the store")
     parent = head_manifest(store, session, head)
-    kept = [Group(g.blob, tuple(n for n in g.names if n not in owned), g.size)
+    kept = [Group(g.blob, tuple(n for n in g.names if n not in owned), g.size, g.device)
             for g in parent.groups]
     manifest = Manifest(
         session=session,

@@ -30,6 +30,7 @@ class Saved:
     packages: dict[str, list[str]] = field(default_factory=dict)  # likewise
     unsaved: dict[str, str] = field(default_factory=dict)  # name -> why it could not be saved
     bounded: bool = False
+    devices: list[str] = field(default_factory=list)  # objects of groups holding CUDA memory
 
 
 class DeltaSaver:
@@ -88,6 +89,7 @@ class DeltaSaver:
 
     def _unwritten(self, saved: Saved, failed: dict[str, Exception]) -> None:
         """The groups whose writes failed are not saved: their names are told as unsaved."""
+        saved.devices = [blob for blob in saved.devices if blob not in failed]
         for entry in [g for g in saved.groups if g[0] in failed]:
             saved.groups.remove(entry)
             self.objects.pop(frozenset(entry[1]), None)
@@ -118,4 +120,6 @@ class DeltaSaver:
             saved.unsaved.pop(name, None)
         self.objects[key] = (blob, encoded.nbytes)
         saved.groups.append([blob, names, encoded.nbytes])
+        if encoded.device:
+            saved.devices.append(blob)
         return True

@@ -28,6 +28,7 @@ class Group:
     blob: str
     names: tuple[str, ...]
     size: int = 0
+    device: bool = False  # it holds CUDA memory: on a GPU host it loads under the cell's lease
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Manifest:
                 "session": self.session,
                 "version": self.version,
                 "parent": self.parent,
-                "groups": [[g.blob, list(g.names), g.size] for g in self.groups],
+                "groups": [[g.blob, list(g.names), g.size, g.device] for g in self.groups],
                 "imports": self.imports,
                 "refs": {k: list(v) for k, v in self.refs.items()},
                 "packages": {k: list(v) for k, v in self.packages.items()},
@@ -84,10 +85,7 @@ class Manifest:
             raw = msgpack.unpackb(data, raw=False)
             if not isinstance(raw, dict) or raw.get("format") != FORMAT:
                 raise ValueError(f"not a manifest of format {FORMAT}")
-            groups = tuple(
-                Group(_str(b), tuple(_str(n) for n in _list(names)), int(size))
-                for b, names, size in _list(raw["groups"])
-            )
+            groups = tuple(_group(entry) for entry in _list(raw["groups"]))
             return cls(
                 session=_str(raw["session"]),
                 version=int(raw["version"]),
@@ -123,6 +121,14 @@ def _names_by_variable(raw: object) -> dict[str, tuple[str, ...]]:
     if not isinstance(raw, dict):
         raise TypeError(f"expected a map, got {type(raw).__name__}")
     return {_str(k): tuple(_str(x) for x in _list(v)) for k, v in raw.items()}
+
+
+def _group(entry: object) -> Group:
+    """[blob, names, bytes, device]; older manifests have no device."""
+    blob, names, size, *device = _list(entry)
+    if device != [] and (len(device) > 1 or not isinstance(device[0], bool)):
+        raise TypeError(f"a group's device must be true or false, not {device!r}")
+    return Group(_str(blob), tuple(_str(n) for n in _list(names)), int(size), device == [True])
 
 
 def _list(value: object) -> list:

@@ -368,7 +368,7 @@ class Worker:
                      packages=saved.packages,
                      ambient=self.store.put(pickle.dumps(self._capture_ambient())),
                      owned=sorted(self.owned), unsaved=unsaved, bounded=saved.bounded,
-                     hooks=hooks, described=catalog.describe(ns, changed))
+                     hooks=hooks, described=catalog.describe(ns, changed), devices=saved.devices)
 
     def _capture_ambient(self) -> dict[str, Any]:
         self.ambient = ambient.capture(self.ambient, self.base_environ)

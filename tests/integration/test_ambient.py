@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import execute, text
 
 from fabric.client import Client
+from fabric.pool import gpus
 from fabric.snapshot import ambient
 
 SEED = "import random\nimport numpy as np\nimport torch\nrandom.seed(1)\nnp.random.seed(2)\n" \
@@ -138,3 +140,35 @@ def test_state_of_a_module_is_restored_when_it_is_imported_later(tmp_path: Path)
     assert restored.returncode == 0, restored.stderr
     assert restored.stdout == expected
 
+
+
+CUDA_CAPTURE = """\
+import os, pickle, sys, torch
+from fabric.snapshot import ambient
+torch.cuda.manual_seed(7)
+torch.randn(1, device="cuda")  # a draw, so the state is not the seed's
+pickle.dump((ambient.capture({}, dict(os.environ)), torch.cuda.get_rng_state()),
+            open(sys.argv[1], "wb"))
+"""
+
+CUDA_RESTORE = """\
+import pickle, sys, torch
+from fabric.snapshot import ambient
+state, expected = pickle.load(open(sys.argv[1], "rb"))
+ambient.restore(state)
+print(torch.cuda.is_initialized())  # before the lease: CUDA must not know its GPUs yet
+torch.empty(1, device="cuda")
+print(torch.equal(torch.cuda.get_rng_state(), expected))
+"""
+
+
+@pytest.mark.gpu
+def test_the_cuda_rng_comes_back_only_when_a_cell_first_uses_cuda(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is None or not gpus.discover():
+        pytest.skip("no NVIDIA GPU and CUDA build of torch")
+    saved = tmp_path / "ambient.pickle"
+    subprocess.run([sys.executable, "-c", CUDA_CAPTURE, str(saved)], check=True)
+    restored = subprocess.run([sys.executable, "-c", CUDA_RESTORE, str(saved)],
+                              capture_output=True, text=True, check=True)
+    assert restored.stdout == "False\nTrue\n"

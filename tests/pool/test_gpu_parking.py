@@ -22,6 +22,8 @@ from fabric.pool import Leases
 from fabric.pool.cuda import State
 from fabric.pool.gpus import Gpu
 from fabric.server import Server
+from fabric.snapshot import Store
+from fabric.snapshot.commit import CellRecord, Report, commit, head_manifest
 
 GPUS = [Gpu(0, "GPU-00000000-0000-0000-0000-00000000000a", "fake", 1 << 30),
         Gpu(1, "GPU-00000000-0000-0000-0000-00000000000b", "fake", 1 << 30)]
@@ -163,27 +165,73 @@ def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
     _with_server(tmp_path, driver, scenario, cool_after=1)
 
 
-def test_a_prepared_worker_on_a_gpu_host_loads_only_under_its_lease_on_the_leased_gpu(
+PROBE = (  # an object that says when, and with which GPUs visible, it is unpickled
+    "import os\nclass Probe:\n    def __setstate__(self, state):\n"
+    "        open(state['path'], 'a').write(os.environ.get('CUDA_VISIBLE_DEVICES', '-'))\n"
+    "        self.__dict__.update(state)\np = Probe()\np.path = {path!r}")
+
+
+def _drafted(client: Client, session: str, cell: str) -> None:
+    client.call("draft", session=session, source=cell)
+    _wait_session(client, session, lambda status: status["worker"])
+    time.sleep(1)  # time enough for a load that goes ahead of the lease
+
+
+def test_a_prepared_worker_on_a_gpu_host_loads_host_state_before_the_lease(
         tmp_path: Path) -> None:
-    """A fresh worker prepared for a draft must not unpickle the session's state before the
-    lease: a CUDA tensor would initialize CUDA and hold a GPU that no lease grants."""
     probe = tmp_path / "unpickled"
     cell = "print(open(p.path).read())"
 
     def scenario(client: Client, server: Server) -> None:
         session = open_session(client, tmp_path)
-        execute(client, session, (  # an object that says when, and on which GPU, it is unpickled
-            "import os\nclass Probe:\n    def __setstate__(self, state):\n"
-            "        open(state['path'], 'a').write(os.environ.get('CUDA_VISIBLE_DEVICES', '-'))\n"
-            f"        self.__dict__.update(state)\np = Probe()\np.path = {str(probe)!r}"))
-        client.call("draft", session=session, source=cell)
-        _wait_session(client, session, lambda status: status["worker"])
-        time.sleep(1)  # time enough for a load that went ahead of the lease
-        assert not probe.exists()
+        execute(client, session, PROBE.format(path=str(probe)))
+        _drafted(client, session, cell)
+        assert probe.read_text() == "-"  # prepared while the user edits, no GPU needed
         reply, outputs = execute(client, session, cell)
+        assert (reply["path"], text(outputs)) == ("draft", "-\n")
+
+    _with_server(tmp_path, FakeDriver(), scenario, gpus=GPUS)
+
+
+def test_a_group_holding_cuda_memory_loads_only_under_the_lease_on_the_leased_gpu(
+        tmp_path: Path) -> None:
+    """Unpickled before the lease, a CUDA tensor would make a CUDA context on a GPU that no lease
+    grants: its group waits, and then sees only the leased GPU."""
+    probe, sessions = tmp_path / "unpickled", []
+    cell = "print(open(p.path).read())"
+    _with_server(tmp_path, FakeDriver(), lambda client, _: sessions.append(
+        _run_probe(client, tmp_path, PROBE.format(path=str(probe)))), gpus=GPUS)
+    probe.unlink(missing_ok=True)
+    _mark_on_gpu(Store(tmp_path / "store"), "p")  # as the codec marks a group of CUDA tensors
+
+    def scenario(client: Client, server: Server) -> None:
+        client.call("open", session=sessions[0], cwd=str(tmp_path))
+        _drafted(client, sessions[0], cell)
+        assert not probe.exists()
+        reply, outputs = execute(client, sessions[0], cell)
         assert reply["path"] == "draft" and text(outputs) in {f"{g.uuid}\n" for g in GPUS}
 
     _with_server(tmp_path, FakeDriver(), scenario, gpus=GPUS)
+
+
+def _run_probe(client: Client, cwd: Path, source: str) -> str:
+    session = open_session(client, cwd)
+    execute(client, session, source)
+    return session
+
+
+def _mark_on_gpu(store: Store, name: str) -> None:
+    """A version on the head whose group of `name` holds CUDA memory."""
+    (session,) = store.sessions()
+    head = store.head(session)
+    manifest = head_manifest(store, session, head)
+    group = manifest.variables()[name]
+    report = Report(groups=[(group.blob, list(group.names), group.size)], kept=[], imports={},
+                    refs={n: list(manifest.refs.get(n, ())) for n in group.names},
+                    packages={}, ambient=manifest.ambient, owned=list(group.names), unsaved={},
+                    devices=[group.blob])
+    commit(store, session, head, report, CellRecord(f"{name} = {name}", 2, "ok", 0.0,
+                                                    frozenset()))
 
 
 def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_path: Path) -> None:

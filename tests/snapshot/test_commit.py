@@ -89,3 +89,13 @@ def test_a_head_moved_meanwhile_or_a_refused_version_commits_nothing(tmp_path: P
     with pytest.raises(StoreError, match="over quota"):
         commit(store, "s", second, _report(store, ["x"], x=4), _cell("x = 4", 3), refuse)
     assert store.head("s") == second
+
+
+def test_a_group_holding_cuda_memory_stays_marked_through_later_versions(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    report = _report(store, ["w", "n"], w=[1.0], n=2)
+    report = dataclasses.replace(report, devices=[report.groups[0][0]])  # w's, as on a GPU
+    first, m1 = commit(store, "s", None, report, _cell("w, n = [1.0], 2\n", 1))
+    second, m2 = commit(store, "s", first, _report(store, ["n"], n=3), _cell("n = 3\n", 2))
+    for manifest in (m1, m2, Manifest.decode(store.get_manifest(second))):
+        assert {n: g.device for n, g in manifest.variables().items()} == {"w": True, "n": False}

@@ -181,6 +181,11 @@ def test_memory_tier_serves_reads_and_stays_bounded(tmp_path: Path) -> None:
     assert tier.used <= 1000 and tier.has(f"{9:032x}") and not tier.has(f"{0:032x}")
 
 
+def test_a_group_of_host_tensors_and_arrays_holds_no_cuda_memory() -> None:
+    values = {"t": torch.ones(3), "m": torch.nn.Linear(2, 2), "a": np.ones(3)}
+    assert not dumps(values, {}).device  # a GPU host loads it ahead of the lease
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CPU build of torch)")
 def test_cuda_tensors_come_back_on_their_device_sharing_storage(tmp_path: Path) -> None:
@@ -192,3 +197,4 @@ def test_cuda_tensors_come_back_on_their_device_sharing_storage(tmp_path: Path) 
     assert torch.equal(back["view"], values["view"])
     assert back["view"].untyped_storage().data_ptr() == back["base"].untyped_storage().data_ptr()
     assert back["param"].requires_grad and back["param"].device == base.device
+    assert dumps(values, {}).device  # its group loads only under a lease (`HostAgent`)

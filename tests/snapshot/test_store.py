@@ -198,7 +198,7 @@ def test_manifest_encode_decode_round_trip() -> None:
         session="nb-1",
         version=7,
         parent="1" * 32,
-        groups=(Group("a" * 32, ("x", "y"), 123), Group("b" * 32, ("f",), 0)),
+        groups=(Group("a" * 32, ("x", "y"), 123), Group("b" * 32, ("f",), 0, device=True)),
         imports={"np": "numpy", "plt": "matplotlib.pyplot"},
         refs={"f": ("K", "np")},
         ambient="c" * 32,
@@ -210,6 +210,11 @@ def test_manifest_encode_decode_round_trip() -> None:
     assert decoded.variables() == {"x": manifest.groups[0], "y": manifest.groups[0],
                                    "f": manifest.groups[1]}
     assert decoded.names() == {"x", "y", "f", "np", "plt"}
+
+
+def test_a_manifest_from_before_device_groups_decodes_with_none_holding_cuda() -> None:
+    decoded = Manifest.decode(_raw(groups=[["a" * 32, ["x"], 1]]))
+    assert decoded.groups == (Group("a" * 32, ("x",), 1, device=False),)
 
 
 def test_empty_manifest_round_trip() -> None:
@@ -259,6 +264,8 @@ def test_decode_wrong_format_raises(changes: dict) -> None:
     {"groups": [["a" * 32, [1], 1]]},  # name not a string
     {"groups": [["a" * 32, "xy", 1]]},  # names a string, not a list
     {"groups": [["a" * 32, ["x"], "big"]]},
+    {"groups": [["a" * 32, ["x"], 1, "yes"]]},  # device not a boolean
+    {"groups": [["a" * 32, ["x"], 1, True, 0]]},
     {"imports": ["np"]},
     {"imports": {"np": 1}},
     {"refs": {"f": [1]}},
