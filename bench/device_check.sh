@@ -39,8 +39,9 @@ cd "$root" || exit 1
 # The tests that park or restore CUDA state, which need the checkpoint API (pytest -k).
 NEEDS_CHECKPOINT="park or checkpoint or warm_worker"
 # DEADLINE: seconds for the whole check; TEST_TIMEOUT: for one GPU test, so that one that
-# hangs still leaves the others' results and every failure's reason; BENCH_ARGS: bench/gpu.py's,
-# BENCH_TIME: the seconds kept for it.
+# hangs still leaves the others' results and every failure's reason; BENCH_ARGS: bench/gpu.py's
+# (by default sizes that fit: the H200 checkpointed device memory at 0.26 GB/s, so 16 GiB
+# would take a minute a round), BENCH_TIME: the seconds kept for it.
 deadline=$((SECONDS + ${DEADLINE:-450}))
 # seconds left for a part, keeping `keep` for what follows it (30 at least)
 left() { local n=$((deadline - SECONDS - ${1:-0})); echo $((n > 30 ? n : 30)); }
@@ -186,7 +187,7 @@ suite=${PIPESTATUS[0]}
 
 limit="$(left 10)"
 section "bench/gpu.py (at most $limit s)"
-read -ra bench_args <<<"${BENCH_ARGS:-}"
+read -ra bench_args <<<"${BENCH_ARGS:---sizes 0.25,1,4 -n 2}"
 timeout -k 10 "$limit" "$PYTHON" -u bench/gpu.py "${bench_args[@]}" 2>&1 | tee "$tmp/bench" \
     >>"$out"
 bench=${PIPESTATUS[0]}
