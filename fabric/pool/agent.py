@@ -126,12 +126,8 @@ class HostAgent:
             try:
                 if self.account is not None:  # never deferred: before anything of the session
                     await self._send_load(worker, Become(self.account), events)
-                if replay is None:
-                    await self._load_state(life, worker, needs.groups, needs.imports, start,
-                                           events)
-                else:  # the state its replay starts from, before the replay
-                    await self._load(life, worker, _load(needs.groups, needs.imports, start,
-                                                         self.cwd), events)
+                await self._load_state(life, worker, needs.groups, needs.imports, start, events,
+                                       starting=replay is not None)
             except BaseException:
                 await worker.close()
                 raise
@@ -169,17 +165,19 @@ class HostAgent:
 
     async def _load_state(self, life: Life, worker: WorkerHandle, groups: list[Group],
                           imports: dict[str, str], first: Manifest | None, events: Events,
-                          defer: bool = False) -> None:
+                          defer: bool = False, starting: bool = False) -> None:
         """Load `groups` and `imports` (`first`: a worker's first load, see `_load`) now or, with
         `defer`, under the cell's lease. On a GPU host the groups holding CUDA memory wait for
         the lease: unpickled before it, they would make a CUDA context on a GPU no lease grants,
-        whichever one CUDA picked."""
+        whichever one CUDA picked. `starting`: the state a replay starts from, whose held-back
+        groups load before the replay."""
         later = [g for g in groups if g.device] if self.leases.kind == "gpu" else []
         now = [g for g in groups if g not in later]
         if now or imports or first is not None:
             await self._load(life, worker, _load(now, imports, first, self.cwd), events, defer)
         if later:
-            await self._load(life, worker, _load(later, {}, None, self.cwd), events, defer=True)
+            (life.starting if starting else life.deferred).append(
+                _load(later, {}, None, self.cwd))
 
     async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: Events,
                     defer: bool = False) -> None:
@@ -407,6 +405,9 @@ class HostAgent:
                 await worker.close()
                 raise WorkerDied(f"the kept worker could not be put back on the GPU "
                                  f"({exc.message})") from exc
+            for message in life.starting:  # under the lease, before the replay it is for
+                await self._send_load(worker, replace(message, device=lease.device), events)
+            life.starting.clear()
             if replay is not None:
                 result = await recompute(worker, replay, head, life.holds, lease.device,
                                          lease.threads, events)

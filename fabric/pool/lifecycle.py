@@ -117,6 +117,9 @@ class Life:
     unsaved: list[str] = field(default_factory=list)  # kept: what only it holds
     stage: Stage = Stage.STARTING
     deferred: list[Load] = field(default_factory=list)  # loads held back while parked
+    # the part of a replay's starting state that holds CUDA memory: loaded under the lease,
+    # before the replay
+    starting: list[Load] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     touched: float = field(default_factory=time.monotonic)  # its last draft: idle since then
     ready_at: float | None = None

@@ -167,7 +167,7 @@ def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
 
 PROBE = (  # an object that says when, and with which GPUs visible, it is unpickled
     "import os\nclass Probe:\n    def __setstate__(self, state):\n"
-    "        open(state['path'], 'a').write(os.environ.get('CUDA_VISIBLE_DEVICES', '-'))\n"
+    "        open(state['path'], 'a').write(os.environ.get('CUDA_VISIBLE_DEVICES', 'none'))\n"
     "        self.__dict__.update(state)\np = Probe()\np.path = {path!r}")
 
 
@@ -186,9 +186,9 @@ def test_a_prepared_worker_on_a_gpu_host_loads_host_state_before_the_lease(
         session = open_session(client, tmp_path)
         execute(client, session, PROBE.format(path=str(probe)))
         _drafted(client, session, cell)
-        assert probe.read_text() == "-"  # prepared while the user edits, no GPU needed
+        assert probe.read_text() == "none"  # prepared while the user edits, no GPU needed
         reply, outputs = execute(client, session, cell)
-        assert (reply["path"], text(outputs)) == ("draft", "-\n")
+        assert (reply["path"], text(outputs)) == ("draft", "none\n")
 
     _with_server(tmp_path, FakeDriver(), scenario, gpus=GPUS)
 
@@ -212,6 +212,28 @@ def test_a_group_holding_cuda_memory_loads_only_under_the_lease_on_the_leased_gp
         assert reply["path"] == "draft" and text(outputs) in {f"{g.uuid}\n" for g in GPUS}
 
     _with_server(tmp_path, FakeDriver(), scenario, gpus=GPUS)
+
+
+def test_a_replay_loads_the_cuda_memory_it_starts_from_under_the_lease_before_it_runs(
+        tmp_path: Path) -> None:
+    probe, sessions = tmp_path / "unpickled", []
+    _with_server(tmp_path, FakeDriver(), lambda client, _: sessions.append(
+        _run_probe(client, tmp_path, PROBE.format(path=str(probe)))), gpus=GPUS)
+    _mark_on_gpu(Store(tmp_path / "store"), "p")
+    driver = FakeDriver()
+
+    def scenario(client: Client, server: Server) -> None:
+        session = sessions[0]
+        client.call("open", session=session, cwd=str(tmp_path))
+        driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)  # its worker is retired after it
+        reply, _ = execute(client, session, "g = (p for _ in range(5))")
+        assert "could not be taken off the GPU" in reply["notices"][-1]["text"]
+        probe.unlink()
+        reply, outputs = execute(client, session, "print(next(g).path == p.path)")
+        assert (reply["path"], text(outputs)) == ("cold+replay", "True\n")
+        assert probe.read_text() in {g.uuid for g in GPUS}  # unpickled once, under the lease
+
+    _with_server(tmp_path, driver, scenario, gpus=GPUS)
 
 
 def _run_probe(client: Client, cwd: Path, source: str) -> str:
