@@ -41,7 +41,7 @@ from fabric.worker.messages import Done, Run
 GIB = 1 << 30
 PROBE_WAIT = 30.0  # seconds the checkpoint API has to answer the probe
 FIRST_TENSOR = "import torch; torch.empty(1, device='cuda')"
-COLD = f"import torch; torch.cuda.init(); {FIRST_TENSOR.split('; ', 1)[1]}"
+COLD = "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"
 
 # Holds `size` bytes of device memory filled with a pattern; checks it after each stdin line.
 HOLDER = r"""

@@ -125,10 +125,11 @@ def _names_by_variable(raw: object) -> dict[str, tuple[str, ...]]:
 
 def _group(entry: object) -> Group:
     """[blob, names, bytes, device]; older manifests have no device."""
-    blob, names, size, *device = _list(entry)
-    if device != [] and (len(device) > 1 or not isinstance(device[0], bool)):
+    blob, names, size, *rest = _list(entry)
+    device = rest.pop() if rest else False
+    if rest or not isinstance(device, bool):
         raise TypeError(f"a group's device must be true or false, not {device!r}")
-    return Group(_str(blob), tuple(_str(n) for n in _list(names)), int(size), device == [True])
+    return Group(_str(blob), tuple(_str(n) for n in _list(names)), int(size), device)
 
 
 def _list(value: object) -> list:
