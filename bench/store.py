@@ -292,8 +292,10 @@ def torch_save(work: Path, state: dict) -> tuple[float, float]:
 def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[float, ...]]:
     """Cells whose draft missed: from execute to the first statement of a cell reading `x` (of
     each size, in GB), on a fresh worker that loads it, against loading the same object in this
-    process (from the page cache, as the worker's load is) and a cell that reads nothing.
-    Medians of `repeat` cells: (GB, load here, delay of a cell reading nothing, delay)."""
+    process (from the page cache, as the worker's load is) and a cell that reads nothing; and of
+    a cell that reads `x` only in a branch it does not take (its load waits for the branch).
+    Medians of `repeat` cells: (GB, load here, delay of a cell reading nothing, delay, delay of
+    the branch not taken)."""
     config = Config(store=work / "first", runtime_dir=work, bind=f"ipc://{work}/first.sock")
     rows = []
     with EmbeddedServer(config, {**os.environ, "LLFABRIC_KEEP_WARM": "0"}), \
@@ -307,12 +309,14 @@ def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[f
             session, n = f"first-{size}", int(size * 1e9 / 8)
             client.call("open", session=session, cwd=str(work))
             client.call("execute", timeout=0, session=session,
-                        source=f"import numpy as np\nx = np.random.default_rng(0).random({n})")
+                        source=f"import numpy as np\nx = np.random.default_rng(0).random({n})"
+                               "\nflag = False")
             store = Store(work / f"here-{size}")
             ident = store.put_object(dumps({"x": np.random.default_rng(0).random(n)}, {}))
             here = statistics.median(timed(lambda s=store, i=ident: loads(s.get_object(i), {}))[0]
                                      for _ in range(repeat))
-            rows.append((size, here, delays(session, "1 + 1"), delays(session, "x[0]")))
+            rows.append((size, here, delays(session, "1 + 1"), delays(session, "x[0]"),
+                         delays(session, "if flag:\n    x[0]")))
             client.call("close", session=session)
             shutil.rmtree(work / f"here-{size}")
     return rows
@@ -405,9 +409,10 @@ def main() -> None:
         print(f"\ncells whose draft missed (a fresh worker loads the closure; medians of "
               f"{args.repeat}): from execute to the first statement")
         print(f"{'closure GB':>10} {'load here s':>12} {'empty cell s':>13} {'cell s':>8} "
-              f"{'cell - load':>12}")
-        for gbs, here, empty, delay in first:
-            print(f"{gbs:10.2f} {here:12.3f} {empty:13.3f} {delay:8.3f} {delay - here:12.3f}")
+              f"{'cell - load':>12} {'x in a branch not taken s':>26}")
+        for gbs, here, empty, delay, branch in first:
+            print(f"{gbs:10.2f} {here:12.3f} {empty:13.3f} {delay:8.3f} {delay - here:12.3f} "
+                  f"{branch:26.3f}")
     if not args.no_dill:
         print("(*) dill cannot pickle the Adam optimizer: it saved the optimizer's state_dict")
     if kishu is None:

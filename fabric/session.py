@@ -112,7 +112,8 @@ class Session:
         return self._describe(cl)
 
     def _describe(self, cl: Closure) -> dict:
-        return {"names": sorted(cl.names), "groups": len(cl.groups), "whole": cl.whole,
+        return {"names": sorted(cl.names), "groups": len(cl.groups), "lazy": len(cl.lazy),
+                "whole": cl.whole,
                 "exact": cl.exact, "session_variables": len(self.manifest.variables())}
 
     async def execute(self, source: str, emit: Emit, stdin: bool = False,
@@ -143,7 +144,7 @@ class Session:
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
                     "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
                     "path": ran.path, "source": ran.source, "closure": self._describe(cl),
-                    "timings": ran.timings, "payload": ran.payload}
+                    "timings": ran.timings, "payload": ran.payload, "unneeded": ran.unneeded}
 
     def _commit(self, done: Done, cell: CellPlan, count: int) -> Head:
         """Fold the worker's save into a new version (`snapshot.commit`); the head moves to it."""

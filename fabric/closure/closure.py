@@ -66,6 +66,9 @@ class Closure(Generic[G]):
     whole: bool  # static analysis could not bound the cell: the whole session is loaded
     exact: bool  # False when the source did not parse (a draft being edited)
     forced_by: str = ""  # whole: the construct that forced it, and where
+    # groups of `groups` only reads in a branch the cell may not take need, each with those
+    # reads: a worker that runs the cell at once may load them when such a read comes
+    lazy: tuple[tuple[G, frozenset[str]], ...] = ()
 
 
 def closure(cell: Cell, state: State[G]) -> Closure[G]:
@@ -75,21 +78,28 @@ def closure(cell: Cell, state: State[G]) -> Closure[G]:
     forced_by = f"the cell uses {analysis.forced_by}" if analysis.dynamic else ""
     if state.hooks and not forced_by:  # any import, in the cell or in code it calls, runs them
         forced_by = f"an import hook the notebook defined ({state.hooks[0]}) may read any global"
+    eager: set[str] = set()
+    later: dict[str, set[str]] = {}  # a read made only in a branch -> what it alone needs
     if not forced_by:
-        seeds = set(analysis.reads) & session
+        seeds = set(analysis.reads - analysis.maybe) & session
         if analysis.unpickles:
             seeds |= definitions(state) & session
-        needed = _reach(seeds, state, session)
+        eager = _reach(seeds, state, session)
+        later = {read: _reach({read}, state, session) - eager
+                 for read in analysis.maybe & session}
+        needed = eager.union(*later.values())
         forced_by = _unbounded(needed, state)
     if forced_by:
-        needed = set(session)
+        needed = eager = set(session)
     groups = {(g.blob, g.names): g for name in needed if (g := variables.get(name)) is not None}
+    lazy = tuple((g, frozenset(r for r, names in later.items() if names.intersection(g.names)))
+                 for g in groups.values() if eager.isdisjoint(g.names))
     imports = {a: m for a, m in state.imports.items() if a in needed}
     modules = set(cell.modules | packaged(imports.values()))
     for name in needed:
         modules.update(state.packages.get(name, ()))
     return Closure(frozenset(needed), tuple(groups.values()), imports, frozenset(modules),
-                   bool(forced_by), analysis.parsed, forced_by)
+                   bool(forced_by), analysis.parsed, forced_by, lazy)
 
 
 def definitions(state: State) -> set[str]:

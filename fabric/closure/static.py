@@ -19,6 +19,11 @@ and the result is marked inexact.
 
 A cell that loads pickled data (``pickle.load``, ``torch.load``, ``joblib.load``) needs classes and
 functions of the session that no source text names: pickle looks them up in ``__main__`` by name.
+
+Reads made only in a *branch* (the body of a top-level ``if`` or ``else``, a ``try``'s handlers and
+``else``, a ``match``'s cases) are `maybe` reads: the cell may not take that branch, so what they
+alone need can load when the branch is entered (`worker.lazy`). Loops count as taken: their bodies
+run in all but degenerate cases, and a check in every iteration would cost the loop.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from IPython.core.inputtransformer2 import TransformerManager
@@ -63,6 +68,7 @@ class CellAnalysis:
     parsed: bool  # False: (part of) the source is not valid Python; its reads are a superset
     forced_by: str = ""  # what made it dynamic, as the user wrote it (`globals()`, `import *`)
     unpickles: bool = False  # it loads pickled data, which may name any class of the session
+    maybe: frozenset[str] = frozenset()  # reads made only in a branch it may not take
 
 
 _transformer = TransformerManager()
@@ -80,7 +86,13 @@ def analyze_uncached(source: str) -> CellAnalysis:
     visitor = _Visitor()
     try:
         parsed = True
-        visitor.block(ast.parse(transformed).body)
+        tree = ast.parse(transformed)
+        visitor.block(tree.body)
+        taken = _Visitor()  # the cell with every branch left out: what it reads whatever it takes
+        taken.block(_without_branches(s) for s in tree.body)
+        maybe = frozenset(visitor.result(transformed, True).reads
+                          - taken.result(transformed, True).reads)
+        return replace(visitor.result(transformed, parsed), maybe=maybe)
     except (SyntaxError, ValueError):
         parsed = False
         visitor = _Visitor()
@@ -90,6 +102,32 @@ def analyze_uncached(source: str) -> CellAnalysis:
             except (SyntaxError, ValueError):
                 visitor.tokens(block)
     return visitor.result(transformed, parsed)
+
+
+def branches(statement: ast.stmt) -> list[list[ast.stmt]]:
+    """The bodies of a top-level statement that run only on some paths."""
+    if isinstance(statement, ast.If):
+        return [b for b in (statement.body, statement.orelse) if b]
+    if isinstance(statement, ast.Try | ast.TryStar):
+        return [h.body for h in statement.handlers] + ([statement.orelse] if statement.orelse
+                                                       else [])
+    if isinstance(statement, ast.Match):
+        return [case.body for case in statement.cases]
+    return []
+
+
+def _without_branches(statement: ast.stmt) -> ast.stmt:
+    """`statement` with its branches' bodies left out. Their tests, exception types, patterns
+    and guards stay: they run before a branch is entered, so what they read cannot wait."""
+    if isinstance(statement, ast.If):
+        return ast.If(statement.test, [], [])
+    if isinstance(statement, ast.Try | ast.TryStar):
+        handlers = [ast.ExceptHandler(h.type, None, []) for h in statement.handlers]
+        return ast.Try(statement.body, handlers, [], statement.finalbody)
+    if isinstance(statement, ast.Match):
+        return ast.Match(statement.subject, [ast.match_case(c.pattern, c.guard, [])
+                                             for c in statement.cases])
+    return statement
 
 
 def _blocks(source: str) -> list[str]:

@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+Lazy = tuple[tuple[Group, frozenset[str]], ...]  # loaded when a branch needs them (`_split`)
+
 ASK_WAIT = 2.0  # seconds a question waits for a worker's answer before the catalog answers it
 ASK_LIMIT = 30.0  # a worker silent this long on a question is out of step: it is retired
 
@@ -72,13 +74,23 @@ def _union(closures: list[Closure]) -> Closure:
 
 
 def _load(groups: list[Group] | tuple[Group, ...], imports: dict[str, str],
-          first: Manifest | None, cwd: str) -> Load:
-    """The load of `groups` and `imports`; the `first` of a worker sets its directory and the
-    ambient state of that version."""
+          first: Manifest | None, cwd: str, lazy: Lazy = ()) -> Load:
+    """The load of `groups` and `imports`, and of the `lazy` groups when a branch of the next
+    cell needs them; the `first` of a worker sets its directory and the ambient state of that
+    version."""
     wire = [(g.blob, list(g.names)) for g in groups]
+    later = [(g.blob, list(g.names), sorted(reads)) for g, reads in lazy]
     if first is None:
-        return Load(wire, imports)
-    return Load(wire, imports, cwd=cwd, ambient=first.ambient)
+        return Load(wire, imports, lazy=later)
+    return Load(wire, imports, cwd=cwd, ambient=first.ambient, lazy=later)
+
+
+def _split(cl: Closure, groups: list[Group], at_once: bool) -> tuple[list[Group], Lazy]:
+    """`groups` (of `cl`) to load now, and those a cell run `at_once` loads when a branch needs
+    them; a draft loads them all: the user is still editing."""
+    lazy = tuple((g, reads) for g, reads in cl.lazy if g in groups) if at_once else ()
+    later = {g for g, _ in lazy}
+    return [g for g in groups if g not in later], lazy
 
 
 class HostAgent:
@@ -111,14 +123,16 @@ class HostAgent:
             self.prepared = self._replace(self.prepared, cl, head, events, running=self.busy)
 
     def _prepare(self, cl: Closure, head: Head, events: Events,
-                 replay: lineage.Replay | None = None) -> Life:
-        """A fresh worker for `cl`; with `replay`, loaded with the state its chain starts from
-        (the cell's own closure is loaded after the replay, see `replay.recompute`)."""
+                 replay: lineage.Replay | None = None, at_once: bool = False) -> Life:
+        """A fresh worker for `cl` (`at_once`: for a cell that runs next, see `_split`); with
+        `replay`, loaded with the state its chain starts from (the cell's own closure is loaded
+        after the replay, see `replay.recompute`)."""
         start, needs = head.manifest, cl
         if replay is not None:
             start = replay.start
             needs = _union([closure(plan(str(c.get("source", ""))), start)
                             for c in replay.cells])
+        groups, lazy = _split(needs, list(needs.groups), at_once and replay is None)
 
         async def make(life: Life) -> WorkerHandle:
             worker = await self.pool.new_worker(cl.modules | needs.modules,
@@ -126,8 +140,8 @@ class HostAgent:
             try:
                 if self.account is not None:  # never deferred: before anything of the session
                     await self._send_load(worker, Become(self.account), events)
-                await self._load_state(life, worker, needs.groups, needs.imports, start, events,
-                                       starting=replay is not None)
+                await self._load_state(life, worker, groups, needs.imports, start, events,
+                                       starting=replay is not None, lazy=lazy)
             except BaseException:
                 await worker.close()
                 raise
@@ -149,32 +163,36 @@ class HostAgent:
         life.holds.update(n for g in groups for n in g.names)
         life.holds.update(imports)
 
-    def _extend(self, life: Life, cl: Closure, events: Events) -> bool:
-        """Chain a load of what `cl` needs beyond what `life` holds; False if nothing lacks."""
-        groups = [g for g in cl.groups if not life.holds.issuperset(g.names)]
+    def _extend(self, life: Life, cl: Closure, events: Events, at_once: bool = False) -> bool:
+        """Chain a load of what `cl` needs beyond what `life` holds (`at_once`: for a cell
+        that runs next, see `_split`); False if nothing lacks."""
+        lacking = [g for g in cl.groups if not life.holds.issuperset(g.names)]
         imports = {a: m for a, m in cl.imports.items() if a not in life.holds}
-        if not groups and not imports:
+        if not lacking and not imports:
             return False
         # a worker still to replay loads the head's state after it, see `replay.recompute`
         defer = life.replay is not None
+        groups, lazy = _split(cl, lacking, at_once and not defer)
         life.chain(lambda worker: self._load_state(life, worker, groups, imports, None, events,
-                                                   defer))
-        self._holds(life, groups, imports)
+                                                   defer, lazy=lazy))
+        self._holds(life, lacking, imports)
         self.keeper.changed()
         return True
 
     async def _load_state(self, life: Life, worker: WorkerHandle, groups: list[Group],
                           imports: dict[str, str], first: Manifest | None, events: Events,
-                          defer: bool = False, starting: bool = False) -> None:
-        """Load `groups` and `imports` (`first`: a worker's first load, see `_load`) now or, with
-        `defer`, under the cell's lease. On a GPU host the groups holding CUDA memory wait for
-        the lease: unpickled before it, they would make a CUDA context on a GPU no lease grants,
-        whichever one CUDA picked. `starting`: the state a replay starts from, whose held-back
-        groups load before the replay."""
+                          defer: bool = False, starting: bool = False, lazy: Lazy = ()) -> None:
+        """Load `groups` and `imports` (`first`: a worker's first load, see `_load`; `lazy`, see
+        `_split`) now or, with `defer`, under the cell's lease. On a GPU host the groups holding
+        CUDA memory wait for the lease: unpickled before it, they would make a CUDA context on a
+        GPU no lease grants, whichever one CUDA picked (a lazy one loads in the cell, under it).
+        `starting`: the state a replay starts from, whose held-back groups load before the
+        replay."""
         later = [g for g in groups if g.device] if self.leases.kind == "gpu" else []
         now = [g for g in groups if g not in later]
-        if now or imports or first is not None:
-            await self._load(life, worker, _load(now, imports, first, self.cwd), events, defer)
+        if now or imports or lazy or first is not None:
+            await self._load(life, worker, _load(now, imports, first, self.cwd, lazy), events,
+                             defer)
         if later:
             (life.starting if starting else life.deferred).append(
                 _load(later, {}, None, self.cwd))
@@ -234,7 +252,7 @@ class HostAgent:
         self.keeper.changed()
 
     def _replace(self, life: Life | None, cl: Closure, head: Head, events: Events,
-                 running: bool = False) -> Life:
+                 running: bool = False, at_once: bool = False) -> Life:
         """A fresh worker in place of one that is stale or gone: what only a worker held at
         the head (it died, or this server restarted) is recomputed where that is safe, else the
         user is told it is lost; not for a draft that comes while a cell is `running`: that
@@ -248,7 +266,7 @@ class HostAgent:
             _, names = lineage.unsaved(self.store, head.manifest)
             self.lost.extend(n for n in names if n not in self.lost)
             self.lost_why = exc.message
-        return self._prepare(cl, head, events, replay)
+        return self._prepare(cl, head, events, replay, at_once)
 
     def _wake(self, life: Life | None) -> bool:
         """Ask for a cool worker back, if `life` is one."""
@@ -338,9 +356,10 @@ class HostAgent:
                     log.warning("session %s: %s", self.name, exc.message)
             if life is not None and self._usable(life, head):
                 path = "pinned" if life.unsaved else "warm" if life.kept else "draft"
-                path += "+load" if self._extend(life, cell.closure, events) else ""
+                path += "+load" if self._extend(life, cell.closure, events, at_once=True) else ""
             else:
-                life, path = self._replace(life, cell.closure, head, events), "cold"
+                life = self._replace(life, cell.closure, head, events, at_once=True)
+                path = "cold"
             self._tell_lost(events, head)
             try:
                 return await self._run_on(life, path, cell, head, events, commit)
@@ -349,7 +368,7 @@ class HostAgent:
                     raise
                 log.warning("session %s: its kept worker died before the cell began (%s); "
                             "starting it on a fresh one", self.name, exc.message)
-                life = self._replace(life, cell.closure, head, events)
+                life = self._replace(life, cell.closure, head, events, at_once=True)
                 self._tell_lost(events, head)
                 return await self._run_on(life, "cold", cell, head, events, commit)
         finally:
@@ -453,7 +472,8 @@ class HostAgent:
             "run": done.run,
             "save": done.save + (after - committed),
             "lease_held": lease.held,
-        }, done.payload), kept
+            "lazy_load": done.lazy,
+        }, done.payload, done.unneeded), kept
 
     def answer(self, value: str | None, error: str | None) -> dict:
         """The client's answer to the running cell's input request."""

@@ -47,6 +47,7 @@ class Ran:
     source: str  # where that worker came from: zygote, template, cool or cold
     timings: dict[str, float]
     payload: list[dict] = field(default_factory=list)  # for the kernel's execute reply
+    unneeded: list[str] = field(default_factory=list)  # only a branch not taken needed them
 
 
 class Events:

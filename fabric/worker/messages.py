@@ -28,6 +28,8 @@ from ..snapshot.commit import Report
 from .account import Account
 
 Groups = list[tuple[str, list[str]]]  # [blob, names] of each group to load
+# [blob, names, reads] of each group to load once the cell makes one of those reads
+Lazy = list[tuple[str, list[str], list[str]]]
 
 
 class Message:
@@ -59,7 +61,8 @@ def _plain(record: Any) -> dict:
 class Load(Message):
     """Load groups and imports; the first load of a worker also sets its directory and ambient
     state (`cwd`, `ambient`: the blob of the session's ambient state). `device`: the leased GPUs
-    (as `Run`'s), for a load under a lease, where unpickling may initialize CUDA."""
+    (as `Run`'s), for a load under a lease, where unpickling may initialize CUDA. `lazy`: groups
+    the next cell loads only if it enters a branch that needs them (`worker.lazy`)."""
 
     op: ClassVar[str] = "load"
     groups: Groups = field(default_factory=list)
@@ -67,6 +70,7 @@ class Load(Message):
     cwd: str | None = None
     ambient: str | None = None
     device: str | None = None
+    lazy: Lazy = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -238,7 +242,8 @@ class Input(Message):
 @dataclass(frozen=True)
 class Done(Message):
     """The cell ended (`status` ok or error, `ename`); `saved`, unless it was a replay or its
-    save `failed` (a FabricError's wire form: a full disk)."""
+    save `failed` (a FabricError's wire form: a full disk). `lazy`: seconds it spent loading
+    groups a branch needed; `unneeded`: the names of those it never needed, never loaded."""
 
     op: ClassVar[str] = "done"
     status: str
@@ -249,6 +254,8 @@ class Done(Message):
     saved: Report | None = None
     failed: dict[str, Any] | None = None
     payload: list[dict[str, Any]] = field(default_factory=list)  # the execute reply's
+    lazy: float = 0.0
+    unneeded: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import comms, env, introspect, threads, wake
+from . import comms, env, introspect, lazy, threads, wake
 from .account import become
 from .fdcapture import FdCapture
 from .messages import (
@@ -121,6 +121,7 @@ class Worker:
         # for many cells; names it never had stay as the session committed them.
         self.owned: set[str] = set()
         self.saver = DeltaSaver(store)
+        self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
         self.became = False  # runs as its session's user (`become`)
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
@@ -236,11 +237,16 @@ class Worker:
                 values = codec.loads(encoded, ns)
                 for name in names:
                     ns[name] = values[name]
-                self.owned.update(names)
-                self.saver.loaded(names, blob, encoded.nbytes)
+                self._loaded(names, blob, encoded.nbytes)
+            self.lazy.add(message.lazy)
         except Exception as exc:  # reported to the user as the cell's error, never hidden
             return Loaded(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         return Loaded(seconds=time.monotonic() - start)
+
+    def _loaded(self, names: list[str] | tuple[str, ...], blob: str, nbytes: int) -> None:
+        """The namespace holds the group `blob` (bound as `names`) of the session's version."""
+        self.owned.update(names)
+        self.saver.loaded(names, blob, nbytes)
 
     def become(self, message: Become) -> Loaded | Refused:
         """Run as the session's user from now on, writing only into their part of the store;
@@ -275,6 +281,7 @@ class Worker:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             for stream in self._streams:
                 stream.flush()
+            lazy_seconds, unneeded = self.lazy.end()
         ran = time.monotonic()
         self.channel.send(Saving())  # past this, an interrupt has nothing left to stop
         error = result.error_in_exec or result.error_before_exec
@@ -288,7 +295,8 @@ class Worker:
         return Done(status="error" if error is not None else "ok",
                     ename=type(error).__name__ if error is not None else None,
                     t_started=started, run=ran - started, save=time.monotonic() - ran,
-                    saved=saved, failed=failed, payload=introspect.take_payloads(self.shell))
+                    saved=saved, failed=failed, payload=introspect.take_payloads(self.shell),
+                    lazy=lazy_seconds, unneeded=unneeded)
 
     def settle(self, message: Settle) -> Settled:
         """After a replay, make every saved name the head's: a group whose value here pickles to

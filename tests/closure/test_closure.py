@@ -232,3 +232,22 @@ def test_closure_analysis_imports_nothing_from_snapshots() -> None:
     loaded = json.loads(out)
     assert "fabric.closure" in loaded
     assert not [m for m in loaded if m.startswith(("fabric.snapshot", "fabric.pool"))], loaded
+
+
+def test_groups_only_a_branch_reads_are_lazy_with_the_reads_that_lead_to_them() -> None:
+    m = _manifest(refs={"f": ("K",)})
+    c = closure("print(x)\nif x:\n    f(a)\nelse:\n    print(x)\n", m)
+    assert {g.blob for g in c.groups} == {BLOB_A, BLOB_B, BLOB_C, BLOB_D}  # drafts load all
+    assert {g.blob: reads for g, reads in c.lazy} == {BLOB_B: {"a"}, BLOB_C: {"f"},
+                                                       BLOB_D: {"f"}}
+
+
+def test_a_group_surely_needed_through_code_is_not_lazy() -> None:
+    m = _manifest(refs={"f": ("K",)})
+    c = closure("f()\nif c:\n    print(K, b)\n", m)
+    assert {g.blob: reads for g, reads in c.lazy} == {BLOB_B: {"b"}}
+
+
+def test_a_whole_session_closure_has_nothing_lazy() -> None:
+    c = closure("if c:\n    print(x)\nglobals()\n", _manifest())
+    assert c.whole and c.lazy == ()

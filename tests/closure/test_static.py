@@ -398,3 +398,28 @@ def test_delete_then_read_needs_nothing_but_deleting_needs_the_value() -> None:
 
 def test_walrus_binding_is_not_sure() -> None:
     assert "y" in analyze("flag or (y := 5)\nprint(y)\n").reads
+
+
+def test_reads_made_only_in_a_branch_are_maybe_reads() -> None:
+    cell = analyze("if ready:\n    show(a)\nelif other:\n    show(b)\nelse:\n    c\nd\n"
+                   "try:\n    e\nexcept (E, F):\n    g\nelse:\n    h\nfinally:\n    i\n"
+                   "match s:\n    case [p] if guard:\n        q\n")
+    # a branch's test, exception types and guards run before it is entered
+    assert cell.maybe == {"show", "a", "other", "b", "c", "g", "h", "q"}
+    assert {"ready", "d", "e", "E", "F", "i", "s", "guard"} <= cell.reads - cell.maybe
+    assert cell.maybe <= cell.reads
+
+
+def test_loops_nested_branches_and_reads_on_both_sides_are_not_maybe_reads() -> None:
+    cell = analyze("for i in items:\n    if i:\n        a\nwhile w:\n    b\n"
+                   "if c:\n    d\nd\nwith m:\n    if e:\n        f\n")
+    assert cell.maybe == frozenset() and cell.reads >= {"a", "b", "d", "f"}
+
+
+def test_a_name_bound_before_the_branch_is_no_read_and_one_bound_in_a_branch_is() -> None:
+    cell = analyze("x = 1\nif c:\n    print(x, y)\nif c:\n    z = 2\nif c:\n    z\n")
+    assert "x" not in cell.reads and {"y", "z"} <= cell.maybe
+
+
+def test_source_that_does_not_parse_has_no_maybe_reads() -> None:
+    assert analyze("if c:\n    x\ny = (\n").maybe == frozenset()
