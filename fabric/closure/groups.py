@@ -30,7 +30,7 @@ import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import compress
+from itertools import compress, repeat
 from operator import not_
 from typing import Any
 
@@ -163,10 +163,12 @@ class _Walker:
         if (own := _main_name(root)) is not None:
             refs.add(own)  # a class or function of the notebook: found by its own name
         seen_types: set[int] = set()
-        stack, batches = [root], []  # batches: lists of builtin containers, claimed at once
+        # batches: lists of builtin containers, claimed at once, with the set of their types
+        stack: list = [root]
+        batches: list[tuple[list, set[type]]] = []
         while stack or batches:
             if batches:
-                if not self._claim_all(name, batches.pop(), stack, batches):
+                if not self._claim_all(name, *batches.pop(), stack, batches):
                     return None
                 continue
             obj = stack.pop()
@@ -223,21 +225,29 @@ class _Walker:
         self.budget -= 1
         return self.budget >= 0
 
-    def _claim_all(self, name: str, batch: list, stack: list, batches: list) -> bool:
+    def _claim_all(self, name: str, batch: list, kinds: set[type], stack: list,
+                   batches: list) -> bool:
         """`_claim` for many builtin containers (a list of 100k dicts) in a few passes at C
         speed instead of a trip round the walk each; False when the budget ran out."""
-        fresh = dict(zip(map(id, batch), batch, strict=True))
-        for key in list(filter(self.owner.__contains__, fresh)):  # reached before: linked,
-            self.union(name, self.owner[key])  # not walked again
-            del fresh[key]
-        if not fresh:
+        ids, owner = list(map(id, batch)), self.owner
+        if owner.keys().isdisjoint(ids):  # the common case: all new, so no dict of them to build
+            before = len(owner)
+            owner.update(zip(ids, repeat(name)))
+            # fewer new keys than objects: some object is in the batch twice, walk it once
+            objects = batch if len(owner) - before == len(batch) else \
+                list(dict(zip(ids, batch, strict=True)).values())
+        else:
+            fresh = dict(zip(ids, batch, strict=True))
+            for key in list(filter(owner.__contains__, fresh)):  # reached before: linked,
+                self.union(name, owner[key])  # not walked again
+                del fresh[key]
+            owner.update(dict.fromkeys(fresh, name))
+            objects = list(fresh.values())
+        if not objects:
             return True
-        self.budget -= len(fresh)
+        self.budget -= len(objects)
         if self.budget < 0:
             return False
-        self.owner.update(dict.fromkeys(fresh, name))
-        objects = list(fresh.values())
-        kinds = set(map(type, objects))
         for kind in kinds:  # builtin containers: their own __sizeof__, as `_nbytes` takes it
             self.size += sum(map(kind.__sizeof__, objects if len(kinds) == 1
                                  else [o for o in objects if type(o) is kind]))
@@ -264,7 +274,8 @@ def _push_referents(stack: list, obj: Any) -> None:
 
 
 def _route(referents: list, stack: list, batches: list) -> None:
-    """Like `_push`, but referents that are all builtin containers go as one batch."""
+    """Like `_push`, but referents that are all builtin containers go as one batch, with
+    their types (the batch's walk sizes them by type)."""
     kinds = set(map(type, referents))
     if not kinds.isdisjoint(_ATOM_TYPES):
         if kinds <= _ATOM_TYPES:
@@ -272,7 +283,7 @@ def _route(referents: list, stack: list, batches: list) -> None:
         referents = _without_atoms(referents)
         kinds -= _ATOM_TYPES
     if kinds <= _CONTAINER_TYPES:
-        batches.append(referents)
+        batches.append((referents, kinds))
     else:
         stack.extend(referents)
 

@@ -296,6 +296,24 @@ def test_sizes_count_buffers_once_per_group() -> None:
     assert grouping.sizes["small"] < 1000
 
 
+def test_a_container_listed_many_times_counts_once() -> None:
+    row = {"a": [1]}
+    rows = [row] * 1000
+    grouping = group_variables({"rows": rows, "other": [row]}, ["rows", "other"], budget=10)
+    assert not grouping.bounded  # the list, the dict and its list: three objects, not 2001
+    assert grouping.groups == [["rows", "other"]]
+    assert grouping.sizes["rows"] == rows.__sizeof__() + row.__sizeof__() + row["a"].__sizeof__()
+
+
+def test_a_batch_partly_reached_before_walks_only_the_new_containers() -> None:
+    first = [{"i": i} for i in range(100)]
+    mixed = [first[0], {"new": [1, 2]}, first[1]]
+    grouping = group_variables({"first": first, "mixed": mixed}, ["first", "mixed"])
+    assert grouping.groups == [["first", "mixed"]]
+    assert grouping.sizes["mixed"] == mixed.__sizeof__() + mixed[1].__sizeof__() + \
+        mixed[1]["new"].__sizeof__()
+
+
 def test_tensor_size_is_its_storage() -> None:
     t = torch.zeros(1000, 250)  # 1 MB of float32
     grouping = group_variables({"t": t, "col": t[:, 0]}, ["t", "col"])
