@@ -23,7 +23,8 @@ Reads come after evicting the files from the page cache (posix_fadvise DONTNEED)
 disk as a new worker's would, and then again from the page cache (as a load right after a save,
 or on a host whose cache holds the state). Then cells whose draft missed: the time from execute
 to their first statement on a fresh worker that loads their closure, by the closure's size,
-against loading it in this process. Usage:
+against loading it in this process. bench/small_objects.py times the small objects alone
+against pickle. Usage:
 python bench/store.py [--size 0.5] [--dir DIR] [--no-dill] [--no-kishu] [--repeat 3]
                       [--first 0.01,0.1,0.5,1]
 """
