@@ -230,7 +230,7 @@ class _Walker:
         """`_claim` for many builtin containers (a list of 100k dicts) in a few passes at C
         speed instead of a trip round the walk each; False when the budget ran out."""
         ids, owner = list(map(id, batch)), self.owner
-        if owner.keys().isdisjoint(ids):  # the common case: all new, so no dict of them to build
+        if owner.keys().isdisjoint(ids):  # the common case, all new: straight into the owners
             before = len(owner)
             owner.update(zip(ids, repeat(name)))
             # fewer new keys than objects: some object is in the batch twice, walk it once
