@@ -290,6 +290,11 @@ def torch_save(work: Path, state: dict) -> tuple[float, float]:
     return save, load
 
 
+# A pause before each timed cell, as a user's thinking is: the last cell's worker has exited,
+# where back to back its teardown would compete with the next one's load for this host's cores.
+THINK_S = 0.5
+
+
 def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[float, ...]]:
     """Cells whose draft missed: from execute to the first statement of a cell reading `x` (of
     each size, in GB), on a fresh worker that loads it, against loading the same object in this
@@ -301,10 +306,13 @@ def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[f
     rows = []
     with EmbeddedServer(config, {**os.environ, "LLFABRIC_KEEP_WARM": "0"}), \
             Client(config.address) as client:
+        def delay(session: str, source: str) -> float:
+            time.sleep(THINK_S)
+            return client.call("execute", timeout=0, session=session,
+                               source=source)["timings"]["visible_delay"]
+
         def delays(session: str, source: str) -> float:
-            return statistics.median(
-                client.call("execute", timeout=0, session=session,
-                            source=source)["timings"]["visible_delay"] for _ in range(repeat))
+            return statistics.median(delay(session, source) for _ in range(repeat))
 
         for size in sizes:
             session, n = f"first-{size}", int(size * 1e9 / 8)

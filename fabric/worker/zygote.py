@@ -67,6 +67,7 @@ class Zygote:
                 failed[name] = f"{type(exc).__name__}: {exc}"
         ambient.warm()
         threads.warm()
+        self.shell.transform_cell("x[0]\n")  # compiles tokenize's pattern: no worker pays for it
         control.send(self.ctrl, control.Ready(pid=os.getpid(), imported=imported, failed=failed))
 
     def serve(self) -> None:
