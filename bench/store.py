@@ -300,19 +300,23 @@ def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[f
     each size, in GB), on a fresh worker that loads it, against loading the same object in this
     process (from the page cache, as the worker's load is) and a cell that reads nothing; and of
     a cell that reads `x` only in a branch it does not take (its load waits for the branch).
-    Medians of `repeat` cells: (GB, load here, delay of a cell reading nothing, delay, delay of
-    the branch not taken)."""
+    Medians of `repeat` cells: (GB, load here, delay of a cell reading nothing, delay, delay
+    less the worker's own load, delay of the branch not taken)."""
     config = Config(store=work / "first", runtime_dir=work, bind=f"ipc://{work}/first.sock")
     rows = []
     with EmbeddedServer(config, {**os.environ, "LLFABRIC_KEEP_WARM": "0"}), \
             Client(config.address) as client:
-        def delay(session: str, source: str) -> float:
+        def delay(session: str, source: str) -> tuple[float, float]:
             time.sleep(THINK_S)
-            return client.call("execute", timeout=0, session=session,
-                               source=source)["timings"]["visible_delay"]
+            timings = client.call("execute", timeout=0, session=session,
+                                  source=source)["timings"]
+            return timings["visible_delay"], timings["load"]
 
-        def delays(session: str, source: str) -> float:
-            return statistics.median(delay(session, source) for _ in range(repeat))
+        def delays(session: str, source: str) -> tuple[float, float]:
+            """Medians: the visible delay, and what of it the worker did not spend loading."""
+            runs = [delay(session, source) for _ in range(repeat)]
+            return (statistics.median(seen for seen, _ in runs),
+                    statistics.median(seen - load for seen, load in runs))
 
         for size in sizes:
             session, n = f"first-{size}", int(size * 1e9 / 8)
@@ -324,8 +328,8 @@ def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[f
             ident = store.put_object(dumps({"x": np.random.default_rng(0).random(n)}, {}))
             here = statistics.median(timed(lambda s=store, i=ident: loads(s.get_object(i), {}))[0]
                                      for _ in range(repeat))
-            rows.append((size, here, delays(session, "1 + 1"), delays(session, "x[0]"),
-                         delays(session, "if flag:\n    x[0]")))
+            rows.append((size, here, delays(session, "1 + 1")[0], *delays(session, "x[0]"),
+                         delays(session, "if flag:\n    x[0]")[0]))
             client.call("close", session=session)
             shutil.rmtree(work / f"here-{size}")
     return rows
@@ -418,10 +422,11 @@ def main() -> None:
         print(f"\ncells whose draft missed (a fresh worker loads the closure; medians of "
               f"{args.repeat}): from execute to the first statement")
         print(f"{'closure GB':>10} {'load here s':>12} {'empty cell s':>13} {'cell s':>8} "
-              f"{'cell - load':>12} {'x in a branch not taken s':>26}")
-        for gbs, here, empty, delay, branch in first:
+              f"{'- load here':>12} {'- its load':>11} {'x in a branch not taken s':>26}")
+        for gbs, here, empty, delay, beyond, branch in first:
             print(f"{gbs:10.2f} {here:12.3f} {empty:13.3f} {delay:8.3f} {delay - here:12.3f} "
-                  f"{branch:26.3f}")
+                  f"{beyond:11.3f} {branch:26.3f}")
+        print("(- its load: the delay less the seconds the cell's worker spent loading)")
     if not args.no_dill:
         print("(*) dill cannot pickle the Adam optimizer: it saved the optimizer's state_dict")
     if kishu is None:

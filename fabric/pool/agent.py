@@ -204,10 +204,11 @@ class HostAgent:
         if worker.parked or defer:
             life.deferred.append(message)
             return
-        await self._send_load(worker, message, events)
+        life.loading += await self._send_load(worker, message, events)
 
     async def _send_load(self, worker: WorkerHandle, message: Load | Become,
-                         events: Events) -> None:
+                         events: Events) -> float:
+        """Send a load (or become) and wait for it; the seconds the worker spent loading."""
         await worker.send(message)
         reply = await worker.recv()
         while isinstance(reply, Notice):  # a long load's progress, before any cell runs
@@ -218,6 +219,7 @@ class HostAgent:
         if reply.error:
             raise LoadFailed(f"could not load the session's state: {reply.error}",
                              session=self.name, traceback=reply.traceback)
+        return reply.seconds
 
     def _usable(self, life: Life | None, head: Head) -> bool:
         if life is None or not life.usable(head.id):
@@ -425,7 +427,8 @@ class HostAgent:
                 raise WorkerDied(f"the kept worker could not be put back on the GPU "
                                  f"({exc.message})") from exc
             for message in life.starting:  # under the lease, before the replay it is for
-                await self._send_load(worker, replace(message, device=lease.device), events)
+                life.loading += await self._send_load(
+                    worker, replace(message, device=lease.device), events)
             life.starting.clear()
             if replay is not None:
                 result = await recompute(worker, replay, head, life.holds, lease.device,
@@ -434,8 +437,8 @@ class HostAgent:
                     self.lost_at = head.id
                 life.unsaved = result.rebuilt  # told of already: not again as pinned
             while life.deferred:  # under the lease, back on the GPU (and after a replay)
-                await self._send_load(worker, replace(life.deferred.pop(0), device=lease.device),
-                                      events)
+                life.loading += await self._send_load(
+                    worker, replace(life.deferred.pop(0), device=lease.device), events)
             reached = cell.plan.reached
             await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
                                   lease.threads,
@@ -467,6 +470,7 @@ class HostAgent:
         started = running.started if running.started is not None else cell.received
         return Ran(done.status, done.ename, unsaved, path, worker.source, {
             "prepare": life.seconds,
+            "load": life.loading,
             "queue": lease.waited,
             "visible_delay": max(0.0, started - cell.received),
             "run": done.run,

@@ -121,6 +121,7 @@ class Life:
     # before the replay
     starting: list[Load] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    loading: float = 0.0  # seconds its worker spent loading the session's state
     touched: float = field(default_factory=time.monotonic)  # its last draft: idle since then
     ready_at: float | None = None
     cooled: CoolImage | None = None
