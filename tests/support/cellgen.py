@@ -12,6 +12,7 @@ output. Random values are drawn only after the generator has seeded that RNG in 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -424,12 +425,23 @@ def listing(draw: Draw, m: Model) -> str:
     return "print(sorted(k for k in dir() if not k.startswith('_')))"
 
 
+def branch(draw: Draw, m: Model) -> str:
+    """Another cell's work in the branch of an `if` the cell takes, while the branch it does not
+    take reads a name: a fresh worker loads what only a branch reads when it enters it."""
+    inner = draw(st.sampled_from((assign, alias, augment, delete, mutate, call_reader,
+                                  call_setter)))(draw, m)
+    body, unread = textwrap.indent(inner, "    "), _target(draw)
+    if draw(st.booleans()):
+        return f"if {_k(draw)} >= 0:\n{body}\nelse:\n    print({unread})"
+    return f"if {_k(draw)} < 0:\n    print({unread})\nelse:\n{body}"
+
+
 ALL_ACTIONS: tuple[Action, ...] = (
     assign, alias, contain, augment, delete, exists, mutate, identity, define_class, instance,
     set_attribute, inspect_instance, define_setter, call_setter, define_reader, call_reader,
     define_counter, call_counter, comprehension, raise_after_writes, generator,
     advance_generator, open_file, use_file, tensor, graph, backward, array, view, write_view,
-    rebind_np, capture, read_capture, time_magic, shell, result, read_history, listing,
+    rebind_np, capture, read_capture, time_magic, shell, result, read_history, listing, branch,
 )
 
 # Known failures the generator steers around, each flag naming the xfail regression test in
