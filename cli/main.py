@@ -66,12 +66,14 @@ def main(verbose: bool) -> None:
 @click.option("--store", help="Store directory (default ~/.local/share/llfabric).")
 @click.option("--bind", help="Address to serve on (default ipc:// in the runtime dir).")
 @click.option("--slots", type=int, help="Execution slots on a host without GPUs (default: cores).")
-def serve(store: str | None, bind: str | None, slots: int | None) -> None:
+@click.option("--remote", help="fsspec URL where every commit is kept too (a shared folder, "
+                               "s3://...), and read from when this host lacks it.")
+def serve(store: str | None, bind: str | None, slots: int | None, remote: str | None) -> None:
     """Serve notebook sessions until SIGTERM or Ctrl-C."""
     from fabric import server
 
     logging.getLogger().setLevel(logging.INFO)
-    configured = config(store, bind, slots=slots)
+    configured = config(store, bind, slots=slots, remote=remote)
     click.echo(f"llfabric serving on {configured.address} (store {configured.store})", err=True)
     server.run(configured)  # FabricError if another server holds the store or the socket
 

@@ -79,6 +79,9 @@ class Config:
     gc_interval: int = 300
     disk_pressure: int = 90  # percent of the store's disk in use past which operators are told
     envs: str = ""  # the folder of users' environments (`llfabric env`); empty: the store's envs
+    # an fsspec URL (a shared folder, s3://...) where every commit is kept too, and where a
+    # host whose disk lacks a session's state finds it; empty: this host's disk alone
+    remote: str = ""
 
     @property
     def env_root(self) -> Path:

@@ -99,7 +99,7 @@ class Server:
         self.keys = _check_address(config)
         self.separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
-        self.store = Store(private_dir(config.store, shared=self.separate))
+        self.store = Store(private_dir(config.store, shared=self.separate), remote=config.remote)
         self._parts: dict[str, Store] = {}  # each user's part of the store, when separate
         self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
@@ -448,8 +448,9 @@ class Server:
             return self.store
         if user not in self._parts:
             account = self._account(user)
+            remote = f"{self.config.remote.rstrip('/')}/users/{user}" if self.config.remote else ""
             self._parts[user] = Store(Path(account.store), key=self.store.key,
-                                      owner=(account.uid, account.gid))
+                                      owner=(account.uid, account.gid), remote=remote)
         return self._parts[user]
 
     def _session(self, user: str, name: str) -> Session:

@@ -208,7 +208,11 @@ class HostAgent:
 
     async def _send_load(self, worker: WorkerHandle, message: Load | Become,
                          events: Events) -> float:
-        """Send a load (or become) and wait for it; the seconds the worker spent loading."""
+        """Send a load (or become) and wait for it; the seconds the worker spent loading. What
+        this host's disk lacks of it comes from the remote tier first (workers never reach it)."""
+        if isinstance(message, Load):
+            await self._fetch([b for b, _ in message.groups] + [b for b, _, _ in message.lazy]
+                              + [message.ambient or ""])
         await worker.send(message)
         reply = await worker.recv()
         while isinstance(reply, Notice):  # a long load's progress, before any cell runs
@@ -220,6 +224,11 @@ class HostAgent:
             raise LoadFailed(f"could not load the session's state: {reply.error}",
                              session=self.name, traceback=reply.traceback)
         return reply.seconds
+
+    async def _fetch(self, blobs: list[str]) -> None:
+        """Copy `blobs` from the remote tier where this host's disk lacks them (off the loop)."""
+        if self.store.remote is not None and (wanted := [b for b in blobs if b]):
+            await asyncio.to_thread(self.store.fetch, wanted)
 
     def _usable(self, life: Life | None, head: Head) -> bool:
         if life is None or not life.usable(head.id):
@@ -430,7 +439,8 @@ class HostAgent:
                 life.loading += await self._send_load(
                     worker, replace(message, device=lease.device), events)
             life.starting.clear()
-            if replay is not None:
+            if replay is not None:  # it settles on the head's groups afterwards
+                await self._fetch([g.blob for g in head.manifest.groups])
                 result = await recompute(worker, replay, head, life.holds, lease.device,
                                          lease.threads, events)
                 if result.lost:
@@ -446,6 +456,9 @@ class HostAgent:
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)
+            if done.saved is not None and self.store.remote is not None:  # durable there first
+                await asyncio.to_thread(self.store.replicate, [
+                    *(blob for blob, _, _ in done.saved.groups), done.saved.ambient])
             committed = time.monotonic()
             head = commit(done)
             self.running = None  # committed, the cell is over: no stop may kill it while it parks

@@ -45,6 +45,7 @@ import xxhash
 from ..errors import DiskFull, StaleHead, StoreError
 from .codec import Encoded
 from .mapped import Region, mappable
+from .remote import RemoteTier
 from .tiers import Buffer, DiskTier, MemoryTier, Tier, write_atomic
 
 CHUNK = 16 << 20  # large enough for full-speed sequential I/O, small enough to dedup parts
@@ -107,16 +108,19 @@ class Store:
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
-                 owner: tuple[int, int] | None = None) -> None:
+                 owner: tuple[int, int] | None = None, remote: str = "") -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
         reads the key (user code could read it from the worker's memory). `owner`: the (uid,
-        gid) of that user, whose blobs folder the server writes in as them (`DiskTier`)."""
+        gid) of that user, whose blobs folder the server writes in as them (`DiskTier`).
+        `remote`: an fsspec URL where manifests, heads and (`replicate`) blobs are kept too, and
+        read from (`fetch`) when this disk lacks them (`RemoteTier`)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.disk = DiskTier(self.root / "blobs", owner)
+        self.remote = RemoteTier(remote) if remote else None
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
         self._key = (key or _load_key(self.root / "key")) if signs else None
         # object id -> the chunks its index names: an id names one content, so this never goes
@@ -150,6 +154,8 @@ class Store:
             return False
         for tier in self.tiers:
             tier.write(ident, data)  # the memory tier takes only small blobs
+        if self.remote is not None:  # the server's own blobs (a catalog): small
+            self.remote.write(ident, data)
         return True
 
     def _intact(self, ident: str, size: int) -> bool:
@@ -184,6 +190,44 @@ class Store:
     def has(self, ident: str) -> bool:
         """Whether the blob is durable (a memory tier does not count)."""
         return self.disk.has(self._checked(ident))
+
+    # the remote tier: blobs go there at each commit and come back when this disk lacks them
+    def replicate(self, idents: Iterable[str]) -> int:
+        """Copy to the remote tier each of `idents` (blobs, objects with their chunks) that it
+        lacks, read from this disk and verified first; the bytes copied (none without one)."""
+        if self.remote is None:
+            return 0
+        wanted = [i for ident in idents for i in (ident, *self._chunks_of(ident))]
+        return self._copy([i for i in wanted if not self.remote.has(i)], self.disk, self.remote)
+
+    def fetch(self, idents: Iterable[str]) -> int:
+        """Copy onto this disk, from the remote tier, each of `idents` (blobs, objects with
+        their chunks) that the disk lacks, verified; the bytes copied (none without one)."""
+        if self.remote is None:
+            return 0
+        idents = [self._checked(i) for i in idents]
+        copied = self._copy([i for i in idents if not self.disk.has(i)], self.remote, self.disk)
+        chunks = [c for ident in idents for c in self._chunks_of(ident) if not self.disk.has(c)]
+        return copied + self._copy(chunks, self.remote, self.disk)
+
+    def _chunks_of(self, ident: str) -> list[str]:
+        return self.object_chunks(ident) if self.is_object(ident) else []
+
+    def _copy(self, idents: list[str], source: Tier, target: Tier) -> int:
+        """Copy blobs between tiers on the store's threads, each checked against its name."""
+        def copy(ident: str) -> int:
+            size = source.size(ident)
+            if size is None:
+                raise StoreError(f"blob {ident} is missing from {_where(source)}", blob=ident)
+            data = bytearray(size)
+            if source.read_into(ident, memoryview(data)) != size or blob_id(data) != ident:
+                raise StoreError(f"blob {ident} in {_where(source)} is corrupt (hash mismatch)",
+                                 blob=ident)
+            target.write(ident, data)
+            return size
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            return sum(pool.map(copy, dict.fromkeys(idents)))
 
     def get(self, ident: str) -> bytes:
         """Read a blob and check it against its name before anyone unpickles it."""
@@ -350,18 +394,29 @@ class Store:
         path = self.root / "manifests" / ident
         if not path.exists():
             write_atomic(path, data)
+        if self.remote is not None and self.remote.get(f"manifests/{ident}") != data:
+            self.remote.put(f"manifests/{ident}", data)
         return ident
 
     def get_manifest(self, ident: str) -> bytes:
-        """A manifest's body, once its hash and its signature by this store's key both check."""
+        """A manifest's body, once its hash and its signature by this store's key both check;
+        one this disk lacks comes from the remote tier, and is kept here once it checks."""
         if not _valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
         path = self.root / "manifests" / ident
         try:
             data = path.read_bytes()
         except FileNotFoundError as exc:
-            raise StoreError(f"manifest {ident} is missing from {path.parent}",
-                             manifest=ident) from exc
+            data = self.remote.get(f"manifests/{ident}") if self.remote is not None else None
+            if data is None:
+                raise StoreError(f"manifest {ident} is missing from {path.parent}",
+                                 manifest=ident) from exc
+            body = self._checked_manifest(ident, data)
+            write_atomic(path, data)
+            return body
+        return self._checked_manifest(ident, data)
+
+    def _checked_manifest(self, ident: str, data: bytes) -> bytes:
         if blob_id(data) != ident:
             raise StoreError(f"manifest {ident} is corrupt (hash mismatch)", manifest=ident)
         head, tag, body = data[:len(_MANIFEST)], data[len(_MANIFEST):len(_MANIFEST) + _TAG], \
@@ -382,10 +437,15 @@ class Store:
         return self.root / "sessions" / session / "head"
 
     def head(self, session: str) -> str | None:
+        """The session's head; where this disk has none, the remote tier's."""
+        path = self._head_path(session)
         try:
-            ident = self._head_path(session).read_text().strip()
+            ident = path.read_text().strip()
         except FileNotFoundError:
-            return None
+            found = self.remote.get(f"sessions/{session}/head") if self.remote else None
+            if found is None:
+                return None
+            ident = found.decode(errors="replace").strip()
         if not _valid_id(ident):
             raise StoreError(f"session {session} has a corrupt head", session=session)
         return ident
@@ -407,6 +467,8 @@ class Store:
                     f"session {session} has moved to {current} since {parent}, the version "
                     "this commit was built on: it is refused and nothing was overwritten",
                     session=session, head=current, parent=parent)
+            if self.remote is not None:  # first: one it refuses leaves this disk's unmoved
+                self.remote.put(f"sessions/{session}/head", manifest.encode() + b"\n")
             write_atomic(path, manifest.encode() + b"\n")
 
     @contextlib.contextmanager
@@ -436,8 +498,9 @@ class Store:
     def remove_session(self, session: str) -> bool:
         """Forget the session: its head, index and lock go; gc frees what only it named."""
         folder = self._head_path(session).parent
+        remote = self.remote is not None and self.remote.remove(f"sessions/{session}/head")
         if not folder.is_dir():
-            return False
+            return remote
         with self.locked(session):
             for name in ("index", "head"):  # the head last: a session without one is gone
                 (folder / name).unlink(missing_ok=True)
@@ -445,7 +508,9 @@ class Store:
         return True
 
     def sessions(self) -> list[str]:
-        return sorted(p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists())
+        here = {p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists()}
+        there = set(self.remote.names("sessions")) if self.remote is not None else set()
+        return sorted(here | {name for name in there if self.head(name) is not None})
 
 
 class Writes:
@@ -575,6 +640,11 @@ def _allocate(nbytes: int) -> memoryview:
         return memoryview(bytearray())
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return memoryview(mmap.mmap(-1, nbytes, flags=flags))
+
+
+def _where(tier: Tier) -> str:
+    """A tier as an error names it: the remote's URL, else the folder of its files."""
+    return str(getattr(tier, "url", None) or getattr(tier, "root", "the cache"))
 
 
 def _hashes(parts: list[memoryview]) -> list[str]:

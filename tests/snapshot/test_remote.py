@@ -1,0 +1,73 @@
+"""The remote tier (an fsspec URL): what one store replicates there, another store with an empty
+disk (a host that never saw the session) fetches, checked; what the remote alters is refused."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fabric.errors import ConfigError, StoreError
+from fabric.snapshot import Store, codec
+
+
+@pytest.fixture(params=["file", "memory"])
+def remote(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A shared folder, and fsspec's in-memory filesystem (a stand-in for an object store)."""
+    if request.param == "file":
+        return f"file://{tmp_path}/remote"
+    return f"memory://llfabric-{uuid.uuid4().hex}"
+
+
+def _two_hosts(tmp_path: Path, remote: str) -> tuple[Store, Store]:
+    here = Store(tmp_path / "here", chunk=1 << 20, remote=remote)
+    return here, Store(tmp_path / "there", key=here.key, remote=remote)  # the cluster's key
+
+
+def test_an_object_replicated_here_is_fetched_there_with_its_chunks(tmp_path: Path,
+                                                                  remote: str) -> None:
+    here, there = _two_hosts(tmp_path, remote)
+    worker = Store(tmp_path / "here", chunk=1 << 20, signs=False)  # a worker reaches no remote
+    values = {"a": np.arange(1_000_000), "b": [1, "two"]}
+    ident = worker.put_object(codec.dumps(values, {}))
+    chunks = here.object_chunks(ident)
+    assert len(chunks) > 1
+    assert here.replicate([ident]) > 8_000_000
+    assert here.replicate([ident]) == 0  # nothing twice
+    assert not there.has(ident)
+    assert there.fetch([ident]) > 8_000_000 and all(map(there.has, [ident, *chunks]))
+    loaded = codec.loads(there.get_object(ident), {})
+    assert loaded["b"] == [1, "two"] and np.array_equal(loaded["a"], values["a"])
+    assert there.fetch([ident]) == 0
+
+
+def test_a_blob_the_remote_altered_is_refused_and_not_kept(tmp_path: Path, remote: str) -> None:
+    here, there = _two_hosts(tmp_path, remote)
+    ident = here.put(b"the session's bytes")  # the server's own blobs go there at once
+    here.remote.write(ident, b"the session's bytez")
+    with pytest.raises(StoreError, match="corrupt"):
+        there.fetch([ident])
+    assert not there.has(ident)
+    with pytest.raises(StoreError, match="missing"):
+        there.fetch(["0" * 32])
+
+
+def test_heads_and_manifests_come_from_the_remote_checked_by_the_stores_key(
+        tmp_path: Path, remote: str) -> None:
+    here, there = _two_hosts(tmp_path, remote)
+    manifest = here.put_manifest(b"a version")
+    here.set_head("s", manifest, None)
+    assert (there.sessions(), there.head("s")) == (["s"], manifest)
+    assert there.get_manifest(manifest) == b"a version"
+    assert (tmp_path / "there" / "manifests" / manifest).is_file()  # kept once checked
+    stranger = Store(tmp_path / "stranger", remote=remote)  # another key
+    with pytest.raises(StoreError, match="not signed"):
+        stranger.get_manifest(manifest)
+    assert there.remove_session("s") and here.remote.get("sessions/s/head") is None
+
+
+def test_a_remote_no_package_can_reach_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be used"):
+        Store(tmp_path, remote="nosuchprotocol://bucket/path")
