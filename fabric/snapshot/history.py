@@ -340,6 +340,15 @@ def _mark(store: Store, session: str, live: set[str]) -> set[str]:
     return live
 
 
+def _reused(path: Path, stat: os.stat_result) -> bool:
+    """Whether a save touched the file since the pass read its time: a save that began after
+    the pass did found it intact and names it (a value back to a released version's)."""
+    try:
+        return path.stat().st_mtime != stat.st_mtime
+    except FileNotFoundError:
+        return False  # gone already: removing it again is harmless
+
+
 def _size(store: Store, ident: str) -> int:
     """The bytes a blob or a manifest takes on disk (0 if it is gone)."""
     for path in (store.disk.path(ident), store.root / "manifests" / ident):
@@ -442,7 +451,8 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
     than `grace` seconds, and those that retention or removal released, unless touched since.
     `saving_since`: when the oldest save that may still commit began (a running cell's start);
     what was written or reused after it is kept, even if released later: that save may name it
-    (a value back to what a thinned version held reuses that version's blob).
+    (a value back to what a thinned version held reuses that version's blob), and so is a
+    file a save touched while the pass ran (its time read again just before removing it).
     A damaged session (its history cannot be read completely) is reported and keeps every
     version that still reads; the others are collected as usual."""
     started = time.time()
@@ -478,7 +488,7 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
                 live.update(store.object_chunks(path.name))  # a save in flight: its chunks
     for path, stat in stats.items():
         free = stat.st_mtime < young or not touched(path, stat)
-        if path.name in live or not free:
+        if path.name in live or not free or _reused(path, stat):
             result.kept += 1
             result.kept_bytes += stat.st_size
         else:

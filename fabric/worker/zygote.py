@@ -107,7 +107,10 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            control.send(self.ctrl, control.Exited(pid=pid, status=status))
+            try:
+                control.send(self.ctrl, control.Exited(pid=pid, status=status))
+            except (BrokenPipeError, ConnectionResetError):
+                os._exit(0)  # the server went away, as an end of file on its socket says
 
     def _child_hygiene(self, keep: int | None = None) -> None:
         """A child keeps stdio and `keep`; every other inherited descriptor is closed."""

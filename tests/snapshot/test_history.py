@@ -96,6 +96,26 @@ def test_gc_spares_a_save_in_flight_with_its_reused_chunks(tmp_path) -> None:
     assert loads(store.get_object(fresh), {})["b"] == 1
 
 
+def test_gc_spares_a_blob_a_save_reuses_after_the_pass_read_its_time(tmp_path,
+                                                                   monkeypatch) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    blob = store.put(b"a value back to what a released version held")
+    _age_all(tmp_path, 2 * history.GRACE_SECONDS)  # named by nothing, and old: garbage
+    read = Path.stat
+    touched: list[Path] = []
+
+    def stat(path: Path, *args: object, **kwargs: object) -> os.stat_result:
+        result = read(path, *args, **kwargs)
+        if path.name == blob and not touched:  # a save began after the pass did:
+            touched.append(path)  # it finds the blob intact and touches it to name it
+            store.disk.touch(blob)
+        return result
+
+    monkeypatch.setattr(Path, "stat", stat)
+    assert history.gc(store).removed == 0 and touched
+    assert store.get(blob) == b"a value back to what a released version held"
+
+
 def _flip(path: Path, at: int = 100) -> None:
     data = bytearray(path.read_bytes())
     data[at] ^= 1
