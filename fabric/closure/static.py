@@ -88,11 +88,12 @@ def analyze_uncached(source: str) -> CellAnalysis:
         parsed = True
         tree = ast.parse(transformed)
         visitor.block(tree.body)
+        found = visitor.result(transformed, parsed)
+        if not any(map(branches, tree.body)):  # most cells: no second pass
+            return found
         taken = _Visitor()  # the cell with every branch left out: what it reads whatever it takes
         taken.block(_without_branches(s) for s in tree.body)
-        maybe = frozenset(visitor.result(transformed, True).reads
-                          - taken.result(transformed, True).reads)
-        return replace(visitor.result(transformed, parsed), maybe=maybe)
+        return replace(found, maybe=found.reads - taken.result(transformed, parsed).reads)
     except (SyntaxError, ValueError):
         parsed = False
         visitor = _Visitor()
