@@ -93,11 +93,3 @@ class RemoteTier:
         except OSError as exc:
             raise StoreError(f"the remote tier {self.url} cannot be written: {exc}") from exc
         return True
-
-    def names(self, folder: str) -> list[str]:
-        """The entries of `folder` (relative to the URL); none if it is not there."""
-        try:
-            return sorted(p.rstrip("/").rpartition("/")[2]
-                          for p in self.fs.ls(f"{self.root}/{folder}", detail=False))
-        except FileNotFoundError:
-            return []

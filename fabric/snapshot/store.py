@@ -198,7 +198,8 @@ class Store:
         if self.remote is None:
             return 0
         wanted = [i for ident in idents for i in (ident, *self._chunks_of(ident))]
-        return self._copy([i for i in wanted if not self.remote.has(i)], self.disk, self.remote)
+        return self._copy([i for i in wanted if not self.remote.has(i)], self.disk, self.remote,
+                          str(self.disk.root))
 
     def fetch(self, idents: Iterable[str]) -> int:
         """Copy onto this disk, from the remote tier, each of `idents` (blobs, objects with
@@ -206,22 +207,24 @@ class Store:
         if self.remote is None:
             return 0
         idents = [self._checked(i) for i in idents]
-        copied = self._copy([i for i in idents if not self.disk.has(i)], self.remote, self.disk)
+        remote, url = self.remote, self.remote.url
+        copied = self._copy([i for i in idents if not self.disk.has(i)], remote, self.disk, url)
         chunks = [c for ident in idents for c in self._chunks_of(ident) if not self.disk.has(c)]
-        return copied + self._copy(chunks, self.remote, self.disk)
+        return copied + self._copy(chunks, remote, self.disk, url)
 
     def _chunks_of(self, ident: str) -> list[str]:
         return self.object_chunks(ident) if self.is_object(ident) else []
 
-    def _copy(self, idents: list[str], source: Tier, target: Tier) -> int:
-        """Copy blobs between tiers on the store's threads, each checked against its name."""
+    def _copy(self, idents: list[str], source: Tier, target: Tier, where: str) -> int:
+        """Copy blobs between tiers on the store's threads, each checked against its name;
+        `where`: the source, as an error names it."""
         def copy(ident: str) -> int:
             size = source.size(ident)
             if size is None:
-                raise StoreError(f"blob {ident} is missing from {_where(source)}", blob=ident)
+                raise StoreError(f"blob {ident} is missing from {where}", blob=ident)
             data = bytearray(size)
             if source.read_into(ident, memoryview(data)) != size or blob_id(data) != ident:
-                raise StoreError(f"blob {ident} in {_where(source)} is corrupt (hash mismatch)",
+                raise StoreError(f"blob {ident} in {where} is corrupt (hash mismatch)",
                                  blob=ident)
             target.write(ident, data)
             return size
@@ -508,9 +511,9 @@ class Store:
         return True
 
     def sessions(self) -> list[str]:
-        here = {p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists()}
-        there = set(self.remote.names("sessions")) if self.remote is not None else set()
-        return sorted(here | {name for name in there if self.head(name) is not None})
+        """The sessions this host holds (retention, gc and status go through them); one only on
+        the remote tier is opened by its name (`head`) and joins them at its first commit here."""
+        return sorted(p.name for p in (self.root / "sessions").iterdir() if (p / "head").exists())
 
 
 class Writes:
@@ -640,11 +643,6 @@ def _allocate(nbytes: int) -> memoryview:
         return memoryview(bytearray())
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return memoryview(mmap.mmap(-1, nbytes, flags=flags))
-
-
-def _where(tier: Tier) -> str:
-    """A tier as an error names it: the remote's URL, else the folder of its files."""
-    return str(getattr(tier, "url", None) or getattr(tier, "root", "the cache"))
 
 
 def _hashes(parts: list[memoryview]) -> list[str]:

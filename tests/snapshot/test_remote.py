@@ -59,7 +59,7 @@ def test_heads_and_manifests_come_from_the_remote_checked_by_the_stores_key(
     here, there = _two_hosts(tmp_path, remote)
     manifest = here.put_manifest(b"a version")
     here.set_head("s", manifest, None)
-    assert (there.sessions(), there.head("s")) == (["s"], manifest)
+    assert (there.sessions(), there.head("s")) == ([], manifest)  # its upkeep is here's
     assert there.get_manifest(manifest) == b"a version"
     assert (tmp_path / "there" / "manifests" / manifest).is_file()  # kept once checked
     stranger = Store(tmp_path / "stranger", remote=remote)  # another key
