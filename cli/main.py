@@ -16,6 +16,7 @@ import click
 import nbformat
 
 from fabric import audit as fabric_audit
+from fabric.client import Client
 from fabric.errors import ConfigError, FabricError
 from fabric.notebook import (
     notebook_env,
@@ -68,14 +69,40 @@ def main(verbose: bool) -> None:
 @click.option("--slots", type=int, help="Execution slots on a host without GPUs (default: cores).")
 @click.option("--remote", help="fsspec URL where every commit is kept too (a shared folder, "
                                "s3://...), and read from when this host lacks it.")
-def serve(store: str | None, bind: str | None, slots: int | None, remote: str | None) -> None:
+@click.option("--ray", "ray_address", metavar="ADDRESS|auto",
+              help="Serve the hosts of this Ray cluster (a host agent on each of its nodes) "
+                   "through one front door; needs --remote.")
+def serve(store: str | None, bind: str | None, slots: int | None, remote: str | None,
+          ray_address: str | None) -> None:
     """Serve notebook sessions until SIGTERM or Ctrl-C."""
+    logging.getLogger().setLevel(logging.INFO)
+    configured = config(store, bind, slots=slots, remote=remote, ray=ray_address)
+    if configured.ray:
+        from fabric.cluster import door
+
+        click.echo(f"llfabric front door on {configured.address} for the Ray cluster at "
+                   f"{configured.ray} (remote {configured.remote})", err=True)
+        door.run(configured)
+        return
     from fabric import server
 
-    logging.getLogger().setLevel(logging.INFO)
-    configured = config(store, bind, slots=slots, remote=remote)
     click.echo(f"llfabric serving on {configured.address} (store {configured.store})", err=True)
     server.run(configured)  # FabricError if another server holds the store or the socket
+
+
+@main.command()
+@click.argument("host")
+@click.option("--connect", help="The cluster's front door (default: the configured address).")
+@click.option("--undo", is_flag=True, help="Let HOST take sessions again.")
+def drain(host: str, connect: str | None, undo: bool) -> None:
+    """Move every session off HOST of a cluster, and open none there (until --undo)."""
+    with Client(config(None, connect).address, timeout=600) as client:
+        reply = client.call("drain", host=host, undo=undo)
+    for moved in reply["moved"]:
+        click.echo(f"session {moved['session']} -> host {moved['to']}")
+    click.echo(f"host {reply['host']} takes sessions again" if undo else
+               f"host {reply['host']} is drained: {len(reply['moved'])} sessions moved",
+               err=True)
 
 
 def _print_output(index: int, output: dict) -> None:

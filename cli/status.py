@@ -7,7 +7,7 @@ import json
 import click
 
 from fabric.client import Client
-from fabric.status import ServerStatus, SessionStatus, SlotStatus
+from fabric.status import HostStatus, ServerStatus, SessionStatus, SlotStatus
 
 from .common import config, mib
 
@@ -28,8 +28,10 @@ def status(connect: str | None, as_json: bool) -> None:
 
 def describe(info: ServerStatus) -> list[str]:
     leases = info.leases
-    lines = [f"server pid {info.pid} on {info.address}, store {info.store}",
-             f"{leases.kind} slots {leases.slots}: {leases.held} held, {leases.queued} queued"]
+    lines = [f"server pid {info.pid} on {info.address}, store {info.store}"]
+    lines += [_host(h) for h in info.hosts]
+    lines.append(f"{leases.kind} slots {leases.slots}: {leases.held} held, "
+                 f"{leases.queued} queued")
     lines += [_slot(slot) for slot in leases.leases]
     lines += [f"  queued {w.session} ({w.slots} slots) for {w.waiting:.1f} s"
               for w in leases.queue]
@@ -50,7 +52,14 @@ def _slot(slot: SlotStatus) -> str:
     return f"  slot {slot.slot}{gpu}{held}"
 
 
+def _host(h: HostStatus) -> str:
+    state = "lost" if not h.alive else "draining" if h.draining else "up"
+    return (f"host {h.name} ({h.address}): {state}, {h.slots} slots, {h.running} running, "
+            f"{h.sessions} sessions")
+
+
 def _session(s: SessionStatus) -> str:
     flags = "".join(f", {flag}" for flag in s.flags)
-    return (f"session {s.session}: version {s.version}, {s.variables} variables, {s.bytes} "
+    where = f" on host {s.host}" if s.host else ""
+    return (f"session {s.session}{where}: version {s.version}, {s.variables} variables, {s.bytes} "
             f"bytes, {s.tier} ({mib(s.memory)} MiB), lease {s.lease_seconds:.1f} s{flags}")

@@ -249,3 +249,16 @@ class EnvError(FabricError):
     """An environment could not be made or changed (its installer failed, say)."""
 
     kind = "env"
+
+
+class HostLost(FabricError):
+    """A cluster's host went away (its node removed, its agent dead) while it served the
+    request; what the session committed before is kept, and its next cell runs elsewhere."""
+
+    kind = "host_lost"
+
+
+class UnknownHost(FabricError):
+    """No host of that name is in the cluster."""
+
+    kind = "unknown_host"

@@ -276,13 +276,34 @@ class Status(Request):
 
 
 @dataclass(frozen=True)
+class Holds(Request):
+    """How many bytes of a session's state this host holds (of the closure of `source`, else
+    of its head): a cluster's front door places the session by it. The reply: ``bytes`` on
+    this host's disk, ``memory`` in a worker it keeps for the session."""
+
+    op = "holds"
+    session: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Drain(Request):
+    """Move every session off `host` and open no new one there (a cluster's front door);
+    `undo`: let it take sessions again."""
+
+    op = "drain"
+    host: str
+    undo: bool = False
+
+
+@dataclass(frozen=True)
 class Ping(Request):
     op = "ping"
 
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
     Open, Draft, Execute, Follow, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete,
-    Inspect, CommMessage, History, Versions, Status, Ping)}
+    Inspect, CommMessage, History, Versions, Status, Ping, Holds, Drain)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 

@@ -34,19 +34,15 @@ import time
 from pathlib import Path
 
 import zmq
-import zmq.asyncio
 
 from . import auth, protocol, users
-from .claim import claim_server
+from .closure import closure, plan
 from .config import Config
 from .envs import Env, Envs
 from .errors import (
-    AddressRefused,
     ConfigError,
     EnvError,
     FabricError,
-    Forbidden,
-    InUse,
     LimitReached,
     ProtocolError,
     SessionBusy,
@@ -55,6 +51,7 @@ from .errors import (
     UnknownSession,
 )
 from .following import Run
+from .front import Front
 from .messages import (
     COMM_TYPES,
     EVENTS,
@@ -64,11 +61,12 @@ from .messages import (
     CommMessage,
     Complete,
     Draft,
+    Drain,
     Error,
     Execute,
     Follow,
-    Heartbeat,
     History,
+    Holds,
     Inspect,
     Interrupt,
     Open,
@@ -96,7 +94,8 @@ UPKEEP_SHARE = 5  # retention and gc take at most a fifth of the server's time
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.keys = _check_address(config)
+        # refuses a bad address before anything starts
+        self.front = Front(config, lambda: self.metrics.auth_failures.inc())
         self.separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
         self.store = Store(private_dir(config.store, shared=self.separate), remote=config.remote)
@@ -139,89 +138,44 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
-        context = zmq.asyncio.Context()
-        authenticator = auth.Authenticator(context, self.keys, self.metrics.auth_failures.inc)
-        admitting = asyncio.ensure_future(authenticator.serve())
-        self.socket = context.socket(zmq.ROUTER)
-        self.socket.linger = 0
-        self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.WIRE_LIMIT)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone client fails
-        if self.config.heartbeat > 0:
-            self.socket.setsockopt(zmq.HEARTBEAT_IVL, self.config.heartbeat * 1000)
-            self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.config.heartbeat_timeout * 1000)
-        self.socket.zap_domain = auth.DOMAIN  # every connection, ipc too, passes the handler
-        if self.keys is not None:
-            public, secret = self.keys.server_pair()
-            self.socket.curve_server = True
-            self.socket.curve_publickey = public.encode()
-            self.socket.curve_secretkey = secret.encode()
-        address = self.config.address
-        claims = claim_server(self.config.store, address)  # InUse: another server has them
-        try:
-            self.socket.bind(address)
-        except zmq.ZMQError as exc:  # a tcp:// port another process holds, say
-            claims.release()
-            raise InUse(f"cannot serve on {address}: {exc}", address=address) from exc
-        except BaseException:
-            claims.release()
-            raise
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
-        self._loop = loop
-        metrics = self.metrics.serve(self.config.metrics_bind) if self.config.metrics_bind \
-            else None
-        try:
-            await self.pool.start()
-            log.info("serving on %s, store %s, %d %s slots", address, self.config.store,
-                     self.leases.slots, self.leases.kind)
-            if ready is not None:
-                ready.set()
-            receiver = asyncio.ensure_future(self._receive())
-            watcher = asyncio.ensure_future(self._watch_clients())
-            keeper = asyncio.ensure_future(self._upkeep())
-            await self._stop.wait()
-            receiver.cancel()
-            watcher.cancel()
-            keeper.cancel()
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-            admitting.cancel()
-            if metrics is not None:
-                metrics.shutdown()
-                metrics.server_close()
-            await self.keeper.stop()
-            await self.pool.stop()
-            self.socket.close()
-            authenticator.close()
-            context.term()
-            if address.startswith("ipc://"):  # ours: the claim kept any other server off it
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(address[len("ipc://"):])
-            claims.release()
+        async with self.front.bound():
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
+            self._loop = loop
+            metrics = self.metrics.serve(self.config.metrics_bind) if self.config.metrics_bind \
+                else None
+            try:
+                await self.pool.start()
+                log.info("serving on %s, store %s, %d %s slots", self.config.address,
+                         self.config.store, self.leases.slots, self.leases.kind)
+                if ready is not None:
+                    ready.set()
+                receiver = asyncio.ensure_future(self._receive())
+                watcher = asyncio.ensure_future(self._watch_clients())
+                keeper = asyncio.ensure_future(self._upkeep())
+                await self._stop.wait()
+                receiver.cancel()
+                watcher.cancel()
+                keeper.cancel()
+            finally:
+                for task in list(self._tasks):
+                    task.cancel()
+                if metrics is not None:
+                    metrics.shutdown()
+                    metrics.server_close()
+                await self.keeper.stop()
+                await self.pool.stop()
 
     def stop(self) -> None:
         self._stop.set()
 
     async def _receive(self) -> None:
         while True:
-            frames = await self.socket.recv_multipart(copy=False)
+            frames = await self.front.receive()
             task = asyncio.ensure_future(self._handle(frames))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-
-    def _send(self, identity: bytes, message: dict) -> None:
-        """Send now or drop, as a ROUTER does: a client that does not read (its queue full) or
-        has gone must never hold up the replies to the others."""
-        self.socket.send_multipart([identity, protocol.pack(message)],
-                                   flags=zmq.NOBLOCK).add_done_callback(_undelivered)
-
-    def _connected(self, identity: bytes) -> bool:
-        probe = self.socket.send_multipart([identity, HEARTBEAT], flags=zmq.NOBLOCK)
-        probe.add_done_callback(_undelivered)
-        return not (probe.done() and isinstance(probe.exception(), zmq.ZMQError)
-                    and probe.exception().errno == zmq.EHOSTUNREACH)
 
     async def _watch_clients(self) -> None:
         """Notice the running cells whose clients are no longer connected: each runs on for
@@ -232,7 +186,7 @@ class Server:
             now = time.monotonic()
             for run in list(self._runs.values()):
                 session = run.session
-                if run.prune(self._connected):
+                if run.prune(self.front.connected):
                     run.detached = now
                     if grace <= 0:
                         log.warning("session %s: its client went away; stopping its cell",
@@ -338,20 +292,20 @@ class Server:
             data = frames[1].buffer
             msg_id = protocol.peek_msg_id(data)  # so that even a refused frame is answered
             message = protocol.unpack(data, self.config.max_frame)
-            user = self._user(frames[1])
+            user = self.front.user(frames[1])
             request = Request.from_wire(message)
             msg_id = message["msg_id"]  # a valid one, however far into the frame it was
 
             if isinstance(request, Follow):
                 if self._follow(user, request.session, identity, msg_id):
                     return  # the cell's frames come as it runs
-                self._send(identity, Reply({"followed": False}).to_wire(msg_id))
+                self.front.send(identity, Reply({"followed": False}).to_wire(msg_id))
                 return
 
             def emit(payload: dict, event: str = "output") -> None:
                 sent = Output(payload) if event == "output" else EVENTS[event](**payload)
                 if run is None:
-                    self._send(identity, sent.to_wire(msg_id))
+                    self.front.send(identity, sent.to_wire(msg_id))
                 else:
                     run.emit(sent.to_wire(""))
 
@@ -370,16 +324,16 @@ class Server:
                 final = Error({"kind": "internal",
                                "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id)
             if run is None:
-                self._send(identity, final)
+                self.front.send(identity, final)
             else:
                 self._end_run(run, final)
         except FabricError as exc:
-            self._send(identity, Error(exc.to_wire()).to_wire(msg_id))
+            self.front.send(identity, Error(exc.to_wire()).to_wire(msg_id))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: the client hears of it, the server keeps serving
             log.exception("request failed")
-            self._send(identity, Error({
+            self.front.send(identity, Error({
                 "kind": "internal", "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id))
 
     def _start_run(self, user: str, request: Request, identity: bytes,
@@ -391,7 +345,7 @@ class Server:
         session = self.sessions.get(self._store_name(user, request.session))
         if session is None or session.name in self._runs or session.lock.locked():
             return None
-        run = self._runs[session.name] = Run(session, self._send)
+        run = self._runs[session.name] = Run(session, self.front.send)
         run.attach(identity, msg_id, follow=False)
         self._unclaimed.pop(session.name, None)  # a new cell: the one before is no one's
         return run
@@ -415,16 +369,6 @@ class Server:
             return False
         run.attach(identity, msg_id)
         return True
-
-    def _user(self, frame: zmq.Frame) -> str:
-        """The user the connection was admitted as; a revoked key is refused at once."""
-        user = _property(frame, "User-Id")
-        if not user:  # the authenticator names every connection it admits
-            raise Forbidden("the connection has no user")
-        key = _property(frame, auth.KEY_PROPERTY)
-        if self.keys is not None and not self.keys.admits(user, key):
-            raise Forbidden(f"the key of user {user} is no longer authorized", user=user)
-        return user
 
     def _store_name(self, user: str, name: str) -> str:
         """Where a user's session lives in the store: the server's own user keeps plain names,
@@ -475,6 +419,11 @@ class Server:
                 return self._history(user, name)
             case Versions(session=name):
                 return self._versions(user, name)
+            case Holds(session=name, source=source):
+                return self._holds(user, name, source)
+            case Drain():
+                raise ProtocolError("drain moves sessions between the hosts of a cluster; this "
+                                    "server is one host", op=request.op)
         session = self._session(user, request.session)
         match request:
             case Draft(source=source):
@@ -532,6 +481,7 @@ class Server:
             # a user's worker enters it as them: the server would tell whether others' exist
             if account is None and not os.path.isdir(cwd):
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
+            self._store_of(user).adopt_head(stored)  # it may have moved on another host
             session = Session(stored, cwd, self._store_of(user), self.pool, self.leases,
                               self.keeper, interrupt_grace=self.config.interrupt_grace,
                               gpus=self.config.gpus,
@@ -556,6 +506,20 @@ class Server:
             log.warning("session %s ran in environment %s, which is gone: it runs on the "
                         "server's packages", stored, name)
             return None
+
+    def _holds(self, user: str, name: str, source: str) -> dict:
+        """The bytes of the session's state (of `source`'s closure, if given) this host holds
+        on its disk, and in a worker it keeps for the session."""
+        store, stored = self._store_of(user), self._store_name(user, name)
+        session = self.sessions.get(stored)
+        head = store.head(stored)
+        if head is None:
+            return {"bytes": 0, "memory": 0}
+        manifest = (session.manifest if session is not None and session.head == head
+                    else Manifest.decode(store.get_manifest(head)))
+        groups = closure(plan(source), manifest).groups if source else manifest.groups
+        return {"bytes": sum(g.size for g in groups if store.has(g.blob)),
+                "memory": session.status()["memory"] if session is not None else 0}
 
     def _tag(self, user: str, name: str, version: int | str | None, tag: str) -> dict:
         stored, store = self._store_name(user, name), self._store_of(user)
@@ -658,45 +622,6 @@ class Server:
             "upkeep": self.upkeep,
             "sessions": [self._public(user, s.status()) for s in mine.values()],
         }
-
-
-def _property(frame: zmq.Frame, name: str) -> str:
-    """A connection's metadata property on one of its frames ('' if it has none)."""
-    try:
-        return frame.get(name) or ""
-    except zmq.ZMQError:
-        return ""
-
-
-def _check_address(config: Config) -> auth.Keys | None:
-    """Refuse an address only the wrong clients could reach; the keys a tcp:// bind admits."""
-    address = config.address
-    if address.startswith("ipc://"):
-        # the runtime dir is private; a socket elsewhere may be shared with other local users
-        # (granted access to it), each of whom is then the user their uid names
-        folder = Path(address[len("ipc://"):]).parent
-        private_dir(folder, shared=folder != Path(config.runtime_dir))
-        return None
-    if not address.startswith("tcp://"):
-        raise AddressRefused(f"cannot serve on {address}: use ipc:// or tcp://",
-                             address=address)
-    keys = auth.Keys(config.key_dir)
-    keys.server_pair()  # made on the first start
-    if not keys.users():
-        raise AddressRefused(
-            f"refusing to serve {address} without client keys: a tcp:// bind admits only "
-            f"clients whose public keys are in {keys.authorized}. Make one with `llfabric keys "
-            "new NAME` and give NAME the file it writes", address=address)
-    return keys
-
-
-HEARTBEAT = protocol.pack(Heartbeat().to_wire())
-
-
-def _undelivered(sent: asyncio.Future) -> None:
-    """A frame to a client that has gone away, or reads too slowly, is dropped, not an error."""
-    if sent.exception() is not None:
-        log.info("a frame to a client was dropped: %s", sent.exception())
 
 
 def run(config: Config) -> None:

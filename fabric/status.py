@@ -67,6 +67,7 @@ class SessionStatus(_Wire):
     # seconds since the client of its running cell went away, while no client follows the cell
     # (it runs on for the server's detached_grace); None: followed, or no cell runs
     detached: float | None = None
+    host: str | None = None  # the cluster's host it is open on; None: a single host's
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -152,6 +153,20 @@ class UpkeepStatus(_Wire):
 
 
 @dataclasses.dataclass(frozen=True)
+class HostStatus(_Wire):
+    """One host of a cluster, as its front door sees it."""
+
+    name: str
+    node: str
+    address: str
+    slots: int
+    running: int  # cells the door carries to it now
+    sessions: int  # sessions open on it
+    alive: bool
+    draining: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class ServerStatus(_Wire):
     """The server as one user may see it: their sessions; others' only as busy slots."""
 
@@ -167,6 +182,7 @@ class ServerStatus(_Wire):
     templates: tuple[TemplateStatus, ...]
     sessions: tuple[SessionStatus, ...]
     upkeep: UpkeepStatus | None = None  # None before the first pass
+    hosts: tuple[HostStatus, ...] = ()  # a cluster's front door: its hosts
 
     @classmethod
     def from_wire(cls, raw: object) -> Self:

@@ -19,12 +19,12 @@ PUBLIC = [
     "AddressRefused", "AlreadyExists", "AuditFailed", "BadKey", "CellStopped", "CheckpointError",
     "Client",
     "Config", "ConfigError", "CudaError", "DiskFull", "EmbeddedServer", "EnvError", "FabricError",
-    "Forbidden", "FrameTooLarge", "InUse", "InvalidName", "KernelError", "LimitReached",
+    "Forbidden", "FrameTooLarge", "HostLost", "InUse", "InvalidName", "KernelError", "LimitReached",
     "LoadFailed", "Manifest", "NoZygote", "NotReplayable", "NotWaiting", "NotebookError",
     "ParkFailed", "ProtocolError", "RemoteError",
     "ServerStatus", "SessionBusy", "SessionStatus", "SlotsUnavailable", "StaleHead", "Store",
     "StoreError", "TraceError",
-    "UnknownEnv", "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
+    "UnknownEnv", "UnknownHost", "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
     "ZygoteProtocolError", "load_config",
 ]
 

@@ -15,10 +15,12 @@ from fabric.messages import (
     CommMessage,
     Complete,
     Draft,
+    Drain,
     Error,
     Execute,
     Follow,
     History,
+    Holds,
     InputRequest,
     Inspect,
     Interrupt,
@@ -45,7 +47,8 @@ EVERY_REQUEST = [
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
     Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
     CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
-    Versions("s"), Follow("s"), Status(), Ping(),
+    Versions("s"), Follow("s"), Status(), Ping(), Holds("s"), Holds("s", "x + 1"),
+    Drain("host-a"), Drain("host-a", undo=True),
 ]
 EVERY_EVENT = [
     Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),

@@ -85,7 +85,8 @@ class _Reporter:
             self.progress(self.done, self.total)
 
 
-def _load_key(path: Path) -> bytes:
+def load_key(path: Path) -> bytes:
+    """The store's signing key at `path`, made on first use."""
     if not path.exists():
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-key-")
         try:
@@ -122,7 +123,7 @@ class Store:
         self.disk = DiskTier(self.root / "blobs", owner)
         self.remote = RemoteTier(remote) if remote else None
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
-        self._key = (key or _load_key(self.root / "key")) if signs else None
+        self._key = (key or load_key(self.root / "key")) if signs else None
         # object id -> the chunks its index names: an id names one content, so this never goes
         # stale; gc, which asks for every live object's on each pass, reads each index once
         self._chunks: dict[str, tuple[str, ...]] = {}
@@ -451,6 +452,21 @@ class Store:
             ident = found.decode(errors="replace").strip()
         if not _valid_id(ident):
             raise StoreError(f"session {session} has a corrupt head", session=session)
+        return ident
+
+    def adopt_head(self, session: str) -> str | None:
+        """Take the remote tier's head of the session as this disk's, and return it: hosts that
+        share a remote take turns serving a session, and it may have moved on elsewhere since
+        this disk last saw it. Without a remote (or a head there), this disk's head."""
+        found = self.remote.get(f"sessions/{session}/head") if self.remote is not None else None
+        if found is None:
+            return self.head(session)
+        ident = found.decode(errors="replace").strip()
+        if not _valid_id(ident):
+            raise StoreError(f"session {session} has a corrupt head on {self.remote.url}",
+                             session=session)
+        with self.locked(session):
+            write_atomic(self._head_path(session), ident.encode() + b"\n")
         return ident
 
     def set_head(self, session: str, manifest: str, parent: str | None,

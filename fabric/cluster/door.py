@@ -1,0 +1,595 @@
+"""`llfabric serve --ray`: one front door for the hosts of a Ray cluster.
+
+Clients speak the protocol they speak to one host (`fabric.messages`), with the same address
+rules and keys (`fabric.front`); the door places each session on a host (`placement`) and carries
+its requests there. Each client reaches each host over a connection of its own (`Link`), admitted
+on the host as that client's user with a key the door made for them: the host keeps its users'
+sessions apart, and sees a client that goes away as gone, exactly as if it had connected itself.
+The door reads only what it needs of the frames it carries: the final frame of each request.
+
+Sessions move between hosts through the store's remote tier: every commit is there before its
+cell is reported done, and a host that opens a session takes the remote's head as its own. A
+session is open on one host at a time, so its head has one writer. When a host is lost (its node
+gone, its server silent), the requests it was serving fail with `host_lost`, naming the version
+the session stays at, and the session's next request opens it on another host; values only that
+host's worker held are rebuilt there from their lineage, or reported lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from .. import auth, protocol
+from ..auth import ClientKey
+from ..config import Config
+from ..errors import (
+    FabricError,
+    Forbidden,
+    HostLost,
+    ProtocolError,
+    SessionBusy,
+    UnknownHost,
+    UnknownSession,
+)
+from ..front import Front
+from ..messages import (
+    Close,
+    Drain,
+    Error,
+    Execute,
+    Holds,
+    Open,
+    Ping,
+    Queued,
+    Remove,
+    Reply,
+    Request,
+    Status,
+)
+from ..private import private_dir
+from ..snapshot.store import load_key
+from .members import RayMembers
+from .placement import OVERSUBSCRIBE, Decision, HostView, place
+
+log = logging.getLogger(__name__)
+
+HEALTH_EVERY = 1.0  # seconds between the door's looks at its hosts
+MISSES = 5  # pings a host leaves unanswered in a row before it is lost
+STORE_OPS = frozenset({"tag", "history", "versions", "holds"})  # served by any host's store
+Key = tuple[str, str]  # (user, session)
+
+
+@dataclass
+class Host:
+    name: str
+    node: str
+    address: str
+    server_key: str
+    slots: int
+    running: int = 0  # cells the door carries to it now
+    draining: bool = False
+    alive: bool = True
+    misses: int = 0
+
+
+class Link:
+    """One client's connection to one host, as the client's user: its events go straight to the
+    client (`relay`); each request's final frame comes back to the caller."""
+
+    def __init__(self, context: zmq.asyncio.Context, host: Host, key: ClientKey,
+                 relay) -> None:
+        self.host, self.user = host, key.user
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.WIRE_LIMIT)
+        key.apply(self.socket)
+        self.socket.connect(host.address)
+        self.relay = relay
+        self.pending: dict[str, tuple[asyncio.Future, Request]] = {}
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def call(self, message: dict, request: Request) -> dict:
+        """Send a request's frame; its final frame."""
+        future = asyncio.get_running_loop().create_future()
+        self.pending[message["msg_id"]] = (future, request)
+        try:
+            await self.socket.send(protocol.pack(message))
+            return await future
+        finally:
+            self.pending.pop(message["msg_id"], None)
+
+    async def _read(self) -> None:
+        while True:
+            frame = await self.socket.recv()
+            try:
+                message = protocol.unpack(frame, protocol.WIRE_LIMIT)
+            except FabricError:
+                log.warning("host %s sent a frame that is not a message", self.host.name)
+                continue
+            kind, msg_id = message.get("type"), message.get("msg_id")
+            waiting = self.pending.get(msg_id) if isinstance(msg_id, str) else None
+            if kind in ("reply", "error") and waiting is not None:
+                if not waiting[0].done():
+                    waiting[0].set_result(message)
+            elif kind != "heartbeat":  # the door probes its clients itself
+                self.relay(frame)
+
+    def fail(self, error) -> None:
+        """End every request in flight with `error(request)`'s frame."""
+        for msg_id, (future, request) in list(self.pending.items()):
+            if not future.done():
+                future.set_result(Error(error(request).to_wire()).to_wire(msg_id))
+
+    def close(self) -> None:
+        self.reader.cancel()
+        self.socket.close()
+
+
+@dataclass
+class Opened:
+    """A session as the door knows it: how it was opened, where, its last version."""
+
+    request: Open
+    host: str | None = None
+    version: int = 0
+    running: bool = False
+    placement: dict = field(default_factory=dict)
+
+
+class Door:
+    def __init__(self, config: Config, members: RayMembers | None = None) -> None:
+        if not config.remote:
+            raise FabricError("a cluster needs a remote tier (`remote`, an fsspec URL every "
+                              "host reaches): it is where sessions move between hosts")
+        self.config = config
+        # its claim, the hosts' folders on this node, and the key every host's store signs with
+        self.key = load_key(private_dir(config.store) / "key")
+        self.front = Front(config)
+        self.members = members
+        self.owner = auth.owner_name()
+        self.hosts: dict[str, Host] = {}  # by name
+        self.sessions: dict[Key, Opened] = {}
+        self.links: dict[tuple[bytes, str], Link] = {}
+        self.keys: dict[str, tuple[str, str]] = {}  # user -> the key pair hosts admit them by
+        self.waiting: deque[asyncio.Future] = deque()  # cells no host can take yet, in order
+        self.oversubscribe = config.oversubscribe or OVERSUBSCRIBE
+        self.context = zmq.asyncio.Context()
+        self.started = time.time()
+        self._ids = (f"door-{n}" for n in itertools.count(1))
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    # serving
+    async def serve(self, ready: asyncio.Event | None = None) -> None:
+        async with self.front.bound():
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
+            await self._key_of(self.owner)
+            await self._look()
+            log.info("front door on %s: %d hosts", self.config.address, len(self.hosts))
+            if ready is not None:
+                ready.set()
+            workers = [asyncio.ensure_future(c) for c in (self._receive(), self._watch())]
+            try:
+                await self._stop.wait()
+            finally:
+                for task in (*workers, *self._tasks):
+                    task.cancel()
+                for link in self.links.values():
+                    link.close()
+                self.context.term()
+                if self.members is not None:
+                    await asyncio.to_thread(self.members.close)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.front.receive()
+            task = asyncio.ensure_future(self._handle(frames))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, frames: list[zmq.Frame]) -> None:
+        identity, msg_id = frames[0].bytes, None
+        try:
+            if len(frames) != 2:
+                raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
+            data = frames[1].buffer
+            msg_id = protocol.peek_msg_id(data)
+            message = protocol.unpack(data, self.config.max_frame)
+            user = self.front.user(frames[1])
+            request = Request.from_wire(message)
+            msg_id = message["msg_id"]
+            final = await self._dispatch(identity, user, request, message)
+        except FabricError as exc:
+            final = Error(exc.to_wire()).to_wire(msg_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: the client hears of it, the door keeps serving
+            log.exception("request failed")
+            final = Error({"kind": "internal",
+                           "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id)
+        self.front.send(identity, final)
+
+    async def _dispatch(self, identity: bytes, user: str, request: Request,
+                        message: dict) -> dict:
+        msg_id = message["msg_id"]
+        match request:
+            case Ping():
+                return Reply({"pong": True, "pid": os.getpid(), "user": user}).to_wire(msg_id)
+            case Status():
+                return Reply(await self._status(identity, user)).to_wire(msg_id)
+            case Drain(host=name, undo=undo):
+                if user != self.owner:
+                    raise Forbidden(f"only {self.owner}, who runs the cluster, drains hosts",
+                                    user=user)
+                return Reply(await self._drain(name, undo)).to_wire(msg_id)
+            case Remove():
+                return await self._everywhere(identity, user, request, message)
+        key = (user, request.session)
+        opened = self.sessions.get(key)
+        if isinstance(request, Open):
+            return await self._open(identity, key, request, message)
+        if opened is None:
+            if request.op in STORE_OPS:
+                return await self._call(identity, user, self._any_host(), request, message)
+            raise UnknownSession(f"no open session {request.session!r}; open it first",
+                                 session=request.session)
+        if isinstance(request, Execute):
+            return await self._execute(identity, key, opened, request, message)
+        final = await self._call(identity, user, await self._host_of(key), request, message)
+        if isinstance(request, Close) and final.get("type") == "reply":
+            del self.sessions[key]
+        return final
+
+    # sessions
+    async def _open(self, identity: bytes, key: Key, request: Open, message: dict) -> dict:
+        new = key not in self.sessions
+        opened = self.sessions.setdefault(key, Opened(request))
+        opened.request = Open(request.session, request.cwd or opened.request.cwd,
+                              request.env if request.env is not None else opened.request.env)
+        here = self.hosts.get(opened.host) if opened.host else None
+        decision = None
+        if here is None or not here.alive:
+            decision = await self._place(identity, key, "", lease=False)
+            if decision.host is None:
+                if new:
+                    del self.sessions[key]
+                raise HostLost(f"no host can take session {key[1]} now: every host is "
+                               "draining or full", session=key[1])
+            here = self.hosts[decision.host]
+        final = await self._call(identity, key[0], here, request, message)
+        if final.get("type") != "reply":
+            if new:
+                del self.sessions[key]
+            return final
+        if decision is not None:
+            self._bind(key, decision)
+        opened.version = int(final.get("version", opened.version))
+        return {**final, **opened.placement}
+
+    async def _host_of(self, key: Key) -> Host:
+        """The host the session is open on; where it was lost, another one, opened there."""
+        opened = self.sessions[key]
+        host = self.hosts.get(opened.host) if opened.host else None
+        if host is not None and host.alive:
+            return host
+        decision = await self._place(b"", key, "", lease=False)
+        if decision.host is None:
+            raise HostLost(f"no host can take session {key[1]} now", session=key[1])
+        await self._move(key, decision)
+        return self.hosts[decision.host]
+
+    async def _execute(self, identity: bytes, key: Key, opened: Opened, request: Execute,
+                       message: dict) -> dict:
+        if opened.running:  # the host says so too; placing it first could move the session
+            raise SessionBusy(f"session {key[1]} is already running a cell", session=key[1])
+        decision = await self._where(identity, key, request.source, message["msg_id"])
+        host = self.hosts[decision.host]
+        host.running += 1
+        opened.running = True
+        try:
+            if decision.host != opened.host:
+                await self._move(key, decision)
+            else:
+                self._bind(key, decision)
+            final = await self._call(identity, key[0], host, request, message)
+        finally:
+            host.running -= 1
+            opened.running = False
+            self._freed()
+        if final.get("type") == "reply":
+            opened.version = int(final.get("version", opened.version))
+            return {**final, **opened.placement}
+        return final
+
+    async def _where(self, identity: bytes, key: Key, source: str, msg_id: str) -> Decision:
+        """Where the session's next cell runs; a cell no host can take now waits its turn."""
+        told = False
+        while True:
+            decision = await self._place(identity, key, source)
+            if decision.host is not None:
+                return decision
+            if not told:
+                self.front.send(identity, Queued(len(self.waiting), sum(
+                    h.slots for h in self.hosts.values() if h.alive)).to_wire(msg_id))
+                told = True
+            turn = asyncio.get_running_loop().create_future()
+            self.waiting.append(turn)
+            await turn
+
+    async def _place(self, identity: bytes, key: Key, source: str,
+                     lease: bool = True) -> Decision:
+        """Where the session goes; `lease`: for a cell that runs now, on a host with a free
+        lease (else for a session that opens, on a host that takes it)."""
+        opened = self.sessions[key]
+        hosts = [h for h in self.hosts.values() if h.alive]
+        views = [self._view(h) for h in hosts]
+        current = opened.host
+        held: dict[str, int] = {}
+        here = self.hosts.get(current) if current else None
+        if here is None or not here.alive or here.draining or here.running >= here.slots:
+            held = await self._held(identity, key, source, hosts)
+        return place(views, current, held, self.oversubscribe, lease)
+
+    async def _held(self, identity: bytes, key: Key, source: str,
+                    hosts: list[Host]) -> dict[str, int]:
+        """Bytes of the closure each host holds (a host that cannot say counts as none)."""
+        ask = Holds(key[1], source)
+
+        async def one(host: Host) -> int:
+            msg_id = next(self._ids)
+            final = await self._call(identity, key[0], host, ask, ask.to_wire(msg_id))
+            return int(final.get("bytes", 0)) + int(final.get("memory", 0)) \
+                if final.get("type") == "reply" else 0
+
+        found = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
+        return {h.name: n for h, n in zip(hosts, found, strict=True) if isinstance(n, int)}
+
+    def _bind(self, key: Key, decision: Decision) -> None:
+        opened = self.sessions[key]
+        opened.host = decision.host
+        opened.placement = {"host": decision.host,
+                            "placement": {"reason": decision.reason, "held": decision.held,
+                                          "why": decision.describe()}}
+
+    async def _move(self, key: Key, decision: Decision) -> None:
+        """Close the session on its host (its commits are on the remote) and open it on the
+        host `decision` chose."""
+        opened = self.sessions[key]
+        if opened.host is not None and self.hosts[opened.host].alive:
+            close = Close(key[1])
+            await self._call(b"", key[0], self.hosts[opened.host], close,
+                             close.to_wire(next(self._ids)))
+        request = opened.request
+        final = await self._call(b"", key[0], self.hosts[decision.host], request,
+                                 request.to_wire(next(self._ids)))
+        if final.get("type") != "reply":
+            opened.host = None
+            raise HostLost(f"session {key[1]} could not open on host {decision.host}: "
+                           f"{final.get('error', {}).get('message', final)}",
+                           session=key[1], host=decision.host)
+        self._bind(key, decision)
+        log.info("session %s moved to host %s (%s)", key[1], decision.host, decision.reason)
+
+    def _freed(self) -> None:
+        """A lease came back somewhere: the first cell waiting for one tries again."""
+        while self.waiting:
+            turn = self.waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+
+    async def _everywhere(self, identity: bytes, user: str, request: Request,
+                          message: dict) -> dict:
+        """A request every host's store answers (`remove`): no host keeps a stale copy."""
+        hosts = [h for h in self.hosts.values() if h.alive]
+        finals = await asyncio.gather(*(
+            self._call(identity, user, h, request, {**message, "msg_id": next(self._ids)})
+            for h in hosts))
+        self.sessions.pop((user, request.session), None)
+        done = next((f for f in finals if f.get("type") == "reply"), finals[0] if finals
+                    else Error(HostLost("no host is up").to_wire()).to_wire(None))
+        return {**done, "msg_id": message["msg_id"]}
+
+    # carrying requests
+    async def _call(self, identity: bytes, user: str, host: Host, request: Request,
+                    message: dict) -> dict:
+        """`message` on the client's link to `host`; its final frame (an error if the host is
+        lost meanwhile)."""
+        if not host.alive:
+            return Error(self._lost_error(host, request, user).to_wire()).to_wire(
+                message["msg_id"])
+        link = self.links.get((identity, host.name))
+        if link is None:
+            public, secret = await self._key_of(user)
+            relay = (lambda frame: self.front.send(identity, frame)) if identity else \
+                (lambda frame: None)
+            link = self.links[(identity, host.name)] = Link(
+                self.context, host, ClientKey(user, public, secret, host.server_key), relay)
+        return await link.call(message, request)
+
+    async def _key_of(self, user: str) -> tuple[str, str]:
+        """The key pair the door connects to hosts with as `user` (hosts learn it at once)."""
+        if user not in self.keys:
+            public, secret = (k.decode() for k in zmq.curve_keypair())
+            self.keys[user] = (public, secret)
+            if self.members is not None:
+                await asyncio.gather(*(
+                    asyncio.to_thread(self.members.admit, h.node, user, public)
+                    for h in self.hosts.values() if h.alive), return_exceptions=True)
+        return self.keys[user]
+
+    def _any_host(self) -> Host:
+        hosts = [h for h in self.hosts.values() if h.alive]
+        if not hosts:
+            raise HostLost("no host of the cluster is up")
+        return min(hosts, key=lambda h: h.running / h.slots)
+
+    def _view(self, host: Host) -> HostView:
+        sessions = sum(1 for s in self.sessions.values() if s.host == host.name)
+        return HostView(host.name, host.slots, host.running, sessions, host.draining)
+
+    # hosts
+    async def _look(self) -> None:
+        """Start a host agent on each node that has none; lose the hosts whose nodes left."""
+        if self.members is None:
+            return
+        nodes = await asyncio.to_thread(self.members.nodes)
+        for host in list(self.hosts.values()):
+            if host.node not in nodes and host.alive:
+                self._lose(host, "its node left the cluster")
+        users = {user: pair[0] for user, pair in self.keys.items()}
+        for node, resources in nodes.items():
+            known = next((h for h in self.hosts.values() if h.node == node), None)
+            if known is not None and known.alive:
+                continue
+            try:
+                info = await asyncio.to_thread(self.members.start, node, resources, users,
+                                               self.key)
+            except FabricError as exc:
+                log.warning("node %s has no host: %s", node[:12], exc.message)
+                continue
+            self._join(info)
+
+    def _join(self, info: dict) -> Host:
+        old = self.hosts.get(info["name"])
+        host = self.hosts[info["name"]] = Host(info["name"], info["node"], info["address"],
+                                               info["server_key"], max(1, info["slots"]))
+        if old is not None:
+            host.draining = old.draining
+        log.info("host %s joined: %s, %d slots", host.name, host.address, host.slots)
+        self._freed()
+        return host
+
+    async def _watch(self) -> None:
+        """Every `HEALTH_EVERY` seconds: the cluster's nodes, each host's answer to a ping."""
+        while True:
+            await asyncio.sleep(HEALTH_EVERY)
+            try:
+                await self._look()
+            except Exception:
+                log.exception("could not list the cluster's nodes")
+            await asyncio.gather(*(self._ping(h) for h in list(self.hosts.values())
+                                   if h.alive))
+            self._forget_gone()
+
+    def _forget_gone(self) -> None:
+        """Close the links of clients no longer connected: their hosts see them gone (a running
+        cell then runs on for the host's `detached_grace`, for a client that follows it)."""
+        for identity in {i for i, _ in self.links if i}:
+            if not self.front.connected(identity):
+                for (i, name), link in list(self.links.items()):
+                    if i == identity:
+                        link.close()
+                        del self.links[(i, name)]
+
+    async def _ping(self, host: Host) -> None:
+        ping = Ping()
+        try:
+            final = await asyncio.wait_for(
+                self._call(b"", self.owner, host, ping, ping.to_wire(next(self._ids))),
+                HEALTH_EVERY * 2)
+            host.misses = 0 if final.get("type") == "reply" else host.misses + 1
+        except TimeoutError:
+            host.misses += 1
+        if host.misses >= MISSES and host.alive:
+            self._lose(host, f"its server did not answer {MISSES} pings")
+
+    def _lose(self, host: Host, why: str) -> None:
+        """The host is gone: what it served fails as lost, its sessions open elsewhere next."""
+        log.warning("host %s is lost: %s", host.name, why)
+        host.alive, host.running = False, 0
+        for (identity, name), link in list(self.links.items()):
+            if name == host.name:
+                link.fail(lambda request, u=link.user: self._lost_error(host, request, u))
+                link.close()
+                del self.links[(identity, name)]
+        for opened in self.sessions.values():
+            if opened.host == host.name:
+                opened.host = None
+        self._freed()
+
+    def _lost_error(self, host: Host, request: Request, user: str) -> HostLost:
+        session = getattr(request, "session", None)
+        opened = self.sessions.get((user, session)) if session else None
+        if isinstance(request, Execute) and opened is not None:
+            return HostLost(
+                f"host {host.name} was lost while it ran this cell; session {session} stays "
+                f"at version {opened.version}, its last commit, and its next cell runs on "
+                "another host", host=host.name, session=session, version=opened.version)
+        return HostLost(f"host {host.name} was lost", host=host.name)
+
+    async def _drain(self, name: str, undo: bool = False) -> dict:
+        """Open no new session on host `name` and move its sessions off it; `undo`: let it
+        take sessions again."""
+        host = self.hosts.get(name)
+        if host is None:
+            raise UnknownHost(f"no host {name!r}; `llfabric status` lists them", host=name)
+        host.draining = not undo
+        if undo:
+            self._freed()
+            return {"host": name, "moved": []}
+        moved = []
+        for key, opened in list(self.sessions.items()):
+            if opened.host != name:
+                continue
+            while opened.running:  # a running cell finishes where it runs
+                await asyncio.sleep(0.1)
+            decision = await self._place(b"", key, "", lease=False)
+            if decision.host is None or decision.host == name:
+                continue  # nowhere else to go: it stays until a host takes it
+            await self._move(key, decision)
+            moved.append({"session": key[1], "to": decision.host})
+        return {"host": name, "moved": moved}
+
+    async def _status(self, identity: bytes, user: str) -> dict:
+        """The cluster as `user` sees it: every host's status merged, and the hosts."""
+        hosts = [h for h in self.hosts.values() if h.alive]
+        status = Status()
+        finals = await asyncio.gather(*(
+            self._call(identity, user, h, status, status.to_wire(next(self._ids)))
+            for h in hosts))
+        parts = [(h, f) for h, f in zip(hosts, finals, strict=True) if f.get("type") == "reply"]
+        merged = {"pid": os.getpid(), "uptime": time.time() - self.started,
+                  "address": self.config.address, "store": self.config.remote, "user": user,
+                  "zygotes": [], "workers": [], "templates": [], "sessions": [],
+                  "worker_source": parts[0][1]["worker_source"] if parts else "zygote",
+                  "leases": {"kind": parts[0][1]["leases"]["kind"] if parts else "cpu",
+                             "slots": 0, "threads": 0, "held": 0,
+                             "queued": len(self.waiting), "leases": [], "queue": []}}
+        for host, part in parts:
+            for name in ("zygotes", "workers", "templates"):
+                merged[name] += part[name]
+            merged["sessions"] += [{**s, "host": host.name} for s in part["sessions"]]
+            leases = merged["leases"]
+            for name in ("slots", "held", "queued"):
+                leases[name] += part["leases"][name]
+            leases["threads"] = max(leases["threads"], part["leases"]["threads"])
+            leases["leases"] += [{**s, "host": host.name} for s in part["leases"]["leases"]]
+            leases["queue"] += [{**q, "host": host.name} for q in part["leases"]["queue"]]
+        merged["hosts"] = [
+            {"name": h.name, "node": h.node, "address": h.address, "slots": h.slots,
+             "running": h.running, "alive": h.alive, "draining": h.draining,
+             "sessions": sum(1 for s in self.sessions.values() if s.host == h.name)}
+            for h in self.hosts.values()]
+        return merged
+
+
+def run(config: Config) -> None:
+    """Serve the Ray cluster at `config.ray` until SIGTERM or SIGINT."""
+    members = RayMembers(config.ray, str(config.store), config.remote)
+    asyncio.run(Door(config, members).serve())

@@ -1,0 +1,146 @@
+"""The host agent of one node of a Ray cluster: a detached Ray actor that runs that host's
+`llfabric serve` and keeps it running.
+
+The actor itself holds nothing of a session: it starts the node's server as a process of its own
+(so user code never runs in a Ray worker), bound to the node's address on TCP, with CURVE keys
+the front door's users are admitted by (`admit`); that server owns the host's zygotes, workers,
+leases and store, exactly as a single host's does. The process dies with the actor (the kernel's
+parent-death signal), and Ray restarts an actor that dies; a server that exits on its own is
+started again on the same port by the next `start`.
+
+Its slots: the node's GPUs, else its `llfabric_slots` resource (CPU slots standing in for GPUs),
+else the server's own default (one per core).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..auth import Keys
+from ..client import listening
+from ..errors import FabricError
+from ..private import private_dir
+from ..snapshot.tiers import write_atomic
+
+log = logging.getLogger(__name__)
+
+SLOTS = "llfabric_slots"  # a node's CPU slots, where it has no GPUs
+START_TIMEOUT = 120.0  # seconds a host's server may take to listen (its first zygote imports)
+
+# A child that dies with the process that started it: set before the server's own code runs.
+_LAUNCH = ("import ctypes, os, signal, sys\n"
+           "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG
+           "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"  # its starter died first
+           "from cli.main import main\n"
+           "sys.argv = ['llfabric', 'serve']\n"
+           "main()\n")
+
+
+class HostAgent:
+    """One node's host: `start` it, `admit` the front door's users, `stop` it."""
+
+    def __init__(self, node: str, root: str, remote: str, slots: int) -> None:
+        self.node = node
+        self.name = node[:12]
+        self.root = Path(root) / "hosts" / self.name
+        self.remote, self.slots = remote, slots
+        self.keys = Keys(private_dir(self.root / "keys"))
+        self.port = 0
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{_node_ip()}:{self.port}"
+
+    def start(self, users: dict[str, str], key: bytes) -> dict:
+        """Admit `users` (name -> public key), start the server unless it runs, its store
+        signing with the cluster's `key`; what the front door needs to reach it."""
+        for user, public in users.items():
+            self.admit(user, public)
+        self._use_key(key)
+        if self.process is None or self.process.poll() is not None:
+            self._spawn()
+        public, _ = self.keys.server_pair()
+        return {"name": self.name, "node": self.node, "address": self.address,
+                "server_key": public, "slots": self.slots, "pid": self.process.pid}
+
+    def admit(self, user: str, public: str) -> None:
+        """Admit the front door's key for `user`: it connects as them."""
+        write_atomic(private_dir(self.keys.authorized) / f"{user}.pub", public.encode() + b"\n")
+
+    def _use_key(self, key: bytes) -> None:
+        """Sign with the cluster's key: a manifest one host commits, the next one reads."""
+        path = private_dir(self.root / "store") / "key"
+        if not path.exists():
+            write_atomic(path, key)
+        elif path.read_bytes() != key:
+            raise FabricError(f"the store of host {self.name} ({path.parent}) signs with "
+                              "another key than this cluster's: it served another cluster; "
+                              "move it away to join this one", host=self.name)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def _spawn(self) -> None:
+        self.port = self.port or _free_port()
+        env = {**os.environ,
+               "LLFABRIC_STORE": str(self.root / "store"),
+               "LLFABRIC_RUNTIME_DIR": str(self.root / "run"),
+               "LLFABRIC_KEY_DIR": str(self.keys.root),
+               "LLFABRIC_BIND": self.address,
+               "LLFABRIC_REMOTE": self.remote}
+        if self.slots:
+            env["LLFABRIC_SLOTS"] = str(self.slots)
+        # Ray hides the GPUs from an actor that asked for none: the host's server leases them
+        if not env.get("CUDA_VISIBLE_DEVICES"):
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+        log_file = open(self.root / "serve.log", "ab")  # noqa: SIM115 - the child holds it
+        with log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _LAUNCH, str(os.getpid())], env=env,
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not listening(self.address):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise FabricError(f"the llfabric server of host {self.name} did not start: "
+                                  f"{_tail(self.root / 'serve.log')}", host=self.name)
+            time.sleep(0.1)
+
+
+def node_slots(resources: dict[str, float]) -> int:
+    """The slots a node's resources give its host; 0: the server's default."""
+    return int(resources.get("GPU", 0)) or int(resources.get(SLOTS, 0))
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((_node_ip(), 0))
+        return probe.getsockname()[1]
+
+
+def _tail(path: Path, size: int = 2000) -> str:
+    with contextlib.suppress(OSError), path.open("rb") as file:
+        file.seek(max(0, path.stat().st_size - size))
+        return file.read().decode(errors="replace").strip()
+    return "(no log)"

@@ -1,0 +1,72 @@
+"""A Ray cluster's nodes, and the host agent on each (`fabric.cluster.host`).
+
+Every call here blocks (Ray's client is synchronous): the front door makes them in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import ConfigError, FabricError
+from .host import HostAgent, node_slots
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "llfabric"
+CALL_TIMEOUT = 180.0  # seconds a host agent may take to start its server
+
+
+class RayMembers:
+    def __init__(self, address: str, root: str, remote: str) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise ConfigError("serving on a Ray cluster needs Ray: pip install "
+                              "'llfabric[ray]'", key="ray") from exc
+        self.ray = ray
+        self.root, self.remote = root, remote
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
+                 log_to_driver=False, ignore_reinit_error=True)
+        self._actor = ray.remote(HostAgent)
+
+    def nodes(self) -> dict[str, dict]:
+        """Alive nodes by id, with their resources."""
+        return {n["NodeID"]: n["Resources"] for n in self.ray.nodes() if n["Alive"]}
+
+    def start(self, node: str, resources: dict, users: dict[str, str], key: bytes) -> dict:
+        """The host agent of `node`, started (or found) and its server running: its info."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        agent = self._actor.options(
+            name=f"llfabric-host-{node}", lifetime="detached", get_if_exists=True,
+            num_cpus=0, max_restarts=-1, max_task_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote(node, self.root, self.remote, node_slots(resources))
+        return self._get(agent.start.remote(users, key))
+
+    def admit(self, node: str, user: str, public: str) -> None:
+        self._get(self._agent(node).admit.remote(user, public))
+
+    def stop(self, node: str) -> None:
+        """Stop the node's server and its agent (`llfabric drain` then release)."""
+        agent = self._agent(node)
+        self._get(agent.stop.remote())
+        self.ray.kill(agent, no_restart=True)
+
+    def _agent(self, node: str):
+        return self.ray.get_actor(f"llfabric-host-{node}", namespace=NAMESPACE)
+
+    def _get(self, ref):
+        try:
+            return self.ray.get(ref, timeout=CALL_TIMEOUT)
+        except self.ray.exceptions.RayError as exc:
+            raise FabricError(f"a host agent failed: {exc}") from exc
+
+    def request(self, bundles: list[dict]) -> None:
+        """Ask Ray's autoscaler for nodes with these resources (none: release the ask)."""
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=bundles)
+
+    def close(self) -> None:
+        self.ray.shutdown()

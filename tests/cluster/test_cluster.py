@@ -1,0 +1,137 @@
+"""Many hosts on a real Ray cluster of this machine's processes: a head and two nodes, each with
+one CPU slot standing in for a GPU, and the front door over them (`llfabric serve --ray`).
+
+One cluster serves the module; the test that removes a node runs last."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import RunningServer, execute, serving, text, wait_until
+
+from fabric.client import Client
+from fabric.errors import RemoteError
+
+ray_utils = pytest.importorskip("ray.cluster_utils")
+
+NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory": 80 << 20}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[object]:
+    cluster = ray_utils.Cluster(initialize_head=True, head_node_args=NODE)
+    for _ in range(2):
+        cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def door(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("cluster")
+    with serving(root / "door", ray=ray_cluster.address,
+                 remote=f"file://{root}/remote") as running:
+        with running.client() as client:
+            wait_until(lambda: len(client.call("status")["hosts"]) == 3, "three hosts")
+        yield running
+
+
+@pytest.fixture
+def client(door: RunningServer) -> Iterator[Client]:
+    with door.client(timeout=120) as c:
+        yield c
+
+
+def opened(client: Client, name: str, cwd: Path) -> dict:
+    return client.call("open", session=name, cwd=str(cwd))
+
+
+def host_of(client: Client, session: str) -> str:
+    return next(s["host"] for s in client.call("status")["sessions"] if s["session"] == session)
+
+
+def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(client: Client,
+                                                                tmp_path: Path) -> None:
+    first = opened(client, "where", tmp_path)
+    assert first["placement"]["reason"] == "least-loaded"
+    reply, outputs = execute(client, "where", "x = 41\nprint(x + 1)")
+    assert text(outputs) == "42\n"
+    assert reply["host"] == first["host"] and reply["placement"]["reason"] == "kept"
+    status = client.call("status")
+    hosts = {h["name"]: h for h in status["hosts"]}
+    assert len(hosts) == 3 and all(h["alive"] for h in hosts.values())
+    assert hosts[reply["host"]]["sessions"] >= 1
+    assert host_of(client, "where") == reply["host"]
+    assert status["leases"]["slots"] == 3
+
+
+def test_a_session_opens_again_on_the_host_that_holds_its_state(client: Client,
+                                                               tmp_path: Path) -> None:
+    first = opened(client, "near", tmp_path)
+    execute(client, "near", "blob = bytes(range(256)) * 8192")  # 2 MiB on that host's disk
+    client.call("close", session="near")
+    for other in ("fill-1", "fill-2"):  # the hosts with fewer sessions are the others now
+        opened(client, other, tmp_path)
+    again = opened(client, "near", tmp_path)
+    assert again["host"] == first["host"]
+    assert again["placement"]["reason"] == "locality"
+    assert again["placement"]["held"] >= 2 << 20
+
+
+def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, door: RunningServer,
+                                                             tmp_path: Path) -> None:
+    opened(client, "moving", tmp_path)
+    execute(client, "moving", "import math\nvalues = [math.sqrt(i) for i in range(5)]\n"
+                              "square = lambda v: v * v")  # a lambda: saved by its lineage
+    before = host_of(client, "moving")
+    reply = client.call("drain", host=before)
+    assert {"session": "moving", "to": host_of(client, "moving")} in reply["moved"]
+    after = host_of(client, "moving")
+    assert after != before
+    result, outputs = execute(client, "moving", "print(round(sum(map(square, values))))")
+    assert text(outputs) == "10\n" and result["host"] == after
+    elsewhere = {opened(client, f"elsewhere-{i}", tmp_path)["host"] for i in range(3)}
+    client.call("drain", host=before, undo=True)
+    assert before not in elsewhere  # a drained host takes no new session
+
+
+def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(
+        ray_cluster, client: Client, door: RunningServer, tmp_path: Path) -> None:
+    opened(client, "survivor", tmp_path)
+    execute(client, "survivor", "kept = 'committed'")
+    host = host_of(client, "survivor")
+    node = next(n for n in ray_cluster.list_all_nodes() if n.node_id.startswith(host))
+    if node is ray_cluster.head_node:  # the cluster lives on its head: move the session off
+        client.call("drain", host=host)
+        host = host_of(client, "survivor")
+        node = next(n for n in ray_cluster.list_all_nodes() if n.node_id.startswith(host))
+    result: dict = {}
+
+    def long_cell() -> None:
+        with door.client(timeout=120) as own:
+            try:
+                execute(own, "survivor", "import time\nkept = 'never'\ntime.sleep(60)")
+            except RemoteError as exc:
+                result["error"] = exc
+
+    runner = threading.Thread(target=long_cell)
+    runner.start()
+    wait_until(lambda: any(s["running"] for s in client.call("status")["sessions"]
+                           if s["session"] == "survivor"), "the long cell runs")
+    started = time.monotonic()
+    ray_cluster.remove_node(node)
+    runner.join(60)
+    assert not runner.is_alive(), "the lost host's cell never ended"
+    error = result["error"]
+    assert error.kind == "host_lost" and error.fields["version"] == 1, error.message
+    assert time.monotonic() - started < 30
+    reply, outputs = execute(client, "survivor", "print(kept)")
+    assert text(outputs) == "committed\n"
+    assert reply["host"] != host and reply["version"] == 2
+    lost = {h["name"]: h for h in client.call("status")["hosts"]}[host]
+    assert not lost["alive"]
