@@ -86,6 +86,8 @@ class Config:
     ray: str = ""
     # sessions per slot a cluster's host takes before its cells queue cluster-wide; 0: 7
     oversubscribe: int = 0
+    # where a cluster places cells: locality (`fabric.cluster.placement`), or random (a baseline)
+    placement: str = "locality"
 
     @property
     def env_root(self) -> Path:

@@ -24,7 +24,8 @@ PUBLIC = [
     "ParkFailed", "ProtocolError", "RemoteError",
     "ServerStatus", "SessionBusy", "SessionStatus", "SlotsUnavailable", "StaleHead", "Store",
     "StoreError", "TraceError",
-    "UnknownEnv", "UnknownHost", "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath", "WorkerDied",
+    "UnknownEnv", "UnknownHost", "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath",
+    "WorkerDied",
     "ZygoteProtocolError", "load_config",
 ]
 

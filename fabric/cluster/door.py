@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import os
+import random
 import signal
 import time
 from collections import deque
@@ -33,6 +34,7 @@ from .. import auth, protocol
 from ..auth import ClientKey
 from ..config import Config
 from ..errors import (
+    ConfigError,
     FabricError,
     Forbidden,
     HostLost,
@@ -59,7 +61,7 @@ from ..messages import (
 from ..private import private_dir
 from ..snapshot.store import load_key
 from .members import RayMembers
-from .placement import OVERSUBSCRIBE, Decision, HostView, place
+from .placement import OVERSUBSCRIBE, POLICIES, Decision, HostView, place, place_randomly
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +165,10 @@ class Door:
         self.keys: dict[str, tuple[str, str]] = {}  # user -> the key pair hosts admit them by
         self.waiting: deque[asyncio.Future] = deque()  # cells no host can take yet, in order
         self.oversubscribe = config.oversubscribe or OVERSUBSCRIBE
+        if config.placement not in POLICIES:
+            raise ConfigError(f"placement is locality or random, not {config.placement!r}",
+                              key="placement")
+        self.random = random.Random() if config.placement == "random" else None
         self.context = zmq.asyncio.Context()
         self.started = time.time()
         self._ids = (f"door-{n}" for n in itertools.count(1))
@@ -339,6 +345,8 @@ class Door:
         hosts = [h for h in self.hosts.values() if h.alive]
         views = [self._view(h) for h in hosts]
         current = opened.host
+        if self.random is not None:
+            return place_randomly(views, current, self.random, self.oversubscribe, lease)
         held: dict[str, int] = {}
         here = self.hosts.get(current) if current else None
         if here is None or not here.alive or here.draining or here.running >= here.slots:

@@ -13,12 +13,14 @@ the bytes each host holds of the closure, and carries the decision out (`fabric.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Literal
 
 OVERSUBSCRIBE = 7  # sessions per slot a host takes, as NotebookOS caps its GPU servers
 
-Reason = Literal["kept", "locality", "least-loaded", "queued"]
+Reason = Literal["kept", "locality", "least-loaded", "queued", "random"]
+POLICIES = ("locality", "random")  # random: the baseline locality is measured against
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class Decision:
         return {"kept": "its worker's host has a free lease",
                 "locality": f"holds {self.held} bytes of its closure",
                 "least-loaded": "the least loaded host with a free lease",
-                "queued": "every host is full; it waits for one"}[self.reason]
+                "queued": "every host is full; it waits for one",
+                "random": "a host drawn at random among those with a free lease"}[self.reason]
 
 
 def place(hosts: list[HostView], current: str | None, held: dict[str, int],
@@ -72,6 +75,15 @@ def place(hosts: list[HostView], current: str | None, held: dict[str, int],
         best = min(open_to, key=lambda h: (_load(h), h.name))
         return Decision(best.name, "least-loaded", held.get(best.name, 0))
     return Decision(None, "queued")
+
+
+def place_randomly(hosts: list[HostView], current: str | None, rng: random.Random,
+                   oversubscribe: int = OVERSUBSCRIBE, lease: bool = True) -> Decision:
+    """The baseline: any host that may take the cell, drawn at random, its worker or its
+    bytes notwithstanding."""
+    open_to = [h for h in hosts if (h.free() or not lease) and not h.draining
+               and (h.name == current or h.takes(oversubscribe))]
+    return Decision(rng.choice(open_to).name, "random") if open_to else Decision(None, "queued")
 
 
 def _load(host: HostView) -> float:
