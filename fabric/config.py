@@ -82,6 +82,10 @@ class Config:
     # an fsspec URL (a shared folder, s3://...) where every commit is kept too, and where a
     # host whose disk lacks a session's state finds it; empty: this host's disk alone
     remote: str = ""
+    # a cluster's host: where it serves its blobs to its peers, and the file naming them and
+    # the key they share (`fabric.snapshot.peers`; its host agent sets both); empty: no peers
+    peer_bind: str = ""
+    peers: str = ""
     # many hosts: the Ray cluster to serve (an address, or auto); empty: this host alone
     ray: str = ""
     # sessions per slot a cluster's host takes before its cells queue cluster-wide; 0: 7

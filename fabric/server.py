@@ -85,6 +85,7 @@ from .pool.lifecycle import Keeper
 from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
+from .snapshot.peers import Peers, PeerServer
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class Server:
         self.front = Front(config, lambda: self.metrics.auth_failures.inc())
         self.separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
-        self.store = Store(private_dir(config.store, shared=self.separate), remote=config.remote)
+        self.store = Store(private_dir(config.store, shared=self.separate), remote=config.remote,
+                           peers=Peers(Path(config.peers)) if config.peers else None)
         self._parts: dict[str, Store] = {}  # each user's part of the store, when separate
         self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
@@ -151,13 +153,16 @@ class Server:
                          self.config.store, self.leases.slots, self.leases.kind)
                 if ready is not None:
                     ready.set()
-                receiver = asyncio.ensure_future(self._receive())
-                watcher = asyncio.ensure_future(self._watch_clients())
-                keeper = asyncio.ensure_future(self._upkeep())
+                loops = [self._receive(), self._watch_clients(), self._upkeep()]
+                if self.config.peer_bind:  # a cluster's host: its blobs, for its peers
+                    loops.append(PeerServer(self.store.disk, self.config.peer_bind,
+                                            auth.Keys(self.config.key_dir / "peers")).serve())
+                running = [asyncio.ensure_future(loop) for loop in loops]
+                for task in running:
+                    task.add_done_callback(_ended)
                 await self._stop.wait()
-                receiver.cancel()
-                watcher.cancel()
-                keeper.cancel()
+                for task in running:
+                    task.cancel()
             finally:
                 for task in list(self._tasks):
                     task.cancel()
@@ -620,8 +625,15 @@ class Server:
             "leases": leases,
             **self.pool.status(),
             "upkeep": self.upkeep,
+            "sourced": dict(self.store.sourced),  # bytes fetched from peers and the remote
             "sessions": [self._public(user, s.status()) for s in mine.values()],
         }
+
+
+def _ended(task: asyncio.Task) -> None:
+    """A loop of the server that ended other than by its stop: what ended it, in the log."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a loop of the server failed", exc_info=task.exception())
 
 
 def run(config: Config) -> None:

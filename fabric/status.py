@@ -164,6 +164,8 @@ class HostStatus(_Wire):
     sessions: int  # sessions open on it
     alive: bool
     draining: bool
+    # bytes of state it fetched, by the tier they came from (peer, remote)
+    sourced: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

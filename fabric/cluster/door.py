@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_EVERY = 1.0  # seconds between the door's looks at its hosts
 MISSES = 5  # pings a host leaves unanswered in a row before it is lost
+START_RETRY = 10.0  # seconds before a node whose host did not start is tried again
 STORE_OPS = frozenset({"tag", "history", "versions", "holds"})  # served by any host's store
 Key = tuple[str, str]  # (user, session)
 
@@ -78,6 +79,8 @@ class Host:
     address: str
     server_key: str
     slots: int
+    peer_address: str  # where its blobs are read (`fabric.snapshot.peers`)
+    peer_key: str
     running: int = 0  # cells the door carries to it now
     draining: bool = False
     alive: bool = True
@@ -156,6 +159,7 @@ class Door:
         self.config = config
         # its claim, the hosts' folders on this node, and the key every host's store signs with
         self.key = load_key(private_dir(config.store) / "key")
+        self.peer_pair = tuple(k.decode() for k in zmq.curve_keypair())  # hosts read each other
         self.front = Front(config)
         self.members = members
         self.owner = auth.owner_name()
@@ -174,6 +178,7 @@ class Door:
         self._ids = (f"door-{n}" for n in itertools.count(1))
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._starts: dict[str, asyncio.Task] = {}  # host agents starting, by node
 
     # serving
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -183,6 +188,7 @@ class Door:
                 loop.add_signal_handler(sig, self._stop.set)
             await self._key_of(self.owner)
             await self._look()
+            await asyncio.gather(*self._starts.values())
             log.info("front door on %s: %d hosts", self.config.address, len(self.hosts))
             if ready is not None:
                 ready.set()
@@ -203,10 +209,13 @@ class Door:
 
     async def _receive(self) -> None:
         while True:
-            frames = await self.front.receive()
-            task = asyncio.ensure_future(self._handle(frames))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._handle(await self.front.receive()))
+
+    def _spawn(self, work) -> asyncio.Task:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
         identity, msg_id = frames[0].bytes, None
@@ -460,23 +469,41 @@ class Door:
         for host in list(self.hosts.values()):
             if host.node not in nodes and host.alive:
                 self._lose(host, "its node left the cluster")
-        users = {user: pair[0] for user, pair in self.keys.items()}
         for node, resources in nodes.items():
             known = next((h for h in self.hosts.values() if h.node == node), None)
-            if known is not None and known.alive:
-                continue
-            try:
-                info = await asyncio.to_thread(self.members.start, node, resources, users,
-                                               self.key)
-            except FabricError as exc:
-                log.warning("node %s has no host: %s", node[:12], exc.message)
-                continue
-            self._join(info)
+            if (known is None or not known.alive) and node not in self._starts:
+                self._starts[node] = self._spawn(self._start(node, resources))
+
+    async def _start(self, node: str, resources: dict) -> None:
+        """The node's host agent and server, started (a node that fails is tried again at the
+        next look, `START_RETRY` seconds on)."""
+        users = {user: pair[0] for user, pair in self.keys.items()}
+        try:
+            info = await asyncio.to_thread(self.members.start, node, resources, users,
+                                           self.key, self.peer_pair)
+        except FabricError as exc:
+            log.warning("node %s has no host: %s", node[:12], exc.message)
+            await asyncio.sleep(START_RETRY)
+            return
+        finally:
+            self._starts.pop(node, None)
+        self._join(info)
+        await self._share_peers()
+
+    async def _share_peers(self) -> None:
+        """Tell every host the others, whose blobs it reads before the remote tier's."""
+        hosts = [h for h in self.hosts.values() if h.alive]
+        await asyncio.gather(*(asyncio.to_thread(
+            self.members.share, h.node,
+            [{"name": o.name, "address": o.peer_address, "server_key": o.peer_key}
+             for o in hosts if o is not h], self.peer_pair) for h in hosts),
+            return_exceptions=True)
 
     def _join(self, info: dict) -> Host:
         old = self.hosts.get(info["name"])
-        host = self.hosts[info["name"]] = Host(info["name"], info["node"], info["address"],
-                                               info["server_key"], max(1, info["slots"]))
+        host = self.hosts[info["name"]] = Host(
+            info["name"], info["node"], info["address"], info["server_key"],
+            max(1, info["slots"]), info["peer_address"], info["peer_key"])
         if old is not None:
             host.draining = old.draining
         log.info("host %s joined: %s, %d slots", host.name, host.address, host.slots)
@@ -530,6 +557,7 @@ class Door:
             if opened.host == host.name:
                 opened.host = None
         self._freed()
+        self._spawn(self._share_peers())  # its peers stop asking it
 
     def _lost_error(self, host: Host, request: Request, user: str) -> HostLost:
         session = getattr(request, "session", None)
@@ -589,10 +617,12 @@ class Door:
             leases["threads"] = max(leases["threads"], part["leases"]["threads"])
             leases["leases"] += [{**s, "host": host.name} for s in part["leases"]["leases"]]
             leases["queue"] += [{**q, "host": host.name} for q in part["leases"]["queue"]]
+        sourced = {h.name: part.get("sourced", {}) for h, part in parts}
         merged["hosts"] = [
             {"name": h.name, "node": h.node, "address": h.address, "slots": h.slots,
              "running": h.running, "alive": h.alive, "draining": h.draining,
-             "sessions": sum(1 for s in self.sessions.values() if s.host == h.name)}
+             "sessions": sum(1 for s in self.sessions.values() if s.host == h.name),
+             "sourced": sourced.get(h.name, {})}
             for h in self.hosts.values()]
         return merged
 

@@ -28,6 +28,7 @@ from ..auth import Keys
 from ..client import listening
 from ..errors import FabricError
 from ..private import private_dir
+from ..snapshot.peers import PEER, write_peers
 from ..snapshot.tiers import write_atomic
 
 log = logging.getLogger(__name__)
@@ -53,28 +54,42 @@ class HostAgent:
         self.root = Path(root) / "hosts" / self.name
         self.remote, self.slots = remote, slots
         self.keys = Keys(private_dir(self.root / "keys"))
-        self.port = 0
+        self.peer_keys = Keys(private_dir(self.keys.root / "peers"))  # its blobs' socket
+        self.port = self.peer_port = 0
         self.process: subprocess.Popen | None = None
 
     @property
     def address(self) -> str:
         return f"tcp://{_node_ip()}:{self.port}"
 
-    def start(self, users: dict[str, str], key: bytes) -> dict:
-        """Admit `users` (name -> public key), start the server unless it runs, its store
-        signing with the cluster's `key`; what the front door needs to reach it."""
+    def start(self, users: dict[str, str], key: bytes, peer: tuple[str, str]) -> dict:
+        """Admit `users` (name -> public key) and the cluster's `peer` key pair, start the
+        server unless it runs, its store signing with the cluster's `key`; what the front door
+        needs to reach it, and its peers to read its blobs."""
         for user, public in users.items():
             self.admit(user, public)
+        _admit(self.peer_keys, PEER, peer[0])
+        self.share([], peer)
         self._use_key(key)
         if self.process is None or self.process.poll() is not None:
             self._spawn()
         public, _ = self.keys.server_pair()
+        peer_public, _ = self.peer_keys.server_pair()
         return {"name": self.name, "node": self.node, "address": self.address,
-                "server_key": public, "slots": self.slots, "pid": self.process.pid}
+                "server_key": public, "slots": self.slots, "pid": self.process.pid,
+                "peer_address": self.peer_address, "peer_key": peer_public}
 
     def admit(self, user: str, public: str) -> None:
         """Admit the front door's key for `user`: it connects as them."""
-        write_atomic(private_dir(self.keys.authorized) / f"{user}.pub", public.encode() + b"\n")
+        _admit(self.keys, user, public)
+
+    def share(self, peers: list[dict], pair: tuple[str, str]) -> None:
+        """The other hosts whose blobs this one reads before the remote tier's."""
+        write_peers(self.root / "peers.json", pair, peers)
+
+    @property
+    def peer_address(self) -> str:
+        return f"tcp://{_node_ip()}:{self.peer_port}"
 
     def _use_key(self, key: bytes) -> None:
         """Sign with the cluster's key: a manifest one host commits, the next one reads."""
@@ -97,12 +112,15 @@ class HostAgent:
 
     def _spawn(self) -> None:
         self.port = self.port or _free_port()
+        self.peer_port = self.peer_port or _free_port()
         env = {**os.environ,
                "LLFABRIC_STORE": str(self.root / "store"),
                "LLFABRIC_RUNTIME_DIR": str(self.root / "run"),
                "LLFABRIC_KEY_DIR": str(self.keys.root),
                "LLFABRIC_BIND": self.address,
-               "LLFABRIC_REMOTE": self.remote}
+               "LLFABRIC_REMOTE": self.remote,
+               "LLFABRIC_PEER_BIND": self.peer_address,
+               "LLFABRIC_PEERS": str(self.root / "peers.json")}
         if self.slots:
             env["LLFABRIC_SLOTS"] = str(self.slots)
         # Ray hides the GPUs from an actor that asked for none: the host's server leases them
@@ -120,6 +138,10 @@ class HostAgent:
                 raise FabricError(f"the llfabric server of host {self.name} did not start: "
                                   f"{_tail(self.root / 'serve.log')}", host=self.name)
             time.sleep(0.1)
+
+
+def _admit(keys: Keys, user: str, public: str) -> None:
+    write_atomic(private_dir(keys.authorized) / f"{user}.pub", public.encode() + b"\n")
 
 
 def node_slots(resources: dict[str, float]) -> int:

@@ -33,7 +33,8 @@ class RayMembers:
         """Alive nodes by id, with their resources."""
         return {n["NodeID"]: n["Resources"] for n in self.ray.nodes() if n["Alive"]}
 
-    def start(self, node: str, resources: dict, users: dict[str, str], key: bytes) -> dict:
+    def start(self, node: str, resources: dict, users: dict[str, str], key: bytes,
+              peer: tuple[str, str]) -> dict:
         """The host agent of `node`, started (or found) and its server running: its info."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -42,10 +43,13 @@ class RayMembers:
             num_cpus=0, max_restarts=-1, max_task_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         ).remote(node, self.root, self.remote, node_slots(resources))
-        return self._get(agent.start.remote(users, key))
+        return self._get(agent.start.remote(users, key, peer))
 
     def admit(self, node: str, user: str, public: str) -> None:
         self._get(self._agent(node).admit.remote(user, public))
+
+    def share(self, node: str, peers: list[dict], pair: tuple[str, str]) -> None:
+        self._get(self._agent(node).share.remote(peers, pair))
 
     def stop(self, node: str) -> None:
         """Stop the node's server and its agent (`llfabric drain` then release)."""

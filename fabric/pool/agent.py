@@ -226,8 +226,10 @@ class HostAgent:
         return reply.seconds
 
     async def _fetch(self, blobs: list[str]) -> None:
-        """Copy `blobs` from the remote tier where this host's disk lacks them (off the loop)."""
-        if self.store.remote is not None and (wanted := [b for b in blobs if b]):
+        """Copy `blobs` from a peer host or the remote tier where this host's disk lacks them
+        (off the loop)."""
+        elsewhere = self.store.remote is not None or self.store.peers is not None
+        if elsewhere and (wanted := [b for b in blobs if b]):
             await asyncio.to_thread(self.store.fetch, wanted)
 
     def _usable(self, life: Life | None, head: Head) -> bool:

@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import hashlib
 import hmac
+import logging
 import mmap
 import os
 import shutil
@@ -38,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 import xxhash
@@ -46,7 +48,12 @@ from ..errors import DiskFull, StaleHead, StoreError
 from .codec import Encoded
 from .mapped import Region, mappable
 from .remote import RemoteTier
-from .tiers import Buffer, DiskTier, MemoryTier, Tier, write_atomic
+from .tiers import Buffer, DiskTier, MemoryTier, Tier, valid_id, write_atomic
+
+if TYPE_CHECKING:
+    from .peers import Peers
+
+log = logging.getLogger(__name__)
 
 CHUNK = 16 << 20  # large enough for full-speed sequential I/O, small enough to dedup parts
 INLINE = 64 << 10  # buffers below this stay in the index: a file each would cost more than bytes
@@ -62,11 +69,6 @@ Progress = Callable[[int, int], None]  # bytes done, bytes in all
 
 def blob_id(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
-
-
-def _valid_id(ident: str) -> bool:
-    return isinstance(ident, str) and len(ident) == 32 and \
-        all(c in "0123456789abcdef" for c in ident)
 
 
 class _Reporter:
@@ -109,19 +111,23 @@ class Store:
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
-                 owner: tuple[int, int] | None = None, remote: str = "") -> None:
+                 owner: tuple[int, int] | None = None, remote: str = "",
+                 peers: Peers | None = None) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
         reads the key (user code could read it from the worker's memory). `owner`: the (uid,
         gid) of that user, whose blobs folder the server writes in as them (`DiskTier`).
         `remote`: an fsspec URL where manifests, heads and (`replicate`) blobs are kept too, and
-        read from (`fetch`) when this disk lacks them (`RemoteTier`)."""
+        read from (`fetch`) when this disk lacks them (`RemoteTier`); `peers`: a cluster's other
+        hosts, read from before the remote (`fabric.snapshot.peers`)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.disk = DiskTier(self.root / "blobs", owner)
         self.remote = RemoteTier(remote) if remote else None
+        self.peers = peers
+        self.sourced = collections.Counter()  # bytes `fetch` copied, by the tier they came from
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
         self._key = (key or load_key(self.root / "key")) if signs else None
         # object id -> the chunks its index names: an id names one content, so this never goes
@@ -138,7 +144,7 @@ class Store:
 
     # blobs
     def _checked(self, ident: str) -> str:
-        if not _valid_id(ident):
+        if not valid_id(ident):
             raise StoreError(f"invalid blob id {ident!r}")
         return ident
 
@@ -203,15 +209,33 @@ class Store:
                           str(self.disk.root))
 
     def fetch(self, idents: Iterable[str]) -> int:
-        """Copy onto this disk, from the remote tier, each of `idents` (blobs, objects with
-        their chunks) that the disk lacks, verified; the bytes copied (none without one)."""
-        if self.remote is None:
+        """Copy onto this disk each of `idents` (blobs, objects with their chunks) that it
+        lacks: from a peer host that holds it, else from the remote tier; each verified. The
+        bytes copied (none with neither)."""
+        if self.remote is None and self.peers is None:
             return 0
         idents = [self._checked(i) for i in idents]
-        remote, url = self.remote, self.remote.url
-        copied = self._copy([i for i in idents if not self.disk.has(i)], remote, self.disk, url)
+        copied = self._source([i for i in idents if not self.disk.has(i)])
         chunks = [c for ident in idents for c in self._chunks_of(ident) if not self.disk.has(c)]
-        return copied + self._copy(chunks, remote, self.disk, url)
+        return copied + self._source(chunks)
+
+    def _source(self, idents: list[str]) -> int:
+        """Copy `idents` onto this disk from the peers that hold them, the rest (and any a peer
+        failed to give) from the remote tier."""
+        copied = 0
+        if self.peers is not None and idents and (held := self.peers.locate(idents)):
+            try:
+                copied += self._copy(list(held), self.peers, self.disk, "a peer host")
+                self.sourced["peer"] += copied
+            except StoreError as exc:
+                log.warning("a peer could not give state: %s; the remote tier will",
+                            exc.message)
+            idents = [i for i in idents if not self.disk.has(i)]
+        if idents and self.remote is not None:
+            remote = self._copy(idents, self.remote, self.disk, self.remote.url)
+            self.sourced["remote"] += remote
+            copied += remote
+        return copied
 
     def _chunks_of(self, ident: str) -> list[str]:
         return self.object_chunks(ident) if self.is_object(ident) else []
@@ -312,7 +336,7 @@ class Store:
                     continue
                 nbytes, ids = buf
                 if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(ids, list) or \
-                        len(ids) != -(-nbytes // chunk) or not all(map(_valid_id, ids)):
+                        len(ids) != -(-nbytes // chunk) or not all(map(valid_id, ids)):
                     raise ValueError("bad buffer entry")
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             raise StoreError(f"object {ident} is malformed: {exc}", blob=ident) from exc
@@ -372,7 +396,7 @@ class Store:
 
     def is_object(self, ident: str) -> bool:
         """Whether a blob on disk starts as an object index does (a cheap peek, unverified)."""
-        if not _valid_id(ident):
+        if not valid_id(ident):
             return False
         with open(self.disk.path(ident), "rb") as f:
             return f.read(len(_OBJECT)) == _OBJECT
@@ -405,7 +429,7 @@ class Store:
     def get_manifest(self, ident: str) -> bytes:
         """A manifest's body, once its hash and its signature by this store's key both check;
         one this disk lacks comes from the remote tier, and is kept here once it checks."""
-        if not _valid_id(ident):
+        if not valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
         path = self.root / "manifests" / ident
         try:
@@ -432,7 +456,7 @@ class Store:
 
     def manifests(self) -> list[str]:
         return sorted(p.name for p in (self.root / "manifests").iterdir()
-                      if _valid_id(p.name))
+                      if valid_id(p.name))
 
     # session heads
     def _head_path(self, session: str) -> Path:
@@ -450,7 +474,7 @@ class Store:
             if found is None:
                 return None
             ident = found.decode(errors="replace").strip()
-        if not _valid_id(ident):
+        if not valid_id(ident):
             raise StoreError(f"session {session} has a corrupt head", session=session)
         return ident
 
@@ -462,7 +486,7 @@ class Store:
         if found is None:
             return self.head(session)
         ident = found.decode(errors="replace").strip()
-        if not _valid_id(ident):
+        if not valid_id(ident):
             raise StoreError(f"session {session} has a corrupt head on {self.remote.url}",
                              session=session)
         with self.locked(session):
@@ -474,7 +498,7 @@ class Store:
         """Move the session's head to `manifest` if it is still at `parent`, the version the
         manifest was built on (compare-and-set): StaleHead, and nothing written, if another
         commit or a checkout moved it meanwhile. `held`: the caller holds `locked(session)`."""
-        if not _valid_id(manifest):  # "../blobs" exists too: only a manifest id may be a head
+        if not valid_id(manifest):  # "../blobs" exists too: only a manifest id may be a head
             raise StoreError(f"invalid manifest id {manifest!r}", session=session)
         if not (self.root / "manifests" / manifest).is_file():
             raise StoreError(f"refusing to commit missing manifest {manifest}", session=session)
@@ -608,9 +632,9 @@ class Index:
         if not isinstance(raw, dict):
             raise ValueError("not a map")
         tags, thinned, policy = raw["tags"], raw["thinned"], raw["policy"]
-        if not all(isinstance(k, str) and _valid_id(v) for k, v in tags.items()):
+        if not all(isinstance(k, str) and valid_id(v) for k, v in tags.items()):
             raise ValueError("bad tags")
-        if not all(_valid_id(k) and isinstance(v, int | float) for k, v in thinned.items()):
+        if not all(valid_id(k) and isinstance(v, int | float) for k, v in thinned.items()):
             raise ValueError("bad thinned versions")
         if not all(isinstance(k, str) and isinstance(v, int) for k, v in policy.items()):
             raise ValueError("bad policy")

@@ -35,6 +35,12 @@ class Tier(Protocol):
     def write(self, ident: str, data: Buffer) -> None: ...
 
 
+def valid_id(ident: object) -> bool:
+    """Whether `ident` is a blob's (or a manifest's) name: 32 lowercase hex digits."""
+    return isinstance(ident, str) and len(ident) == 32 and \
+        all(c in "0123456789abcdef" for c in ident)
+
+
 def fsync_dir(path: Path) -> None:
     dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

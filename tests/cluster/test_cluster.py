@@ -55,6 +55,10 @@ def host_of(client: Client, session: str) -> str:
     return next(s["host"] for s in client.call("status")["sessions"] if s["session"] == session)
 
 
+def hosts(client: Client) -> dict[str, dict]:
+    return {h["name"]: h for h in client.call("status")["hosts"]}
+
+
 def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(client: Client,
                                                                 tmp_path: Path) -> None:
     first = opened(client, "where", tmp_path)
@@ -63,9 +67,9 @@ def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(client: Client,
     assert text(outputs) == "42\n"
     assert reply["host"] == first["host"] and reply["placement"]["reason"] == "kept"
     status = client.call("status")
-    hosts = {h["name"]: h for h in status["hosts"]}
-    assert len(hosts) == 3 and all(h["alive"] for h in hosts.values())
-    assert hosts[reply["host"]]["sessions"] >= 1
+    cluster = {h["name"]: h for h in status["hosts"]}
+    assert len(cluster) == 3 and all(h["alive"] for h in cluster.values())
+    assert cluster[reply["host"]]["sessions"] >= 1
     assert host_of(client, "where") == reply["host"]
     assert status["leases"]["slots"] == 3
 
@@ -95,6 +99,8 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
     assert after != before
     result, outputs = execute(client, "moving", "print(round(sum(map(square, values))))")
     assert text(outputs) == "10\n" and result["host"] == after
+    sourced = hosts(client)[after]["sourced"]  # the state came from the host it left
+    assert sourced.get("peer", 0) > 0 and not sourced.get("remote")
     elsewhere = {opened(client, f"elsewhere-{i}", tmp_path)["host"] for i in range(3)}
     client.call("drain", host=before, undo=True)
     assert before not in elsewhere  # a drained host takes no new session
@@ -133,5 +139,5 @@ def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(
     reply, outputs = execute(client, "survivor", "print(kept)")
     assert text(outputs) == "committed\n"
     assert reply["host"] != host and reply["version"] == 2
-    lost = {h["name"]: h for h in client.call("status")["hosts"]}[host]
-    assert not lost["alive"]
+    assert not hosts(client)[host]["alive"]
+    assert hosts(client)[reply["host"]]["sourced"].get("remote", 0) > 0  # its peer is gone

@@ -1,0 +1,192 @@
+"""The peer tier: blobs read from the disks of a cluster's other hosts, before the remote tier.
+
+Each host serves its store's blobs to its peers (`PeerServer`, a socket of its own beside the
+clients' one) and reads theirs (`Peers`). Only the cluster's peer key is admitted there: the
+front door makes it and gives it, with the list of peers, to every host (`PEERS_FILE`, which the
+host agent rewrites as hosts come and go). A blob comes whole in one frame (an object's chunks
+are blobs of their own, at most the store's chunk size) and is checked against its name by the
+store, like any tier's: a peer that sends the wrong bytes is caught, never trusted.
+
+Wire (msgpack maps, one request, one reply): ``{"op": "sizes", "ids": [...]}`` answers
+``{"sizes": [size or None, ...]}``; ``{"op": "read", "id": ID}`` answers ``{"size": n}`` and
+the blob as a second frame (``{"size": None}`` alone if it is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from .. import auth, protocol
+from ..errors import FabricError, ProtocolError, StoreError
+from .tiers import Buffer, DiskTier, valid_id, write_atomic
+
+log = logging.getLogger(__name__)
+
+PEER = "peer"  # the user name the peer key is admitted as
+ASK_TIMEOUT = 5.0  # seconds a peer may take to say what it holds
+READ_TIMEOUT = 60.0  # seconds for one blob (at most a chunk) to come
+MAX_IDS = 100_000  # blob ids one `sizes` request may ask about
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    address: str  # where its PeerServer listens
+    server_key: str  # its CURVE public key
+
+
+class PeerServer:
+    """This host's blobs, for its peers."""
+
+    def __init__(self, disk: DiskTier, bind: str, keys: auth.Keys) -> None:
+        self.disk, self.bind, self.keys = disk, bind, keys
+
+    async def serve(self) -> None:
+        context = zmq.asyncio.Context()
+        authenticator = auth.Authenticator(context, self.keys)
+        admitting = asyncio.ensure_future(authenticator.serve())
+        socket = context.socket(zmq.ROUTER)
+        socket.linger = 0
+        public, secret = self.keys.server_pair()
+        socket.curve_server = True
+        socket.curve_publickey, socket.curve_secretkey = public.encode(), secret.encode()
+        socket.zap_domain = auth.DOMAIN
+        socket.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # requests are small maps
+        socket.bind(self.bind)
+        try:
+            while True:
+                frames = await socket.recv_multipart()
+                try:
+                    reply = await asyncio.to_thread(self._answer, frames[-1])
+                except FabricError as exc:
+                    reply = [protocol.pack({"error": exc.message})]
+                await socket.send_multipart([frames[0], *reply])
+        finally:
+            admitting.cancel()
+            socket.close()
+            authenticator.close()
+            context.term()
+
+    def _answer(self, frame: bytes) -> list[bytes | memoryview]:
+        request = protocol.unpack(frame, 1 << 20)
+        match request:
+            case {"op": "sizes", "ids": list(ids)} if len(ids) <= MAX_IDS:
+                return [protocol.pack({"sizes": [self._size(i) for i in ids]})]
+            case {"op": "read", "id": str(ident)}:
+                size = self._size(ident)
+                if size is None:
+                    return [protocol.pack({"size": None})]
+                data = bytearray(size)
+                if self.disk.read_into(ident, memoryview(data)) != size:
+                    return [protocol.pack({"size": None})]
+                return [protocol.pack({"size": size}), data]
+        raise ProtocolError(f"not a peer request: {str(request)[:200]}")
+
+    def _size(self, ident: object) -> int | None:
+        return self.disk.size(ident) if valid_id(ident) else None
+
+
+class Peers:
+    """The other hosts' blobs, as a read-only tier; the list comes from `path` (re-read when
+    it changes)."""
+
+    durable = False  # a peer may go at any time: a commit never counts on one
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: float | None = None
+        self._peers: list[Peer] = []
+        self._key: auth.ClientKey | None = None
+        self._local = threading.local()  # a socket per thread and peer: zmq's are not shared
+        self._where: dict[str, tuple[Peer, int]] = {}  # blob -> where `locate` found it, size
+
+    def _load(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            self._peers, self._key = [], None
+            return
+        if mtime == self._seen:
+            return
+        data = json.loads(self.path.read_text())
+        key = data["key"]
+        self._key = auth.ClientKey(PEER, key["public"], key["secret"], "")
+        self._peers = [Peer(p["name"], p["address"], p["server_key"]) for p in data["peers"]]
+        self._seen = mtime
+        self._local = threading.local()
+
+    def locate(self, idents: list[str]) -> dict[str, int]:
+        """Which of `idents` some peer holds (their sizes); the peer is remembered for `read`."""
+        self._load()
+        found: dict[str, int] = {}
+        for peer in self._peers:
+            wanted = [i for i in idents if i not in found]
+            if not wanted:
+                break
+            try:
+                reply, _ = self._ask(peer, {"op": "sizes", "ids": wanted}, ASK_TIMEOUT)
+            except StoreError as exc:
+                log.info("peer %s cannot say what it holds: %s", peer.name, exc.message)
+                continue
+            for ident, size in zip(wanted, reply.get("sizes", []), strict=False):
+                if isinstance(size, int):
+                    found[ident], self._where[ident] = size, (peer, size)
+        return found
+
+    # the Tier protocol, for the blobs `locate` found
+    def has(self, ident: str) -> bool:
+        return ident in self._where
+
+    def size(self, ident: str) -> int | None:
+        known = self._where.get(ident)
+        return known[1] if known is not None else self.locate([ident]).get(ident)
+
+    def read_into(self, ident: str, out: memoryview) -> int | None:
+        if ident not in self._where:
+            return None
+        peer, _ = self._where[ident]
+        reply, data = self._ask(peer, {"op": "read", "id": ident}, READ_TIMEOUT)
+        if data is None or reply.get("size") != len(data):
+            return None
+        out[:min(len(data), out.nbytes)] = data[:out.nbytes]
+        return len(data)
+
+    def write(self, ident: str, data: Buffer) -> None:
+        raise StoreError("the peer tier is read-only")
+
+    def _ask(self, peer: Peer, request: dict, timeout: float) -> tuple[dict, bytes | None]:
+        sockets = self._local.__dict__.setdefault("sockets", {})
+        socket = sockets.get(peer.address)
+        if socket is None:
+            socket = sockets[peer.address] = zmq.Context.instance().socket(zmq.DEALER)
+            socket.linger = 0
+            auth.ClientKey(PEER, self._key.public, self._key.secret,
+                           peer.server_key).apply(socket)
+            socket.connect(peer.address)
+        socket.send(protocol.pack(request))
+        if not socket.poll(int(timeout * 1000)):
+            socket.close()  # a late answer must not meet the next request
+            del sockets[peer.address]
+            raise StoreError(f"peer {peer.name} did not answer within {timeout:.0f} s",
+                             peer=peer.name)
+        frames = socket.recv_multipart()
+        reply = protocol.unpack(frames[0], 1 << 20)
+        if "error" in reply:
+            raise StoreError(f"peer {peer.name} refused: {reply['error']}", peer=peer.name)
+        return reply, frames[1] if len(frames) > 1 else None
+
+
+def write_peers(path: Path, key: tuple[str, str], peers: list[dict]) -> None:
+    """The peers file a host reads (`Peers`): the peer key pair and the other hosts."""
+    body = {"key": {"public": key[0], "secret": key[1]}, "peers": peers}
+    write_atomic(path, json.dumps(body).encode())
+    os.chmod(path, 0o600)
