@@ -6,6 +6,7 @@ Every call here blocks (Ray's client is synchronous): the front door makes them 
 from __future__ import annotations
 
 import logging
+import os
 
 from ..errors import ConfigError, FabricError
 from .host import HostAgent, node_slots
@@ -24,6 +25,10 @@ class RayMembers:
             raise ConfigError("serving on a Ray cluster needs Ray: pip install "
                               "'llfabric[ray]'", key="ray") from exc
         self.ray = ray
+        if os.environ.get("RAY_AUTH_MODE") != "token":
+            log.warning("Ray's token authentication is off (RAY_AUTH_MODE): whoever reaches "
+                        "the cluster's ports can run code on it and read the keys the door "
+                        "gives its hosts")
         self.root, self.remote = root, remote
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
                  log_to_driver=False, ignore_reinit_error=True)
