@@ -90,6 +90,9 @@ class Config:
     ray: str = ""
     # sessions per slot a cluster's host takes before its cells queue cluster-wide; 0: 7
     oversubscribe: int = 0
+    # seconds a cluster's host stays with no session and no cell before it is released (its
+    # agent stopped, for the autoscaler to take its node back); 0: never
+    idle_release: int = 0
     # where a cluster places cells: locality (`fabric.cluster.placement`), or random (a baseline)
     placement: str = "locality"
 

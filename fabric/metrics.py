@@ -5,7 +5,9 @@ Counted as cells end: how long each waited before its code ran (visible delay, a
 it spent queued for a lease), how its worker was readied (a draft ready before execute, a warm or
 pinned worker, a cold start, with a load when the draft missed) and from which source, what
 readying took, commits, and failures by exception. Read when scraped: leases held and queued,
-sessions by tier, workers and zygotes. Refused connections are counted by `fabric.auth`.
+sessions by tier, workers and zygotes, and the bytes of state fetched from peers and the remote
+tier or copied to it. Refused connections are counted by `fabric.auth`. A cluster's front door
+has its own (`fabric.cluster.metrics`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .errors import ConfigError
@@ -72,17 +74,20 @@ class Metrics:
         self.commits.inc()
 
     def serve(self, bind: str) -> WSGIServer:
-        """Serve /metrics at `bind` (HOST:PORT) in a thread of this process, until the
-        returned server is shut down."""
-        host, _, port = bind.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"metrics_bind must be HOST:PORT, not {bind!r}")
-        try:
-            httpd, _ = start_http_server(int(port), addr=host.strip("[]"),
-                                         registry=self.registry)
-        except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on {bind}: {exc}") from exc
-        return httpd
+        return serve(self.registry, bind)
+
+
+def serve(registry: CollectorRegistry, bind: str) -> WSGIServer:
+    """Serve `registry` at /metrics on `bind` (HOST:PORT) in a thread of this process, until
+    the returned server is shut down."""
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"metrics_bind must be HOST:PORT, not {bind!r}")
+    try:
+        httpd, _ = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {bind}: {exc}") from exc
+    return httpd
 
 
 class _Live(Collector):
@@ -114,3 +119,11 @@ class _Live(Collector):
         yield GaugeMetricFamily("llfabric_workers", "Worker processes alive",
                                 value=now["workers"])
         yield GaugeMetricFamily("llfabric_zygotes", "Zygotes alive", value=now["zygotes"])
+        fetched = CounterMetricFamily("llfabric_state_fetched_bytes", "State this host lacked, "
+                                      "fetched before a load, by the tier it came from "
+                                      "(peer, remote)", labels=["tier"])
+        for tier, nbytes in sorted(now["sourced"].items()):
+            fetched.add_metric([tier], nbytes)
+        yield fetched
+        yield CounterMetricFamily("llfabric_replicated_bytes", "Saved state copied to the "
+                                  "remote tier before its commit", value=now["replicated"])

@@ -602,7 +602,8 @@ class Server:
         async def now() -> dict:
             return {"leases": self.leases.status(), "workers": len(self.pool.workers),
                     "zygotes": len(self.pool.zygotes),
-                    "sessions": [s.status() for s in self.sessions.values()]}
+                    "sessions": [s.status() for s in self.sessions.values()],
+                    "sourced": dict(self.store.sourced), "replicated": self.store.replicated}
 
         if self._loop is None:
             raise RuntimeError("the server is not serving")

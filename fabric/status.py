@@ -164,6 +164,7 @@ class HostStatus(_Wire):
     sessions: int  # sessions open on it
     alive: bool
     draining: bool
+    metrics: str = ""  # HOST:PORT where Prometheus scrapes its server
     # bytes of state it fetched, by the tier they came from (peer, remote)
     sourced: dict[str, int] = dataclasses.field(default_factory=dict)
 

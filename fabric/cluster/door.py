@@ -58,10 +58,13 @@ from ..messages import (
     Request,
     Status,
 )
+from ..metrics import serve as serve_metrics
 from ..private import private_dir
 from ..snapshot.store import load_key
 from .members import RayMembers
+from .metrics import DoorMetrics
 from .placement import OVERSUBSCRIBE, POLICIES, Decision, HostView, place, place_randomly
+from .scaling import HEAD, demand
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +84,14 @@ class Host:
     slots: int
     peer_address: str  # where its blobs are read (`fabric.snapshot.peers`)
     peer_key: str
+    metrics: str  # HOST:PORT where Prometheus scrapes its server
     running: int = 0  # cells the door carries to it now
     draining: bool = False
     alive: bool = True
     misses: int = 0
+    head: bool = False  # on the Ray head node: never released
+    gpus: bool = False
+    idle_since: float | None = None  # no session, no cell, since then
 
 
 class Link:
@@ -160,7 +167,8 @@ class Door:
         # its claim, the hosts' folders on this node, and the key every host's store signs with
         self.key = load_key(private_dir(config.store) / "key")
         self.peer_pair = tuple(k.decode() for k in zmq.curve_keypair())  # hosts read each other
-        self.front = Front(config)
+        self.metrics = DoorMetrics(self._host_table)
+        self.front = Front(config, lambda: self.metrics.auth_failures.inc())
         self.members = members
         self.owner = auth.owner_name()
         self.hosts: dict[str, Host] = {}  # by name
@@ -179,6 +187,8 @@ class Door:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._starts: dict[str, asyncio.Task] = {}  # host agents starting, by node
+        self.released: set[str] = set()  # nodes whose idle hosts the door stopped
+        self._asked: list[dict] = []  # what the autoscaler was last asked for
 
     # serving
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -189,6 +199,8 @@ class Door:
             await self._key_of(self.owner)
             await self._look()
             await asyncio.gather(*self._starts.values())
+            metrics = serve_metrics(self.metrics.registry, self.config.metrics_bind) \
+                if self.config.metrics_bind else None
             log.info("front door on %s: %d hosts", self.config.address, len(self.hosts))
             if ready is not None:
                 ready.set()
@@ -201,6 +213,9 @@ class Door:
                 for link in self.links.values():
                     link.close()
                 self.context.term()
+                if metrics is not None:
+                    metrics.shutdown()
+                    metrics.server_close()
                 if self.members is not None:
                     await asyncio.to_thread(self.members.close)
 
@@ -333,10 +348,11 @@ class Door:
 
     async def _where(self, identity: bytes, key: Key, source: str, msg_id: str) -> Decision:
         """Where the session's next cell runs; a cell no host can take now waits its turn."""
-        told = False
+        told, since = False, time.monotonic()
         while True:
             decision = await self._place(identity, key, source)
             if decision.host is not None:
+                self.metrics.queue_wait.observe(time.monotonic() - since)
                 return decision
             if not told:
                 self.front.send(identity, Queued(len(self.waiting), sum(
@@ -379,6 +395,7 @@ class Door:
     def _bind(self, key: Key, decision: Decision) -> None:
         opened = self.sessions[key]
         opened.host = decision.host
+        self.metrics.placements.labels(decision.reason).inc()
         opened.placement = {"host": decision.host,
                             "placement": {"reason": decision.reason, "held": decision.held,
                                           "why": decision.describe()}}
@@ -400,6 +417,7 @@ class Door:
                            f"{final.get('error', {}).get('message', final)}",
                            session=key[1], host=decision.host)
         self._bind(key, decision)
+        self.metrics.moves.inc()
         log.info("session %s moved to host %s (%s)", key[1], decision.host, decision.reason)
 
     def _freed(self) -> None:
@@ -469,9 +487,15 @@ class Door:
         for host in list(self.hosts.values()):
             if host.node not in nodes and host.alive:
                 self._lose(host, "its node left the cluster")
+            elif host.node not in nodes and host.node in self.released:  # taken back
+                del self.hosts[host.name]
+                self.released.discard(host.node)
+        if self.waiting:  # released nodes the autoscaler kept: take them back
+            self.released.clear()
         for node, resources in nodes.items():
             known = next((h for h in self.hosts.values() if h.node == node), None)
-            if (known is None or not known.alive) and node not in self._starts:
+            if (known is None or not known.alive) and node not in self._starts \
+                    and node not in self.released:
                 self._starts[node] = self._spawn(self._start(node, resources))
 
     async def _start(self, node: str, resources: dict) -> None:
@@ -487,7 +511,8 @@ class Door:
             return
         finally:
             self._starts.pop(node, None)
-        self._join(info)
+        host = self._join(info)
+        host.head, host.gpus = HEAD in resources, bool(resources.get("GPU"))
         await self._share_peers()
 
     async def _share_peers(self) -> None:
@@ -503,7 +528,7 @@ class Door:
         old = self.hosts.get(info["name"])
         host = self.hosts[info["name"]] = Host(
             info["name"], info["node"], info["address"], info["server_key"],
-            max(1, info["slots"]), info["peer_address"], info["peer_key"])
+            max(1, info["slots"]), info["peer_address"], info["peer_key"], info["metrics"])
         if old is not None:
             host.draining = old.draining
         log.info("host %s joined: %s, %d slots", host.name, host.address, host.slots)
@@ -521,6 +546,37 @@ class Door:
             await asyncio.gather(*(self._ping(h) for h in list(self.hosts.values())
                                    if h.alive))
             self._forget_gone()
+            if self.members is not None:
+                await self._scale()
+
+    async def _scale(self) -> None:
+        """Ask the autoscaler for what the queue needs; release hosts idle too long."""
+        hosts = [h for h in self.hosts.values() if h.alive]
+        wanted = demand(sum(h.running for h in hosts), len(self.waiting),
+                        any(h.gpus for h in hosts))
+        if wanted != self._asked:
+            await asyncio.to_thread(self.members.request, wanted)
+            self._asked = wanted
+        now = time.monotonic()
+        for host in hosts:
+            busy = host.running or any(s.host == host.name for s in self.sessions.values())
+            if busy or host.head:
+                host.idle_since = None
+            elif host.idle_since is None:
+                host.idle_since = now
+            elif self.config.idle_release and now - host.idle_since >= self.config.idle_release:
+                await self._release(host)
+
+    async def _release(self, host: Host) -> None:
+        """Stop an idle host's agent, so that the autoscaler may take its node back."""
+        log.info("host %s idle for %d s: released", host.name, self.config.idle_release)
+        host.alive = False
+        self.released.add(host.node)
+        try:
+            await asyncio.to_thread(self.members.stop, host.node)
+        except FabricError as exc:
+            log.warning("host %s could not be released: %s", host.name, exc.message)
+        self._lose(host, "released: idle")
 
     def _forget_gone(self) -> None:
         """Close the links of clients no longer connected: their hosts see them gone (a running
@@ -547,6 +603,8 @@ class Door:
     def _lose(self, host: Host, why: str) -> None:
         """The host is gone: what it served fails as lost, its sessions open elsewhere next."""
         log.warning("host %s is lost: %s", host.name, why)
+        self.metrics.hosts_lost.labels("released" if host.node in self.released
+                                       else "lost").inc()
         host.alive, host.running = False, 0
         for (identity, name), link in list(self.links.items()):
             if name == host.name:
@@ -618,13 +676,18 @@ class Door:
             leases["leases"] += [{**s, "host": host.name} for s in part["leases"]["leases"]]
             leases["queue"] += [{**q, "host": host.name} for q in part["leases"]["queue"]]
         sourced = {h.name: part.get("sourced", {}) for h, part in parts}
-        merged["hosts"] = [
-            {"name": h.name, "node": h.node, "address": h.address, "slots": h.slots,
-             "running": h.running, "alive": h.alive, "draining": h.draining,
-             "sessions": sum(1 for s in self.sessions.values() if s.host == h.name),
-             "sourced": sourced.get(h.name, {})}
-            for h in self.hosts.values()]
+        merged["hosts"] = [{**h, "sourced": sourced.get(h["name"], {})}
+                           for h in self._host_table()]
         return merged
+
+    def _host_table(self) -> list[dict]:
+        """The hosts, as `status` lists them (and the metrics read them)."""
+        return [{"name": h.name, "node": h.node, "address": h.address, "slots": h.slots,
+                 "running": h.running, "alive": h.alive, "draining": h.draining,
+                 "metrics": h.metrics,
+                 "sessions": sum(1 for s in list(self.sessions.values())
+                                 if s.host == h.name)}
+                for h in list(self.hosts.values())]
 
 
 def run(config: Config) -> None:

@@ -55,7 +55,7 @@ class HostAgent:
         self.remote, self.slots = remote, slots
         self.keys = Keys(private_dir(self.root / "keys"))
         self.peer_keys = Keys(private_dir(self.keys.root / "peers"))  # its blobs' socket
-        self.port = self.peer_port = 0
+        self.port = self.peer_port = self.metrics_port = 0
         self.process: subprocess.Popen | None = None
 
     @property
@@ -77,7 +77,8 @@ class HostAgent:
         peer_public, _ = self.peer_keys.server_pair()
         return {"name": self.name, "node": self.node, "address": self.address,
                 "server_key": public, "slots": self.slots, "pid": self.process.pid,
-                "peer_address": self.peer_address, "peer_key": peer_public}
+                "peer_address": self.peer_address, "peer_key": peer_public,
+                "metrics": self.metrics}
 
     def admit(self, user: str, public: str) -> None:
         """Admit the front door's key for `user`: it connects as them."""
@@ -86,6 +87,10 @@ class HostAgent:
     def share(self, peers: list[dict], pair: tuple[str, str]) -> None:
         """The other hosts whose blobs this one reads before the remote tier's."""
         write_peers(self.root / "peers.json", pair, peers)
+
+    @property
+    def metrics(self) -> str:
+        return f"{_node_ip()}:{self.metrics_port}"
 
     @property
     def peer_address(self) -> str:
@@ -113,6 +118,7 @@ class HostAgent:
     def _spawn(self) -> None:
         self.port = self.port or _free_port()
         self.peer_port = self.peer_port or _free_port()
+        self.metrics_port = self.metrics_port or _free_port()
         env = {**os.environ,
                "LLFABRIC_STORE": str(self.root / "store"),
                "LLFABRIC_RUNTIME_DIR": str(self.root / "run"),
@@ -120,7 +126,8 @@ class HostAgent:
                "LLFABRIC_BIND": self.address,
                "LLFABRIC_REMOTE": self.remote,
                "LLFABRIC_PEER_BIND": self.peer_address,
-               "LLFABRIC_PEERS": str(self.root / "peers.json")}
+               "LLFABRIC_PEERS": str(self.root / "peers.json"),
+               "LLFABRIC_METRICS_BIND": self.metrics}
         if self.slots:
             env["LLFABRIC_SLOTS"] = str(self.slots)
         # Ray hides the GPUs from an actor that asked for none: the host's server leases them

@@ -128,6 +128,7 @@ class Store:
         self.remote = RemoteTier(remote) if remote else None
         self.peers = peers
         self.sourced = collections.Counter()  # bytes `fetch` copied, by the tier they came from
+        self.replicated = 0  # bytes `replicate` copied to the remote tier
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
         self._key = (key or load_key(self.root / "key")) if signs else None
         # object id -> the chunks its index names: an id names one content, so this never goes
@@ -205,8 +206,10 @@ class Store:
         if self.remote is None:
             return 0
         wanted = [i for ident in idents for i in (ident, *self._chunks_of(ident))]
-        return self._copy([i for i in wanted if not self.remote.has(i)], self.disk, self.remote,
-                          str(self.disk.root))
+        copied = self._copy([i for i in wanted if not self.remote.has(i)], self.disk,
+                            self.remote, str(self.disk.root))
+        self.replicated += copied
+        return copied
 
     def fetch(self, idents: Iterable[str]) -> int:
         """Copy onto this disk each of `idents` (blobs, objects with their chunks) that it

@@ -5,8 +5,10 @@ One cluster serves the module; the test that removes a node runs last."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,13 @@ from fabric.errors import RemoteError
 
 ray_utils = pytest.importorskip("ray.cluster_utils")
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+DOOR_METRICS = f"127.0.0.1:{free_port()}"  # where Prometheus scrapes the front door
 NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory": 80 << 20}
 
 
@@ -34,8 +43,8 @@ def ray_cluster() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def door(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("cluster")
-    with serving(root / "door", ray=ray_cluster.address,
-                 remote=f"file://{root}/remote") as running:
+    with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
+                 metrics_bind=DOOR_METRICS) as running:
         with running.client() as client:
             wait_until(lambda: len(client.call("status")["hosts"]) == 3, "three hosts")
         yield running
@@ -45,6 +54,13 @@ def door(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runn
 def client(door: RunningServer) -> Iterator[Client]:
     with door.client(timeout=120) as c:
         yield c
+
+
+def scrape(address: str) -> dict[str, float]:
+    """Prometheus samples at `address` (HOST:PORT), by name and labels."""
+    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    return {sample.rsplit(" ", 1)[0]: float(sample.rsplit(" ", 1)[1])
+            for sample in body.splitlines() if sample and not sample.startswith("#")}
 
 
 def opened(client: Client, name: str, cwd: Path) -> dict:
@@ -59,8 +75,8 @@ def hosts(client: Client) -> dict[str, dict]:
     return {h["name"]: h for h in client.call("status")["hosts"]}
 
 
-def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(client: Client,
-                                                                tmp_path: Path) -> None:
+def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(
+        client: Client, door: RunningServer, tmp_path: Path) -> None:
     first = opened(client, "where", tmp_path)
     assert first["placement"]["reason"] == "least-loaded"
     reply, outputs = execute(client, "where", "x = 41\nprint(x + 1)")
@@ -72,6 +88,11 @@ def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(client: Client,
     assert cluster[reply["host"]]["sessions"] >= 1
     assert host_of(client, "where") == reply["host"]
     assert status["leases"]["slots"] == 3
+    door_metrics = scrape(DOOR_METRICS)
+    assert door_metrics['llfabric_hosts{state="up"}'] == 3
+    assert door_metrics['llfabric_placements_total{reason="kept"}'] >= 1
+    host_metrics = scrape(cluster[reply["host"]]["metrics"])  # its own server's
+    assert host_metrics['llfabric_cells_total{path="cold",status="ok"}'] >= 1
 
 
 def test_a_session_opens_again_on_the_host_that_holds_its_state(client: Client,
@@ -101,6 +122,9 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
     assert text(outputs) == "10\n" and result["host"] == after
     sourced = hosts(client)[after]["sourced"]  # the state came from the host it left
     assert sourced.get("peer", 0) > 0 and not sourced.get("remote")
+    fetched = scrape(hosts(client)[after]["metrics"])
+    assert fetched['llfabric_state_fetched_bytes_total{tier="peer"}'] == sourced["peer"]
+    assert scrape(DOOR_METRICS)["llfabric_session_moves_total"] >= 1
     elsewhere = {opened(client, f"elsewhere-{i}", tmp_path)["host"] for i in range(3)}
     client.call("drain", host=before, undo=True)
     assert before not in elsewhere  # a drained host takes no new session

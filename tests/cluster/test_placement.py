@@ -4,6 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fabric.cluster.placement import HostView, place
+from fabric.cluster.scaling import demand
 
 
 def hosts(*views: tuple[str, int, int, int]) -> list[HostView]:
@@ -69,3 +70,9 @@ def test_a_decision_is_always_a_host_that_may_take_the_cell(
     assert chosen.name == current or chosen.takes(oversubscribe)
     if decision.reason == "locality":  # no other eligible host holds more
         assert decision.held == held[chosen.name] > 0
+
+
+def test_the_autoscaler_is_asked_for_every_slot_in_use_and_each_waiting_cell() -> None:
+    assert demand(running=3, waiting=0, gpus=False) == []  # nothing waits: no floor
+    assert demand(running=3, waiting=2, gpus=False) == [{"llfabric_slots": 1.0}] * 5
+    assert demand(running=0, waiting=1, gpus=True) == [{"GPU": 1.0}]

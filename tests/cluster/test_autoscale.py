@@ -1,0 +1,62 @@
+"""Autoscaling, on Ray's fake multi-node autoscaler: a cell that waits for a lease makes the
+cluster ask for a node, runs on it once its host joins, and the host, idle again, is released
+and its node taken back.
+
+The fake autoscaler's cluster is started with `ray start`, after `ray stop --force`: this module
+must not share the machine with another Ray cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import RunningServer, execute_in_thread, serving, text, wait_until
+
+from fabric.client import Client
+from fabric.messages import Output, Queued
+
+ray_utils = pytest.importorskip("ray.cluster_utils")
+
+WORKER = {"resources": {"CPU": 1, "llfabric_slots": 1}, "node_config": {},
+          "min_workers": 0, "max_workers": 1}
+
+
+@pytest.fixture(scope="module")
+def autoscaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    cluster = ray_utils.AutoscalingCluster(
+        head_resources={"CPU": 1, "llfabric_slots": 1, "object_store_memory": 80 << 20},
+        worker_node_types={"slot": WORKER}, idle_timeout_minutes=0.05)
+    cluster.start()
+    root = tmp_path_factory.mktemp("autoscale")
+    try:
+        with serving(root / "door", ray="auto", remote=f"file://{root}/remote",
+                     idle_release=3) as running:
+            yield running
+    finally:
+        cluster.shutdown()
+
+
+def hosts(client: Client) -> list[dict]:
+    return [h for h in client.call("status")["hosts"] if h["alive"]]
+
+
+def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
+        autoscaling: RunningServer, tmp_path: Path) -> None:
+    with autoscaling.client(timeout=120) as client:
+        assert len(hosts(client)) == 1  # the head alone
+        for name in ("busy", "waiting"):
+            client.call("open", session=name, cwd=str(tmp_path))
+        head = hosts(client)[0]["name"]
+        holder, _ = execute_in_thread(autoscaling, "busy", "import time\ntime.sleep(20)")
+        wait_until(lambda: any(h["running"] for h in hosts(client)), "the head's slot held")
+        events = list(client.execute("waiting", "print('ran')", timeout=180))
+        reply = events[-1].fields
+        assert any(isinstance(e, Queued) for e in events)  # it waited for the new node
+        assert text([e.output for e in events if isinstance(e, Output)]) == "ran\n"
+        assert reply["host"] != head and len(hosts(client)) == 2
+        holder.join(60)
+        client.call("close", session="waiting")
+        # released by the door, then its node taken back by the autoscaler
+        wait_until(lambda: len(client.call("status")["hosts"]) == 1, "the node given back",
+                   timeout=120)
