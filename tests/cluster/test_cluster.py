@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from helpers import RunningServer, execute, serving, text, wait_until
 
+from cli.status import describe
 from fabric.client import Client
 from fabric.errors import RemoteError
+from fabric.status import ServerStatus
 
 ray_utils = pytest.importorskip("ray.cluster_utils")
 
@@ -88,6 +90,9 @@ def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(
     assert cluster[reply["host"]]["sessions"] >= 1
     assert host_of(client, "where") == reply["host"]
     assert status["leases"]["slots"] == 3
+    shown = "\n".join(describe(ServerStatus.from_wire(status)))  # `llfabric status`
+    assert f"session where on host {reply['host']}: version 1" in shown
+    assert all(f"host {name} (" in shown for name in cluster)
     door_metrics = scrape(DOOR_METRICS)
     assert door_metrics['llfabric_hosts{state="up"}'] == 3
     assert door_metrics['llfabric_placements_total{reason="kept"}'] >= 1
