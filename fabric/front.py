@@ -20,8 +20,8 @@ import zmq.asyncio
 from . import auth, protocol
 from .claim import claim_server
 from .config import Config
-from .errors import AddressRefused, Forbidden, InUse
-from .messages import Heartbeat
+from .errors import AddressRefused, FabricError, Forbidden, InUse, ProtocolError
+from .messages import Error, Heartbeat, Request
 from .private import private_dir
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,15 @@ class Front:
         return not (probe.done() and isinstance(probe.exception(), zmq.ZMQError)
                     and probe.exception().errno == zmq.EHOSTUNREACH)
 
+    def read(self, frames: list[zmq.Frame]) -> tuple[str, dict, Request]:
+        """The user, message and request of a client's frames; a FabricError if they are not
+        one request (`msg_id_of` names the request it answers, where it can)."""
+        if len(frames) != 2:
+            raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
+        message = protocol.unpack(frames[1].buffer, self.config.max_frame)
+        user = self.user(frames[1])
+        return user, message, Request.from_wire(message)
+
     def user(self, frame: zmq.Frame) -> str:
         """The user the connection was admitted as; a revoked key is refused at once."""
         user = _property(frame, "User-Id")
@@ -100,6 +109,20 @@ class Front:
         if self.keys is not None and not self.keys.admits(user, key):
             raise Forbidden(f"the key of user {user} is no longer authorized", user=user)
         return user
+
+
+def msg_id_of(frames: list[zmq.Frame]) -> str | None:
+    """The msg_id of a client's frame, read so that even a refused frame is answered."""
+    return protocol.peek_msg_id(frames[-1].buffer) if len(frames) > 1 else None
+
+
+def failure(exc: Exception, msg_id: str | None) -> dict:
+    """The error frame answering a request that raised `exc`: a bug is logged, and the client
+    hears of it too."""
+    if isinstance(exc, FabricError):
+        return Error(exc.to_wire()).to_wire(msg_id)
+    log.error("request failed", exc_info=exc)
+    return Error({"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id)
 
 
 def _property(frame: zmq.Frame, name: str) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import zmq
 
-from . import auth, protocol, users
+from . import auth, users
 from .closure import closure, plan
 from .config import Config
 from .envs import Env, Envs
@@ -51,7 +51,7 @@ from .errors import (
     UnknownSession,
 )
 from .following import Run
-from .front import Front
+from .front import Front, failure, msg_id_of
 from .messages import (
     COMM_TYPES,
     EVENTS,
@@ -62,7 +62,6 @@ from .messages import (
     Complete,
     Draft,
     Drain,
-    Error,
     Execute,
     Follow,
     History,
@@ -290,15 +289,9 @@ class Server:
                 limit=self.config.user_bytes, used=used)
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
-        identity, msg_id = frames[0].bytes, None
+        identity, msg_id = frames[0].bytes, msg_id_of(frames)
         try:
-            if len(frames) != 2:
-                raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
-            data = frames[1].buffer
-            msg_id = protocol.peek_msg_id(data)  # so that even a refused frame is answered
-            message = protocol.unpack(data, self.config.max_frame)
-            user = self.front.user(frames[1])
-            request = Request.from_wire(message)
+            user, message, request = self.front.read(frames)
             msg_id = message["msg_id"]  # a valid one, however far into the frame it was
 
             if isinstance(request, Follow):
@@ -317,29 +310,17 @@ class Server:
             run = self._start_run(user, request, identity, msg_id)
             try:
                 final = Reply(await self._dispatch(user, request, emit)).to_wire(msg_id)
-            except FabricError as exc:
-                if isinstance(request, Execute):  # its client shows it; the log says it too
+            except Exception as exc:  # the client hears of it; the server keeps serving
+                if isinstance(exc, FabricError) and isinstance(request, Execute):
                     log.info("session %s: the cell did not commit: %s", request.session,
-                             exc.message)
-                final = Error(exc.to_wire()).to_wire(msg_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a bug: the client hears of it, the server keeps serving
-                log.exception("request failed")
-                final = Error({"kind": "internal",
-                               "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id)
+                             exc.message)  # its client shows it; the log says it too
+                final = failure(exc, msg_id)
             if run is None:
                 self.front.send(identity, final)
             else:
                 self._end_run(run, final)
-        except FabricError as exc:
-            self.front.send(identity, Error(exc.to_wire()).to_wire(msg_id))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug: the client hears of it, the server keeps serving
-            log.exception("request failed")
-            self.front.send(identity, Error({
-                "kind": "internal", "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id))
+        except Exception as exc:
+            self.front.send(identity, failure(exc, msg_id))
 
     def _start_run(self, user: str, request: Request, identity: bytes,
                    msg_id: str) -> Run | None:

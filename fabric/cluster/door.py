@@ -38,12 +38,11 @@ from ..errors import (
     FabricError,
     Forbidden,
     HostLost,
-    ProtocolError,
     SessionBusy,
     UnknownHost,
     UnknownSession,
 )
-from ..front import Front
+from ..front import Front, failure, msg_id_of
 from ..messages import (
     Close,
     Drain,
@@ -233,25 +232,12 @@ class Door:
         return task
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
-        identity, msg_id = frames[0].bytes, None
+        identity, msg_id = frames[0].bytes, msg_id_of(frames)
         try:
-            if len(frames) != 2:
-                raise ProtocolError(f"expected one payload frame, got {len(frames) - 1}")
-            data = frames[1].buffer
-            msg_id = protocol.peek_msg_id(data)
-            message = protocol.unpack(data, self.config.max_frame)
-            user = self.front.user(frames[1])
-            request = Request.from_wire(message)
-            msg_id = message["msg_id"]
+            user, message, request = self.front.read(frames)
             final = await self._dispatch(identity, user, request, message)
-        except FabricError as exc:
-            final = Error(exc.to_wire()).to_wire(msg_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug: the client hears of it, the door keeps serving
-            log.exception("request failed")
-            final = Error({"kind": "internal",
-                           "message": f"{type(exc).__name__}: {exc}"}).to_wire(msg_id)
+        except Exception as exc:  # the client hears of it; the door keeps serving
+            final = failure(exc, msg_id)
         self.front.send(identity, final)
 
     async def _dispatch(self, identity: bytes, user: str, request: Request,
