@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
 import os
 import random
@@ -87,6 +88,8 @@ VERBOSE = False  # --verbose: every measured cell's reply timings, on stderr
 @contextlib.contextmanager
 def ray_cluster(slots: tuple[int, ...]) -> Iterator[object]:
     from ray.cluster_utils import Cluster
+
+    logging.getLogger("ray").setLevel(logging.WARNING)  # not its notes on each new cluster
 
     def node(n: int) -> dict:
         return {"num_cpus": n, "resources": {"llfabric_slots": n},
