@@ -447,7 +447,8 @@ class Server:
                 await session.close()
                 del self.sessions[session.name]
                 self._unclaimed.pop(session.name, None)
-                return {"closed": True, "version": session.manifest.version}
+                return {"closed": True, "version": session.manifest.version,
+                        "lease_seconds": self.leases.seconds.get(session.name, 0.0)}
         raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
 
     def _open(self, user: str, name: str, cwd: str | None, env: str | None) -> dict:

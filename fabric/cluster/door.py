@@ -155,6 +155,8 @@ class Opened:
     version: int = 0
     running: bool = False
     placement: dict = field(default_factory=dict)
+    # slot-seconds it leased on each host it left (a host counts on if it comes back)
+    leased: dict[str, float] = field(default_factory=dict)
 
 
 class Door:
@@ -392,8 +394,9 @@ class Door:
         opened = self.sessions[key]
         if opened.host is not None and self.hosts[opened.host].alive:
             close = Close(key[1])
-            await self._call(b"", key[0], self.hosts[opened.host], close,
-                             close.to_wire(next(self._ids)))
+            closed = await self._call(b"", key[0], self.hosts[opened.host], close,
+                                      close.to_wire(next(self._ids)))
+            opened.leased[opened.host] = float(closed.get("lease_seconds", 0.0))
         request = opened.request
         final = await self._call(b"", key[0], self.hosts[decision.host], request,
                                  request.to_wire(next(self._ids)))
@@ -654,7 +657,10 @@ class Door:
         for host, part in parts:
             for name in ("zygotes", "workers", "templates"):
                 merged[name] += part[name]
-            merged["sessions"] += [{**s, "host": host.name} for s in part["sessions"]]
+            merged["sessions"] += [{**s, "host": host.name,
+                                    "lease_seconds": s["lease_seconds"] + self._leased_elsewhere(
+                                        (user, s["session"]), host.name)}
+                                   for s in part["sessions"]]
             leases = merged["leases"]
             for name in ("slots", "held", "queued"):
                 leases[name] += part["leases"][name]
@@ -665,6 +671,10 @@ class Door:
         merged["hosts"] = [{**h, "sourced": sourced.get(h["name"], {})}
                            for h in self._host_table()]
         return merged
+
+    def _leased_elsewhere(self, key: Key, here: str) -> float:
+        opened = self.sessions.get(key)
+        return sum(v for h, v in opened.leased.items() if h != here) if opened else 0.0
 
     def _host_table(self) -> list[dict]:
         """The hosts, as `status` lists them (and the metrics read them)."""

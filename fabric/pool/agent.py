@@ -458,6 +458,7 @@ class HostAgent:
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)
+            replicating = time.monotonic()
             if done.saved is not None and self.store.remote is not None:  # durable there first
                 await asyncio.to_thread(self.store.replicate, [
                     *(blob for blob, _, _ in done.saved.groups), done.saved.ambient])
@@ -492,6 +493,7 @@ class HostAgent:
             "save": done.save + (after - committed),
             "lease_held": lease.held,
             "lazy_load": done.lazy,
+            "replicate": committed - replicating,
         }, done.payload, done.unneeded), kept
 
     def answer(self, value: str | None, error: str | None) -> dict:

@@ -7,6 +7,8 @@ must not share the machine with another Ray cluster."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +29,9 @@ def autoscaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     cluster = ray_utils.AutoscalingCluster(
         head_resources={"CPU": 1, "llfabric_slots": 1, "object_store_memory": 80 << 20},
         worker_node_types={"slot": WORKER}, idle_timeout_minutes=0.05)
+    bin_dir = str(Path(sys.executable).parent)  # where `ray` is, which the cluster runs
+    if bin_dir not in os.environ["PATH"].split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
     cluster.start()
     root = tmp_path_factory.mktemp("autoscale")
     try:

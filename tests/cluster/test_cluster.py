@@ -116,8 +116,8 @@ def test_a_session_opens_again_on_the_host_that_holds_its_state(client: Client,
 def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, door: RunningServer,
                                                              tmp_path: Path) -> None:
     opened(client, "moving", tmp_path)
-    execute(client, "moving", "import math\nvalues = [math.sqrt(i) for i in range(5)]\n"
-                              "square = lambda v: v * v")  # a lambda: saved by its lineage
+    first, _ = execute(client, "moving", "import math\nvalues = [math.sqrt(i) for i in "
+                       "range(5)]\nsquare = lambda v: v * v")  # a lambda: saved by its lineage
     before = host_of(client, "moving")
     reply = client.call("drain", host=before)
     assert {"session": "moving", "to": host_of(client, "moving")} in reply["moved"]
@@ -125,6 +125,9 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
     assert after != before
     result, outputs = execute(client, "moving", "print(round(sum(map(square, values))))")
     assert text(outputs) == "10\n" and result["host"] == after
+    leased = first["timings"]["lease_held"] + result["timings"]["lease_held"]
+    status = next(s for s in client.call("status")["sessions"] if s["session"] == "moving")
+    assert status["lease_seconds"] >= leased * 0.99  # its lease on the host it left counts
     sourced = hosts(client)[after]["sourced"]  # the state came from the host it left
     assert sourced.get("peer", 0) > 0 and not sourced.get("remote")
     fetched = scrape(hosts(client)[after]["metrics"])
