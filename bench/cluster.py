@@ -12,11 +12,13 @@ reply's timings), when x comes from
   memory   the session's warm worker, kept on its host: the next cell
   disk     the host's store: the session closed and opened again, placed back on that host by
            locality, a fresh worker loading x from the host's disk
-  remote   the remote tier: the session drained off its host (`drain`) onto one that never held
-           it, which fetches x from the remote and loads it
+  peer     another host's disk: the session drained off its host (`drain`) onto one that never
+           held it, which fetches x from the first (a peer) and loads it
+  remote   the remote tier: both hosts that held x forget it (their blob files removed), and the
+           session is drained onto the third host, which fetches x from the remote
 against cold: x built again from scratch in a fresh session (the cells that made x, then x[0],
-each committed as every cell is). Ratio: cold / tier. Before the disk and remote cells the
-store's files are dropped from the page cache, so they read the disk as a host that had not
+each committed as every cell is). Ratio: cold / tier. Before the disk, peer and remote
+cells the files read are dropped from the page cache, so they read the disk as a host that had not
 just written them would. Medians of `--repeat` fresh sessions.
 
 12 sessions: twelve notebooks replayed at once, one thread and one client each, each cell
@@ -178,6 +180,13 @@ def evict(root: Path) -> None:
                 os.close(fd)
 
 
+def forget_blobs(store: Path) -> None:
+    """Remove every blob from a host's store (the bench's sessions only are there)."""
+    for path in (store / "blobs").rglob("*"):
+        if path.is_file():
+            path.unlink()
+
+
 def timed_cell(client: Client, session: str, source: str) -> tuple[float, dict]:
     """The client's wall time of one cell, and its reply."""
     start = time.perf_counter()
@@ -190,7 +199,7 @@ def timed_cell(client: Client, session: str, source: str) -> tuple[float, dict]:
 
 
 # table 1: restore by tier
-TIERS = ("cold", "memory", "disk", "remote")
+TIERS = ("cold", "memory", "disk", "peer", "remote")
 
 
 @dataclass
@@ -247,9 +256,18 @@ def restore_round(running: Door, client: Client, size: int, rep: int,
     moved = client.call("drain", host=home)["moved"]
     try:
         assert moved and moved[0]["session"] == name and moved[0]["to"] != home, moved
-        evict(running.remote)
-        reply = read("remote")
-        assert reply["host"] == moved[0]["to"], (reply, moved)
+        peer = moved[0]["to"]
+        evict(running.host_store(home))
+        assert read("peer")["host"] == peer
+        for holder in (home, peer):  # they forget x: the third host has only the remote
+            forget_blobs(running.host_store(holder))
+        moved = client.call("drain", host=peer)["moved"]
+        try:
+            evict(running.remote)
+            reply = read("remote")
+            assert reply["host"] not in (home, peer), (reply, moved)
+        finally:
+            client.call("drain", host=peer, undo=True)
     finally:
         client.call("drain", host=home, undo=True)
     client.remove(name)  # forgotten on every host: their gc frees its copies
@@ -274,7 +292,7 @@ def restore_table(sizes: list[int], repeat: int, work: Path) -> None:
                   f" {r.median('prepare'):>8.3f} {r.median('load'):>7.3f} {ratio:>10}  "
                   f"{','.join(sorted(r.paths))}")
     print("cell s: the client's wall time of the cell; start s: the server's, from execute to "
-          "its first\nstatement; prepare: readying its worker (the remote fetch included); load "
+          "its first\nstatement; prepare: readying its worker (the fetch included); load "
           "s: the worker's own\nload of the state. cold: a fresh session's `import numpy`, the "
           "cell that makes x, and x[0]\n(each cell saves x as it commits)")
 
