@@ -22,19 +22,16 @@ from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 from notebook_compare import (
     CELL_TIMEOUT_S,
+    TEST_TIMEOUT_S,
     VOLATILE_CELLS,
     compare,
     fresh_copy,
+    nb_id,
     notebook_env,
-)
-from test_corpus import (
-    LONG,
-    NOTEBOOK_PARAMS,
-    TEST_TIMEOUT_S,
-    _nb_id,
     plain_run,
-    skip_unless_full,
 )
+from test_corpus import LONG, NOTEBOOK_PARAMS, skip_unless_full
+
 
 @pytest.fixture(scope="module")
 def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
@@ -89,5 +86,5 @@ def test_attached_notebook_matches_plain(nb_path: Path, fabric_server: RunningSe
     skip_unless_full(nb_path, LONG)
     plain = plain_run(nb_path, tmp_path / "plain")
     attached = run_attached(fabric_server, specs, nb_path, tmp_path / "attached")
-    diffs = compare(plain, attached, VOLATILE_CELLS.get(_nb_id(nb_path), {}))
+    diffs = compare(plain, attached, VOLATILE_CELLS.get(nb_id(nb_path), {}))
     assert diffs == [], "attached kernel output differs from plain:\n" + "\n".join(diffs)

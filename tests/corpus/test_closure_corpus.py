@@ -7,14 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from notebook_compare import VOLATILE_CELLS, normalize, notebook_env
+from notebook_compare import VOLATILE_CELLS, nb_id, normalize, notebook_env
 from test_corpus import (
     LONG,
     NOTEBOOK_PARAMS,
     NOTEBOOKS,
     OWN_DEFAULT,
     OWN_NOTEBOOKS,
-    _nb_id,
     skip_unless_full,
 )
 
@@ -72,12 +71,12 @@ CLOSURE_FAULTS = {
 def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path,
                                                 request: pytest.FixtureRequest) -> None:
     skip_unless_full(nb_path, LONG)
-    if fault := CLOSURE_FAULTS.get(_nb_id(nb_path)):
+    if fault := CLOSURE_FAULTS.get(nb_id(nb_path)):
         request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     cells = audit_notebook(nb_path, tmp_path, verify=True, env=notebook_env(),
                            timeout=TIMEOUT_S - 60, log=tmp_path / "audit.log")
-    volatile = VOLATILE_VARIABLES.get(_nb_id(nb_path), set())
-    masks = VOLATILE_CELLS.get(_nb_id(nb_path), {})
+    volatile = VOLATILE_VARIABLES.get(nb_id(nb_path), set())
+    masks = VOLATILE_CELLS.get(nb_id(nb_path), {})
     problems = []
     for cell in cells:
         where = f"cell {cell['index']} ({cell['head']!r})"
@@ -94,8 +93,8 @@ def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path,
 # The verified differential above runs each cell twice and leaves the long notebooks and most of
 # this project's corpus to `make test-deep`; the lookups alone cost one run of the notebook, so
 # CI checks them on every notebook of corpus/ too (the long shared ones: LLFABRIC_CORPUS=full).
-UNVERIFIED_IN_CI = [pytest.param(p, id=_nb_id(p)) for p in NOTEBOOKS
-                    if _nb_id(p) in LONG or (p in OWN_NOTEBOOKS and _nb_id(p) not in OWN_DEFAULT)]
+UNVERIFIED_IN_CI = [pytest.param(p, id=nb_id(p)) for p in NOTEBOOKS
+                    if nb_id(p) in LONG or (p in OWN_NOTEBOOKS and nb_id(p) not in OWN_DEFAULT)]
 
 
 @pytest.mark.slow

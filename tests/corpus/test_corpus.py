@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +21,14 @@ import nbformat
 import pytest
 from helpers import RunningServer, serving
 from notebook_compare import (
+    PLAIN_ERRORS_ALLOWED,
+    TEST_TIMEOUT_S,
     VOLATILE_CELLS,
     compare,
-    fresh_copy,
-    normalize,
+    nb_id,
     notebook_env,
+    plain_run,
+    run_fabric,
     run_plain,
 )
 
@@ -40,58 +41,6 @@ OWN_CORPUS = REPO / "corpus"
 OWN_NOTEBOOKS = sorted(OWN_CORPUS.glob("*/*.ipynb"))
 NOTEBOOKS = SHARED_NOTEBOOKS + OWN_NOTEBOOKS
 
-# Plain runs are expected to be clean: the corpus was recorded with
-# allow_errors=False.  A plain error means a broken environment (e.g. no
-# `dot`), and would let an identically broken llfabric run pass vacuously.
-# Only cells that raise on purpose, to show an error, may: code cell -> why.
-PLAIN_ERRORS_ALLOWED: dict[str, dict[int, str]] = {
-    "PythonDataScienceHandbook/02.05-Computation-on-arrays-broadcasting": {
-        12: "shows the ValueError of shapes that do not broadcast",
-    },
-    "pydata-book/appa": {31: "shows the ValueError of shapes that do not broadcast"},
-    "pydata-book/ch02": {
-        8: 'shows the TypeError of "5" + 5',
-        21: "shows that a tuple does not support item assignment",
-        28: "shows that a str does not support item assignment",
-    },
-    "pydata-book/ch03": {
-        6: "shows that a tuple does not support item assignment",
-        46: "shows that a list is unhashable",
-        98: "shows float() raising on a non-number",
-        101: "shows float() raising on a tuple",
-        103: "shows attempt_float passing on a TypeError it does not catch",
-        118: "shows decoding a truncated UTF-8 byte string",
-        121: "shows reading a file in the wrong encoding",
-    },
-}
-
-# One notebook = plain run + llfabric run.  The heaviest (makemore_part3_bn)
-# takes ~95 s per run on the reference 2-core box but ~6 min on a slow VM.
-TEST_TIMEOUT_S = 1500
-RUN_TIMEOUT_S = 1200  # below TEST_TIMEOUT_S, so we report instead of being killed
-
-
-def _llfabric() -> str:
-    # Prefer the entry point next to the running interpreter (the venv's).
-    candidate = Path(sys.executable).parent / "llfabric"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("llfabric")
-    if found is None:
-        pytest.fail("llfabric CLI not found next to the interpreter or on PATH")
-    return found
-
-
-def _nb_id(path: Path) -> str:
-    return f"{path.parent.name}/{path.stem}"
-
-
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "<no log>"
-
 
 @pytest.fixture(scope="module")
 def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
@@ -100,59 +49,6 @@ def fabric_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningS
     # default).
     with serving(tmp_path_factory.mktemp("fabric-store"), notebook_env(), keep_warm=0) as server:
         yield server
-
-
-def _check_alive(server: RunningServer) -> None:
-    if not server.alive():
-        pytest.fail(f"llfabric server exited:\n{_tail(server.log)}")
-
-
-def run_fabric(server: RunningServer, nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
-    """Execute ``nb_path`` through ``llfabric run`` on a fresh copy of its folder."""
-    nb_copy = fresh_copy(nb_path, workdir)
-    out = workdir.parent / f"{workdir.name}.out.ipynb"
-    cmd = [_llfabric(), "run", str(nb_copy), "--connect", server.address,
-           "--cwd", str(workdir), "--allow-errors", "--output", str(out)]
-    try:
-        res = subprocess.run(cmd, env=notebook_env(), capture_output=True, text=True,
-                             timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"llfabric run timed out after {RUN_TIMEOUT_S}s\n"
-                    f"server log:\n{_tail(server.log)}")
-    if not out.exists():
-        _check_alive(server)
-        pytest.fail(f"llfabric run wrote no output (rc={res.returncode})\n"
-                    f"stderr:\n{res.stderr[-4000:]}\nserver log:\n{_tail(server.log)}")
-    nb = nbformat.read(out, as_version=4)
-    # CLI contract: non-zero exit iff some cell errored.
-    errored = any(o.get("output_type") == "error"
-                  for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert (res.returncode != 0) == errored, (
-        f"llfabric run exit code {res.returncode} but cell errors={errored}\n"
-        f"stderr:\n{res.stderr[-4000:]}")
-    return nb
-
-
-def _plain_error_cells(nb: nbformat.NotebookNode) -> dict[int, list[str]]:
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    return {i: [text for kind, text in normalize(c.outputs) if kind == "error"]
-            for i, c in enumerate(code)
-            if any(o.get("output_type") == "error" for o in c.outputs)}
-
-
-_PLAIN_RUNS: dict[Path, nbformat.NotebookNode] = {}
-
-
-def plain_run(nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
-    """The notebook run in a plain ipykernel, checked clean; once per test session, since every
-    fabric front end (llfabric run, an attached kernel) is compared with the same run."""
-    if nb_path not in _PLAIN_RUNS:
-        plain = run_plain(nb_path, workdir)
-        unexpected = {i: e for i, e in _plain_error_cells(plain).items()
-                      if i not in PLAIN_ERRORS_ALLOWED.get(_nb_id(nb_path), {})}
-        assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
-        _PLAIN_RUNS[nb_path] = plain
-    return _PLAIN_RUNS[nb_path]
 
 
 # CI must finish within 30 minutes on 2 cores; every differential runs on every notebook with
@@ -201,11 +97,11 @@ OWN_DEFAULT = {
 
 
 def _marks(nb_path: Path) -> list[pytest.MarkDecorator]:
-    deep = nb_path in OWN_NOTEBOOKS and _nb_id(nb_path) not in OWN_DEFAULT
+    deep = nb_path in OWN_NOTEBOOKS and nb_id(nb_path) not in OWN_DEFAULT
     return [pytest.mark.deep] if deep else []
 
 
-NOTEBOOK_PARAMS = [pytest.param(p, id=_nb_id(p), marks=_marks(p)) for p in NOTEBOOKS]
+NOTEBOOK_PARAMS = [pytest.param(p, id=nb_id(p), marks=_marks(p)) for p in NOTEBOOKS]
 
 
 # Notebooks whose `llfabric run` (a fresh worker per cell) differs from the plain run through a
@@ -215,7 +111,7 @@ FABRIC_RUN_FAULTS: dict[str, str] = {}
 
 def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
     """Skip `nb_path` outside the full corpus run if it is one of `left_out`."""
-    if _nb_id(nb_path) in left_out and not FULL_CORPUS:
+    if nb_id(nb_path) in left_out and not FULL_CORPUS:
         pytest.skip("a long notebook: this differential runs on it with LLFABRIC_CORPUS=full")
 
 
@@ -225,12 +121,12 @@ def skip_unless_full(nb_path: Path, left_out: set[str]) -> None:
 def test_notebook_matches_plain(nb_path: Path, fabric_server: RunningServer,
                                 tmp_path: Path, request: pytest.FixtureRequest) -> None:
     skip_unless_full(nb_path, HEAVY)
-    if fault := FABRIC_RUN_FAULTS.get(_nb_id(nb_path)):
+    if fault := FABRIC_RUN_FAULTS.get(nb_id(nb_path)):
         request.applymarker(pytest.mark.xfail(reason=fault, strict=True))
     plain = plain_run(nb_path, tmp_path / "plain")
     fabric = run_fabric(fabric_server, nb_path, tmp_path / "fabric")
     # Cells printing unseeded random values are compared with numbers masked.
-    diffs = compare(plain, fabric, VOLATILE_CELLS.get(_nb_id(nb_path), {}))
+    diffs = compare(plain, fabric, VOLATILE_CELLS.get(nb_id(nb_path), {}))
     assert diffs == [], "llfabric output differs from plain:\n" + "\n".join(diffs)
 
 
@@ -238,13 +134,13 @@ def test_corpus_present() -> None:
     # Guard against a silently empty parametrization (wrong corpus path).
     assert len(SHARED_NOTEBOOKS) >= 39, f"expected the 39-notebook dev corpus under {CORPUS}"
     assert len(OWN_NOTEBOOKS) >= 40, f"expected this project's corpus under {OWN_CORPUS}"
-    assert len({_nb_id(p) for p in NOTEBOOKS}) == len(NOTEBOOKS), "two notebooks share an id"
+    assert len({nb_id(p) for p in NOTEBOOKS}) == len(NOTEBOOKS), "two notebooks share an id"
 
 
 def test_left_out_notebooks_are_in_the_corpus() -> None:
-    ids = {_nb_id(p) for p in NOTEBOOKS}
+    ids = {nb_id(p) for p in NOTEBOOKS}
     assert ids >= LONG
-    assert {_nb_id(p) for p in OWN_NOTEBOOKS} >= OWN_DEFAULT
+    assert {nb_id(p) for p in OWN_NOTEBOOKS} >= OWN_DEFAULT
     assert set(PLAIN_ERRORS_ALLOWED) <= ids
 
 
@@ -257,7 +153,7 @@ def test_own_corpus_records_its_sources() -> None:
         assert len(repo["commit"]) == 40 and repo["license"], folder
         assert (OWN_CORPUS / repo["license_file"]).is_file(), repo["license_file"]
     entries = {entry["notebook"]: entry for entry in sources["notebooks"]}
-    assert set(entries) == {_nb_id(p) for p in OWN_NOTEBOOKS}
+    assert set(entries) == {nb_id(p) for p in OWN_NOTEBOOKS}
     for nid, entry in entries.items():
         folder = nid.split("/", 1)[0]
         assert folder in repos and entry["source_path"].endswith(".ipynb"), nid
@@ -268,7 +164,7 @@ def test_own_corpus_records_its_sources() -> None:
 
 def test_volatile_cells_name_real_code_cells() -> None:
     # A typo in a notebook id or a stale index would silently mask nothing.
-    by_id = {_nb_id(p): p for p in NOTEBOOKS}
+    by_id = {nb_id(p): p for p in NOTEBOOKS}
     for nid, cells in VOLATILE_CELLS.items():
         assert nid in by_id, f"VOLATILE_CELLS names unknown notebook {nid!r}"
         n_code = sum(c.cell_type == "code" for c in nbformat.read(by_id[nid], 4).cells)

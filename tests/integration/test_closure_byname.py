@@ -15,8 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from helpers import RunningServer, serving
-from notebook_compare import compare, normalize, notebook_env, run_plain
-from test_corpus import run_fabric
+from notebook_compare import compare, normalize, notebook_env, run_fabric, run_plain
 
 from fabric.audit import audit_notebook
 

@@ -6,7 +6,8 @@ notebooks carry the same outputs (``compare``).  Outputs are first reduced to a
 text-only form (``normalize``) with a small set of masks for what legitimately
 differs between two *plain* runs of the same notebook (addresses, timings, ...).
 The masks were derived empirically by running the whole corpus plain twice and
-diffing; every mask documents why it is needed.
+diffing; every mask documents why it is needed.  ``plain_run`` and ``run_fabric``
+are the two runs every corpus differential compares.
 """
 
 from __future__ import annotations
@@ -15,13 +16,18 @@ import difflib
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+if TYPE_CHECKING:
+    from helpers import RunningServer
 
 # Per-cell timeout.  The corpus was recorded at 120 s/cell; the heaviest cell
 # (makemore_part3_bn, 83 s there) takes ~3.5x longer on a slow shared 2-core
@@ -410,3 +416,115 @@ def compare(plain_nb: nbformat.NotebookNode, fabric_nb: nbformat.NotebookNode,
         diffs.append(f"cell {idx} ({head!r}):\n    {shown}{more}")
     return diffs
 
+# ---------------------------------------------------------------------------
+# Running a notebook plain and through llfabric (every corpus differential)
+# ---------------------------------------------------------------------------
+
+# Plain runs are expected to be clean: the corpus was recorded with
+# allow_errors=False.  A plain error means a broken environment (e.g. no
+# `dot`), and would let an identically broken llfabric run pass vacuously.
+# Only cells that raise on purpose, to show an error, may: code cell -> why.
+PLAIN_ERRORS_ALLOWED: dict[str, dict[int, str]] = {
+    "PythonDataScienceHandbook/02.05-Computation-on-arrays-broadcasting": {
+        12: "shows the ValueError of shapes that do not broadcast",
+    },
+    "pydata-book/appa": {31: "shows the ValueError of shapes that do not broadcast"},
+    "pydata-book/ch02": {
+        8: 'shows the TypeError of "5" + 5',
+        21: "shows that a tuple does not support item assignment",
+        28: "shows that a str does not support item assignment",
+    },
+    "pydata-book/ch03": {
+        6: "shows that a tuple does not support item assignment",
+        46: "shows that a list is unhashable",
+        98: "shows float() raising on a non-number",
+        101: "shows float() raising on a tuple",
+        103: "shows attempt_float passing on a TypeError it does not catch",
+        118: "shows decoding a truncated UTF-8 byte string",
+        121: "shows reading a file in the wrong encoding",
+    },
+}
+
+# One notebook = plain run + llfabric run.  The heaviest (makemore_part3_bn)
+# takes ~95 s per run on the reference 2-core box but ~6 min on a slow VM.
+TEST_TIMEOUT_S = 1500
+RUN_TIMEOUT_S = 1200  # below TEST_TIMEOUT_S, so we report instead of being killed
+
+
+def llfabric_cli() -> str:
+    # Prefer the entry point next to the running interpreter (the venv's).
+    candidate = Path(sys.executable).parent / "llfabric"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("llfabric")
+    if found is None:
+        pytest.fail("llfabric CLI not found next to the interpreter or on PATH")
+    return found
+
+
+def nb_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "<no log>"
+
+
+def _check_alive(server: RunningServer) -> None:
+    if not server.alive():
+        pytest.fail(f"llfabric server exited:\n{_tail(server.log)}")
+
+
+def run_fabric(server: RunningServer, nb_path: Path, workdir: Path,
+               session: str | None = None) -> nbformat.NotebookNode:
+    """Execute ``nb_path`` through ``llfabric run`` on a fresh copy of its folder (as session
+    `session`, if named)."""
+    nb_copy = fresh_copy(nb_path, workdir)
+    out = workdir.parent / f"{workdir.name}.out.ipynb"
+    cmd = [llfabric_cli(), "run", str(nb_copy), "--connect", server.address,
+           "--cwd", str(workdir), "--allow-errors", "--output", str(out)]
+    if session is not None:
+        cmd += ["--session", session]
+    try:
+        res = subprocess.run(cmd, env=notebook_env(), capture_output=True, text=True,
+                             timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"llfabric run timed out after {RUN_TIMEOUT_S}s\n"
+                    f"server log:\n{_tail(server.log)}")
+    if not out.exists():
+        _check_alive(server)
+        pytest.fail(f"llfabric run wrote no output (rc={res.returncode})\n"
+                    f"stderr:\n{res.stderr[-4000:]}\nserver log:\n{_tail(server.log)}")
+    nb = nbformat.read(out, as_version=4)
+    # CLI contract: non-zero exit iff some cell errored.
+    errored = any(o.get("output_type") == "error"
+                  for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert (res.returncode != 0) == errored, (
+        f"llfabric run exit code {res.returncode} but cell errors={errored}\n"
+        f"stderr:\n{res.stderr[-4000:]}")
+    return nb
+
+
+def _plain_error_cells(nb: nbformat.NotebookNode) -> dict[int, list[str]]:
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    return {i: [text for kind, text in normalize(c.outputs) if kind == "error"]
+            for i, c in enumerate(code)
+            if any(o.get("output_type") == "error" for o in c.outputs)}
+
+
+_PLAIN_RUNS: dict[Path, nbformat.NotebookNode] = {}
+
+
+def plain_run(nb_path: Path, workdir: Path) -> nbformat.NotebookNode:
+    """The notebook run in a plain ipykernel, checked clean; once per test session, since every
+    fabric front end (llfabric run, an attached kernel) is compared with the same run."""
+    if nb_path not in _PLAIN_RUNS:
+        plain = run_plain(nb_path, workdir)
+        unexpected = {i: e for i, e in _plain_error_cells(plain).items()
+                      if i not in PLAIN_ERRORS_ALLOWED.get(nb_id(nb_path), {})}
+        assert not unexpected, f"plain run itself errored (broken environment?): {unexpected}"
+        _PLAIN_RUNS[nb_path] = plain
+    return _PLAIN_RUNS[nb_path]
