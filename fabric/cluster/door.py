@@ -157,6 +157,9 @@ class Opened:
     placement: dict = field(default_factory=dict)
     # slot-seconds it leased on each host it left (a host counts on if it comes back)
     leased: dict[str, float] = field(default_factory=dict)
+    # held while a cell is placed (and the session moved for it), while it closes, and while a
+    # drain moves it: one of them at a time decides where it is
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Door:
@@ -268,10 +271,14 @@ class Door:
                                  session=request.session)
         if isinstance(request, Execute):
             return await self._execute(identity, key, opened, request, message)
-        final = await self._call(identity, user, await self._host_of(key), request, message)
-        if isinstance(request, Close) and final.get("type") == "reply":
-            del self.sessions[key]
-        return final
+        if isinstance(request, Close):  # not while a cell's placement or a drain moves it
+            async with opened.turn:
+                final = await self._call(identity, user, await self._host_of(key), request,
+                                         message)
+                if final.get("type") == "reply":
+                    del self.sessions[key]
+            return final
+        return await self._call(identity, user, await self._host_of(key), request, message)
 
     # sessions
     async def _open(self, identity: bytes, key: Key, request: Open, message: dict) -> dict:
@@ -315,15 +322,22 @@ class Door:
                        message: dict) -> dict:
         if opened.running:  # the host says so too; placing it first could move the session
             raise SessionBusy(f"session {key[1]} is already running a cell", session=key[1])
-        decision = await self._where(identity, key, request.source, message["msg_id"])
-        host = self.hosts[decision.host]
-        host.running += 1
-        opened.running = True
+        async with opened.turn:
+            decision = await self._where(identity, key, request.source, message["msg_id"])
+            host = self.hosts[decision.host]
+            host.running += 1
+            opened.running = True
+            try:
+                if decision.host != opened.host:
+                    await self._move(key, decision)
+                else:
+                    self._bind(key, decision)
+            except BaseException:
+                host.running -= 1
+                opened.running = False
+                self._freed()
+                raise
         try:
-            if decision.host != opened.host:
-                await self._move(key, decision)
-            else:
-                self._bind(key, decision)
             final = await self._call(identity, key[0], host, request, message)
         finally:
             host.running -= 1
@@ -630,12 +644,16 @@ class Door:
         for key, opened in list(self.sessions.items()):
             if opened.host != name:
                 continue
-            while opened.running:  # a running cell finishes where it runs
+            while opened.running and opened.host == name:  # it finishes where it runs
                 await asyncio.sleep(0.1)
-            decision = await self._place(b"", key, "", lease=False)
-            if decision.host is None or decision.host == name:
-                continue  # nowhere else to go: it stays until a host takes it
-            await self._move(key, decision)
+            async with opened.turn:
+                if opened.running or self.sessions.get(key) is not opened \
+                        or opened.host != name:
+                    continue  # a cell started or moved it meanwhile, or it closed
+                decision = await self._place(b"", key, "", lease=False)
+                if decision.host is None or decision.host == name:
+                    continue  # nowhere else to go: it stays until a host takes it
+                await self._move(key, decision)
             moved.append({"session": key[1], "to": decision.host})
         return {"host": name, "moved": moved}
 

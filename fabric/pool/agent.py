@@ -442,7 +442,8 @@ class HostAgent:
                     worker, replace(message, device=lease.device), events)
             life.starting.clear()
             if replay is not None:  # it settles on the head's groups afterwards
-                await self._fetch([g.blob for g in head.manifest.groups])
+                await self._fetch([*(g.blob for g in head.manifest.groups),
+                                   head.manifest.ambient or ""])
                 result = await recompute(worker, replay, head, life.holds, lease.device,
                                          lease.threads, events)
                 if result.lost:

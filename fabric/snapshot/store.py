@@ -261,13 +261,17 @@ class Store:
             return sum(pool.map(copy, dict.fromkeys(idents)))
 
     def get(self, ident: str) -> bytes:
-        """Read a blob and check it against its name before anyone unpickles it."""
-        for tier in self.tiers:
-            size = tier.size(self._checked(ident))
-            if size is not None:
-                out = bytearray(size)
-                self._read_into(ident, memoryview(out))
-                return bytes(out)
+        """Read a blob and check it against its name before anyone unpickles it; one this host
+        lacks is fetched first, from a peer or the remote tier (`fetch`)."""
+        for attempt in range(2):
+            for tier in self.tiers:
+                size = tier.size(self._checked(ident))
+                if size is not None:
+                    out = bytearray(size)
+                    self._read_into(ident, memoryview(out))
+                    return bytes(out)
+            if attempt == 0 and not self.fetch([ident]):
+                break
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
 
     def _read_into(self, ident: str, out: memoryview) -> None:

@@ -71,3 +71,15 @@ def test_heads_and_manifests_come_from_the_remote_checked_by_the_stores_key(
 def test_a_remote_no_package_can_reach_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot be used"):
         Store(tmp_path, remote="nosuchprotocol://bucket/path")
+
+
+def test_a_blob_read_whole_comes_from_the_remote_where_this_disk_lacks_it(
+        tmp_path: Path, remote: str) -> None:
+    """A version's catalog, say, which no worker loads: its next commit on another host reads
+    it (`Store.get`)."""
+    here, there = _two_hosts(tmp_path, remote)
+    ident = here.put(b"the names a version describes")
+    assert not there.has(ident)
+    assert there.get(ident) == b"the names a version describes" and there.has(ident)
+    with pytest.raises(StoreError, match="missing"):
+        there.get("0" * 32)
