@@ -60,6 +60,7 @@ from ..messages import (
 from ..metrics import serve as serve_metrics
 from ..private import private_dir
 from ..snapshot.store import load_key
+from .host import host_name
 from .members import RayMembers
 from .metrics import DoorMetrics
 from .placement import OVERSUBSCRIBE, POLICIES, Decision, HostView, place, place_randomly
@@ -509,7 +510,7 @@ class Door:
             info = await asyncio.to_thread(self.members.start, node, resources, users,
                                            self.key, self.peer_pair)
         except FabricError as exc:
-            log.warning("node %s has no host: %s", node[:12], exc.message)
+            log.warning("node %s has no host: %s", host_name(node), exc.message)
             await asyncio.sleep(START_RETRY)
             return
         finally:

@@ -24,15 +24,38 @@ WORKER = {"resources": {"CPU": 1, "llfabric_slots": 1}, "node_config": {},
           "min_workers": 0, "max_workers": 1}
 
 
+class FakeAutoscaling(ray_utils.AutoscalingCluster):
+    """Ray's fake multi-node autoscaler, its configuration written here in full: Ray's wheel
+    leaves out the file the base class reads it from."""
+
+    def _generate_config(self, head_resources: dict, worker_node_types: dict,
+                         autoscaler_v2: bool = False, **settings: object) -> dict:
+        return {
+            "cluster_name": "llfabric-autoscale", "max_workers": 2, "head_node_type": "head",
+            "provider": {"type": "fake_multinode", "use_node_id_as_ip": True,
+                         "disable_node_updaters": True, "disable_launch_config_check": True},
+            "available_node_types": {
+                **worker_node_types,
+                "head": {"resources": dict(head_resources), "node_config": {}, "max_workers": 0}},
+            "auth": {}, "docker": {}, "upscaling_speed": 1.0, "file_mounts": {},
+            "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
+            "worker_setup_commands": [], "head_start_ray_commands": [],
+            "worker_start_ray_commands": [], "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": [],
+            **settings}
+
+
 @pytest.fixture(scope="module")
 def autoscaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    cluster = ray_utils.AutoscalingCluster(
-        head_resources={"CPU": 1, "llfabric_slots": 1, "object_store_memory": 80 << 20},
+    cluster = FakeAutoscaling(
+        head_resources={"CPU": 1, "object_store_memory": 80 << 20},
         worker_node_types={"slot": WORKER}, idle_timeout_minutes=0.05)
     bin_dir = str(Path(sys.executable).parent)  # where `ray` is, which the cluster runs
     if bin_dir not in os.environ["PATH"].split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
-    cluster.start()
+    # one slot on the head: by the servers' own setting (Ray's custom resources on a `ray
+    # start` command line are what the base class cannot pass)
+    cluster.start(override_env={"LLFABRIC_SLOTS": "1"})
     root = tmp_path_factory.mktemp("autoscale")
     try:
         with serving(root / "door", ray="auto", remote=f"file://{root}/remote",

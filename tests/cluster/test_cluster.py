@@ -17,6 +17,7 @@ from helpers import RunningServer, execute, serving, text, wait_until
 
 from cli.status import describe
 from fabric.client import Client
+from fabric.cluster.host import host_name
 from fabric.errors import RemoteError
 from fabric.status import ServerStatus
 
@@ -142,13 +143,13 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
 
 def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(
         ray_cluster, client: Client, door: RunningServer, tmp_path: Path) -> None:
-    head = next(h for h in hosts(client) if ray_cluster.head_node.node_id.startswith(h))
+    head = host_name(ray_cluster.head_node.node_id)
     client.call("drain", host=head)  # the cluster lives on its head: the session opens elsewhere
     opened(client, "survivor", tmp_path)
     client.call("drain", host=head, undo=True)
     execute(client, "survivor", "kept = 'committed'")
     host = host_of(client, "survivor")
-    node = next(n for n in ray_cluster.list_all_nodes() if n.node_id.startswith(host))
+    node = next(n for n in ray_cluster.list_all_nodes() if host_name(n.node_id) == host)
     before = {name: h["sourced"].get("remote", 0) for name, h in hosts(client).items()}
     result: dict = {}
 
