@@ -2,13 +2,15 @@
 
 Clients speak the protocol they speak to one host (`fabric.messages`), with the same address
 rules and keys (`fabric.front`); the door places each session on a host (`placement`) and carries
-its requests there. Each client reaches each host over a connection of its own (`Link`), admitted
-on the host as that client's user with a key the door made for them: the host keeps its users'
-sessions apart, and sees a client that goes away as gone, exactly as if it had connected itself.
+its requests there. Each client reaches each host over a connection of its own (`link.Link`),
+admitted on the host as that client's user with a key the door made for them: the host keeps
+its users' sessions apart, and sees a client that goes away as gone, exactly as if it had
+connected itself.
 The door reads only what it needs of the frames it carries: the final frame of each request.
 
-Sessions move between hosts through the store's remote tier: every commit is there before its
-cell is reported done, and a host that opens a session takes the remote's head as its own. A
+Sessions move between hosts through the store: a host reads the state it lacks from the peer
+that has it, else from the remote tier, where every commit is before its cell is reported done;
+a host that opens a session takes the remote's head as its own. A
 session is open on one host at a time, so its head has one writer. When a host is lost (its node
 gone, its server silent), the requests it was serving fail with `host_lost`, naming the version
 the session stays at, and the session's next request opens it on another host; values only that
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from .. import auth, protocol
+from .. import auth
 from ..auth import ClientKey
 from ..config import Config
 from ..errors import (
@@ -61,6 +63,7 @@ from ..metrics import serve as serve_metrics
 from ..private import private_dir
 from ..snapshot.store import load_key
 from .host import host_name
+from .link import Link
 from .members import RayMembers
 from .metrics import DoorMetrics
 from .placement import OVERSUBSCRIBE, POLICIES, Decision, HostView, place, place_randomly
@@ -92,59 +95,6 @@ class Host:
     head: bool = False  # on the Ray head node: never released
     gpus: bool = False
     idle_since: float | None = None  # no session, no cell, since then
-
-
-class Link:
-    """One client's connection to one host, as the client's user: its events go straight to the
-    client (`relay`); each request's final frame comes back to the caller."""
-
-    def __init__(self, context: zmq.asyncio.Context, host: Host, key: ClientKey,
-                 relay) -> None:
-        self.host, self.user = host, key.user
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.WIRE_LIMIT)
-        key.apply(self.socket)
-        self.socket.connect(host.address)
-        self.relay = relay
-        self.pending: dict[str, tuple[asyncio.Future, Request]] = {}
-        self.reader = asyncio.ensure_future(self._read())
-
-    async def call(self, message: dict, request: Request) -> dict:
-        """Send a request's frame; its final frame."""
-        future = asyncio.get_running_loop().create_future()
-        self.pending[message["msg_id"]] = (future, request)
-        try:
-            await self.socket.send(protocol.pack(message))
-            return await future
-        finally:
-            self.pending.pop(message["msg_id"], None)
-
-    async def _read(self) -> None:
-        while True:
-            frame = await self.socket.recv()
-            try:
-                message = protocol.unpack(frame, protocol.WIRE_LIMIT)
-            except FabricError:
-                log.warning("host %s sent a frame that is not a message", self.host.name)
-                continue
-            kind, msg_id = message.get("type"), message.get("msg_id")
-            waiting = self.pending.get(msg_id) if isinstance(msg_id, str) else None
-            if kind in ("reply", "error") and waiting is not None:
-                if not waiting[0].done():
-                    waiting[0].set_result(message)
-            elif kind != "heartbeat":  # the door probes its clients itself
-                self.relay(frame)
-
-    def fail(self, error) -> None:
-        """End every request in flight with `error(request)`'s frame."""
-        for msg_id, (future, request) in list(self.pending.items()):
-            if not future.done():
-                future.set_result(Error(error(request).to_wire()).to_wire(msg_id))
-
-    def close(self) -> None:
-        self.reader.cancel()
-        self.socket.close()
 
 
 @dataclass
