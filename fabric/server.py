@@ -146,16 +146,19 @@ class Server:
             self._loop = loop
             metrics = self.metrics.serve(self.config.metrics_bind) if self.config.metrics_bind \
                 else None
+            # a cluster's host: its blobs, for its peers
+            peers = PeerServer(self.store.disk, self.config.peer_bind,
+                               auth.Keys(self.config.key_dir / "peers")) \
+                if self.config.peer_bind else None
             try:
                 await self.pool.start()
                 log.info("serving on %s, store %s, %d %s slots", self.config.address,
                          self.config.store, self.leases.slots, self.leases.kind)
                 if ready is not None:
                     ready.set()
+                if peers is not None:
+                    peers.start()
                 loops = [self._receive(), self._watch_clients(), self._upkeep()]
-                if self.config.peer_bind:  # a cluster's host: its blobs, for its peers
-                    loops.append(PeerServer(self.store.disk, self.config.peer_bind,
-                                            auth.Keys(self.config.key_dir / "peers")).serve())
                 running = [asyncio.ensure_future(loop) for loop in loops]
                 for task in running:
                     task.add_done_callback(_ended)
@@ -168,6 +171,8 @@ class Server:
                 if metrics is not None:
                     metrics.shutdown()
                     metrics.server_close()
+                if peers is not None:
+                    peers.stop()
                 await self.keeper.stop()
                 await self.pool.stop()
 

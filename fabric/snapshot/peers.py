@@ -49,10 +49,39 @@ class Peer:
 
 
 class PeerServer:
-    """This host's blobs, for its peers."""
+    """This host's blobs, for its peers, from a thread and a loop of its own: a server loop
+    busy, or waiting on a peer itself, must never keep its peers waiting."""
 
     def __init__(self, disk: DiskTier, bind: str, keys: auth.Keys) -> None:
         self.disk, self.bind, self.keys = disk, bind, keys
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        started = threading.Event()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._task = self._loop.create_task(self.serve())
+            self._loop.call_soon(started.set)
+            try:
+                self._loop.run_until_complete(self._task)
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("the peer server failed: peers read from the remote instead")
+            finally:
+                self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="peer-server", daemon=True)
+        self._thread.start()
+        started.wait(10)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._task is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+            self._thread.join(10)
 
     async def serve(self) -> None:
         context = zmq.asyncio.Context(io_threads=IO_THREADS)

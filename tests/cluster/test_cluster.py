@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import clusters
 import pytest
 from helpers import RunningServer, execute, serving, text, wait_until
 
@@ -21,7 +22,7 @@ from fabric.cluster.host import host_name
 from fabric.errors import RemoteError
 from fabric.status import ServerStatus
 
-ray_utils = pytest.importorskip("ray.cluster_utils")
+pytest.importorskip("ray")
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -30,17 +31,12 @@ def free_port() -> int:
 
 
 DOOR_METRICS = f"127.0.0.1:{free_port()}"  # where Prometheus scrapes the front door
-NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory": 80 << 20}
 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[object]:
-    cluster = ray_utils.Cluster(initialize_head=True, head_node_args=NODE)
-    for _ in range(2):
-        cluster.add_node(**NODE)
-    cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
+    with clusters.ray_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ the state the last one committed.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import clusters
 import pytest
 from helpers import RunningServer, serving, wait_until
 from notebook_compare import (
@@ -32,7 +32,7 @@ from notebook_compare import (
 
 from fabric.client import Client
 
-ray_utils = pytest.importorskip("ray.cluster_utils")
+pytest.importorskip("ray")
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "corpus" / "notebooks"
@@ -51,7 +51,6 @@ NOTEBOOKS = [
     REPO / "corpus" / "pydata-book" / "ch02.ipynb",
 ]
 
-NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory": 80 << 20}
 HOP_EVERY_S = 0.5  # how long the session stays on a host, at least, before it is sent away
 LOOK_EVERY_S = 0.2  # how often the status is read for the host it is on
 MOVE_WITHIN_S = 30.0  # how long a drained host may keep the session (a cell runs meanwhile)
@@ -61,17 +60,8 @@ MOVE_WITHIN_S = 30.0  # how long a drained host may keep the session (a cell run
 def ray_cluster() -> Iterator[object]:
     # Hosts' servers, and the cells' workers they start, inherit the environment of the node
     # processes Ray starts now: the notebooks' environment, as the plain kernel's.
-    with pytest.MonkeyPatch.context() as patch:
-        for name in set(os.environ) - set(notebook_env()):
-            patch.delenv(name)
-        for name, value in notebook_env().items():
-            patch.setenv(name, value)
-        cluster = ray_utils.Cluster(initialize_head=True, head_node_args=NODE)
-        for _ in range(2):
-            cluster.add_node(**NODE)
-        cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
+    with clusters.ray_cluster(notebook_env()) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

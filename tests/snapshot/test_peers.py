@@ -4,9 +4,7 @@ remote tier instead."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,21 +30,17 @@ def peer_pair() -> tuple[str, str]:
 
 @pytest.fixture
 def origin(tmp_path: Path, peer_pair: tuple[str, str]) -> Iterator[tuple[Store, dict]]:
-    """A host's store serving its blobs to peers, in a loop of its own; and the entry that
-    names it in a peers file."""
+    """A host's store serving its blobs to peers, from a thread of its own; and the entry
+    that names it in a peers file."""
     store = Store(tmp_path / "origin", chunk=1 << 20, remote=f"file://{tmp_path}/remote")
     keys = Keys(tmp_path / "origin-keys")
     (keys.authorized).mkdir(parents=True)
     (keys.authorized / f"{PEER}.pub").write_text(peer_pair[0] + "\n")
     address = f"tcp://127.0.0.1:{_port()}"
-    loop = asyncio.new_event_loop()
-    serving = loop.create_task(PeerServer(store.disk, address, keys).serve())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    server = PeerServer(store.disk, address, keys)
+    server.start()
     yield store, {"name": "origin", "address": address, "server_key": keys.server_pair()[0]}
-    loop.call_soon_threadsafe(serving.cancel)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    server.stop()
 
 
 def _host(tmp_path: Path, origin: Store, peers: list[dict], pair: tuple[str, str]) -> Store:
