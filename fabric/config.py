@@ -83,7 +83,7 @@ class Config:
     # host whose disk lacks a session's state finds it; empty: this host's disk alone
     remote: str = ""
     # a cluster's host: where it serves its blobs to its peers, and the file naming them and
-    # the key they share (`fabric.snapshot.peers`; its host agent sets both); empty: no peers
+    # the key they share (`fabric.cluster.peers`; its host agent sets both); empty: no peers
     peer_bind: str = ""
     peers: str = ""
     # many hosts: the Ray cluster to serve (an address, or auto); empty: this host alone

@@ -37,6 +37,7 @@ import zmq
 
 from . import auth, users
 from .closure import closure, plan
+from .cluster.peers import Peers, PeerServer
 from .config import Config
 from .envs import Env, Envs
 from .errors import (
@@ -84,7 +85,6 @@ from .pool.lifecycle import Keeper
 from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
-from .snapshot.peers import Peers, PeerServer
 
 log = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ class Host:
     address: str
     server_key: str
     slots: int
-    peer_address: str  # where its blobs are read (`fabric.snapshot.peers`)
+    peer_address: str  # where its blobs are read (`fabric.cluster.peers`)
     peer_key: str
     metrics: str  # HOST:PORT where Prometheus scrapes its server
     running: int = 0  # cells the door carries to it now

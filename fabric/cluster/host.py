@@ -28,8 +28,8 @@ from ..auth import Keys
 from ..client import listening
 from ..errors import FabricError
 from ..private import private_dir
-from ..snapshot.peers import PEER, write_peers
 from ..snapshot.tiers import write_atomic
+from .peers import PEER, write_peers
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgpack
 import xxhash
@@ -48,10 +47,7 @@ from ..errors import DiskFull, StaleHead, StoreError
 from .codec import Encoded
 from .mapped import Region, mappable
 from .remote import RemoteTier
-from .tiers import Buffer, DiskTier, MemoryTier, Tier, valid_id, write_atomic
-
-if TYPE_CHECKING:
-    from .peers import Peers
+from .tiers import Buffer, DiskTier, Located, MemoryTier, Tier, valid_id, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +108,14 @@ class Store:
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
                  owner: tuple[int, int] | None = None, remote: str = "",
-                 peers: Peers | None = None) -> None:
+                 peers: Located | None = None) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
         reads the key (user code could read it from the worker's memory). `owner`: the (uid,
         gid) of that user, whose blobs folder the server writes in as them (`DiskTier`).
         `remote`: an fsspec URL where manifests, heads and (`replicate`) blobs are kept too, and
         read from (`fetch`) when this disk lacks them (`RemoteTier`); `peers`: a cluster's other
-        hosts, read from before the remote (`fabric.snapshot.peers`)."""
+        hosts, read from before the remote (`fabric.cluster.peers`)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):

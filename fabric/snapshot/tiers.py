@@ -35,6 +35,14 @@ class Tier(Protocol):
     def write(self, ident: str, data: Buffer) -> None: ...
 
 
+class Located(Tier, Protocol):
+    """A tier that finds where blobs are before they are read (a cluster's peers)."""
+
+    def locate(self, idents: list[str]) -> dict[str, int]:
+        """Which of `idents` it holds, and their sizes."""
+        ...
+
+
 def valid_id(ident: object) -> bool:
     """Whether `ident` is a blob's (or a manifest's) name: 32 lowercase hex digits."""
     return isinstance(ident, str) and len(ident) == 32 and \

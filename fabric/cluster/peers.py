@@ -2,7 +2,7 @@
 
 Each host serves its store's blobs to its peers (`PeerServer`, a socket of its own beside the
 clients' one) and reads theirs (`Peers`). Only the cluster's peer key is admitted there: the
-front door makes it and gives it, with the list of peers, to every host (`PEERS_FILE`, which the
+front door makes it and gives it, with the list of peers, to every host (the `peers` file, which the
 host agent rewrites as hosts come and go). A blob comes whole in one frame (an object's chunks
 are blobs of their own, at most the store's chunk size) and is checked against its name by the
 store, like any tier's: a peer that sends the wrong bytes is caught, never trusted.
@@ -28,7 +28,7 @@ import zmq.asyncio
 
 from .. import auth, protocol
 from ..errors import FabricError, ProtocolError, StoreError
-from .tiers import Buffer, DiskTier, valid_id, write_atomic
+from ..snapshot.tiers import Buffer, DiskTier, valid_id, write_atomic
 
 log = logging.getLogger(__name__)
 

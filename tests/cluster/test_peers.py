@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from fabric.auth import Keys
+from fabric.cluster.peers import PEER, Peers, PeerServer, write_peers
 from fabric.snapshot import Store, codec
-from fabric.snapshot.peers import PEER, Peers, PeerServer, write_peers
 
 
 def _port() -> int:
