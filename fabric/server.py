@@ -85,6 +85,7 @@ from .pool.lifecycle import Keeper
 from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
+from .snapshot.commit import head_manifest
 
 log = logging.getLogger(__name__)
 
@@ -505,10 +506,8 @@ class Server:
         store, stored = self._store_of(user), self._store_name(user, name)
         session = self.sessions.get(stored)
         head = store.head(stored)
-        if head is None:
-            return {"bytes": 0, "memory": 0}
         manifest = (session.manifest if session is not None and session.head == head
-                    else Manifest.decode(store.get_manifest(head)))
+                    else head_manifest(store, stored, head))
         groups = closure(plan(source), manifest).groups if source else manifest.groups
         return {"bytes": sum(g.size for g in groups if store.has(g.blob)),
                 "memory": session.status()["memory"] if session is not None else 0}
