@@ -29,6 +29,11 @@ class CellRun:
     def ok(self) -> bool:
         return self.failure is None and self.reply is not None and self.reply["status"] == "ok"
 
+    @property
+    def lost(self) -> bool:
+        """Whether the cell showed that state it may need is lost (`notices.loss`)."""
+        return any(n.topic == "lost" for n in self.notices)
+
 
 @dataclass
 class NotebookRun:
@@ -37,7 +42,9 @@ class NotebookRun:
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.cells)
+        """Every cell ran, none raised, and none showed state lost: a loss shows in the cell as
+        an error, and its notebook may go on to other results than a kernel's."""
+        return all(c.ok and not c.lost for c in self.cells)
 
 
 def read_notebook(path: Path) -> nbformat.NotebookNode:

@@ -39,6 +39,19 @@ def test_run_prints_outputs_table_and_writes_the_executed_notebook(server, tmp_p
     assert [c.execution_count for c in cells] == [1, 2, 3]
 
 
+def test_run_fails_when_a_cell_shows_state_lost(server, tmp_path) -> None:
+    # `g` cannot be saved, and its cell writes a file, so it is never run again: when the
+    # worker holding it dies between cells, the next cell shows it lost, and the run fails
+    nb = _notebook(tmp_path / "lost.ipynb",
+                   "g = (i for i in range(3))\nopen('out.txt', 'a').write('x')",
+                   "import os, subprocess\nsubprocess.Popen(['sh', '-c', "
+                   "f'sleep 0.5; kill -9 {os.getpid()}'])",
+                   "print('after')")
+    result = _run("run", str(nb), "--connect", server.address, "--think-time", "2")
+    assert "after" in result.stdout and "held g (which could not be saved) is gone" in result.stderr
+    assert result.returncode == 1, result.stdout
+
+
 def test_run_applies_a_display_update_to_the_cell_that_showed_it(server, tmp_path) -> None:
     nb = _notebook(tmp_path / "display.ipynb",
                    "h = display('first', display_id=True)\nprint('shown')",
