@@ -18,10 +18,12 @@ import ctypes
 import os
 import platform
 import signal
+import threading
 import time
 from pathlib import Path
 
 WAKE = signal.SIGUSR1
+PARENT_EVERY = 1.0  # seconds between a restored process's looks at its parent
 _PR_SET_PDEATHSIG = 1
 _RT_SIGTIMEDWAIT = {"x86_64": "128", "aarch64": "137"}  # where /proc/PID/wchan shows nothing
 
@@ -62,9 +64,36 @@ def block() -> None:
 
 def sleep(socket_dir: Path) -> str:
     """Wait for `WAKE`; return the endpoint to connect to now."""
+    global _parent
+    _parent = None  # a copy restored elsewhere must not compare its new parent with this one
     block()
     signal.sigwait({WAKE})
     # A restored tree's root is the restorer's child: a parent-death signal inherited from
-    # before the dump would now fire when one of the server's threads ends.
+    # before the dump would now fire when one of the server's threads ends. It watches its
+    # parent instead, which is the server (or, in a namespace of its own, its init).
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, 0)
+    _parent = os.getppid()
+    _watch_parent()
     return f"ipc://{restored_socket(socket_dir, host_pid())}"
+
+
+_parent: int | None = None  # the process that restored this one, while awake
+_watching = False
+
+
+def _watch_parent() -> None:
+    """Leave once the process that restored this one is gone (this one is then another's
+    child): a server killed outright leaves no restored worker behind. One thread, started at
+    the first wake; a later dump and restore carries it along."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_EVERY)
+            if _parent is not None and os.getppid() != _parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="llfabric-parent", daemon=True).start()

@@ -6,11 +6,14 @@ Needs root, CRIU, pycriu and llfabric-init (skipped without them, failed under C
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import execute, open_session, require_criu, serving, text
+from helpers import execute, open_session, require_criu, serving, start_server, text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -134,3 +137,35 @@ def test_a_cooled_worker_keeps_arrays_mapped_from_the_store(tmp_path: Path,
         reply, outputs = execute(client, session, "a[1] = 7\nprint(next(g), a[:3], a[-1])")
         assert (reply["status"], reply["source"]) == ("ok", "cool"), outputs
         assert text(outputs) == "1 [0. 7. 2.] 2999999.0\n"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_restored_worker_does_not_outlive_a_server_killed_outright(tmp_path: Path) -> None:
+    """A restored worker has no parent-death signal (it would fire when the restoring thread
+    ends): it watches its parent, and leaves once the server is gone."""
+    with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
+        server = start_server(tmp_path / "store", Path(sockdir),
+                              {**os.environ, "LLFABRIC_COOL_AFTER": "1"})
+        try:
+            with server.client() as client:
+                session = open_session(client, tmp_path)
+                execute(client, session, "g = (i for i in range(3))\nnext(g)")
+                _wait_tier(client, session, "cool")
+                reply, _ = execute(client, session, "next(g)")
+                assert reply["source"] == "cool"
+                worker = _session_status(client, session)["worker"]
+            server.process.kill()
+            server.process.wait()
+            deadline = time.monotonic() + 10
+            while not _gone(worker):
+                assert time.monotonic() < deadline, "the restored worker outlived its server"
+                time.sleep(0.1)
+        finally:
+            if server.alive:
+                server.stop()
