@@ -16,6 +16,10 @@ reply's timings), when x comes from
            held it, which fetches x from the first (a peer) and loads it
   remote   the remote tier: both hosts that held x forget it (their blob files removed), and the
            session is drained onto the third host, which fetches x from the remote
+  carried  a session whose worker alone holds g, a generator over x (no store can keep it),
+           drained off its host: the worker is dumped, its image fetched by the new host from
+           the old one (a peer), and the next cell (next(g)) wakes it from that image; the
+           drain's own time and the image's size are printed below the table
 against cold: x built again from scratch in a fresh session (the cells that made x, then x[0],
 each committed as every cell is). Ratio: cold / tier. Before the disk, peer and remote
 cells the files read are dropped from the page cache, so they read the disk as a host that had not
@@ -62,6 +66,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+from clusters import host_of  # noqa: E402
 from helpers import RunningServer, execute, serving, wait_until  # noqa: E402
 from notebook_compare import notebook_env  # noqa: E402
 
@@ -199,7 +204,7 @@ def timed_cell(client: Client, session: str, source: str) -> tuple[float, dict]:
 
 
 # table 1: restore by tier
-TIERS = ("cold", "memory", "disk", "peer", "remote")
+TIERS = ("cold", "memory", "disk", "peer", "remote", "carried")
 
 
 @dataclass
@@ -209,6 +214,8 @@ class Restore:
     wall: list[float] = field(default_factory=list)
     timings: list[dict] = field(default_factory=list)
     paths: set[str] = field(default_factory=set)
+    moves: list[float] = field(default_factory=list)  # carried: the drain's wall time
+    images: list[int] = field(default_factory=list)  # carried: the image's bytes
 
     def add(self, wall: float, reply: dict) -> None:
         self.wall.append(wall)
@@ -273,12 +280,41 @@ def restore_round(running: Door, client: Client, size: int, rep: int,
     client.remove(name)  # forgotten on every host: their gc frees its copies
 
 
+def carry_round(running: Door, client: Client, size: int, rep: int, out: Restore) -> None:
+    """A session whose worker alone holds `g` (a generator over x, which no store can keep)
+    drained off its host: the worker is dumped, its image goes to another host through the
+    peer tier, and the next cell wakes it there."""
+    name = f"carry-{size >> 20}-{rep}"
+    client.call("open", session=name, cwd=str(running.work))
+    for source in ["import numpy as np",
+                   f"x = np.random.default_rng({rep}).standard_normal({size // 8})",
+                   "g = (v for v in x)\nnext(g)"]:
+        timed_cell(client, name, source)
+    home = host_of(client, name)
+    began = time.perf_counter()
+    moved = client.call("drain", host=home)["moved"]
+    out.moves.append(time.perf_counter() - began)
+    try:
+        assert moved and moved[0]["to"] != home, moved
+        mine = next(s for s in client.call("status")["sessions"] if s["session"] == name)
+        assert mine["tier"] == "cool", mine  # carried, not yet restored
+        out.images.append(mine["memory"])
+        evict(running.host_store(moved[0]["to"]))
+        wall, reply = timed_cell(client, name, "next(g)")
+        out.add(wall, reply)
+        assert reply["path"].startswith("pinned"), reply
+    finally:
+        client.call("drain", host=home, undo=True)
+    client.remove(name)
+
+
 def restore_table(sizes: list[int], repeat: int, work: Path) -> None:
     results = {size: {tier: Restore() for tier in TIERS} for size in sizes}
     with door("locality", work) as running, running.client() as client:
         for size in sizes:
             for rep in range(repeat):
                 restore_round(running, client, size, rep, results[size])
+                carry_round(running, client, size, rep, results[size]["carried"])
     print(f"\nrestore by tier: the cell x[0] after x came from each tier; medians of {repeat} "
           "session(s), of 3 cells from memory")
     print(f"{'state':>8}  {'from':<7} {'cell s':>7} {'start s':>8} {'prepare':>8} {'load s':>7}"
@@ -294,7 +330,14 @@ def restore_table(sizes: list[int], repeat: int, work: Path) -> None:
     print("cell s: the client's wall time of the cell; start s: the server's, from execute to "
           "its first\nstatement; prepare: readying its worker (the fetch included); load "
           "s: the worker's own\nload of the state. cold: a fresh session's `import numpy`, the "
-          "cell that makes x, and x[0]\n(each cell saves x as it commits)")
+          "cell that makes x, and x[0]\n(each cell saves x as it commits). carried: next(g) "
+          "after a drain moved the session with\nits pinned worker (g, a generator over x, "
+          "cannot be saved); the worker is restored from its image")
+    for size, tiers in results.items():
+        carried = tiers["carried"]
+        print(f"carried {size >> 20} MiB: the drain took {statistics.median(carried.moves):.3f} s"
+              f" (dump, image of {statistics.median(carried.images) / (1 << 20):.0f} MiB "
+              "through the peer tier, laid out on the new host)")
 
 
 # table 2: 12 sessions

@@ -86,6 +86,9 @@ class Config:
     # the key they share (`fabric.cluster.peers`; its host agent sets both); empty: no peers
     peer_bind: str = ""
     peers: str = ""
+    # a cluster without a remote tier: the hosts, the committing one included, each commit is
+    # kept on before its cell is reported done (a remote tier holds every commit itself)
+    copies: int = 2
     # many hosts: the Ray cluster to serve (an address, or auto); empty: this host alone
     ray: str = ""
     # sessions per slot a cluster's host takes before its cells queue cluster-wide; 0: 7

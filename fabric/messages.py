@@ -297,13 +297,37 @@ class Drain(Request):
 
 
 @dataclass(frozen=True)
+class Emigrate(Request):
+    """Close `user`'s session here for another host, whose server wakes restored workers in
+    `wake_dir`: a worker that alone holds unsaveable values is dumped first, its image put in
+    this host's store for that host to fetch (the reply's ``image``; null when there was none).
+    Only a cluster's front door sends it, as the user who runs the hosts."""
+
+    op = "emigrate"
+    session: str
+    user: str
+    wake_dir: str
+
+
+@dataclass(frozen=True)
+class Immigrate(Request):
+    """Restore, on demand, the worker `image` (an `emigrate` reply's) into `user`'s session,
+    open here at the version it was dumped at (a cluster's front door, as for `Emigrate`)."""
+
+    op = "immigrate"
+    session: str
+    user: str
+    image: dict
+
+
+@dataclass(frozen=True)
 class Ping(Request):
     op = "ping"
 
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
     Open, Draft, Execute, Follow, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete,
-    Inspect, CommMessage, History, Versions, Status, Ping, Holds, Drain)}
+    Inspect, CommMessage, History, Versions, Status, Ping, Holds, Drain, Emigrate, Immigrate)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 

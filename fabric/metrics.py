@@ -125,5 +125,11 @@ class _Live(Collector):
         for tier, nbytes in sorted(now["sourced"].items()):
             fetched.add_metric([tier], nbytes)
         yield fetched
+        seconds = CounterMetricFamily("llfabric_state_fetch_seconds", "Seconds spent fetching "
+                                      "state this host lacked, by the tier it came from",
+                                      labels=["tier"])
+        for tier, spent in sorted(now["sourced_seconds"].items()):
+            seconds.add_metric([tier], spent)
+        yield seconds
         yield CounterMetricFamily("llfabric_replicated_bytes", "Saved state copied to the "
                                   "remote tier before its commit", value=now["replicated"])

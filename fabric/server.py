@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from .errors import (
     ConfigError,
     EnvError,
     FabricError,
+    Forbidden,
     LimitReached,
     ProtocolError,
     SessionBusy,
@@ -63,10 +65,12 @@ from .messages import (
     Complete,
     Draft,
     Drain,
+    Emigrate,
     Execute,
     Follow,
     History,
     Holds,
+    Immigrate,
     Inspect,
     Interrupt,
     Open,
@@ -80,8 +84,8 @@ from .messages import (
     Versions,
 )
 from .metrics import Metrics
-from .pool import Leases, Pool, cuda
-from .pool.lifecycle import Keeper
+from .pool import Leases, Pool, criu, cuda, migration
+from .pool.lifecycle import Keeper, Life
 from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
@@ -100,7 +104,8 @@ class Server:
         self.separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
         self.store = Store(private_dir(config.store, shared=self.separate), remote=config.remote,
-                           peers=Peers(Path(config.peers)) if config.peers else None)
+                           peers=Peers(Path(config.peers)) if config.peers else None,
+                           copies=config.copies)
         self._parts: dict[str, Store] = {}  # each user's part of the store, when separate
         self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
@@ -148,7 +153,7 @@ class Server:
             metrics = self.metrics.serve(self.config.metrics_bind) if self.config.metrics_bind \
                 else None
             # a cluster's host: its blobs, for its peers
-            peers = PeerServer(self.store.disk, self.config.peer_bind,
+            peers = PeerServer(self.store, self.config.peer_bind,
                                auth.Keys(self.config.key_dir / "peers")) \
                 if self.config.peer_bind else None
             try:
@@ -398,7 +403,8 @@ class Server:
     async def _dispatch(self, user: str, request: Request, emit) -> dict:
         match request:
             case Ping():
-                return {"pong": True, "pid": os.getpid(), "user": user}
+                return {"pong": True, "pid": os.getpid(), "user": user,
+                        **(self._for_door() if user == self.owner else {})}
             case Status():
                 return self.status(user)
             case Open(session=name, cwd=cwd, env=env):
@@ -416,6 +422,12 @@ class Server:
             case Drain():
                 raise ProtocolError("drain moves sessions between the hosts of a cluster; this "
                                     "server is one host", op=request.op)
+            case Emigrate(session=name, user=of, wake_dir=wake_dir):
+                self._from_door(user, request)
+                return await self._emigrate(of, name, wake_dir)
+            case Immigrate(session=name, user=of, image=image):
+                self._from_door(user, request)
+                return await self._immigrate(of, name, image)
         session = self._session(user, request.session)
         match request:
             case Draft(source=source):
@@ -450,12 +462,73 @@ class Server:
             case Checkout(version=version):
                 return session.checkout(version)
             case Close():
-                await session.close()
-                del self.sessions[session.name]
-                self._unclaimed.pop(session.name, None)
-                return {"closed": True, "version": session.manifest.version,
-                        "lease_seconds": self.leases.seconds.get(session.name, 0.0)}
+                return await self._close(session)
         raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
+
+    async def _close(self, session: Session) -> dict:
+        await session.close()
+        del self.sessions[session.name]
+        self._unclaimed.pop(session.name, None)
+        return {"closed": True, "version": session.manifest.version,
+                "lease_seconds": self.leases.seconds.get(session.name, 0.0)}
+
+    def _for_door(self) -> dict:
+        """What a cluster's door (the owner) learns from its pings: where this host wakes
+        workers carried to it, and, short of memory, the memory each session's worker holds
+        (the door moves the largest elsewhere)."""
+        pressure = self.pool.memory_pressure()
+        holding = []
+        for stored, session in self.sessions.items() if pressure else ():
+            user = self._user_of(stored)
+            if memory := session.status()["memory"]:
+                holding.append([user, self._public_name(user, stored), memory])
+        return {"wake_dir": str(self.pool.socket_dir), "pressure": pressure,
+                "holding": holding}
+
+    def _from_door(self, user: str, request: Request) -> None:
+        """Requests only a cluster's front door sends, as the user who runs the hosts: a
+        carried image is restored as whoever it was dumped as."""
+        if user != self.owner:
+            raise Forbidden(f"only {self.owner}, who runs this host, sends {request.op!r}",
+                            user=user)
+
+    async def _emigrate(self, user: str, name: str, wake_dir: str) -> dict:
+        """Close the session here for another host, its pinned worker dumped for that host
+        first (see `Emigrate`); a worker that cannot be dumped leaves its values to be
+        recomputed there, or reported lost."""
+        session, carried = self._session(user, name), None
+        try:
+            handed = await session.hand_over(wake_dir)
+        except SessionBusy:
+            raise  # its running cell is not cut short: the door moves sessions between cells
+        except FabricError as exc:  # a dump or restore that failed: it closes all the same
+            log.warning("session %s moves without its pinned worker: %s", session.name,
+                        exc.message)
+            handed = None
+        if handed is not None:
+            image, life = handed
+            try:
+                carried = (await asyncio.to_thread(migration.pack, self.store, image,
+                                                   life)).to_wire()
+            except FabricError as exc:  # a full disk, say: its values go as a dump's would
+                log.warning("session %s moves without its pinned worker: %s", session.name,
+                            exc.message)
+            finally:
+                criu.remove(image.images)
+        return {**await self._close(session), "image": carried}
+
+    async def _immigrate(self, user: str, name: str, wire: dict) -> dict:
+        """Take another host's pinned worker into the session (see `Immigrate`)."""
+        carried = migration.Carried.from_wire(wire)
+        session = self._session(user, name)
+        if carried.base != session.head:
+            return {"arrived": False, "why": "it was dumped at another version than the "
+                    "session's head here"}
+        images = Path(tempfile.mkdtemp(prefix="m", dir=self.pool.socket_dir / "cool"))
+        image = await asyncio.to_thread(migration.unpack, self.store, carried, images)
+        session.arrive(Life.arrived(self.pool, image, carried.base, set(carried.holds),
+                                    carried.unsaved))
+        return {"arrived": True, "bytes": image.size}
 
     def _open(self, user: str, name: str, cwd: str | None, env: str | None) -> dict:
         stored = self._store_name(user, name)
@@ -589,7 +662,9 @@ class Server:
             return {"leases": self.leases.status(), "workers": len(self.pool.workers),
                     "zygotes": len(self.pool.zygotes),
                     "sessions": [s.status() for s in self.sessions.values()],
-                    "sourced": dict(self.store.sourced), "replicated": self.store.replicated}
+                    "sourced": dict(self.store.sourced),
+                    "sourced_seconds": dict(self.store.sourced_seconds),
+                    "replicated": self.store.replicated}
 
         if self._loop is None:
             raise RuntimeError("the server is not serving")

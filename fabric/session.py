@@ -22,7 +22,7 @@ from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool
 from .pool.agent import HostAgent
 from .pool.cells import Account, Cell, Done, Emit, Events, Head
-from .pool.lifecycle import Keeper, Life
+from .pool.lifecycle import CoolImage, Keeper, Life
 from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
 
@@ -203,6 +203,19 @@ class Session:
 
     async def close(self) -> None:
         await self.agent.close()
+
+    async def hand_over(self, wake_dir: str) -> tuple[CoolImage, Life] | None:
+        """Dump the worker that alone holds unsaveable values, for another host (see
+        `HostAgent.hand_over`); before the session closes here."""
+        if self.lock.locked():
+            raise SessionBusy(f"session {self.name} is running a cell: it moves after it",
+                              session=self.name)
+        return await self.agent.hand_over(wake_dir, Head(self.head, self.manifest))
+
+    def arrive(self, life: Life) -> None:
+        """Take another host's pinned worker, dumped at this session's head, as the next
+        cell's."""
+        self.agent.arrive(life)
 
     def status(self) -> dict:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,

@@ -16,11 +16,13 @@ from fabric.messages import (
     Complete,
     Draft,
     Drain,
+    Emigrate,
     Error,
     Execute,
     Follow,
     History,
     Holds,
+    Immigrate,
     InputRequest,
     Inspect,
     Interrupt,
@@ -48,7 +50,8 @@ EVERY_REQUEST = [
     Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
     CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
     Versions("s"), Follow("s"), Status(), Ping(), Holds("s"), Holds("s", "x + 1"),
-    Drain("host-a"), Drain("host-a", undo=True),
+    Drain("host-a"), Drain("host-a", undo=True), Emigrate("s", "ann", "/run/llfabric-x"),
+    Immigrate("s", "ann", {"files": [["pages-1.img", ["a" * 32]]], "init": False}),
 ]
 EVERY_EVENT = [
     Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),

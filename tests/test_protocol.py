@@ -69,8 +69,8 @@ def test_valid_requests_are_accepted_unchanged() -> None:
 def test_every_client_op_is_checkable() -> None:
     for op in CLIENT_OPS:
         check_request({"op": op, "msg_id": "m", "session": "s", "source": "", "version": 1,
-                       "name": "n", "cursor": 0, "host": "h",
-                       "msg_type": "comm_msg", "content": {}})
+                       "name": "n", "cursor": 0, "host": "h", "user": "u", "wake_dir": "/w",
+                       "image": {}, "msg_type": "comm_msg", "content": {}})
 
 
 @pytest.mark.parametrize("field, value", [

@@ -9,12 +9,14 @@ connected itself.
 The door reads only what it needs of the frames it carries: the final frame of each request.
 
 Sessions move between hosts through the store: a host reads the state it lacks from the peer
-that has it, else from the remote tier, where every commit is before its cell is reported done;
-a host that opens a session takes the remote's head as its own. A
-session is open on one host at a time, so its head has one writer. When a host is lost (its node
-gone, its server silent), the requests it was serving fail with `host_lost`, naming the version
-the session stays at, and the session's next request opens it on another host; values only that
-host's worker held are rebuilt there from their lineage, or reported lost.
+that has it, else from the remote tier, where every commit is before its cell is reported done
+(without a remote, on `copies` hosts); a host that opens a session takes the newest head (the
+remote's, else its peers'). A session is open on one host at a time, so its head has one writer.
+A worker that alone holds values that could not be saved moves with its session (`Emigrate`).
+When a host is lost (its node gone, its server silent), the requests it was serving fail with
+`host_lost`, naming the version the session stays at, and the session's next request opens it
+on another host; values only that host's worker held are rebuilt there from their lineage, or
+reported lost.
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ from ..front import Front, failure, msg_id_of
 from ..messages import (
     Close,
     Drain,
+    Emigrate,
     Error,
     Execute,
     Holds,
+    Immigrate,
     Open,
     Ping,
     Queued,
@@ -73,6 +77,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_EVERY = 1.0  # seconds between the door's looks at its hosts
 MISSES = 5  # pings a host leaves unanswered in a row before it is lost
+PRESSED = 3  # pings in a row that find a host short of memory before sessions move off it
 START_RETRY = 10.0  # seconds before a node whose host did not start is tried again
 STORE_OPS = frozenset({"tag", "history", "versions", "holds"})  # served by any host's store
 Key = tuple[str, str]  # (user, session)
@@ -95,6 +100,10 @@ class Host:
     head: bool = False  # on the Ray head node: never released
     gpus: bool = False
     idle_since: float | None = None  # no session, no cell, since then
+    wake_dir: str = ""  # where its server wakes a worker carried to it (its pings say)
+    pressed: int = 0  # pings in a row that found it short of memory
+    holding: dict[Key, int] = field(default_factory=dict)  # pressed: memory by session
+    relieving: bool = False
 
 
 @dataclass
@@ -115,9 +124,12 @@ class Opened:
 
 class Door:
     def __init__(self, config: Config, members: RayMembers | None = None) -> None:
-        if not config.remote:
-            raise FabricError("a cluster needs a remote tier (`remote`, an fsspec URL every "
-                              "host reaches): it is where sessions move between hosts")
+        if not config.remote and (config.copies < 2 or config.users == "separate"):
+            raise ConfigError(
+                "a cluster without a remote tier (`remote`, an fsspec URL every host reaches) "
+                "keeps each commit on `copies` hosts, at least 2; and serving separate users, it "
+                "needs the remote: their parts of the store are not shared between hosts",
+                key="remote")
         self.config = config
         # its claim, the hosts' folders on this node, and the key every host's store signs with
         self.key = load_key(private_dir(config.store) / "key")
@@ -315,13 +327,16 @@ class Door:
             self.waiting.append(turn)
             await turn
 
-    async def _place(self, identity: bytes, key: Key, source: str,
-                     lease: bool = True) -> Decision:
+    async def _place(self, identity: bytes, key: Key, source: str, lease: bool = True,
+                     avoid: frozenset[str] | set[str] = frozenset()) -> Decision:
         """Where the session goes; `lease`: for a cell that runs now, on a host with a free
-        lease (else for a session that opens, on a host that takes it)."""
+        lease (else for a session that opens, on a host that takes it); not to `avoid`."""
         opened = self.sessions[key]
         hosts = [h for h in self.hosts.values() if h.alive]
-        views = [self._view(h) for h in hosts]
+        short = {h.name for h in hosts if h.pressed}
+        if not lease and any(not h.draining and h.name not in short for h in hosts):
+            avoid = {*avoid, *short}  # a session goes to a host short of memory only if it must
+        views = [self._view(h, h.name in avoid) for h in hosts]
         current = opened.host
         if self.random is not None:
             return place_randomly(views, current, self.random, self.oversubscribe, lease)
@@ -355,24 +370,46 @@ class Door:
 
     async def _move(self, key: Key, decision: Decision) -> None:
         """Close the session on its host (its commits are on the remote) and open it on the
-        host `decision` chose."""
-        opened = self.sessions[key]
+        host `decision` chose, with the worker that alone held unsaveable values, if any."""
+        opened, target = self.sessions[key], self.hosts[decision.host]
+        image = None
         if opened.host is not None and self.hosts[opened.host].alive:
-            close = Close(key[1])
-            closed = await self._call(b"", key[0], self.hosts[opened.host], close,
-                                      close.to_wire(next(self._ids)))
-            opened.leased[opened.host] = float(closed.get("lease_seconds", 0.0))
+            image = await self._leave(key, self.hosts[opened.host], target)
         request = opened.request
-        final = await self._call(b"", key[0], self.hosts[decision.host], request,
-                                 request.to_wire(next(self._ids)))
+        final = await self._call(b"", key[0], target, request, request.to_wire(next(self._ids)))
         if final.get("type") != "reply":
             opened.host = None
             raise HostLost(f"session {key[1]} could not open on host {decision.host}: "
                            f"{final.get('error', {}).get('message', final)}",
                            session=key[1], host=decision.host)
+        if image is not None:
+            await self._carry(key, target, image)
         self._bind(key, decision)
         self.metrics.moves.inc()
         log.info("session %s moved to host %s (%s)", key[1], decision.host, decision.reason)
+
+    async def _leave(self, key: Key, source: Host, target: Host) -> dict | None:
+        """Close the session on `source` for `target`; the image of its pinned worker, dumped
+        to wake on `target`, if it had one."""
+        if not target.wake_dir:  # it joined since the last look
+            await self._ping(target)
+        request: Request = Emigrate(key[1], key[0], target.wake_dir) if target.wake_dir \
+            else Close(key[1])  # unanswered: its values are recomputed, or reported lost
+        final = await self._call(b"", self.owner if target.wake_dir else key[0], source,
+                                 request, request.to_wire(next(self._ids)))
+        self.sessions[key].leased[source.name] = float(final.get("lease_seconds", 0.0))
+        return final.get("image") if final.get("type") == "reply" else None
+
+    async def _carry(self, key: Key, target: Host, image: dict) -> None:
+        """Restore the carried worker `image` into the session, now open on `target`."""
+        request = Immigrate(key[1], key[0], image)
+        final = await self._call(b"", self.owner, target, request,
+                                 request.to_wire(next(self._ids)))
+        arrived = final.get("type") == "reply" and final.get("arrived")
+        self.metrics.carried.labels("arrived" if arrived else "refused").inc()
+        if not arrived:
+            log.warning("session %s moved to host %s without its pinned worker: %s", key[1],
+                        target.name, final.get("why") or final.get("error", {}).get("message"))
 
     def _freed(self) -> None:
         """A lease came back somewhere: the first cell waiting for one tries again."""
@@ -408,7 +445,8 @@ class Door:
             relay = (lambda frame: self.front.send(identity, frame)) if identity else \
                 (lambda frame: None)
             link = self.links[(identity, host.name)] = Link(
-                self.context, host, ClientKey(user, public, secret, host.server_key), relay)
+                self.context, host.name, host.address,
+                ClientKey(user, public, secret, host.server_key), relay)
         return await link.call(message, request)
 
     async def _key_of(self, user: str) -> tuple[str, str]:
@@ -428,9 +466,10 @@ class Door:
             raise HostLost("no host of the cluster is up")
         return min(hosts, key=lambda h: h.running / h.slots)
 
-    def _view(self, host: Host) -> HostView:
+    def _view(self, host: Host, avoided: bool = False) -> HostView:
         sessions = sum(1 for s in self.sessions.values() if s.host == host.name)
-        return HostView(host.name, host.slots, host.running, sessions, host.draining)
+        return HostView(host.name, host.slots, host.running, sessions,
+                        host.draining or avoided)
 
     # hosts
     async def _look(self) -> None:
@@ -500,8 +539,39 @@ class Door:
             await asyncio.gather(*(self._ping(h) for h in list(self.hosts.values())
                                    if h.alive))
             self._forget_gone()
+            for host in self.hosts.values():
+                if host.alive and host.pressed >= PRESSED and not host.relieving:
+                    self._spawn(self._relieve(host))
             if self.members is not None:
                 await self._scale()
+
+    async def _relieve(self, host: Host) -> None:
+        """Move the idle session whose worker holds the most memory off `host`, short of memory
+        for `PRESSED` looks, to a host that is not (one a look, until it is not)."""
+        idle = [(memory, key) for key, memory in host.holding.items()
+                if (o := self.sessions.get(key)) is not None and o.host == host.name
+                and not o.running and not o.turn.locked()]
+        if not idle:
+            return
+        _, key = max(idle)
+        opened, host.relieving = self.sessions[key], True
+        try:
+            async with opened.turn:
+                if opened.running or opened.host != host.name:
+                    return  # a cell took it meanwhile
+                decision = await self._place(b"", key, "", lease=False, avoid={host.name})
+                if decision.host is None:
+                    return  # every other host is full or draining
+                await self._move(key, decision)
+            host.holding.pop(key, None)
+            self.metrics.relieved.inc()
+            log.info("host %s is short of memory: session %s moved to host %s", host.name,
+                     key[1], decision.host)
+        except FabricError as exc:
+            log.warning("could not move session %s off host %s, short of memory: %s", key[1],
+                        host.name, exc.message)
+        finally:
+            host.relieving = False
 
     async def _scale(self) -> None:
         """Ask the autoscaler for what the queue needs; release hosts idle too long."""
@@ -549,6 +619,9 @@ class Door:
                 self._call(b"", self.owner, host, ping, ping.to_wire(next(self._ids))),
                 HEALTH_EVERY * 2)
             host.misses = 0 if final.get("type") == "reply" else host.misses + 1
+            host.wake_dir = final.get("wake_dir", host.wake_dir)
+            host.pressed = host.pressed + 1 if final.get("pressure") is True else 0
+            host.holding = _holding(final.get("holding")) if host.pressed else {}
         except TimeoutError:
             host.misses += 1
         if host.misses >= MISSES and host.alive:
@@ -655,7 +728,15 @@ class Door:
                 for h in list(self.hosts.values())]
 
 
+def _holding(entries: object) -> dict[Key, int]:
+    """A host's [user, session, memory] entries, checked: those not so shaped are skipped."""
+    return {(e[0], e[1]): e[2] for e in entries if isinstance(e, list) and len(e) == 3
+            and isinstance(e[0], str) and isinstance(e[1], str) and isinstance(e[2], int)} \
+        if isinstance(entries, list) else {}
+
+
 def run(config: Config) -> None:
     """Serve the Ray cluster at `config.ray` until SIGTERM or SIGINT."""
-    members = RayMembers(config.ray, str(config.store), config.remote)
+    members = RayMembers(config.ray, str(config.store), {
+        "LLFABRIC_REMOTE": config.remote, "LLFABRIC_COPIES": str(config.copies)})
     asyncio.run(Door(config, members).serve())

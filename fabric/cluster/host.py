@@ -48,11 +48,13 @@ _LAUNCH = ("import ctypes, os, signal, sys\n"
 class HostAgent:
     """One node's host: `start` it, `admit` the front door's users, `stop` it."""
 
-    def __init__(self, node: str, root: str, remote: str, slots: int) -> None:
+    def __init__(self, node: str, root: str, settings: dict[str, str], slots: int) -> None:
+        """`settings`: the configuration every host's server takes from the front door
+        (`LLFABRIC_*` variables: its remote tier, the copies of each commit)."""
         self.node = node
         self.name = host_name(node)
         self.root = Path(root) / "hosts" / self.name
-        self.remote, self.slots = remote, slots
+        self.settings, self.slots = settings, slots
         self.keys = Keys(private_dir(self.root / "keys"))
         self.peer_keys = Keys(private_dir(self.keys.root / "peers"))  # its blobs' socket
         self.port = self.peer_port = self.metrics_port = 0
@@ -119,20 +121,19 @@ class HostAgent:
         self.port = self.port or _free_port()
         self.peer_port = self.peer_port or _free_port()
         self.metrics_port = self.metrics_port or _free_port()
-        env = {**os.environ,
+        env = {**os.environ, **self.settings,
                "LLFABRIC_STORE": str(self.root / "store"),
                "LLFABRIC_RUNTIME_DIR": str(self.root / "run"),
                "LLFABRIC_KEY_DIR": str(self.keys.root),
                "LLFABRIC_BIND": self.address,
-               "LLFABRIC_REMOTE": self.remote,
                "LLFABRIC_PEER_BIND": self.peer_address,
                "LLFABRIC_PEERS": str(self.root / "peers.json"),
                "LLFABRIC_METRICS_BIND": self.metrics}
         if self.slots:
             env["LLFABRIC_SLOTS"] = str(self.slots)
-        # Ray hides the GPUs from an actor that asked for none: the host's server leases them
-        if not env.get("CUDA_VISIBLE_DEVICES"):
-            env.pop("CUDA_VISIBLE_DEVICES", None)
+        # what Ray showed the agent of the GPUs is not the server's to obey: it leases the
+        # node's GPUs (NVML's) to cells itself
+        env.pop("CUDA_VISIBLE_DEVICES", None)
         log_file = open(self.root / "serve.log", "ab")  # noqa: SIM115 - the child holds it
         with log_file:
             self.process = subprocess.Popen(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -20,9 +19,6 @@ from ..auth import ClientKey
 from ..errors import FabricError
 from ..messages import Error, Request
 
-if TYPE_CHECKING:
-    from .door import Host
-
 log = logging.getLogger(__name__)
 
 
@@ -30,14 +26,15 @@ class Link:
     """One client's connection to one host, as the client's user: its events go straight to the
     client (`relay`); each request's final frame comes back to the caller."""
 
-    def __init__(self, context: zmq.asyncio.Context, host: Host, key: ClientKey,
+    def __init__(self, context: zmq.asyncio.Context, host: str, address: str, key: ClientKey,
                  relay: Callable[[bytes], None]) -> None:
+        """To the host named `host`, at `address`."""
         self.host, self.user = host, key.user
         self.socket = context.socket(zmq.DEALER)
         self.socket.linger = 0
         self.socket.setsockopt(zmq.MAXMSGSIZE, protocol.WIRE_LIMIT)
         key.apply(self.socket)
-        self.socket.connect(host.address)
+        self.socket.connect(address)
         self.relay = relay
         self.pending: dict[str, tuple[asyncio.Future, Request]] = {}
         self.reader = asyncio.ensure_future(self._read())
@@ -58,7 +55,7 @@ class Link:
             try:
                 message = protocol.unpack(frame, protocol.WIRE_LIMIT)
             except FabricError:
-                log.warning("host %s sent a frame that is not a message", self.host.name)
+                log.warning("host %s sent a frame that is not a message", self.host)
                 continue
             kind, msg_id = message.get("type"), message.get("msg_id")
             waiting = self.pending.get(msg_id) if isinstance(msg_id, str) else None

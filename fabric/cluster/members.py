@@ -18,7 +18,7 @@ CALL_TIMEOUT = 180.0  # seconds a host agent may take to start its server
 
 
 class RayMembers:
-    def __init__(self, address: str, root: str, remote: str) -> None:
+    def __init__(self, address: str, root: str, settings: dict[str, str]) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -29,7 +29,7 @@ class RayMembers:
             log.warning("Ray's token authentication is off (RAY_AUTH_MODE): whoever reaches "
                         "the cluster's ports can run code on it and read the keys the door "
                         "gives its hosts")
-        self.root, self.remote = root, remote
+        self.root, self.settings = root, settings  # see `HostAgent`
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
                  log_to_driver=False, ignore_reinit_error=True)
         self._actor = ray.remote(HostAgent)
@@ -40,14 +40,16 @@ class RayMembers:
 
     def start(self, node: str, resources: dict, users: dict[str, str], key: bytes,
               peer: tuple[str, str]) -> dict:
-        """The host agent of `node`, started (or found) and its server running: its info."""
+        """The host agent of `node`, started (or found) and its server running: its info. It
+        holds the node's GPUs in Ray's books, so Ray schedules nothing else on the GPUs its
+        server leases to cells."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         agent = self._actor.options(
             name=f"llfabric-host-{node}", lifetime="detached", get_if_exists=True,
-            num_cpus=0, max_restarts=-1, max_task_retries=0,
+            num_cpus=0, num_gpus=resources.get("GPU", 0), max_restarts=-1, max_task_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        ).remote(node, self.root, self.remote, node_slots(resources))
+        ).remote(node, self.root, self.settings, node_slots(resources))
         return self._get(agent.start.remote(users, key, peer))
 
     def admit(self, node: str, user: str, public: str) -> None:

@@ -30,6 +30,12 @@ class DoorMetrics:
             "(kept, locality, least-loaded, random)", ["reason"], registry=self.registry)
         self.moves = Counter("llfabric_session_moves", "Sessions moved between hosts",
                              registry=self.registry)
+        self.relieved = Counter(
+            "llfabric_sessions_relieved", "Sessions moved off hosts short of memory",
+            registry=self.registry)
+        self.carried = Counter(
+            "llfabric_workers_carried", "Pinned workers carried to another host as CRIU "
+            "images, by outcome (arrived, refused)", ["outcome"], registry=self.registry)
         self.hosts_lost = Counter("llfabric_hosts_lost", "Hosts lost while they served "
                                   "sessions, or released idle", ["why"],
                                   registry=self.registry)

@@ -7,9 +7,17 @@ host agent rewrites as hosts come and go). A blob comes whole in one frame (an o
 are blobs of their own, at most the store's chunk size) and is checked against its name by the
 store, like any tier's: a peer that sends the wrong bytes is caught, never trusted.
 
+Without a remote tier, the peers are where commits are kept too: a host that commits asks
+others to keep the version (`keep`: each pulls what it lacks through its own peer tier and
+takes the version as its head of the session), and a host that opens a session takes the newest
+head its peers hold (`heads`; their manifests come checked by the cluster's key, `manifest`).
+
 Wire (msgpack maps, one request, one reply): ``{"op": "sizes", "ids": [...]}`` answers
 ``{"sizes": [size or None, ...]}``; ``{"op": "read", "id": ID}`` answers ``{"size": n}`` and
-the blob as a second frame (``{"size": None}`` alone if it is gone).
+the blob as a second frame (``{"size": None}`` alone if it is gone); ``{"op": "manifest",
+"id": ID}`` the same for a manifest; ``{"op": "head", "session": S}`` answers ``{"head": ID or
+None}``; ``{"op": "keep", "session": S, "head": ID}`` answers ``{"kept": true}`` once the
+version is whole on this host's disk. An error answers ``{"error": message}``.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import json
 import logging
 import os
 import threading
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,13 +38,15 @@ import zmq.asyncio
 
 from .. import auth, protocol
 from ..errors import FabricError, ProtocolError, StoreError
-from ..snapshot.tiers import Buffer, DiskTier, valid_id, write_atomic
+from ..snapshot.store import Store
+from ..snapshot.tiers import Buffer, valid_id, write_atomic
 
 log = logging.getLogger(__name__)
 
 PEER = "peer"  # the user name the peer key is admitted as
-ASK_TIMEOUT = 5.0  # seconds a peer may take to say what it holds
+ASK_TIMEOUT = 5.0  # seconds a peer may take to say what it holds, or give a manifest
 READ_TIMEOUT = 60.0  # seconds for one blob (at most a chunk) to come
+KEEP_TIMEOUT = 600.0  # seconds a peer may take to pull a version it keeps
 MAX_IDS = 100_000  # blob ids one `sizes` request may ask about
 # CurveZMQ encrypts in libzmq's I/O threads, about 200 MiB/s each: the store's copies run on
 # several threads, and each end gives them as many I/O threads
@@ -49,11 +61,11 @@ class Peer:
 
 
 class PeerServer:
-    """This host's blobs, for its peers, from a thread and a loop of its own: a server loop
+    """This host's store, for its peers, from a thread and a loop of its own: a server loop
     busy, or waiting on a peer itself, must never keep its peers waiting."""
 
-    def __init__(self, disk: DiskTier, bind: str, keys: auth.Keys) -> None:
-        self.disk, self.bind, self.keys = disk, bind, keys
+    def __init__(self, store: Store, bind: str, keys: auth.Keys) -> None:
+        self.store, self.disk, self.bind, self.keys = store, store.disk, bind, keys
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
@@ -130,6 +142,15 @@ class PeerServer:
                 if self.disk.read_into(ident, memoryview(data)) != size:
                     return [protocol.pack({"size": None})]
                 return [protocol.pack({"size": size}), data]
+            case {"op": "manifest", "id": str(ident)}:
+                found = self.store.manifest_data(ident)
+                return [protocol.pack({"size": None if found is None else len(found)}),
+                        *([found] if found is not None else [])]
+            case {"op": "head", "session": str(session)}:
+                return [protocol.pack({"head": self.store.head(session)})]
+            case {"op": "keep", "session": str(session), "head": str(head)} if valid_id(head):
+                self.store.keep(session, head)
+                return [protocol.pack({"kept": True})]
         raise ProtocolError(f"not a peer request: {str(request)[:200]}")
 
     def _size(self, ident: object) -> int | None:
@@ -203,6 +224,46 @@ class Peers:
 
     def write(self, ident: str, data: Buffer) -> None:
         raise StoreError("the peer tier is read-only")
+
+    # manifests and heads (`fabric.snapshot.tiers.Located`)
+    def manifest(self, ident: str) -> bytes | None:
+        self._load()
+        for _, reply, data in self._answers(self._peers, {"op": "manifest", "id": ident},
+                                            ASK_TIMEOUT, f"give manifest {ident}"):
+            if data is not None and reply.get("size") == len(data):
+                return data
+        return None
+
+    def heads(self, session: str) -> list[str]:
+        self._load()
+        return [reply["head"] for _, reply, _ in self._answers(
+            self._peers, {"op": "head", "session": session}, ASK_TIMEOUT,
+            f"say its head of {session}") if isinstance(reply.get("head"), str)]
+
+    def keep(self, session: str, head: str, copies: int) -> list[str]:
+        """Peers are asked in an order of the session's own (each session's copies spread over
+        the hosts, and go to the same ones while they last)."""
+        self._load()
+        order = sorted(self._peers, key=lambda p: zlib.crc32(f"{session}/{p.name}".encode()))
+        kept: list[str] = []
+        for peer, _, _ in self._answers(order, {"op": "keep", "session": session, "head": head},
+                                        KEEP_TIMEOUT, f"keep session {session}'s version"):
+            kept.append(peer.name)
+            if len(kept) == copies:
+                break
+        return kept
+
+    def _answers(self, peers: list[Peer], request: dict, timeout: float,
+                 what: str) -> Iterator[tuple[Peer, dict, bytes | None]]:
+        """`request` asked of each of `peers` in turn: the answers of those that give one (one
+        that cannot, `what` it was asked, is logged and passed over)."""
+        for peer in peers:
+            try:
+                reply, data = self._ask(peer, request, timeout)
+            except StoreError as exc:
+                log.warning("peer %s cannot %s: %s", peer.name, what, exc.message)
+                continue
+            yield peer, reply, data
 
     def _ask(self, peer: Peer, request: dict, timeout: float) -> tuple[dict, bytes | None]:
         sockets = self._local.__dict__.setdefault("sockets", {})

@@ -44,11 +44,12 @@ from ..worker.messages import (
     Loaded,
     Notice,
     Output,
+    Rehome,
     Run,
 )
 from .cells import Cell, Commit, Events, Head, Ran
 from .leases import Leases
-from .lifecycle import Keeper, Life, Stage
+from .lifecycle import CoolImage, Keeper, Life, Stage
 from .pool import Pool, WorkerHandle
 from .replay import recompute
 from .running import Running
@@ -476,6 +477,10 @@ class HostAgent:
             self.running = None
             running.end()
             self.leases.release(lease)
+        spreading = time.monotonic()
+        if saved is not None:  # off the lease, before the cell is reported done
+            await self._spread(head, events)
+        spread = time.monotonic() - spreading
         unsaved = unsaved if kept else []
         if unsaved and unsaved != life.unsaved and saved is not None:
             reasons = "; ".join(f"{n}: {why}" for n, why in saved.unsaved.items())
@@ -494,8 +499,17 @@ class HostAgent:
             "save": done.save + (after - committed),
             "lease_held": lease.held,
             "lazy_load": done.lazy,
-            "replicate": committed - replicating,
+            "replicate": committed - replicating + spread,
         }, done.payload, done.unneeded), kept
+
+    async def _spread(self, head: Head, events: Events) -> None:
+        """Keep the new version on the other hosts a cluster without a remote tier asks for."""
+        short = await asyncio.to_thread(self.store.spread, self.name, head.id)
+        if short:
+            events.notice("copies", (
+                f"version {head.manifest.version} is on {self.store.copies - short} of the "
+                f"{self.store.copies} hosts asked for (`copies`): too few answered; a lost host "
+                "may take it with it"))
 
     def answer(self, value: str | None, error: str | None) -> dict:
         """The client's answer to the running cell's input request."""
@@ -539,6 +553,31 @@ class HostAgent:
         self._discard(self.prepared)  # a draft sent while the cell ran was made for the old head
         self.prepared = Life.after_cell(self.pool, worker, head.id, owned, unsaved)
         self.keeper.keep(self.prepared)
+
+    # moving to another host
+    async def hand_over(self, wake_dir: str, head: Head) -> tuple[CoolImage, Life] | None:
+        """Dump the worker that alone holds values at `head` that could not be saved, for the
+        server that wakes restored workers in `wake_dir`, with its life (what it holds); None
+        when there is no such worker. ParkFailed: it could not be dumped, and is gone."""
+        life = self._current()
+        if life is None or not life.unsaved or not self._usable(life, head):
+            return None
+        self.prepared = None
+        self.keeper.changed()
+        return await life.hand_over(wake_dir), life
+
+    def arrive(self, life: Life) -> None:
+        """Take `life`, another host's pinned worker, as the worker for the next cell: once
+        restored, it uses this host's store."""
+        self._discard(self.prepared)
+
+        async def rehome(worker: WorkerHandle) -> None:
+            await worker.send(Rehome(str(self.store.root)))
+            if not isinstance(reply := await worker.recv(), Loaded):
+                raise WorkerDied(f"worker {worker.pid} answered rehome with {reply.op!r}")
+
+        life.chain(rehome, prepares=False)
+        self.prepared = life
 
     # stopping
     def interrupt(self) -> bool:

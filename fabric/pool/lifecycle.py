@@ -62,11 +62,12 @@ class CoolImage:
         return sum(p.stat().st_size for p in self.images.glob("*.img"))
 
 
-async def cool(pool: Pool, worker: WorkerHandle) -> CoolImage:
-    """Dump a parked worker to disk and end the process; ParkFailed leaves it dead, not half."""
+async def cool(pool: Pool, worker: WorkerHandle, wake_dir: str | None = None) -> CoolImage:
+    """Dump a parked worker to disk and end the process; ParkFailed leaves it dead, not half.
+    `wake_dir`: where its restored copy connects, when another host's server restores it."""
     images = pool.socket_dir / "cool" / f"w{worker.id}"
     try:
-        await worker.send(Sleep())
+        await worker.send(Sleep(wake_dir))
         reply = await worker.recv(timeout=SLEEP_TIMEOUT)
         if not isinstance(reply, Sleeping):
             raise ParkFailed(f"worker {worker.pid} answered {reply.op!r} to sleep")
@@ -147,6 +148,21 @@ class Life:
         life.ready_at = life.started
         return life
 
+    @classmethod
+    def arrived(cls, pool: Pool, image: CoolImage, base: str | None, owned: set[str],
+                unsaved: list[str]) -> Life:
+        """The pinned worker another host dumped (`image`, fetched here), restored on demand
+        like one cooled here."""
+        life = cls(pool, base, asyncio.get_running_loop().create_future(), holds=owned,
+                   kept=True, unsaved=unsaved)
+        life.ready_at = life.started
+
+        async def fetched() -> CoolImage:
+            return image
+
+        life._until_wanted(fetched())
+        return life
+
     @property
     def seconds(self) -> float:
         return (self.ready_at or time.monotonic()) - self.started
@@ -204,10 +220,26 @@ class Life:
 
     def cool(self) -> None:
         """Dump the kept worker to disk; `task` ends with it restored once `wake` is called."""
-        kept, demand = self.task.result(), asyncio.Event()
+        self._until_wanted(cool(self.pool, self.task.result()))
+
+    async def hand_over(self, wake_dir: str) -> CoolImage:
+        """Dump the kept worker for another host's server (see `cool`); it is retired here.
+        A cool one is restored first: its image would wake to this host's server."""
+        self.wake()
+        worker = await self.task
+        self.claim()  # no keeper takes it meanwhile
+        try:
+            return await cool(self.pool, worker, wake_dir)
+        finally:
+            self.stage = Stage.RETIRED
+
+    def _until_wanted(self, dumped: Coroutine) -> None:
+        """COOL: `task` ends with the worker `dumped` gives the image of, restored once `wake`
+        is called."""
+        demand = asyncio.Event()
 
         async def cooled() -> WorkerHandle:
-            image = self.cooled = await cool(self.pool, kept)
+            image = self.cooled = await dumped
             try:
                 await demand.wait()
             finally:

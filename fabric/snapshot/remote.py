@@ -8,6 +8,12 @@ and the store's signature), so a remote that loses or alters data is caught, nev
 
 Writes go to a temporary name first and are then moved into place: on a filesystem a reader never
 sees half a file, and on an object store the move is a whole-object copy.
+
+A session's head there has one authority however many hosts share the remote: each move claims
+``sessions/<name>/after/<parent>`` (the version it was built on) with an exclusive create, so of
+two hosts that commit on the same version one is refused (`Store.set_head`); ``head`` is then
+written as a hint, and a reader follows the claims past it (`Store.adopt_head`), so a host lost
+between the two writes leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -84,10 +90,39 @@ class RemoteTier:
         except OSError as exc:
             raise StoreError(f"the remote tier {self.url} cannot be written: {exc}") from exc
 
-    def remove(self, name: str) -> bool:
-        """Remove the file `name`; False if it was not there."""
+    def files(self, folder: str) -> dict[str, bytes]:
+        """The files in `folder` (relative to the URL), by name; none if it is not there."""
         try:
-            self.fs.rm_file(f"{self.root}/{name}")
+            paths = self.fs.ls(f"{self.root}/{folder}", detail=False)
+            return {path.rsplit("/", 1)[-1]: bytes(data)
+                    for path, data in self.fs.cat(paths, on_error="omit").items()}
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise StoreError(f"the remote tier {self.url} cannot be read: {exc}") from exc
+
+    def claim(self, name: str, data: bytes) -> bytes | None:
+        """Create the file `name` holding `data` unless it exists (the backend's exclusive
+        create: atomic on a file system, and on object stores that take conditional writes);
+        None when this call created it, else what the file holds."""
+        path = f"{self.root}/{name}"
+        try:
+            self.fs.makedirs(path.rpartition("/")[0], exist_ok=True)
+            with self.fs.open(path, "xb") as f:
+                f.write(data)
+        except FileExistsError:
+            return self.get(name) or b""
+        except OSError as exc:
+            raise StoreError(f"the remote tier {self.url} cannot be written: {exc}") from exc
+        return None
+
+    def remove(self, name: str, recursive: bool = False) -> bool:
+        """Remove the file `name` (`recursive`: the folder); False if it was not there."""
+        try:
+            if recursive:
+                self.fs.rm(f"{self.root}/{name}", recursive=True)
+            else:
+                self.fs.rm_file(f"{self.root}/{name}")
         except FileNotFoundError:
             return False
         except OSError as exc:

@@ -45,6 +45,7 @@ import xxhash
 
 from ..errors import DiskFull, StaleHead, StoreError
 from .codec import Encoded
+from .manifest import Manifest
 from .mapped import Region, mappable
 from .remote import RemoteTier
 from .tiers import Buffer, DiskTier, Located, MemoryTier, Tier, valid_id, write_atomic
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 CHUNK = 16 << 20  # large enough for full-speed sequential I/O, small enough to dedup parts
 INLINE = 64 << 10  # buffers below this stay in the index: a file each would cost more than bytes
 THREADS = 4
+ROOT = "first"  # the remote claim of a session's first version, which has no parent
 CACHE_BYTES = 256 << 20
 AHEAD = 256 << 20  # bytes a load reads ahead of the object being unpickled
 _OBJECT = b"LLFO\x01"
@@ -108,22 +110,24 @@ class Store:
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
                  owner: tuple[int, int] | None = None, remote: str = "",
-                 peers: Located | None = None) -> None:
+                 peers: Located | None = None, copies: int = 1) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
         reads the key (user code could read it from the worker's memory). `owner`: the (uid,
         gid) of that user, whose blobs folder the server writes in as them (`DiskTier`).
         `remote`: an fsspec URL where manifests, heads and (`replicate`) blobs are kept too, and
         read from (`fetch`) when this disk lacks them (`RemoteTier`); `peers`: a cluster's other
-        hosts, read from before the remote (`fabric.cluster.peers`)."""
+        hosts, read from before the remote (`fabric.cluster.peers`); `copies`: the hosts, this
+        one included, each commit is kept on where there is no remote (`spread`)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.disk = DiskTier(self.root / "blobs", owner)
         self.remote = RemoteTier(remote) if remote else None
-        self.peers = peers
+        self.peers, self.copies = peers, copies
         self.sourced = collections.Counter()  # bytes `fetch` copied, by the tier they came from
+        self.sourced_seconds = collections.Counter()  # and the seconds it took, by tier
         self.replicated = 0  # bytes `replicate` copied to the remote tier
         self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
         self._key = (key or load_key(self.root / "key")) if signs else None
@@ -145,20 +149,21 @@ class Store:
             raise StoreError(f"invalid blob id {ident!r}")
         return ident
 
-    def put(self, data: Buffer) -> str:
-        """Store `data` under its hash; return the hash. An intact copy is not rewritten."""
+    def put(self, data: Buffer, remote: bool = True) -> str:
+        """Store `data` under its hash; return the hash. An intact copy is not rewritten.
+        Not `remote`: kept off the remote tier (what only this host's peers read)."""
         ident = blob_id(data)
-        self._put(ident, data)
+        self._put(ident, data, remote)
         return ident
 
-    def _put(self, ident: str, data: Buffer) -> bool:
+    def _put(self, ident: str, data: Buffer, remote: bool = True) -> bool:
         """False if an intact copy was on disk already."""
         if self._intact(ident, memoryview(data).nbytes):
             self.disk.touch(ident)
             return False
         for tier in self.tiers:
             tier.write(ident, data)  # the memory tier takes only small blobs
-        if self.remote is not None:  # the server's own blobs (a catalog): small
+        if remote and self.remote is not None:  # the server's own blobs (a catalog): small
             self.remote.write(ident, data)
         return True
 
@@ -221,7 +226,7 @@ class Store:
     def _source(self, idents: list[str]) -> int:
         """Copy `idents` onto this disk from the peers that hold them, the rest (and any a peer
         failed to give) from the remote tier."""
-        copied = 0
+        copied, began = 0, time.monotonic()
         if self.peers is not None and idents and (held := self.peers.locate(idents)):
             try:
                 copied += self._copy(list(held), self.peers, self.disk, "a peer host")
@@ -230,11 +235,19 @@ class Store:
                 log.warning("a peer could not give state: %s; the remote tier will",
                             exc.message)
             idents = [i for i in idents if not self.disk.has(i)]
+            began = self._timed("peer", began)
         if idents and self.remote is not None:
             remote = self._copy(idents, self.remote, self.disk, self.remote.url)
             self.sourced["remote"] += remote
             copied += remote
+            self._timed("remote", began)
         return copied
+
+    def _timed(self, tier: str, began: float) -> float:
+        """Count the seconds since `began` as `tier`'s (`sourced_seconds`); now."""
+        now = time.monotonic()
+        self.sourced_seconds[tier] += now - began
+        return now
 
     def _chunks_of(self, ident: str) -> list[str]:
         return self.object_chunks(ident) if self.is_object(ident) else []
@@ -439,6 +452,8 @@ class Store:
             data = path.read_bytes()
         except FileNotFoundError as exc:
             data = self.remote.get(f"manifests/{ident}") if self.remote is not None else None
+            if data is None and self.peers is not None:
+                data = self.peers.manifest(ident)
             if data is None:
                 raise StoreError(f"manifest {ident} is missing from {path.parent}",
                                  manifest=ident) from exc
@@ -456,6 +471,13 @@ class Store:
             raise StoreError(f"manifest {ident} is not signed by this store's key",
                              manifest=ident)
         return body
+
+    def manifest_data(self, ident: str) -> bytes | None:
+        """A manifest as this disk holds it (signed), for a peer that checks it; None if not."""
+        try:
+            return (self.root / "manifests" / ident).read_bytes() if valid_id(ident) else None
+        except FileNotFoundError:
+            return None
 
     def manifests(self) -> list[str]:
         return sorted(p.name for p in (self.root / "manifests").iterdir()
@@ -485,16 +507,79 @@ class Store:
         """Take the remote tier's head of the session as this disk's, and return it: hosts that
         share a remote take turns serving a session, and it may have moved on elsewhere since
         this disk last saw it. Without a remote (or a head there), this disk's head."""
-        found = self.remote.get(f"sessions/{session}/head") if self.remote is not None else None
+        if self.remote is None:
+            return self._adopt_newest(session) if self.peers is not None else self.head(session)
+        found = self.remote.get(f"sessions/{session}/head")
         if found is None:
             return self.head(session)
-        ident = found.decode(errors="replace").strip()
-        if not valid_id(ident):
-            raise StoreError(f"session {session} has a corrupt head on {self.remote.url}",
-                             session=session)
+        ident = self._remote_id(session, found)
+        while (after := self.remote.get(f"sessions/{session}/after/{ident}")) is not None:
+            ident = self._remote_id(session, after)  # a host lost before it wrote the head
         with self.locked(session):
             write_atomic(self._head_path(session), ident.encode() + b"\n")
+            self._adopt_tags(session)
         return ident
+
+    def _adopt_tags(self, session: str) -> None:
+        """Take the names other hosts gave the session's versions (`set_index` puts them on
+        the remote, one file each); the caller holds `locked(session)`."""
+        tags = {}
+        for name, found in self.remote.files(f"sessions/{session}/tags").items():
+            with contextlib.suppress(ValueError):  # not a name this store wrote: ignored
+                tag, ident = bytes.fromhex(name).decode(), found.decode().strip()
+                if valid_id(ident):
+                    tags[tag] = ident
+        index = self.index(session)
+        if tags and any(index.tags.get(t) != i for t, i in tags.items()):
+            index.tags.update(tags)
+            write_atomic(self._head_path(session).with_name("index"), index.encode())
+
+    def _adopt_newest(self, session: str) -> str | None:
+        """Without a remote: the newest head this disk and the peers hold of the session (a
+        commit is on `copies` hosts, so one that lost its host is still on another)."""
+        newest, version = self.head(session), -1
+        if newest is not None:
+            version = self._version(newest)
+        for ident in self.peers.heads(session):
+            try:
+                if valid_id(ident) and (found := self._version(ident)) > version:
+                    newest, version = ident, found
+            except StoreError as exc:  # one peer's bad answer does not stop the others'
+                log.warning("a peer's head of session %s is refused: %s", session, exc.message)
+        if newest is not None:
+            with self.locked(session):
+                write_atomic(self._head_path(session), newest.encode() + b"\n")
+        return newest
+
+    def _version(self, manifest: str) -> int:
+        return Manifest.decode(self.get_manifest(manifest)).version
+
+    def spread(self, session: str, head: str) -> int:
+        """Have other hosts keep the session's version `head` until it is on `copies` hosts,
+        where there is no remote tier (which holds every commit itself); how many hosts short
+        of `copies` it stays (0: none)."""
+        if self.remote is not None or self.peers is None or self.copies <= 1:
+            return 0
+        return self.copies - 1 - len(self.peers.keep(session, head, self.copies - 1))
+
+    def keep(self, session: str, head: str) -> None:
+        """Hold another host's version `head` of the session whole (its manifest, checked, and
+        every blob it names, fetched from the peers), and take it as the head unless this disk
+        has a newer one; StoreError if it cannot be had whole."""
+        manifest = Manifest.decode(self.get_manifest(head))
+        if manifest.session != session:
+            raise StoreError(f"manifest {head} is of session {manifest.session}, not {session}",
+                             session=session)
+        wanted = [g.blob for g in manifest.groups] + manifest.blobs()
+        self.fetch(wanted)
+        missing = [b for b in wanted if not self.disk.has(b)]
+        if missing or any(not self.disk.has(c) for b in wanted for c in self._chunks_of(b)):
+            raise StoreError(f"session {session}'s version {manifest.version} is not whole on "
+                             "any peer", session=session)
+        with self.locked(session):
+            current = self.head(session)
+            if current is None or self._version(current) < manifest.version:
+                write_atomic(self._head_path(session), head.encode() + b"\n")
 
     def set_head(self, session: str, manifest: str, parent: str | None,
                  held: bool = False) -> None:
@@ -514,8 +599,27 @@ class Store:
                     "this commit was built on: it is refused and nothing was overwritten",
                     session=session, head=current, parent=parent)
             if self.remote is not None:  # first: one it refuses leaves this disk's unmoved
+                self._claim_remote(session, manifest, parent)
                 self.remote.put(f"sessions/{session}/head", manifest.encode() + b"\n")
             write_atomic(path, manifest.encode() + b"\n")
+
+    def _claim_remote(self, session: str, manifest: str, parent: str | None) -> None:
+        """Claim the move from `parent` on the remote tier, which other hosts share: StaleHead
+        if another host moved the session on from there first (see `remote`)."""
+        taken = self.remote.claim(f"sessions/{session}/after/{parent or ROOT}",
+                                  manifest.encode() + b"\n")
+        if taken is not None and self._remote_id(session, taken) != manifest:
+            raise StaleHead(
+                f"session {session} moved on from {parent} on another host (to "
+                f"{taken.decode(errors='replace').strip()}) before this commit: it is refused "
+                "and nothing was overwritten", session=session, parent=parent)
+
+    def _remote_id(self, session: str, found: bytes) -> str:
+        ident = found.decode(errors="replace").strip()
+        if not valid_id(ident):
+            raise StoreError(f"session {session} has a corrupt head on {self.remote.url}",
+                             session=session)
+        return ident
 
     @contextlib.contextmanager
     def locked(self, session: str) -> Iterator[None]:
@@ -538,13 +642,19 @@ class Store:
                              session=session) from exc
 
     def set_index(self, session: str, index: Index) -> None:
-        """Write the session's index; the caller holds `locked(session)`."""
+        """Write the session's index; the caller holds `locked(session)`. Its new names go to
+        the remote tier too, where the host that opens the session next finds them."""
+        before = self.index(session).tags if self.remote is not None else index.tags
         write_atomic(self._head_path(session).with_name("index"), index.encode())
+        for tag, ident in index.tags.items():
+            if before.get(tag) != ident:  # a tag may be any name: its file's is its hex
+                self.remote.put(f"sessions/{session}/tags/{tag.encode().hex()}",
+                                ident.encode())
 
     def remove_session(self, session: str) -> bool:
         """Forget the session: its head, index and lock go; gc frees what only it named."""
         folder = self._head_path(session).parent
-        remote = self.remote is not None and self.remote.remove(f"sessions/{session}/head")
+        remote = self.remote is not None and self.remote.remove(f"sessions/{session}", True)
         if not folder.is_dir():
             return remote
         with self.locked(session):

@@ -36,10 +36,24 @@ class Tier(Protocol):
 
 
 class Located(Tier, Protocol):
-    """A tier that finds where blobs are before they are read (a cluster's peers)."""
+    """A tier that finds where blobs are before they are read: a cluster's other hosts, which
+    also hold manifests and sessions' heads, and keep versions they are asked to."""
 
     def locate(self, idents: list[str]) -> dict[str, int]:
         """Which of `idents` it holds, and their sizes."""
+        ...
+
+    def manifest(self, ident: str) -> bytes | None:
+        """A manifest as a store keeps it (signed, unchecked here), None if no host has it."""
+        ...
+
+    def heads(self, session: str) -> list[str]:
+        """The heads the hosts that answer hold of `session`."""
+        ...
+
+    def keep(self, session: str, head: str, copies: int) -> list[str]:
+        """Have `copies` hosts hold version `head` of `session` whole; the names of those that
+        do (fewer when fewer can)."""
         ...
 
 

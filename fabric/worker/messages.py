@@ -84,6 +84,15 @@ class Become(Message):
 
 
 @dataclass(frozen=True)
+class Rehome(Message):
+    """The worker was restored on another host (carried there as a dump): it reads and writes
+    that host's `store` from now on. Answered by `Loaded`."""
+
+    op: ClassVar[str] = "rehome"
+    store: str
+
+
+@dataclass(frozen=True)
 class Run(Message):
     """Run a cell on the leased `device` (its GPUs' UUIDs, comma-joined, as
     CUDA_VISIBLE_DEVICES takes them) with `threads` intra-op threads; its
@@ -153,7 +162,11 @@ class CommIn(Message):
 
 @dataclass(frozen=True)
 class Sleep(Message):
+    """Sleep through a dump; on waking, connect in `wake_dir` (the directory of the server
+    that restores it, when that is another host's), else where it connected before."""
+
     op: ClassVar[str] = "sleep"
+    wake_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -284,8 +297,8 @@ class Refused(Message):
     message: str
 
 
-TO_WORKER = {m.op: m for m in (Become, Load, Run, Settle, InputReply, Complete, Inspect, CommIn,
-                               Sleep, Exit)}
+TO_WORKER = {m.op: m for m in (Become, Rehome, Load, Run, Settle, InputReply, Complete, Inspect,
+                               CommIn, Sleep, Exit)}
 FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, CommOut,
                                  Notice, Input, Done, Settled, Sleeping, Refused)}
 

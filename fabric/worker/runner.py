@@ -63,6 +63,7 @@ from .messages import (
     Notice,
     Output,
     Refused,
+    Rehome,
     Run,
     Saving,
     Settle,
@@ -101,14 +102,16 @@ class _Channel:
         self.socket.close()
         self.context.term()  # waits (linger) until what was sent has left
 
-    def sleep(self) -> None:
-        """Close the socket, sleep through a dump, connect to the endpoint given on waking.
+    def sleep(self, wake_dir: str | None = None) -> None:
+        """Close the socket, sleep through a dump, connect on waking in `wake_dir` (else the
+        directory of the socket it had).
 
         Other threads' sends wait on the lock meanwhile and go to the new socket.
         """
         with self._lock:
             self.close()
-            self._connect(wake.sleep(Path(self.endpoint[len("ipc://"):]).parent))
+            self._connect(wake.sleep(Path(wake_dir) if wake_dir else
+                                     Path(self.endpoint[len("ipc://"):]).parent))
 
 
 class Worker:
@@ -168,9 +171,9 @@ class Worker:
     def serve(self) -> None:
         threading.Thread(target=self._flush_forever, daemon=True).start()
         self.channel.send(Hello(os.getpid()))
-        handlers = {Become: self.become, Load: self.load, Run: self.run, Settle: self.settle,
-                    Sleep: self.sleep, Complete: self.complete, Inspect: self.inspect,
-                    CommIn: self.comm}
+        handlers = {Become: self.become, Rehome: self.rehome, Load: self.load, Run: self.run,
+                    Settle: self.settle, Sleep: self.sleep, Complete: self.complete,
+                    Inspect: self.inspect, CommIn: self.comm}
         while True:
             try:
                 message = self.channel.recv()
@@ -185,7 +188,7 @@ class Worker:
 
     def sleep(self, message: Sleep) -> Hello:
         self.channel.send(Sleeping(os.getpid()))
-        self.channel.sleep()
+        self.channel.sleep(message.wake_dir)
         return Hello(os.getpid())
 
     def complete(self, message: Complete) -> Answered:
@@ -261,6 +264,13 @@ class Worker:
         self.became = True
         self.base_environ.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
         self.store = Store(Path(account.store), signs=False)
+        self.saver = DeltaSaver(self.store)
+        return Loaded()
+
+    def rehome(self, message: Rehome) -> Loaded:
+        """Use the store of the host that restored this worker (it is where the server looks
+        for what the next cell saves)."""
+        self.store = Store(Path(message.store), signs=False)
         self.saver = DeltaSaver(self.store)
         return Loaded()
 

@@ -5,16 +5,15 @@ One cluster serves the module; the test that removes a node runs last."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import clusters
 import pytest
-from helpers import RunningServer, execute, serving, text, wait_until
+from clusters import free_port, host_of, scrape
+from helpers import RunningServer, execute, serving, session_status, text, wait_until
 
 from cli.status import describe
 from fabric.client import Client
@@ -23,12 +22,6 @@ from fabric.errors import RemoteError
 from fabric.status import ServerStatus
 
 pytest.importorskip("ray")
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 DOOR_METRICS = f"127.0.0.1:{free_port()}"  # where Prometheus scrapes the front door
 
@@ -55,19 +48,8 @@ def client(door: RunningServer) -> Iterator[Client]:
         yield c
 
 
-def scrape(address: str) -> dict[str, float]:
-    """Prometheus samples at `address` (HOST:PORT), by name and labels."""
-    body = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    return {sample.rsplit(" ", 1)[0]: float(sample.rsplit(" ", 1)[1])
-            for sample in body.splitlines() if sample and not sample.startswith("#")}
-
-
 def opened(client: Client, name: str, cwd: Path) -> dict:
     return client.call("open", session=name, cwd=str(cwd))
-
-
-def host_of(client: Client, session: str) -> str:
-    return next(s["host"] for s in client.call("status")["sessions"] if s["session"] == session)
 
 
 def hosts(client: Client) -> dict[str, dict]:
@@ -125,16 +107,41 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
                               "print(round(sum(map(square, values))), list(squares))")
     assert text(outputs) == "10 [0, 1, 4]\n" and result["host"] == after
     leased = first["timings"]["lease_held"] + result["timings"]["lease_held"]
-    status = next(s for s in client.call("status")["sessions"] if s["session"] == "moving")
+    status = session_status(client, "moving")
     assert status["lease_seconds"] >= leased * 0.99  # its lease on the host it left counts
     sourced = hosts(client)[after]["sourced"]  # the state came from the host it left
     assert sourced.get("peer", 0) > 0 and not sourced.get("remote")
     fetched = scrape(hosts(client)[after]["metrics"])
     assert fetched['llfabric_state_fetched_bytes_total{tier="peer"}'] == sourced["peer"]
+    assert fetched['llfabric_state_fetch_seconds_total{tier="peer"}'] > 0
     assert scrape(DOOR_METRICS)["llfabric_session_moves_total"] >= 1
     elsewhere = {opened(client, f"elsewhere-{i}", tmp_path)["host"] for i in range(3)}
     client.call("drain", host=before, undo=True)
     assert before not in elsewhere  # a drained host takes no new session
+
+
+def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(client: Client,
+                                                               tmp_path: Path) -> None:
+    opened(client, "pinned", tmp_path)
+    # a generator cannot be saved, and a cell that makes a folder is never run again: only the
+    # worker itself can carry `numbers` to the next host
+    execute(client, "pinned", f"import os\nos.makedirs({str(tmp_path / 'made')!r}, "
+            "exist_ok=True)\nnumbers = (i * i for i in range(10))\nfirst = next(numbers)")
+    before = host_of(client, "pinned")
+    worker = session_status(client, "pinned")["worker"]
+    client.call("drain", host=before)
+    after = host_of(client, "pinned")
+    assert after != before
+    waiting = session_status(client, "pinned")
+    assert waiting["tier"] == "cool" and waiting["pinned"] and waiting["memory"] > 0
+    result, outputs = execute(client, "pinned", "print(first, next(numbers), next(numbers))")
+    assert text(outputs) == "0 1 4\n" and result["host"] == after
+    assert session_status(client, "pinned")["worker"] == worker  # restored, not forked anew
+    assert scrape(DOOR_METRICS)['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
+    client.call("drain", host=before, undo=True)
+    with pytest.raises(RemoteError) as err:
+        client.call("drain", host="no-such-host")
+    assert err.value.kind == "unknown_host"
 
 
 def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(

@@ -1,6 +1,7 @@
 """The peer tier: a host reads the blobs it lacks from the disk of another host, over a socket
 only the cluster's peer key opens, each blob checked; what a peer lacks or alters comes from the
-remote tier instead."""
+remote tier instead. Without a remote, peers keep each commit on `copies` hosts, and a host
+takes the newest head they hold."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import zmq
 
 from fabric.auth import Keys
 from fabric.cluster.peers import PEER, Peers, PeerServer, write_peers
-from fabric.snapshot import Store, codec
+from fabric.errors import StoreError
+from fabric.snapshot import Group, Manifest, Store, codec
 
 
 def _port() -> int:
@@ -28,18 +30,25 @@ def peer_pair() -> tuple[str, str]:
     return tuple(k.decode() for k in zmq.curve_keypair())
 
 
+def _serve(store: Store, name: str, pair: tuple[str, str]) -> tuple[PeerServer, dict]:
+    """`store`'s blobs served to the cluster's peer key from a thread of its own; the entry
+    naming it in a peers file."""
+    keys = Keys(store.root.parent / f"{name}-keys")
+    (keys.authorized).mkdir(parents=True)
+    (keys.authorized / f"{PEER}.pub").write_text(pair[0] + "\n")
+    address = f"tcp://127.0.0.1:{_port()}"
+    server = PeerServer(store, address, keys)
+    server.start()
+    return server, {"name": name, "address": address, "server_key": keys.server_pair()[0]}
+
+
 @pytest.fixture
 def origin(tmp_path: Path, peer_pair: tuple[str, str]) -> Iterator[tuple[Store, dict]]:
     """A host's store serving its blobs to peers, from a thread of its own; and the entry
     that names it in a peers file."""
     store = Store(tmp_path / "origin", chunk=1 << 20, remote=f"file://{tmp_path}/remote")
-    keys = Keys(tmp_path / "origin-keys")
-    (keys.authorized).mkdir(parents=True)
-    (keys.authorized / f"{PEER}.pub").write_text(peer_pair[0] + "\n")
-    address = f"tcp://127.0.0.1:{_port()}"
-    server = PeerServer(store.disk, address, keys)
-    server.start()
-    yield store, {"name": "origin", "address": address, "server_key": keys.server_pair()[0]}
+    server, entry = _serve(store, "origin", peer_pair)
+    yield store, entry
     server.stop()
 
 
@@ -92,3 +101,52 @@ def test_a_key_that_is_not_the_clusters_reads_nothing(
     assert other.peers.locate([ident]) == {}  # refused: it waited, then gave up on the peer
     other.fetch([ident])
     assert other.sourced == {"remote": len(b"private")}
+
+
+def _commit(store: Store, session: str, values: dict, parent: str | None) -> tuple[str, str]:
+    """A version of `session` holding `values` in one object, committed on `store`: its
+    manifest and the object."""
+    worker = Store(store.root, chunk=1 << 20, signs=False)
+    ident = worker.put_object(codec.dumps(values, {}))
+    version = 1 if parent is None else Manifest.decode(store.get_manifest(parent)).version + 1
+    manifest = store.put_manifest(Manifest(session, version, parent, (
+        Group(ident, tuple(values), 1),)).encode())
+    store.set_head(session, manifest, parent)
+    return manifest, ident
+
+
+def test_without_a_remote_each_commit_is_kept_on_copies_hosts_and_the_newest_head_wins(
+        tmp_path: Path, peer_pair: tuple[str, str]) -> None:
+    names = ("a", "b", "c")
+    stores = {n: Store(tmp_path / n, chunk=1 << 20, key=b"k" * 32, copies=2,
+                       peers=Peers(tmp_path / f"{n}.peers")) for n in names}
+    served = {n: _serve(stores[n], n, peer_pair) for n in names}
+    for n in names:
+        write_peers(tmp_path / f"{n}.peers", peer_pair, [e for m, (_, e) in served.items()
+                                                         if m != n])
+    try:
+        a = stores["a"]
+        first, _ = _commit(a, "s", {"x": np.arange(300_000)}, None)
+        assert a.spread("s", first) == 0
+        keeper = next(n for n in "bc" if stores[n].head("s") == first)  # one other host
+        second, ident = _commit(a, "s", {"x": np.arange(400_000)}, first)
+        assert a.spread("s", second) == 0
+        assert stores[keeper].head("s") == second  # the same host keeps the session's next
+        other = stores[next(n for n in "bc" if n != keeper)]
+        assert other.head("s") is None
+        served["a"][0].stop()  # the committing host is lost, and its peers are told
+        for n in "bc":
+            write_peers(tmp_path / f"{n}.peers", peer_pair,
+                        [served[m][1] for m in "bc" if m != n])
+        assert other.adopt_head("s") == second  # the newest any peer holds
+        other.fetch([ident])
+        assert np.array_equal(codec.loads(other.get_object(ident), {})["x"],
+                              np.arange(400_000))
+        with pytest.raises(StoreError, match="of session s, not t"):
+            stores[keeper].keep("t", second)
+        stores[keeper].copies = 4  # more copies than hosts answer: it says how many short
+        third, _ = _commit(stores[keeper], "s", {"x": 3}, second)
+        assert stores[keeper].spread("s", third) == 2
+    finally:
+        for n in "bc":
+            served[n][0].stop()

@@ -49,6 +49,9 @@ NOTEBOOKS = [
     # this project's corpus: numpy's global random state seeded in one cell and drawn from in
     # the next, a list changed through another name for it, errors raised on purpose
     REPO / "corpus" / "pydata-book" / "ch02.ipynb",
+    # a model trained in a loop: tensors that require grad cannot be saved, and a cell makes a
+    # folder, so none is run again: their pinned worker moves with the session
+    SHARED / "pytorch-deep-learning" / "01_pytorch_workflow.ipynb",
 ]
 
 HOP_EVERY_S = 0.5  # how long the session stays on a host, at least, before it is sent away

@@ -139,6 +139,27 @@ def test_a_user_sees_and_runs_only_their_own_sessions(tcp, users, tmp_path: Path
             who.call("close", session=name)
 
 
+def test_only_the_hosts_owner_carries_a_users_worker_to_another_host(tcp, users,
+                                                                       tmp_path: Path) -> None:
+    server, _ = tcp
+    name = f"nb-{uuid.uuid4().hex[:6]}"
+    image = {"files": [], "init": False, "parked": False, "device": None, "base": None,
+             "holds": [], "unsaved": []}
+    with _client(server, users["bob"]) as bob, _client(server, users["carol"]) as carol:
+        bob.call("open", session=name, cwd=str(tmp_path))
+        execute(bob, name, "numbers = (i for i in range(3))")  # pinned: only its worker has it
+        for who in (bob, carol):
+            assert "wake_dir" not in who.call("ping")  # where carried workers wake: the door's
+            for op, fields in [("emigrate", {"wake_dir": str(tmp_path)}),
+                               ("immigrate", {"image": image})]:
+                with pytest.raises(RemoteError) as err:
+                    who.call(op, session=name, user="bob", **fields)
+                assert err.value.kind == "forbidden", op
+        _, outputs = execute(bob, name, "print(next(numbers))")  # neither dumped nor replaced
+        assert text(outputs) == "0\n"
+        bob.call("close", session=name)
+
+
 def test_a_revoked_key_is_refused_at_once(tcp, users) -> None:
     server, keys = tcp
     with _client(server, users["dave"]) as dave:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RunningServer, execute, open_session, serving, text
+from helpers import RunningServer, execute, open_session, serving, session_status, text
 
 from fabric.client import Client
 from fabric.messages import Output, Reply
@@ -151,10 +151,6 @@ def tree(pid: int) -> set[int]:
 def holders(pids: set[int]) -> dict[int, tuple[str, int | None]]:
     """Those of `pids` that hold GPU memory now, as NVML shows."""
     return {pid: v for pid, v in gpu_memory().items() if pid in pids and v[1] != 0}
-
-
-def session_status(client: Client, session: str) -> dict:
-    return next(s for s in client.call("status")["sessions"] if s["session"] == session)
 
 
 def stdout(outputs: list[dict]) -> str:

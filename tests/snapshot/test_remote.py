@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fabric.errors import ConfigError, StoreError
-from fabric.snapshot import Store, codec
+from fabric.errors import ConfigError, StaleHead, StoreError
+from fabric.snapshot import Manifest, Store, codec, history
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -66,6 +66,44 @@ def test_heads_and_manifests_come_from_the_remote_checked_by_the_stores_key(
     with pytest.raises(StoreError, match="not signed"):
         stranger.get_manifest(manifest)
     assert there.remove_session("s") and here.remote.get("sessions/s/head") is None
+
+
+def test_two_hosts_that_commit_on_the_same_version_one_is_refused(tmp_path: Path,
+                                                                   remote: str) -> None:
+    """The remote head has one authority: each move claims its parent once."""
+    here, there = _two_hosts(tmp_path, remote)
+    first = here.put_manifest(b"version 1")
+    here.set_head("s", first, None)
+    assert there.adopt_head("s") == first
+    mine, theirs = here.put_manifest(b"version 2, here"), there.put_manifest(b"version 2, there")
+    here.set_head("s", mine, first)
+    with pytest.raises(StaleHead, match="moved on from"):
+        there.set_head("s", theirs, first)  # its own disk still says `first`
+    assert (there.head("s"), there.adopt_head("s")) == (first, mine)  # nothing overwritten
+    # a host lost between its claim and its head write: the claim is the head
+    last = there.put_manifest(b"version 3")
+    there.remote.claim(f"sessions/s/after/{mine}", last.encode())
+    assert here.adopt_head("s") == last
+    # a session removed and made again starts afresh
+    assert here.remove_session("s") and there.remove_session("s")
+    again = here.put_manifest(b"a new version 1")
+    here.set_head("s", again, None)
+    assert there.adopt_head("s") == again
+
+
+def test_a_name_given_to_a_version_on_one_host_is_known_on_the_next(tmp_path: Path,
+                                                                      remote: str) -> None:
+    here, there = _two_hosts(tmp_path, remote)
+    first = here.put_manifest(Manifest("s", 1).encode())
+    here.set_head("s", first, None)
+    for name in ("best", ".."):  # any name a tag may have, even one no path may
+        history.tag(here, "s", None, name)
+    second = here.put_manifest(Manifest("s", 2, first).encode())
+    here.set_head("s", second, first)
+    history.tag(here, "s", None, "best")  # moved on
+    assert there.adopt_head("s") == second
+    assert there.index("s").tags == {"best": second, "..": first}
+    assert history.tag(there, "s", "..", "again").version == 1
 
 
 def test_a_remote_no_package_can_reach_is_a_config_error(tmp_path: Path) -> None:

@@ -211,3 +211,8 @@ class TextFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 sys.meta_path.append(TextFinder())
 """
+
+
+def session_status(client: Client, session: str) -> dict:
+    """The session's entry in the server's status."""
+    return next(s for s in client.call("status")["sessions"] if s["session"] == session)

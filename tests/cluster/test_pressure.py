@@ -1,0 +1,72 @@
+"""On a Ray cluster of a head that declares a GPU and one node whose server always finds memory
+short (its threshold set to 1%): the front door moves the session whose worker holds the most
+memory off that node, the worker with it, and the head's GPU is its host's alone in Ray's books."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import clusters
+import pytest
+from clusters import free_port, host_of, scrape
+from helpers import execute, serving, text, wait_until
+
+from fabric.client import Client
+from fabric.cluster.host import host_name
+
+pytest.importorskip("ray")
+
+DOOR_METRICS = f"127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[object]:
+    with clusters.ray_cluster(nodes=({"LLFABRIC_MEMORY_PRESSURE": "1"},),
+                              head_gpus=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    root = tmp_path_factory.mktemp("pressed")
+    with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
+                 metrics_bind=DOOR_METRICS) as running, running.client(timeout=120) as client:
+        wait_until(lambda: len(client.call("status")["hosts"]) == 2, "two hosts")
+        yield client
+
+
+def test_a_host_short_of_memory_moves_its_session_off_with_its_worker(
+        ray_cluster, client: Client, tmp_path: Path) -> None:
+    head = host_name(ray_cluster.head_node.node_id)
+    client.call("drain", host=head)  # the session opens on the node short of memory
+    client.call("open", session="pressed", cwd=str(tmp_path))
+    # only its worker holds `numbers` (a generator, made by a cell that is never run again)
+    execute(client, "pressed", f"import os\nos.makedirs({str(tmp_path / 'made')!r}, "
+            "exist_ok=True)\nnumbers = (i * i for i in range(10))\nfirst = next(numbers)")
+    pressed = host_of(client, "pressed")
+    assert pressed != head
+    client.call("drain", host=head, undo=True)  # now there is a host to move it to
+    wait_until(lambda: host_of(client, "pressed") == head, "the session moves to the head",
+               timeout=60)
+    result, outputs = execute(client, "pressed", "print(first, next(numbers))")
+    assert text(outputs) == "0 1\n" and result["host"] == head
+    # a new session opens on the head, though the host short of memory has none
+    assert client.call("open", session="fresh", cwd=str(tmp_path))["host"] == head
+    samples = scrape(DOOR_METRICS)
+    assert samples["llfabric_sessions_relieved_total"] >= 1
+    assert samples['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
+
+
+def test_a_hosts_gpus_are_held_for_its_leases_in_rays_books(ray_cluster, client: Client) -> None:
+    import ray
+
+    head = host_name(ray_cluster.head_node.node_id)
+    assert next(h for h in client.call("status")["hosts"] if h["name"] == head)["slots"] == 1
+    ray.init(address=ray_cluster.address, namespace="a-ray-user", logging_level="WARNING",
+             log_to_driver=False)
+    try:  # another Ray job finds the GPU taken, though no cell runs on it now
+        assert ray.cluster_resources().get("GPU") == 1
+        assert ray.available_resources().get("GPU", 0) == 0
+    finally:
+        ray.shutdown()
