@@ -9,6 +9,7 @@ the cell's code is over and an interrupt has nothing left to stop: the save is n
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import CellStopped, FabricError, NotWaiting, WorkerDied
@@ -33,7 +34,7 @@ class Running:
         self.stdin = stdin  # the client answers input requests
         self.grace = grace
         self.began = False  # the cell's code has started
-        self.started: float | None = None  # when, on the worker's monotonic clock
+        self.started: float | None = None  # when its code began, on this process's clock
         self.saving = False  # the cell's code has ended; its worker saves
         self.stopped: str | None = None  # why its worker was killed
         self._answer: asyncio.Future | None = None  # the client's answer to its input()
@@ -50,7 +51,7 @@ class Running:
             elif isinstance(message, Notice):
                 self.events.notice(message.topic, message.text)
             elif isinstance(message, Started):
-                self.started, self.began = message.t, True
+                self.started, self.began = time.monotonic(), True
             elif isinstance(message, Saving):
                 self.saving = True
             elif isinstance(message, Input):

@@ -200,8 +200,10 @@ class Answered(Message):
 
 @dataclass(frozen=True)
 class Started(Message):
+    """The cell's code begins. It carries no time: a worker restored by CRIU runs in a time
+    namespace of its own, whose monotonic clock is not the server's."""
+
     op: ClassVar[str] = "started"
-    t: float  # the worker's monotonic clock, when the cell's code began
 
 
 @dataclass(frozen=True)
@@ -261,7 +263,6 @@ class Done(Message):
     op: ClassVar[str] = "done"
     status: str
     ename: str | None = None
-    t_started: float = 0.0
     run: float = 0.0
     save: float = 0.0
     saved: Report | None = None

@@ -283,7 +283,7 @@ class Worker:
         self.shell.execution_count = message.execution_count
         introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
-        self.channel.send(Started(started))
+        self.channel.send(Started())
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             result = self.shell.run_cell(message.source, store_history=True)
@@ -304,7 +304,7 @@ class Worker:
             stream.flush()
         return Done(status="error" if error is not None else "ok",
                     ename=type(error).__name__ if error is not None else None,
-                    t_started=started, run=ran - started, save=time.monotonic() - ran,
+                    run=ran - started, save=time.monotonic() - ran,
                     saved=saved, failed=failed, payload=introspect.take_payloads(self.shell),
                     lazy=lazy_seconds, unneeded=unneeded)
 

@@ -56,10 +56,15 @@ def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
         cool = _wait_tier(client, session, "cool")
         assert cool["memory"] > 0 and cool["worker"] is None  # on disk, no process
 
+        sent = time.monotonic()
         reply, outputs = execute(client, session, "print(next(g), next(g), kept)")
+        waited = time.monotonic() - sent
         assert (reply["status"], reply["path"], reply["source"]) == (
             "ok", "pinned", "cool"), outputs
         assert text(outputs) == "1 2 committed\n"
+        # the restore is part of the wait, read on the server's clock (the restored worker's
+        # runs in a time namespace of its own)
+        assert 0 < reply["timings"]["visible_delay"] < waited, reply["timings"]
 
         # Cooled again, and woken by a draft this time: the cell finds it warm.
         _wait_tier(client, session, "cool")

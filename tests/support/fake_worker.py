@@ -55,7 +55,7 @@ def main(endpoint: str, store_root: str, fault: str) -> None:
         if isinstance(message, Load):
             send(Loaded())
         elif isinstance(message, Run):
-            send(Started(time.monotonic()))
+            send(Started())
             run(send, socket, Store(Path(store_root)), fault)
 
 
