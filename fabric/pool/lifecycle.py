@@ -246,8 +246,9 @@ class Life:
                 self.cooled = None
                 if not demand.is_set():
                     criu.remove(image.images)
+            self.started, self.ready_at = time.monotonic(), None  # its prepare: the restore
             worker = await thaw(self.pool, image)
-            self.stage = Stage.KEPT
+            self.stage, self.ready_at = Stage.KEPT, time.monotonic()
             return worker
 
         self.stage, self.demand = Stage.COOL, demand
