@@ -163,6 +163,12 @@ def node_slots(resources: dict[str, float]) -> int:
     return int(resources.get("GPU", 0)) or int(resources.get(SLOTS, 0))
 
 
+def held_slots(resources: dict[str, float]) -> dict[str, float]:
+    """The custom resources a node's agent holds for its host: its declared slots, where its
+    slots are not GPUs (those it holds as Ray's own `num_gpus`)."""
+    return {} if resources.get("GPU") or not resources.get(SLOTS) else {SLOTS: resources[SLOTS]}
+
+
 def _node_ip() -> str:
     import ray
 

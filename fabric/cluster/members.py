@@ -9,7 +9,7 @@ import logging
 import os
 
 from ..errors import ConfigError, FabricError
-from .host import HostAgent, node_slots
+from .host import HostAgent, held_slots, node_slots
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,15 @@ class RayMembers:
     def start(self, node: str, resources: dict, users: dict[str, str], key: bytes,
               peer: tuple[str, str]) -> dict:
         """The host agent of `node`, started (or found) and its server running: its info. It
-        holds the node's GPUs in Ray's books, so Ray schedules nothing else on the GPUs its
-        server leases to cells."""
+        holds what its server leases to cells (the node's GPUs, else its declared slots) in
+        Ray's books: Ray schedules nothing else on them, and its autoscaler takes back no node
+        whose host is up (the door releases idle hosts itself)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         agent = self._actor.options(
             name=f"llfabric-host-{node}", lifetime="detached", get_if_exists=True,
-            num_cpus=0, num_gpus=resources.get("GPU", 0), max_restarts=-1, max_task_retries=0,
+            num_cpus=0, num_gpus=resources.get("GPU", 0), resources=held_slots(resources),
+            max_restarts=-1, max_task_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         ).remote(node, self.root, self.settings, node_slots(resources))
         return self._get(agent.start.remote(users, key, peer))

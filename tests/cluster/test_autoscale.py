@@ -49,7 +49,10 @@ class FakeAutoscaling(ray_utils.AutoscalingCluster):
 def autoscaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     cluster = FakeAutoscaling(
         head_resources={"CPU": 1, "object_store_memory": 80 << 20},
-        worker_node_types={"slot": WORKER}, idle_timeout_minutes=0.05)
+        # a node is taken back once idle for 15 s: long enough for its host agent to be placed
+        # (from then on it holds the node's slot, and the node is busy until the door releases
+        # the host), while a shorter limit races the agent's start
+        worker_node_types={"slot": WORKER}, idle_timeout_minutes=0.25)
     bin_dir = str(Path(sys.executable).parent)  # where `ray` is, which the cluster runs
     if bin_dir not in os.environ["PATH"].split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]

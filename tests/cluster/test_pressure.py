@@ -1,6 +1,7 @@
 """On a Ray cluster of a head that declares a GPU and one node whose server always finds memory
 short (its threshold set to 1%): the front door moves the session whose worker holds the most
-memory off that node, the worker with it, and the head's GPU is its host's alone in Ray's books."""
+memory off that node, the worker with it; and what each host leases (the head's GPU, the node's
+slot) is its host's alone in Ray's books."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_a_host_short_of_memory_moves_its_session_off_with_its_worker(
     assert samples['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
 
 
-def test_a_hosts_gpus_are_held_for_its_leases_in_rays_books(ray_cluster, client: Client) -> None:
+def test_what_a_host_leases_is_held_in_rays_books(ray_cluster, client: Client) -> None:
     import ray
 
     head = host_name(ray_cluster.head_node.node_id)
@@ -68,5 +69,9 @@ def test_a_hosts_gpus_are_held_for_its_leases_in_rays_books(ray_cluster, client:
     try:  # another Ray job finds the GPU taken, though no cell runs on it now
         assert ray.cluster_resources().get("GPU") == 1
         assert ray.available_resources().get("GPU", 0) == 0
+        # and the other node's slot (its slots are no GPUs), so its autoscaler keeps the node;
+        # the head's slots are its GPU, and its declared slot stays free
+        assert ray.cluster_resources().get("llfabric_slots") == 2
+        assert ray.available_resources().get("llfabric_slots", 0) == 1
     finally:
         ray.shutdown()
