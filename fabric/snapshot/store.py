@@ -516,7 +516,7 @@ class Store:
         while (after := self.remote.get(f"sessions/{session}/after/{ident}")) is not None:
             ident = self._remote_id(session, after)  # a host lost before it wrote the head
         with self.locked(session):
-            write_atomic(self._head_path(session), ident.encode() + b"\n")
+            self._write_head(session, ident)
             self._adopt_tags(session)
         return ident
 
@@ -532,7 +532,7 @@ class Store:
         index = self.index(session)
         if tags and any(index.tags.get(t) != i for t, i in tags.items()):
             index.tags.update(tags)
-            write_atomic(self._head_path(session).with_name("index"), index.encode())
+            self._write_index(session, index)
 
     def _adopt_newest(self, session: str) -> str | None:
         """Without a remote: the newest head this disk and the peers hold of the session (a
@@ -548,7 +548,7 @@ class Store:
                 log.warning("a peer's head of session %s is refused: %s", session, exc.message)
         if newest is not None:
             with self.locked(session):
-                write_atomic(self._head_path(session), newest.encode() + b"\n")
+                self._write_head(session, newest)
         return newest
 
     def _version(self, manifest: str) -> int:
@@ -579,7 +579,7 @@ class Store:
         with self.locked(session):
             current = self.head(session)
             if current is None or self._version(current) < manifest.version:
-                write_atomic(self._head_path(session), head.encode() + b"\n")
+                self._write_head(session, head)
 
     def set_head(self, session: str, manifest: str, parent: str | None,
                  held: bool = False) -> None:
@@ -590,7 +590,6 @@ class Store:
             raise StoreError(f"invalid manifest id {manifest!r}", session=session)
         if not (self.root / "manifests" / manifest).is_file():
             raise StoreError(f"refusing to commit missing manifest {manifest}", session=session)
-        path = self._head_path(session)
         with contextlib.nullcontext() if held else self.locked(session):
             current = self.head(session)
             if current != parent:
@@ -601,7 +600,7 @@ class Store:
             if self.remote is not None:  # first: one it refuses leaves this disk's unmoved
                 self._claim_remote(session, manifest, parent)
                 self.remote.put(f"sessions/{session}/head", manifest.encode() + b"\n")
-            write_atomic(path, manifest.encode() + b"\n")
+            self._write_head(session, manifest)
 
     def _claim_remote(self, session: str, manifest: str, parent: str | None) -> None:
         """Claim the move from `parent` on the remote tier, which other hosts share: StaleHead
@@ -645,11 +644,17 @@ class Store:
         """Write the session's index; the caller holds `locked(session)`. Its new names go to
         the remote tier too, where the host that opens the session next finds them."""
         before = self.index(session).tags if self.remote is not None else index.tags
-        write_atomic(self._head_path(session).with_name("index"), index.encode())
+        self._write_index(session, index)
         for tag, ident in index.tags.items():
             if before.get(tag) != ident:  # a tag may be any name: its file's is its hex
                 self.remote.put(f"sessions/{session}/tags/{tag.encode().hex()}",
                                 ident.encode())
+
+    def _write_head(self, session: str, manifest: str) -> None:
+        write_atomic(self._head_path(session), manifest.encode() + b"\n")
+
+    def _write_index(self, session: str, index: Index) -> None:
+        write_atomic(self._head_path(session).with_name("index"), index.encode())
 
     def remove_session(self, session: str) -> bool:
         """Forget the session: its head, index and lock go; gc frees what only it named."""
