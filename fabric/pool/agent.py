@@ -478,7 +478,7 @@ class HostAgent:
             running.end()
             self.leases.release(lease)
         spreading = time.monotonic()
-        if saved is not None:  # off the lease, before the cell is reported done
+        if saved is not None and self.store.spreads:  # off the lease, before its reply
             await self._spread(head, events)
         spread = time.monotonic() - spreading
         unsaved = unsaved if kept else []

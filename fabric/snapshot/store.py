@@ -554,11 +554,16 @@ class Store:
     def _version(self, manifest: str) -> int:
         return Manifest.decode(self.get_manifest(manifest)).version
 
+    @property
+    def spreads(self) -> bool:
+        """Whether commits go to other hosts (`spread`): a cluster's, without a remote tier."""
+        return self.remote is None and self.peers is not None and self.copies > 1
+
     def spread(self, session: str, head: str) -> int:
         """Have other hosts keep the session's version `head` until it is on `copies` hosts,
         where there is no remote tier (which holds every commit itself); how many hosts short
         of `copies` it stays (0: none)."""
-        if self.remote is not None or self.peers is None or self.copies <= 1:
+        if not self.spreads:
             return 0
         return self.copies - 1 - len(self.peers.keep(session, head, self.copies - 1))
 
