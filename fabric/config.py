@@ -54,6 +54,10 @@ class Config:
     key_dir: Path = field(default_factory=lambda: _config_home() / "llfabric")
     user_sessions: int = 0  # sessions one user may have open at once; 0: no limit
     user_cells: int = 0  # cells one user may run (hold or wait for a lease) at once; 0: no limit
+    # bytes of memory one worker's processes may use (its cgroup's limit; past it the kernel
+    # kills them and the cell is told it ran out of memory); 0: no limit
+    worker_memory: int = 0
+    user_pids: int = 0  # processes all of one user's workers may hold at once; 0: no limit
     # seconds a cell may run on after an interrupt before its worker is killed (its lease back)
     interrupt_grace: int = 5
     # seconds between heartbeats to each client (ZMTP pings, answered by its libzmq); a client

@@ -121,7 +121,8 @@ class Server:
                          worker_source=config.worker_source, keep_warm=config.keep_warm,
                          cool_after=cool_after, zygote_memory=config.zygote_memory,
                          pressure_percent=config.memory_pressure,
-                         gpu=self.leases.kind == "gpu")
+                         gpu=self.leases.kind == "gpu", worker_memory=config.worker_memory,
+                         user_pids=config.user_pids)
         self.keeper = Keeper(self.pool)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()

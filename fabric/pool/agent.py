@@ -137,7 +137,8 @@ class HostAgent:
 
         async def make(life: Life) -> WorkerHandle:
             worker = await self.pool.new_worker(cl.modules | needs.modules,
-                                                frozenset(head.manifest.modules), self.env)
+                                                frozenset(head.manifest.modules), self.env,
+                                                self.user)
             try:
                 if self.account is not None:  # never deferred: before anything of the session
                     await self._send_load(worker, Become(self.account), events)
@@ -578,6 +579,12 @@ class HostAgent:
 
         life.chain(rehome, prepares=False)
         self.prepared = life
+
+    @property
+    def user(self) -> str:
+        """Whose cells these are: the user a store name is prefixed with ("": the server's)."""
+        user, prefixed, _ = self.name.partition("~")
+        return user if prefixed else ""
 
     # stopping
     def interrupt(self) -> bool:

@@ -26,6 +26,9 @@ _CHECKOUT = Path(__file__).resolve().parents[2]
 CRIU, INIT = "LLFABRIC_CRIU", "LLFABRIC_INIT"  # the settings: paths of the binaries
 GHOST_LIMIT = 1 << 31  # bytes of an unlinked file a dump may keep
 _MAPPED = "mapped"  # the images' links to the files the tree mapped
+# a tree is restored into the restorer's cgroups, not those it was dumped from: the server
+# moves it into a cage of its own (`contain`), and the dumped ones may be gone or another host's
+_CGROUPS_IGNORED = 0
 
 
 def locate(configured: str, name: str, built: Path) -> Path | None:
@@ -117,7 +120,8 @@ def dump(pid: int, images: Path, log_name: str = "dump.log", keep_under: Path | 
     if keep_under is not None:
         _keep_mapped(pid, images / _MAPPED, keep_under)
     # a file unlinked before the dump goes into the images whole (up to 1 MiB by default)
-    _call("dump", images, log_name, pid=pid, leave_running=False, ghost_limit=GHOST_LIMIT)
+    _call("dump", images, log_name, pid=pid, leave_running=False, ghost_limit=GHOST_LIMIT,
+          manage_cgroups_mode=_CGROUPS_IGNORED)
 
 
 def restore(images: Path, log_name: str) -> int:
@@ -127,7 +131,8 @@ def restore(images: Path, log_name: str) -> int:
     images can be restored many times at once.
     """
     _put_back(images / _MAPPED)  # CRIU opens a mapped file by its path
-    response = _call("restore", images, log_name, rst_sibling=True)
+    response = _call("restore", images, log_name, rst_sibling=True,
+                     manage_cgroups_mode=_CGROUPS_IGNORED)
     return int(response.pid)
 
 

@@ -56,6 +56,7 @@ class CoolImage:
     init: bool  # the dumped tree is rooted at an llfabric-init (a template's copy)
     parked: bool  # dumped with its CUDA state checkpointed off the GPU
     device: str | None  # the GPU it was parked from
+    user: str = ""  # whose cells it ran, whose cage it is restored into
 
     @property
     def size(self) -> int:
@@ -83,7 +84,7 @@ async def cool(pool: Pool, worker: WorkerHandle, wake_dir: str | None = None) ->
             raise
         raise ParkFailed(f"cannot cool worker {worker.pid}: {exc}", pid=worker.pid) from exc
     await worker.close()
-    return CoolImage(images, worker.init, worker.parked, worker.device)
+    return CoolImage(images, worker.init, worker.parked, worker.device, worker.user)
 
 
 async def thaw(pool: Pool, image: CoolImage) -> WorkerHandle:
@@ -91,7 +92,7 @@ async def thaw(pool: Pool, image: CoolImage) -> WorkerHandle:
     try:
         root = await asyncio.to_thread(criu.restore, image.images, "restore.log")
         return await pool.wake_restored(root, image.init, "cool", parked=image.parked,
-                                        device=image.device)
+                                        device=image.device, user=image.user)
     except FabricError as exc:
         if isinstance(exc, ParkFailed):
             raise

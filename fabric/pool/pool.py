@@ -52,6 +52,7 @@ from ..errors import (
 from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Message, decode
 from . import criu, cuda, parking
+from .contain import Containment
 from .templates import Template, Templates, worker_of
 
 if TYPE_CHECKING:
@@ -177,13 +178,16 @@ class WorkerHandle:
     A worker forked by a zygote is that zygote's child, which reports its exit. A restored
     worker (from a template or a cool image) is a child of this process, its exit watched
     through a pidfd; when it runs under an init (pid 1 of its own namespace), `pid` is the
-    init's, which forwards signals and exits with the worker's status.
+    init's, which forwards signals and exits with the worker's status. Every process of it
+    (its init, the processes its cells start) lives in its cage (`contain`), killed with it.
     """
 
     def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle | None,
-                 path: Path | None = None, source: str = "zygote") -> None:
+                 path: Path | None = None, source: str = "zygote", user: str = "") -> None:
         self.pool = pool
         self.id = ident
+        self.user = user  # whose cells it runs ("": the server's own user)
+        self.cage = pool.containment.cage(ident, user)
         self.zygote = zygote
         self.source = source
         self.init = False  # `pid` is an llfabric-init's, the worker its only child
@@ -196,6 +200,8 @@ class WorkerHandle:
         self.socket.linger = 0
         self.socket.bind(f"ipc://{self.path}")
         self.died: asyncio.Future = asyncio.get_running_loop().create_future()
+        # a worker that dies leaves none of its processes behind
+        self.died.add_done_callback(lambda _: self.cage.kill())
         self.exit_status: int | None = None
         self.generation = 0  # its environment's, when it was made (`Env.generation`)
 
@@ -263,6 +269,10 @@ class WorkerHandle:
 
     def death_reason(self) -> str:
         status = self.exit_status
+        if self.cage.out_of_memory():
+            return (f"the worker process (pid {self.pid}) ran out of memory: its processes "
+                    f"passed the worker_memory limit ({self.pool.containment.worker_memory} "
+                    f"bytes) and the kernel killed it")
         if status is None:
             return f"worker {self.pid} died"
         if os.WIFSIGNALED(status):
@@ -275,13 +285,16 @@ class WorkerHandle:
             os.kill(self.pid, signal.SIGINT)
 
     def kill(self) -> None:
-        """Kill the worker now (an init, and with it the worker in its namespace)."""
+        """Kill the worker now, and every process of its cage (an init, and with it the
+        worker in its namespace; the processes its cells started)."""
         if self.pid and not self.died.done():
+            self.cage.kill()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
     async def close(self) -> None:
-        """Retire the worker: ask it to exit, kill it if it does not."""
+        """Retire the worker: ask it to exit, kill it if it does not; then whatever its cells
+        left running."""
         if self.pid and not self.died.done():
             with contextlib.suppress(zmq.ZMQError):  # zmq.Again: no worker connected to ask
                 await self.socket.send(protocol.pack(Exit().to_wire()), flags=zmq.NOBLOCK)
@@ -290,6 +303,7 @@ class WorkerHandle:
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
+        self.cage.remove()
         self.socket.close()
         self.path.unlink(missing_ok=True)
         self.pool.workers.pop(self.pid, None)
@@ -298,8 +312,10 @@ class WorkerHandle:
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
-                 zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False) -> None:
+                 zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False,
+                 worker_memory: int = 0, user_pids: int = 0) -> None:
         self.store_root = store_root
+        self.containment = Containment(worker_memory, user_pids)
         self.max_zygotes = max_zygotes
         # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
         self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4
@@ -457,9 +473,9 @@ class Pool:
                 count, total = count - 1, total - memory[family]
 
     async def new_worker(self, needs: frozenset[str], family: frozenset[str] | None = None,
-                         env: Env | None = None) -> WorkerHandle:
-        """A fresh worker with `needs` imported from environment `env` (None: the server's
-        own), from the cheapest source ready now.
+                         env: Env | None = None, user: str = "") -> WorkerHandle:
+        """A fresh worker of `user` ("": the server's own) with `needs` imported from
+        environment `env` (None: the server's own), from the cheapest source ready now.
 
         With templates, a restore of a template covering `needs` once one is built (until then,
         and should a restore fail, a zygote fork); otherwise a zygote fork. What is built for
@@ -475,36 +491,37 @@ class Pool:
                 self.templates.build_soon(modules, site)
             else:
                 try:
-                    worker = await self.restore_worker(template)
+                    worker = await self.restore_worker(template, user)
                 except (FabricError, OSError) as exc:  # CheckpointError, WorkerDied, ...
                     log.warning("template restore failed, forking instead: %s", exc)
         if worker is None:
             try:
-                worker = await self.fork_worker(needs, family, site)
+                worker = await self.fork_worker(needs, family, site, user)
             except (FabricError, OSError, TimeoutError) as exc:
                 log.warning("no zygote could fork a worker (%s); starting a cold one", exc)
-                worker = await self.cold_worker(site)
+                worker = await self.cold_worker(site, user)
         worker.generation = generation
         return worker
 
     async def fork_worker(self, needs: frozenset[str], family: frozenset[str] | None = None,
-                          site: str = "") -> WorkerHandle:
+                          site: str = "", user: str = "") -> WorkerHandle:
         zygote = await self.zygote_for(needs, family, site)
-        worker = WorkerHandle(self, next(self._ids), zygote)
+        worker = WorkerHandle(self, next(self._ids), zygote, user=user)
         try:
             reply, _ = await zygote.request(control.ForkWorker(endpoint=worker.endpoint,
                                                                store=str(self.store_root)))
             worker.pid = worker.process = reply.pid
             self.workers[worker.pid] = worker
+            worker.cage.enter(reply.pid)  # before its hello: it has run nothing of a session
             await self._hello(worker)
         except BaseException:
             await worker.close()
             raise
         return worker
 
-    async def cold_worker(self, site: str = "") -> WorkerHandle:
+    async def cold_worker(self, site: str = "", user: str = "") -> WorkerHandle:
         """A worker started as a fresh process, without a zygote: the last resort."""
-        worker = WorkerHandle(self, next(self._ids), None, source="cold")
+        worker = WorkerHandle(self, next(self._ids), None, source="cold", user=user)
         try:
             pid = os.posix_spawn(
                 sys.executable, [sys.executable, "-m", "fabric.worker.cold", worker.endpoint,
@@ -512,6 +529,7 @@ class Pool:
                 setsid=True,
                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
             worker.process = pid
+            worker.cage.enter(pid)
             worker.watch(pid, init=False)
             await self._hello(worker)
         except BaseException:
@@ -519,14 +537,16 @@ class Pool:
             raise
         return worker
 
-    async def restore_worker(self, template: Template) -> WorkerHandle:
+    async def restore_worker(self, template: Template, user: str = "") -> WorkerHandle:
         """Restore a copy of `template`, wake it, and wait until it has connected."""
         root = await self.templates.restore(template)
-        return await self.wake_restored(root, True, "template", parked=False, device=None)
+        return await self.wake_restored(root, True, "template", parked=False, device=None,
+                                        user=user)
 
     async def wake_restored(self, root: int, init: bool, source: str, parked: bool,
-                            device: str | None) -> WorkerHandle:
-        """Wake the worker restored as `root` (or as its init's child) and await its hello.
+                            device: str | None, user: str = "") -> WorkerHandle:
+        """Wake the worker of `user` restored as `root` (or as its init's child) and await its
+        hello; its tree (with what its cells left running, for a cool one) enters its cage.
 
         `parked`: it was dumped with its CUDA state checkpointed (off `device`), which stays
         so until its first cell's lease (`unpark`) puts it on the leased GPU."""
@@ -537,10 +557,12 @@ class Pool:
             os.waitpid(root, 0)
             raise
         worker = WorkerHandle(self, next(self._ids), None,
-                              path=wake.restored_socket(self.socket_dir, pid), source=source)
+                              path=wake.restored_socket(self.socket_dir, pid), source=source,
+                              user=user)
         worker.process = pid
         worker.parked, worker.device = parked, device
         try:
+            worker.cage.enter_tree(root)
             _give(worker.path, pid)
             worker.watch(root, init)
             os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
@@ -611,6 +633,7 @@ class Pool:
                 with contextlib.suppress(ProcessLookupError):  # reaped, not yet told
                     os.kill(worker.pid, signal.SIGKILL)
             worker.socket.close()
+        self.containment.stop()  # and whatever their cells left running
         for zygote in (*self.zygotes.values(), *self.retired):
             zygote.stop()
         await self.templates.stop()
