@@ -42,7 +42,7 @@ from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import comms, env, introspect, lazy, threads, wake
+from . import comms, env, forked, introspect, lazy, threads, wake
 from .account import become
 from .fdcapture import FdCapture
 from .messages import (
@@ -285,9 +285,11 @@ class Worker:
         started = time.monotonic()
         self.channel.send(Started())
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        result = None
         try:
             result = self.shell.run_cell(message.source, store_history=True)
         finally:
+            forked.leave_if_child(result is None or not result.success)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             for stream in self._streams:
                 stream.flush()
@@ -397,6 +399,7 @@ def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
     """Entry point in the freshly forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake.block()  # before any thread starts, so that every thread inherits it blocked
+    forked.watch()
     channel = _Channel(endpoint)
     try:
         Worker(shell, channel, Store(Path(store_root), signs=False)).serve()
