@@ -527,6 +527,7 @@ class Server:
                     "session's head here"}
         images = Path(tempfile.mkdtemp(prefix="m", dir=self.pool.socket_dir / "cool"))
         image = await asyncio.to_thread(migration.unpack, self.store, carried, images)
+        image.user = session.agent.user  # restored into a cage of its user's
         session.arrive(Life.arrived(self.pool, image, carried.base, set(carried.holds),
                                     carried.unsaved))
         return {"arrived": True, "bytes": image.size}

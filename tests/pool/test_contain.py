@@ -1,0 +1,73 @@
+"""Cages on real processes: a cgroup's kill, and the process-group fallback where no cgroup
+can be made."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+import psutil
+import pytest
+
+from fabric.pool.contain import Cage, Containment
+
+# a leader whose children stay in its group, leave it (setsid), and leave its tree (orphaned)
+SLEEP = f"sleep {uuid.uuid4().int % 10_000 + 6000}"  # told apart from other tests' sleeps
+TREE = f"{SLEEP} & setsid {SLEEP} & ({SLEEP} &) ; echo ready; wait"
+
+
+def _tree(leader: subprocess.Popen) -> list[int]:
+    assert leader.stdout.readline() == b"ready\n"
+    return [leader.pid, *(p.pid for p in psutil.Process(leader.pid).children(recursive=True))]
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_cgroup_cage_kills_its_orphans_too() -> None:
+    containment = Containment(user_pids=64)
+    if not containment.trees:
+        pytest.skip("no cgroup can be made here")
+    try:
+        cage = containment.cage(1, "someone")
+        leader = subprocess.Popen(["sh", "-c", f"read go; {TREE}"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, start_new_session=True)
+        cage.enter(leader.pid)  # before it starts anything
+        leader.stdin.write(b"go\n")
+        leader.stdin.flush()
+        pids = _tree(leader)
+        orphans = [p.pid for p in psutil.process_iter(["cmdline"])
+                   if p.info["cmdline"] == SLEEP.split() and p.pid not in pids]
+        assert orphans
+        cage.remove()
+        leader.wait()
+        assert _gone(pids + orphans)
+        assert not any(path.exists() for path, _ in cage.dirs)
+    finally:
+        containment.stop()
+    assert not any(tree.base.exists() for tree in containment.trees)
+
+
+def test_without_cgroups_a_cage_kills_its_process_group_and_tree() -> None:
+    leader = subprocess.Popen(["sh", "-c", TREE], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    pids = _tree(leader)
+    cage = Cage([])
+    cage.enter(leader.pid)
+    cage.kill()
+    leader.wait()
+    assert _gone(pids)
