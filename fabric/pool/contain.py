@@ -39,6 +39,8 @@ from pathlib import Path
 
 import psutil
 
+from ..errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 LIMITED = ("memory", "pids")  # the controllers a cage uses
@@ -69,24 +71,22 @@ def hierarchies() -> list[Hierarchy]:
             fields, _, fs = line.partition(" - ")
             root, mount = fields.split()[3:5]
             kind, _, options = fs.split()[:3]
-            if kind == "cgroup2":
-                path, v2 = own.get(""), True
-                controllers = set(_read(Path(mount) / (path or "").lstrip("/")
-                                        / "cgroup.controllers").split())
-            elif kind == "cgroup":
-                names = set(options.split(",")) & set(LIMITED)
-                if not names:
-                    continue
+            if kind == "cgroup2" and "" in own:
+                base = _folder(mount, root, own[""])
+                found.append(Hierarchy(base, True, set(_read(base / "cgroup.controllers")
+                                                       .split()) & set(LIMITED)))
+            elif kind == "cgroup" and (names := set(options.split(",")) & set(LIMITED)):
                 path = next((p for c, p in own.items() if names & set(c.split(","))), None)
-                v2, controllers = False, names
-            else:
-                continue
-            if path is None:
-                continue
-            relative = os.path.relpath(path, root) if path.startswith(root) else path
-            found.append(Hierarchy(Path(mount) / relative.lstrip("/").removeprefix("."), v2,
-                                   controllers & set(LIMITED)))
+                if path is not None:
+                    found.append(Hierarchy(_folder(mount, root, path), False, names))
     return found
+
+
+def _folder(mount: str, root: str, path: str) -> Path:
+    """Where cgroup `path` is, in a hierarchy whose `root` is mounted at `mount`."""
+    inside = Path(path).relative_to(root) if Path(path).is_relative_to(root) \
+        else Path(path.lstrip("/"))
+    return Path(mount) / inside
 
 
 def _read(path: Path) -> str:
@@ -110,11 +110,15 @@ class Containment:
     it could write (none: process groups)."""
 
     def __init__(self, worker_memory: int = 0, user_pids: int = 0) -> None:
+        for key, value in (("worker_memory", worker_memory), ("user_pids", user_pids)):
+            if value < 0:
+                raise ConfigError(f"{key} is {value}: a positive limit, or 0 for none", key=key)
         self.worker_memory = worker_memory
         self.user_pids = user_pids
         self.trees: list[Hierarchy] = []  # each at this server's own folder in it
         self._users: set[str] = set()
         self._warden: subprocess.Popen | None = None
+        self._leaf: Path | None = None  # where this process moved to delegate v2 controllers
         name = f"llfabric-{os.getpid()}-{next(_pools)}"
         for hierarchy in _chosen(hierarchies()):
             root = hierarchy.base / name
@@ -124,8 +128,8 @@ class Containment:
                 log.info("cgroup %s cannot be made (%s)", root, exc)
                 continue
             if hierarchy.v2 and hierarchy.controllers:
-                try:  # refused while the server's own cgroup holds processes (its own)
-                    _enable(hierarchy.base, hierarchy.controllers)
+                try:
+                    self._delegate(hierarchy.base, hierarchy.controllers)
                     _enable(root, hierarchy.controllers)
                 except OSError as exc:
                     log.info("cgroup %s cannot delegate %s (%s)", hierarchy.base,
@@ -142,13 +146,24 @@ class Containment:
                         " or ".join(sorted(missing)),
                         " or ".join({"memory": "worker_memory", "pids": "user_pids"}[c]
                                     for c in sorted(missing)))
+        swept = [t.base for t in self.trees] + ([self._leaf] if self._leaf else [])
         self._warden = subprocess.Popen(
-            [sys.executable, "-m", "fabric.pool.warden", *(str(t.base) for t in self.trees)],
+            [sys.executable, "-m", "fabric.pool.warden", *map(str, swept)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
 
-    @property
-    def limits(self) -> bool:
-        return bool(self.trees)
+    def _delegate(self, base: Path, controllers: set[str]) -> None:
+        """Let `base`'s children use `controllers`. A cgroup v2 folder that holds processes
+        cannot: this process moves into a leaf of its own there first (the zygotes it starts
+        later follow it); OSError if others stay in `base`."""
+        try:
+            _enable(base, controllers)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            self._leaf = base / f"llfabric-{os.getpid()}-server"
+            self._leaf.mkdir(exist_ok=True)
+            _write(self._leaf / "cgroup.procs", str(os.getpid()))
+            _enable(base, controllers)
 
     def cage(self, worker: int, user: str = "") -> Cage:
         """A new, empty cage for worker `worker` of `user` ("": the server's own)."""
@@ -214,6 +229,8 @@ class Cage:
 
     def __init__(self, dirs: list[tuple[Path, Hierarchy]]) -> None:
         self.dirs = dirs
+        # where its processes are killed: v2's folder (cgroup.kill), else any, they hold the same
+        self.killed = next((p for p, t in dirs if t.v2), dirs[0][0]) if dirs else None
         self.leader = 0  # without cgroups: the worker, leader of its process group
 
     def enter(self, *pids: int) -> None:
@@ -252,11 +269,10 @@ class Cage:
 
     def kill(self) -> None:
         """SIGKILL every process in the cage."""
-        if not self.dirs:
+        if self.killed is None:
             self._kill_group()
         else:
-            kill_all(self.dirs[0][0] if not any(t.v2 for _, t in self.dirs)
-                     else next(p for p, t in self.dirs if t.v2))
+            kill_all(self.killed)
 
     def _kill_group(self) -> None:
         if not self.leader:

@@ -5,6 +5,7 @@ and per user (processes); a forked copy of the worker leaves when its cell's cod
 from __future__ import annotations
 
 import ast
+import os
 import socket
 import tempfile
 import threading
@@ -27,7 +28,7 @@ from helpers import (
 from fabric.auth import ClientKey, Keys, write_client_key
 from fabric.client import Client
 from fabric.errors import RemoteError
-from fabric.pool.contain import Containment
+from fabric.pool.contain import hierarchies
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,7 +65,7 @@ def _all_gone(pids: list[int], when: str) -> None:
 
 
 def _contained() -> None:
-    if not Containment().trees:
+    if os.geteuid() != 0 or not hierarchies():
         pytest.skip("no cgroup can be made here")
 
 
