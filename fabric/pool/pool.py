@@ -269,7 +269,9 @@ class WorkerHandle:
 
     def death_reason(self) -> str:
         status = self.exit_status
-        if self.cage.out_of_memory():
+        killed = status is None or (os.WIFSIGNALED(status)
+                                    and os.WTERMSIG(status) == signal.SIGKILL)
+        if killed and self.cage.out_of_memory():
             return (f"the worker process (pid {self.pid}) ran out of memory: its processes "
                     f"passed the worker_memory limit ({self.pool.containment.worker_memory} "
                     f"bytes) and the kernel killed it")
