@@ -128,12 +128,12 @@ def test_closing_a_session_kills_what_its_cells_started(server, keys, tmp_path) 
 
 def test_stopping_a_cell_that_swallows_its_interrupt_kills_its_children(server, keys,
                                                                          tmp_path) -> None:
-    with _user(server, keys, "ben") as ben:
+    with _user(server, keys, "ben") as ben, _user(server, keys, "ben") as runner:
         name = open_session(ben, tmp_path)
         stubborn = SPAWN + ("import time\nopen('started', 'w').close()\nwhile True:\n"
                             "    try:\n        time.sleep(1)\n    except KeyboardInterrupt:\n"
                             "        pass\n")
-        thread, run = _in_thread(_user(server, keys, "ben"), name, stubborn)
+        thread, run = _in_thread(runner, name, stubborn)
         wait_until((tmp_path / "started").exists, "the stubborn cell started")
         status = next(s for s in ben.call("status")["sessions"] if s["session"] == name)
         pids = [p.pid for p in psutil.Process(status["worker"]).children(recursive=True)]
