@@ -4,8 +4,9 @@ The child is a copy of the worker with one thread: the worker's wire (a ZeroMQ s
 context is not fork-safe), its stream flusher and fd readers stay with the parent, and a lock
 another thread held at the fork stays held. So the child writes its `print`s straight to fds
 1 and 2, which are the parent's capture pipes (they show in the cell's output, as a child's of
-a plain kernel's cell), and when the cell's code ends in it, it exits (`leave_if_child`)
-instead of going on to save and answer the server as the worker.
+a plain kernel's cell); what would go on the wire (a `display` in it) is dropped, as a forked
+kernel's is; and when the cell's code ends in it, it exits (`leave_if_child`) instead of going
+on to save and answer the server as the worker.
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ def _in_child() -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
+def in_child() -> bool:
+    """Whether this is a child a cell forked, not the worker."""
+    return _worker is not None and os.getpid() != _worker
+
+
 def leave_if_child(failed: bool) -> None:
     """End a forked child whose cell's code is over, with status 1 if it `failed`."""
-    if _worker is not None and os.getpid() != _worker:
+    if in_child():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1 if failed else 0)

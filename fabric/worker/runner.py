@@ -91,6 +91,8 @@ class _Channel:
         self.endpoint = endpoint
 
     def send(self, message: Message) -> None:
+        if forked.in_child():  # the wire is the worker's: a copy would garble it, or hang on
+            return  # a lock another thread held at the fork
         with self._lock:
             self.socket.send(protocol.pack(message.to_wire()))
 
