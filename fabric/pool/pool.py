@@ -271,10 +271,12 @@ class WorkerHandle:
         status = self.exit_status
         killed = status is None or (os.WIFSIGNALED(status)
                                     and os.WTERMSIG(status) == signal.SIGKILL)
-        if killed and self.cage.out_of_memory():
-            return (f"the worker process (pid {self.pid}) ran out of memory: its processes "
-                    f"passed the worker_memory limit ({self.pool.containment.worker_memory} "
-                    f"bytes) and the kernel killed it")
+        if killed and self.cage.out_of_memory():  # the kernel's OOM killer, any kind
+            limit = self.pool.containment.worker_memory
+            why = (f"its processes passed the worker_memory limit ({limit} bytes)" if limit
+                   else "the host's memory ran out")
+            return (f"the worker process (pid {self.pid}) ran out of memory: {why}, and the "
+                    f"kernel killed it")
         if status is None:
             return f"worker {self.pid} died"
         if os.WIFSIGNALED(status):
