@@ -307,7 +307,7 @@ class WorkerHandle:
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
-        self.cage.remove()
+        await asyncio.to_thread(self.cage.remove)  # waits, off the loop, for the killed to go
         self.socket.close()
         self.path.unlink(missing_ok=True)
         self.pool.workers.pop(self.pid, None)
