@@ -89,12 +89,13 @@ INPUTS: dict[str, Input] = {
                           "configs)"),
 }
 
-# How the session-shape inputs meet the excerpt's utilization: cut at drops of submit_time only,
-# the month's runs span a median of 343 h (the excerpt's 59 sessions, 20.9 h), and their first-to-
-# last windows alone are 25.2% busy under reservation, the excerpt's 25.7% give or take; the
-# excerpt's before/after shares, taken as fractions of each run's span, would bring it to 14%,
-# so they are taken in hours of the excerpt's median session instead (5.6 h and 3.3 h per session),
-# which leaves the month at 24% (`llfabric simulate` prints it; `--sweep` varies each input).
+# How the session-shape inputs were fitted to the excerpt's utilization: cut at drops of
+# submit_time only, the month's runs span a median of 343 h (the excerpt's, 20.9 h), and their
+# first-to-last windows alone are 24.8% busy under reservation (`reservation-span`), already
+# about the excerpt's 25.7%; the excerpt's before/after shares taken as fractions of each run's
+# span would bring the month to about 14%, outside the excerpt's shape, so they are taken in
+# hours of the excerpt's median session instead (5.6 h and 3.3 h per session), which leaves the
+# month at 24.3% (`llfabric simulate` prints it; `--sweep` varies each input).
 RESERVATION_FIT = ("sessions cut at drops of submit_time only; open 5.6 h before the first "
                    "training and 3.3 h after the last (the excerpt's 27% and 16% of its 20.9 h "
                    "median session); 34% of trainings on no GPU: the month's reservation is "
