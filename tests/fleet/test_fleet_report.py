@@ -96,3 +96,16 @@ def test_a_replay_beside_the_run_is_reported_and_a_foreign_one_refused(run_dir: 
             write_report(run_dir)
     finally:
         path.unlink()
+
+
+def test_the_sweep_varies_each_input_and_is_plotted(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.csv", random_rows(30))
+    simulate_run(trace, tmp_path / "run", SessionModel(), Costs.default(),
+                 policies=("reservation", "llfabric"), sweep=True)
+    rows = json.loads((tmp_path / "run" / "sweep.json").read_text())["rows"]
+    shorter = next(r for r in rows if (r["parameter"], r["value"]) == ("before_first_h", 0.0))
+    longer = next(r for r in rows if (r["parameter"], r["value"]) == ("before_first_h", 12.0))
+    assert (shorter["policies"]["reservation"]["gpu_hours_held"]
+            < longer["policies"]["reservation"]["gpu_hours_held"])
+    text = write_report(tmp_path / "run").read_text()
+    assert "Swept: before_first_h" in text and "Swept: linger_s" in text
