@@ -1,4 +1,4 @@
-"""A worker's own parking of its torch storages (`fabric.worker.parking`), on CPU storages: the
+"""A worker's own move of its torch storages off the device and back (`fabric.worker.parking`), on CPU storages: the
 walk, the release and the copy-back that move CUDA storages on a GPU host.
 
 Each scenario runs in a fresh process, as a worker is one: the walk takes every tensor of the
@@ -109,7 +109,7 @@ def trained(request: pytest.FixtureRequest) -> dict:
     return _run(TRAIN, request.param)
 
 
-def test_a_park_moves_every_storage_to_host_memory_and_frees_it(trained: dict) -> None:
+def test_every_storage_moves_to_host_memory_and_frees_its_own(trained: dict) -> None:
     parked = trained["parked"]
     assert parked["fallback"] is None and parked["released"]
     assert parked["moved"] == parked["held"] >= parked["bytes"] > 0
@@ -121,13 +121,13 @@ def test_tensors_views_and_optimizer_state_stay_the_same_objects(trained: dict) 
     assert parked["same"] and parked["shared"] and parked["views"]
 
 
-def test_training_goes_on_bit_identical_to_a_run_never_parked(trained: dict) -> None:
+def test_training_goes_on_bit_identical_to_a_run_whose_storages_never_moved(trained: dict) -> None:
     assert trained["parked"]["result"] == trained["never"]["result"]
     assert trained["parked"]["ballast"]
 
 
 @pytest.mark.gpu
-def test_nvml_sees_no_memory_of_a_parked_process_beyond_its_context(trained: dict) -> None:
+def test_nvml_sees_no_memory_of_a_process_whose_storages_moved_beyond_its_context(trained: dict) -> None:
     if not trained["context"]:
         pytest.skip("CPU storages: no device memory to see")
     parked = trained["parked"]
