@@ -1,5 +1,5 @@
-"""A worker's own move of its torch storages off the device and back (`fabric.worker.parking`), on CPU storages: the
-walk, the release and the copy-back that move CUDA storages on a GPU host.
+"""A worker's own move of its torch storages off the device and back (`fabric.worker.parking`),
+on CPU storages: the walk, the release and the copy-back that move CUDA storages on a GPU host.
 
 Each scenario runs in a fresh process, as a worker is one: the walk takes every tensor of the
 process, and this one's (pytest's, other tests') are none of its business. The same scenarios
@@ -121,13 +121,15 @@ def test_tensors_views_and_optimizer_state_stay_the_same_objects(trained: dict) 
     assert parked["same"] and parked["shared"] and parked["views"]
 
 
-def test_training_goes_on_bit_identical_to_a_run_whose_storages_never_moved(trained: dict) -> None:
+def test_training_goes_on_bit_identical_to_a_run_whose_storages_never_moved(
+        trained: dict) -> None:
     assert trained["parked"]["result"] == trained["never"]["result"]
     assert trained["parked"]["ballast"]
 
 
 @pytest.mark.gpu
-def test_nvml_sees_no_memory_of_a_process_whose_storages_moved_beyond_its_context(trained: dict) -> None:
+def test_nvml_sees_no_memory_of_a_process_whose_storages_moved_beyond_its_context(
+        trained: dict) -> None:
     if not trained["context"]:
         pytest.skip("CPU storages: no device memory to see")
     parked = trained["parked"]
