@@ -9,6 +9,7 @@ run on CUDA storages with `pytest -m gpu`, with NVML as the judge of what a park
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,8 @@ print(json.dumps({"context": used() if device == "cuda" else 0,
 """
 
 # cuBLAS is bitwise reproducible run to run only with a fixed workspace configuration
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+ENV = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def _run(script: str, *args: str) -> dict:
@@ -128,10 +130,9 @@ def test_training_goes_on_bit_identical_to_a_run_whose_storages_never_moved(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("trained", ["cuda"], indirect=True)
 def test_nvml_sees_no_memory_of_a_process_whose_storages_moved_beyond_its_context(
         trained: dict) -> None:
-    if not trained["context"]:
-        pytest.skip("CPU storages: no device memory to see")
     parked = trained["parked"]
     assert parked["nvml"] >= trained["context"] + (1 << 30)  # before: the ballast is there
     # after: its context, and what only C++ holds (cuBLAS' workspace), which the driver takes
