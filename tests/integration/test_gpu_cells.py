@@ -372,6 +372,7 @@ def test_a_warm_worker_leaves_the_gpu_between_cells_and_keeps_its_tensors(
         (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == status["worker"]]
         # its storages moved by the worker itself, at copy speed; the driver took the rest
         assert worker["parked"] and worker["fallback"] is None and worker["moved"] >= 8 << 20
+        assert status["memory"] >= worker["moved"]  # its host copies: the host's memory now
         reply, outputs = execute(client, session, "print(x.device.type, int(x.sum().item()))")
         total = (1 << 20) * ((1 << 20) - 1) // 2
         assert (reply["path"], stdout(outputs)) == ("warm", f"cuda {total}\n")
