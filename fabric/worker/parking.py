@@ -25,6 +25,7 @@ that has not imported it has nothing to move.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import time
@@ -34,6 +35,7 @@ from .messages import Parked
 
 # CUDA libraries with allocations of their own, which may hold addresses of torch's memory
 FOREIGN = ("cupy", "numba.cuda", "jax", "tensorflow")
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 
 
 class Storages:
@@ -67,6 +69,8 @@ class Storages:
                 self._copy_out(torch, storage)
             self._synchronize(torch)
         except (RuntimeError, MemoryError) as exc:  # no host memory to pin: all stays
+            with contextlib.suppress(RuntimeError):
+                self._synchronize(torch)  # no copy may still write what is unpinned next
             self._drop(torch)
             return Parked(left=self._allocated(torch),
                          fallback=f"no host copy of its device memory: {exc}")
@@ -126,10 +130,13 @@ class Storages:
 
     def _synchronize(self, torch: Any) -> None:
         if self.device_type == "cuda":
-            torch.cuda.synchronize()
+            for device in range(torch.cuda.device_count()):  # a cell may use several
+                torch.cuda.synchronize(device)
 
     def _allocated(self, torch: Any) -> int:
-        return torch.cuda.memory_allocated() if self.device_type == "cuda" else 0
+        if self.device_type != "cuda":
+            return 0
+        return sum(torch.cuda.memory_allocated(d) for d in range(torch.cuda.device_count()))
 
 
 def storages(torch: Any, objects: list[Any], device_type: str) -> tuple[list[Any], str | None]:
@@ -167,7 +174,9 @@ def _pin(torch: Any, host: Any) -> None:
     """Page-lock `host`'s own pages, so copies to and from the device run by DMA. Registered,
     not allocated by torch's pinned cache: its exact size, in this process's resident memory."""
     if host.nbytes:
-        error = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes, 0))
+        # portable: pinned for every GPU's context, as a cell on several GPUs needs
+        error = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes,
+                                                         HOST_REGISTER_PORTABLE))
         if error:
             raise RuntimeError(f"cudaHostRegister failed (cudaError {error})")
 
