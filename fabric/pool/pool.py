@@ -562,6 +562,9 @@ class Pool:
         if self.cuda is not None and not worker.parked:
             if self.cuda.holds(worker.process):
                 worker.moved = await parking.move_off(worker)
+                if worker.moved.fallback:
+                    log.info("worker %d: the driver parks all of it: %s", worker.pid,
+                             worker.moved.fallback)
             worker.parked = await asyncio.to_thread(parking.suspend_tree, self.cuda,
                                                     worker.tree())
             worker.device = device if worker.parked else worker.device
