@@ -5,7 +5,7 @@ STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
 INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-fast test-corpus-full test-deep lint criu native sysdeps clean device-bundle \
+.PHONY: demo test test-load test-fast test-corpus-full test-deep lint criu native sysdeps clean device-bundle \
 	labextension
 
 $(STAMP): pyproject.toml requirements-dev.txt
@@ -48,6 +48,10 @@ lint: $(STAMP)
 
 test: $(STAMP) $(CRIU) $(INIT) $(LABEXT) sysdeps lint
 	$(VENV)/bin/pytest -m "not gpu and not deep" -q
+
+# The same suite beside a CPU hog on every core: what a loaded CI machine does to it.
+test-load: $(STAMP) $(CRIU) $(INIT) $(LABEXT) sysdeps
+	bash scripts/test-load.sh
 
 # Every corpus differential on every notebook, the heavy ones included (about an hour here).
 test-corpus-full: $(STAMP) $(CRIU) $(INIT) sysdeps

@@ -3,24 +3,33 @@
   start     cold `python -c "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"`
             vs a worker forked from the torch zygote until its first CUDA tensor exists (GPU
             hosts fork their workers: CUDA cannot initialize in a template copy's namespace)
-  park      per GPU memory size held by a process: checkpoint off the GPU (lock + checkpoint)
-            and resume (restore + unlock), vs a pinned device-to-host and host-to-device copy
-            of the same bytes; the process checks its memory is intact afterwards
-  store     saving CUDA tensors to the store (device to pinned host, hash, chunk, write) and
-            loading them back onto the GPU, vs the same pinned copies
+  park      per size of a process's CUDA tensors, three ways to take them off the GPU and put
+            them back, each as GB/s and as a share of a pinned host-to-device copy of the same
+            bytes, and the next cell's delay (from its lease to the first kernel on its state):
+              torch   the worker moves its storages to pinned host memory itself, the driver
+                      checkpoints the rest (its context): what parking does by default
+              driver  the driver's checkpoint alone (lock + checkpoint, restore + unlock): the
+                      fallback, where the worker cannot account for its device memory
+              store   saved to the store (device to pinned host, hash, chunk, write) and loaded
+                      back onto the GPU (read, verify, pinned staging, host to device): a cold
+                      worker's way; its fork and CUDA init (the start table) come on top
+            the process checks its memory is intact after each
 
 Needs an NVIDIA GPU and a CUDA build of torch, and parking a CUDA checkpoint driver (cuda-python
 with driver >= 570, or `cuda-checkpoint`) whose API answers for a live CUDA process; a row that
-cannot run says why.
+cannot run says why. `--budget` seconds: a driver row that would not fit in what is left (at the
+speed it showed for a smaller size) is left out and says so.
 Without a GPU it says so and exits 0. `--about` prints only what the host offers the GPU path.
-Usage: python bench/gpu.py [--about] [-n 3] [--sizes 0.25,1,4,16] [--store-gb 1]
+Usage: python bench/gpu.py [--about] [-n 3] [--sizes 1,4,10] [--budget 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -43,18 +53,31 @@ PROBE_WAIT = 30.0  # seconds the checkpoint API has to answer the probe
 FIRST_TENSOR = "import torch; torch.empty(1, device='cuda')"
 COLD = "import torch; torch.cuda.init(); torch.empty(1, device='cuda')"
 
-# Holds `size` bytes of device memory filled with a pattern; checks it after each stdin line.
+# Holds `size` bytes of device memory filled with a pattern. Each stdin line: "off" moves its
+# storages off the GPU (`worker.parking`) and prints what moved; "back" puts them back, and
+# "check" does not; both then use the memory in a kernel, as a next cell would, and print
+# whether it is intact and the seconds the move back took.
 HOLDER = r"""
-import sys, torch
+import json, sys, torch
+from fabric.worker.parking import Storages
 size = int(sys.argv[1])
 x = torch.full((size,), 7, dtype=torch.uint8, device="cuda")
 x[::4096] = 1  # a pattern, not what fresh or zeroed memory would hold
 expected = int(x.sum(dtype=torch.int64))
 torch.cuda.synchronize()
+storages = Storages()
 print("ready", flush=True)
-for _ in sys.stdin:
-    print("intact" if int(x.sum(dtype=torch.int64)) == expected else "corrupt", flush=True)
+for line in sys.stdin:
+    if line == "off\n":
+        moved = storages.park()
+        print(json.dumps({"moved": moved.moved, "left": moved.left, "fallback": moved.fallback}),
+              flush=True)
+        continue
+    seconds = storages.resume() if line == "back\n" else 0.0
+    intact = int(x.sum(dtype=torch.int64)) == expected
+    print("intact" if intact else "corrupt", seconds, flush=True)
 """
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def why_not() -> str | None:
@@ -200,35 +223,91 @@ async def fork_starts(n: int) -> list[float]:
             await pool.stop()
 
 
-def park_resume(driver: Driver, nbytes: int, n: int) -> tuple[float, float]:
-    """Median seconds to park and to resume a process holding `nbytes` of device memory."""
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(nbytes)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        if child.stdout.readline() != "ready\n":
+class Holder:
+    """A process holding `nbytes` of device memory (HOLDER), asked one line at a time."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", HOLDER, str(nbytes)], cwd=ROOT,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.process.pid
+        if self.process.stdout.readline() != "ready\n":
+            self.close()
             raise RuntimeError(f"the process holding {nbytes} bytes did not start")
-        parks, resumes = [], []
-        for _ in range(n):
-            parks.append(timed(lambda: suspend(driver, child.pid)))
-            resumes.append(timed(lambda: resume(driver, child.pid)))
-            child.stdin.write("check\n")
-            child.stdin.flush()
-            if (answer := child.stdout.readline()) != "intact\n":
-                raise RuntimeError(f"device memory after resume: {answer.strip() or 'gone'}")
-        return statistics.median(parks), statistics.median(resumes)
-    finally:
-        child.kill()
-        child.wait()
+
+    def ask(self, line: str) -> str:
+        self.process.stdin.write(f"{line}\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def use(self, line: str) -> float:
+        """`line` ("back" or "check"), then the next cell's kernel on the memory, which must
+        find it intact; the seconds the move back took."""
+        verdict, _, seconds = self.ask(line).partition(" ")
+        if verdict != "intact":
+            raise RuntimeError(f"device memory after resume: {verdict or 'gone'}")
+        return float(seconds)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
 
-def store_round_trip(nbytes: int, n: int) -> tuple[float, float]:
-    """Median seconds to save CUDA tensors of `nbytes` to a store and load them onto the GPU."""
+class Row(NamedTuple):
+    """Median seconds to park, to resume, and from the lease to the next cell's first kernel."""
+
+    park: float
+    resume: float
+    next_cell: float
+    note: str = ""
+
+
+def torch_parking(holder: Holder, driver: Driver | None, n: int) -> Row:
+    """The holder moves its storages off, the driver (if any) checkpoints the rest; back."""
+    parks, resumes, delays, moved = [], [], [], {}
+    for _ in range(n):
+        start = time.perf_counter()
+        moved = json.loads(holder.ask("off"))
+        if moved["fallback"]:
+            raise RuntimeError(f"it moved nothing: {moved['fallback']}")
+        if driver is not None:
+            try:
+                suspend(driver, holder.pid)
+            except FabricError:
+                holder.use("back")  # as parking does: nothing left half parked
+                raise
+        parks.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        if driver is not None:
+            resume(driver, holder.pid)
+        restored = time.perf_counter() - start
+        resumes.append(restored + holder.use("back"))
+        delays.append(time.perf_counter() - start)
+    note = (f"moved {moved['moved'] / GIB:.2f} GiB, {moved['left'] / 2**20:.0f} MiB left to "
+            "the driver" if driver is not None else "no checkpoint driver: the context stays")
+    return Row(statistics.median(parks), statistics.median(resumes), statistics.median(delays),
+               note)
+
+
+def driver_parking(holder: Holder, driver: Driver, n: int) -> Row:
+    parks, resumes, delays = [], [], []
+    for _ in range(n):
+        parks.append(timed(lambda: suspend(driver, holder.pid)))
+        start = time.perf_counter()
+        resume(driver, holder.pid)
+        resumes.append(time.perf_counter() - start)
+        holder.use("check")
+        delays.append(time.perf_counter() - start)
+    return Row(statistics.median(parks), statistics.median(resumes), statistics.median(delays))
+
+
+def store_parking(nbytes: int, n: int) -> Row:
+    """Save CUDA tensors of `nbytes` to a store, load them onto the GPU from a fresh one."""
     import torch
 
     from fabric.snapshot import Store, dumps, loads
 
     tensors = {f"t{i}": torch.randn(nbytes // 4 // 4, device="cuda") for i in range(4)}
-    saves, loads_ = [], []
+    saves, loads_, delays = [], [], []
     with tempfile.TemporaryDirectory() as root:
         for i in range(n):
             store = Store(Path(root) / f"s{i}")
@@ -242,25 +321,74 @@ def store_round_trip(nbytes: int, n: int) -> tuple[float, float]:
             loads_.append(time.perf_counter() - start)
             if not all(torch.equal(back[k], v) for k, v in tensors.items()):
                 raise RuntimeError("the tensors came back different")
+            delays.append(time.perf_counter() - start)  # the check was the next cell's kernel
             del back
-    return statistics.median(saves), statistics.median(loads_)
+            shutil.rmtree(Path(root) / f"s{i}")
+    return Row(statistics.median(saves), statistics.median(loads_), statistics.median(delays))
 
 
 def fits(sizes: list[float]) -> list[int]:
-    """The sizes (GiB) that leave room on the GPU and in host memory (a checkpoint's copy)."""
+    """The sizes (GiB) that leave room on the GPU and in host memory: a holder's and the store
+    row's tensors on the GPU at once, and their copies in host memory."""
     import torch
 
     free, _ = torch.cuda.mem_get_info()
     host = psutil.virtual_memory().available
-    return [int(s * GIB) for s in sizes if s * GIB < 0.8 * free and s * GIB < 0.5 * host]
+    return [int(s * GIB) for s in sizes if 2 * s * GIB < 0.8 * free and 2 * s * GIB < 0.5 * host]
+
+
+def park_table(driver: Driver | None, sizes: list[int], n: int, deadline: float | None) -> int:
+    """Print the park table; 1 when a row failed (it says how), after the rest still ran."""
+    print(f"\n{'park / resume':<14} {'park':>7} {'of H2D':>7} {'resume':>7} {'of H2D':>7} "
+          f"{'next cell':>10}\n{'GiB':>6} {'by':<7} {'GB/s':>7} {'':>7} {'GB/s':>7} {'':>7} "
+          f"{'s':>10}")
+    failed, rate = 0, None  # the driver's seconds per byte (park + resume) at the last size
+    for nbytes in sizes:
+        down, up = copies(nbytes, n)
+        gib, h2d = nbytes / GIB, nbytes / up / 1e9
+        print(f"{gib:>6.2f} {'copy':<7} {nbytes / down / 1e9:>7.2f} {'D2H':>7} {h2d:>7.2f} "
+              f"{'H2D':>7}  (pinned)")
+        try:
+            holder = Holder(nbytes)
+        except RuntimeError as exc:
+            print(f"{gib:>6.2f} FAILED: {exc}")
+            return 1
+        try:
+            for by in ("torch", "store", "driver"):
+                if by == "driver" and driver is None:
+                    print(f"{gib:>6.2f} {by:<7} (no CUDA checkpoint driver that answers)")
+                    continue
+                if by == "driver" and deadline is not None and rate is not None and \
+                        time.monotonic() + rate * nbytes * n > deadline:
+                    print(f"{gib:>6.2f} {by:<7} left out: ~{rate * nbytes * n:.0f} s at the "
+                          "speed of the last size, past --budget")
+                    continue
+                try:
+                    row = (torch_parking(holder, driver, n) if by == "torch" else
+                           store_parking(nbytes, n) if by == "store" else
+                           driver_parking(holder, driver, n))
+                except (FabricError, RuntimeError) as exc:
+                    print(f"{gib:>6.2f} {by:<7} FAILED: {exc}")
+                    failed = 1
+                    continue
+                if by == "driver":
+                    rate = (row.park + row.resume) / nbytes
+                print(f"{gib:>6.2f} {by:<7} {nbytes / row.park / 1e9:>7.2f} "
+                      f"{up / row.park:>7.1%} {nbytes / row.resume / 1e9:>7.2f} "
+                      f"{up / row.resume:>7.1%} {row.next_cell:>10.3f}  {row.note}")
+        finally:
+            holder.close()
+    return failed
 
 
 def main() -> int:
     """Print the tables; 1 when a row failed (it says how), after the rest still ran."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=3)
-    parser.add_argument("--sizes", default="0.25,1,4,16", help="GiB of device memory to park")
-    parser.add_argument("--store-gb", type=float, default=1.0)
+    parser.add_argument("--sizes", default="1,4,10", help="GiB of device memory to park")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds for the whole run (0: no limit); driver rows that would "
+                             "not fit are left out")
     parser.add_argument("--about", action="store_true", help="only what this host offers")
     args = parser.parse_args()
     if args.about:
@@ -269,6 +397,7 @@ def main() -> int:
     if why := why_not():
         print(f"skipped: {why}")
         return 0
+    deadline = time.monotonic() + args.budget if args.budget > 0 else None
     import torch
 
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__} "
@@ -292,31 +421,8 @@ def main() -> int:
         ratio = statistics.median(cold) / statistics.median(warm)
         print(f"{name:<48} {statistics.median(warm):>9.3f} {min(warm):>8.3f} {ratio:>7.1f}x")
 
-    print(f"\n{'park / resume':<12} {'park s':>8} {'D2H copy':>9} {'ratio':>6} "
-          f"{'resume s':>9} {'H2D copy':>9} {'ratio':>6}")
     sizes = fits([float(s) for s in args.sizes.split(",")])
-    if driver is None:
-        print("(no CUDA checkpoint driver that answers: nothing to park)")
-    for nbytes in sizes if driver is not None else []:
-        down, up = copies(nbytes, args.n)
-        try:
-            park, back = park_resume(driver, nbytes, args.n)
-        except (FabricError, RuntimeError) as exc:
-            print(f"{nbytes / GIB:>8.2f} GiB FAILED: {exc}")
-            failed = 1
-            break  # the larger sizes would fail the same way
-        print(f"{nbytes / GIB:>8.2f} GiB {park:>8.3f} {down:>9.3f} {park / down:>5.1f}x "
-              f"{back:>9.3f} {up:>9.3f} {back / up:>5.1f}x")
-
-    nbytes = int(args.store_gb * GIB)
-    down, up = copies(nbytes, args.n)
-    save, load = store_round_trip(nbytes, args.n)
-    print(f"\n{'store, CUDA tensors':<24} {'GB/s':>7} {'copy GB/s':>10} {'of copy':>8}")
-    for what, ours, copy in (("save (D2H, hash, write)", save, down),
-                             ("load (read, verify, H2D)", load, up)):
-        print(f"{what:<24} {nbytes / ours / 1e9:>7.2f} {nbytes / copy / 1e9:>10.2f} "
-              f"{copy / ours:>7.0%}")
-    return failed
+    return park_table(driver, sizes, args.n, deadline) or failed
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from fabric.fleet.policies import NAMES as POLICY_NAMES
+
 TRACE = (Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
          / "sensei_june_60sec.csv")
 _ROOT = Path(__file__).resolve().parent.parent
@@ -40,27 +42,38 @@ class _Bars:
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--trace", type=click.Path(path_type=Path, dir_okay=False), default=TRACE,
               show_default=True, help="Training trace (Tiresias job-list CSV).")
-@click.option("--policy", "policies", multiple=True,
-              type=click.Choice(["pinned", "notebookos", "fresh", "llfabric"]),
+@click.option("--workload", type=click.Path(path_type=Path, dir_okay=False),
+              help="A session-level workload (NotebookOS's workload-template JSON) instead of "
+                   "the trace.")
+@click.option("--policy", "policies", multiple=True, type=click.Choice(POLICY_NAMES),
               help="Simulate only these (default: all).")
-@click.option("--split-gap-min", type=float, default=120.0, show_default=True,
-              help="Cut a session where the next training starts this long after the last.")
+@click.option("--split-gap-min", type=float, default=None,
+              help="Also cut a session where the next training starts this long after the last "
+                   "ended (default: cut at drops of submit_time only).")
 @click.option("--cells-per-gap", type=int, default=3, show_default=True,
               help="Short non-training cells modelled between two trainings.")
-@click.option("--sweep", is_flag=True, help="Also run the session model's sensitivity sweep.")
-def simulate(run_dir: Path, trace: Path, policies: tuple[str, ...], split_gap_min: float,
-             cells_per_gap: int, sweep: bool) -> None:
+@click.option("--sweep", is_flag=True,
+              help="Also rerun with each session-shape and cost input varied alone.")
+def simulate(run_dir: Path, trace: Path, workload: Path | None, policies: tuple[str, ...],
+             split_gap_min: float | None, cells_per_gap: int, sweep: bool) -> None:
     """Simulate the trace's month under each policy into RUN_DIR (resumes an interrupted run)."""
     from fabric.fleet import NAMES, Costs, SessionModel, headline_table, simulate_run
+    from fabric.fleet.costs import RESERVATION_FIT
     from fabric.fleet.report import load_figures
 
     model = SessionModel(split_gap_min=split_gap_min, cells_per_gap=cells_per_gap)
     bars = _Bars()
     try:
-        simulate_run(trace, run_dir, model, Costs.default(), policies or NAMES, sweep, bars)
+        simulate_run(workload or trace, run_dir, model, Costs.default(), policies or NAMES, sweep,
+                     bars, workload=workload is not None)
     finally:
         bars.close()
-    click.echo(headline_table(load_figures(run_dir)))
+    figures = load_figures(run_dir)
+    click.echo(headline_table(figures))
+    reservation = figures["policies"].get("reservation")
+    if reservation and workload is None and model == SessionModel(cells_per_gap=cells_per_gap):
+        click.echo("reservation fitted: " + RESERVATION_FIT.format(
+            utilization=reservation["busy_of_held"]))
 
 
 @click.command()

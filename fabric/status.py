@@ -125,6 +125,9 @@ class WorkerStatus(_Wire):
     pid: int
     source: str
     zygote: int | None
+    parked: bool = False  # its CUDA state is off the GPU
+    moved: int = 0  # bytes of it the worker moved into host memory itself (torch's storages)
+    fallback: str | None = None  # why it moved none: the driver's checkpoint took it all
 
 
 @dataclasses.dataclass(frozen=True)

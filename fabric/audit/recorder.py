@@ -141,8 +141,7 @@ class Auditor:
         self.namespace = RecordingNamespace()
         self.shell = make_shell(self.namespace)
         self.outputs: list[dict] = []
-        self.shell.sink = lambda kind, **fields: self.outputs.append(
-            {"output_type": kind, **fields})
+        self.shell.sink = self._collect
         self.streams = [OutStream("stdout", self.shell), OutStream("stderr", self.shell)]
         self.verify = verify
         self.namespace.start()
@@ -169,6 +168,16 @@ class Auditor:
 
         self.shell.prefilter_manager.find_handler = quiet_find_handler
         _single_threaded_torch()
+
+    def _collect(self, kind: str, **fields: Any) -> None:
+        # a stream's chunks fall where its timed flushes do, which a loaded machine moves:
+        # adjacent chunks are kept as one, as Jupyter shows them
+        last = self.outputs[-1] if self.outputs else None
+        if (kind == "stream" and last is not None and last["output_type"] == "stream"
+                and last["name"] == fields["name"]):
+            last["text"] += fields["text"]
+        else:
+            self.outputs.append({"output_type": kind, **fields})
 
     def run(self, sources: list[str], on_cell: Any = None) -> list[CellAudit]:
         audits = []

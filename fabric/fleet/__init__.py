@@ -1,8 +1,9 @@
 """Fleet evidence: a month of a production training trace simulated under several policies
 (`simulate_run`), and a self-contained report of the figures (`write_report`).
 
-trace: the trace file; sessions: the session model over it; costs: every measured or modelled
-input; fleet: hosts, gang leases, autoscaling; policies: pinned, NotebookOS, fresh, llfabric;
+trace: the trace file; workload: a session-level workload (NotebookOS's JSON); sessions: the
+session model over either; costs: every measured or modelled input; fleet: hosts, gang leases,
+autoscaling; policies: reservation (and its idle-reclaimed variants), NotebookOS, fresh, llfabric;
 simulate: the event loop; results: figures of an outcome; run: a resumable run directory;
 report: the HTML page and its JSON.
 """

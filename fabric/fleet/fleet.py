@@ -20,6 +20,7 @@ class Host:
     up_at: float  # when it can take leases
     idle_since: float | None  # when its last lease ended; None while any is held
     alive: bool = True
+    taken_at: float = 0.0  # when a lease last took some of its GPUs
 
 
 @dataclass
@@ -56,6 +57,10 @@ class Fleet:
         self.provisioned_gpu_s += span * self._live_gpus
         self.held_gpu_s += span * self._held
         self.now = now
+
+    @property
+    def held_gpus(self) -> int:
+        return self._held
 
     def live(self) -> Iterable[Host]:
         return iter(self.up)
@@ -102,6 +107,7 @@ class Fleet:
                 continue
             host.free -= request.gpus
             host.idle_since = None
+            host.taken_at = self.now
             self._held += request.gpus
             request.on_place(host.index, self.now)
         self.queue = waiting

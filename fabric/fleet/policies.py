@@ -20,18 +20,32 @@ class SessionState:
     session: Session
     next_cell: int = 0
     host: int | None = None  # where its previous cell ran (a warm or parked worker)
-    holding: int | None = None  # pinned: the host whose GPUs it holds
-    held_since: float = 0.0  # pinned: when it took them
+    holding: int | None = None  # reservation: the host whose GPUs it holds
+    held_since: float = 0.0  # reservation: when it took them
+    asking: bool = False  # reservation: its gang is asked for and not yet placed
+    executed_at: float | None = None  # reservation: a cell waits for the gang since then
+    reclaim_at: float | None = None  # reservation: its idle GPUs are taken back then
+    reclaimed: bool = False  # reservation: its kernel and state are gone
+    kept: tuple[int, int] | None = None  # (host, GPUs) its lingering worker keeps for it
+    rebuild_s: float = 0.0  # the run time of the cells that built its state
     replicas: list[int] = field(default_factory=list)  # NotebookOS
 
 
 class Policy:
     name = ""
-    pinned = False
+    pinned = False  # holds a gang for the session, not per cell
+    padded = True  # a pinned session's open and close are the session model's
+    idle_timeout_s: float | None = None  # a pinned session's idle GPUs are taken back after it
+    linger_s = 0.0  # a worker keeps its GPUs this long after its cell, for the next one
 
     def __init__(self, costs: Costs, fleet: Fleet) -> None:
         self.costs = costs
         self.fleet = fleet
+        self._cpu_costs = costs.with_inputs(cuda_init_s=0.0, cuda_restore_s=0.0, gpu_gb=0.0)
+
+    def costs_for(self, cell: Cell) -> Costs:
+        """A cell on no GPU makes no CUDA context and moves no device memory."""
+        return self.costs if cell.gpus else self._cpu_costs
 
     def gang(self, state: SessionState, cell: Cell) -> int:
         return cell.gpus
@@ -40,57 +54,101 @@ class Policy:
         return ()
 
     def opened(self, state: SessionState) -> None:
-        """The session's first cell is about to ask for GPUs."""
+        """The session's notebook opened."""
 
     def closed(self, state: SessionState) -> None:
-        """The session's last cell ended."""
+        """The session's notebook closed."""
 
     def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
         raise NotImplementedError
 
     def after_s(self, cell: Cell) -> float:
         """Seconds the cell holds its GPUs after its run: its save, and parking its worker."""
-        return self.costs.save_s(cell.training) + self.costs.park_s
+        costs = self.costs_for(cell)
+        return costs.save_s(cell.training) + costs.park_s
 
     def _peer_gbps(self) -> float:
         return min(self.costs.load_gbps, self.costs.peer_gbps)
 
 
-class Pinned(Policy):
-    """Jupyter, Colab: the session holds its largest gang from its first cell to its last; cells
-    start at once. Its kernel starts when the notebook opens, before the first cell, and is not
-    counted against it."""
+class Reservation(Policy):
+    """Jupyter, Colab, NotebookOS's reservation policy: the session holds its largest gang from
+    the moment its notebook opens until it is closed ("for the duration of the lifetime of the
+    associated user session", NotebookOS); cells start at once. Open and close come from the
+    session model."""
 
-    name = "pinned"
+    name = "reservation"
     pinned = True
 
-    def gang(self, state: SessionState, cell: Cell) -> int:
-        return state.session.max_gpus
-
     def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
+        if state.reclaimed:  # a new kernel, then the cells that built the state run again
+            state.reclaimed = False
+            return wait_s + self.costs_for(cell).restart_s + state.rebuild_s, "reclaimed"
         return wait_s, "pinned"
 
     def after_s(self, cell: Cell) -> float:
         return 0.0
 
 
+class ReservationSpan(Reservation):
+    """A lower bound of reservation, not a platform: the session holds its largest gang only from
+    its first cell to the end of its last, as though the notebook opened and closed exactly
+    then."""
+
+    name = "reservation-span"
+    padded = False
+
+
+class Reclaim30(Reservation):
+    """Reservation with idle reclamation after 30 minutes (Adobe's setting, one of NotebookOS's
+    idle-reclamation variants): GPUs stay held until 30 idle minutes pass; the next cell then
+    waits for a new kernel and re-runs the cells that built its state (the last training and
+    the cells after it)."""
+
+    name = "reclaim-30m"
+    idle_timeout_s = 30 * 60.0
+
+
+class Reclaim90(Reclaim30):
+    """As reclaim-30m, after 90 idle minutes (Colab's shorter setting, per NotebookOS)."""
+
+    name = "reclaim-90m"
+    idle_timeout_s = 90 * 60.0
+
+
+class Reclaim180(Reclaim30):
+    """As reclaim-30m, after 180 idle minutes (Colab's longer setting, per NotebookOS)."""
+
+    name = "reclaim-180m"
+    idle_timeout_s = 180 * 60.0
+
+
 class NotebookOS(Policy):
-    """Three replicas of each kernel on distinct hosts hold its state in host memory; GPUs are
-    bound only while a cell runs, on a replica's host that has them free (an election, then the
-    device state copied in); otherwise a replica migrates to a host with free GPUs (a new kernel
-    process loads the whole session from the store). Oversubscription: hosts are provisioned for
-    the replicas' subscribed GPUs over the `subscription_limit` input, on top of the autoscaler's
-    own spare. After a cell its device state is copied back off the GPU."""
+    """NotebookOS as its authors configure it: `replicas` replicas of each kernel on distinct
+    hosts hold its state in host memory from the notebook's open to its close; GPUs are bound
+    only while a cell runs, on a replica's host that has them free (an election, then the device
+    state copied in); otherwise a replica migrates to a host with free GPUs (a new kernel process
+    loads the whole session from the store). The fleet keeps enough hosts for the replicas'
+    subscribed GPUs at `subscribed_ratio` per physical GPU, and for the GPUs bound to running
+    cells times `scaling_factor`, plus `buffer_hosts` idle hosts. After a cell its device state
+    is copied back off the GPU."""
 
     name = "notebookos"
-    replicas = 3
 
     def __init__(self, costs: Costs, fleet: Fleet) -> None:
         super().__init__(costs, fleet)
+        self.replicas = int(costs.replicas)
         self.subscribed: dict[int, int] = {}  # host -> GPUs its replicas subscribe
         self.total = 0
-        per_host = fleet.gpus_per_host * costs.subscription_limit
-        fleet.min_hosts = lambda: int(-(-self.total // per_host))
+        per_host = fleet.gpus_per_host
+        fleet.spare_gpus = 0  # its buffer hosts stand in for the fleet's spare
+
+        def need() -> int:
+            by_subscription = -(-self.total // (per_host * costs.subscribed_ratio))
+            by_commitment = -(-fleet.held_gpus * costs.scaling_factor // per_host)
+            return int(max(by_subscription, by_commitment) + costs.buffer_hosts)
+
+        fleet.min_hosts = need
 
     def _subscribe(self, state: SessionState, host: int, sign: int) -> None:
         gpus = sign * state.session.max_gpus
@@ -114,9 +172,10 @@ class NotebookOS(Policy):
         return tuple(h for h in state.replicas if self.fleet.hosts[h].alive)
 
     def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
-        copy_in = self.costs.gpu_gb / self.costs.h2d_gbps
+        costs = self.costs_for(cell)
+        copy_in = costs.gpu_gb / costs.h2d_gbps
         if host in state.replicas:
-            return wait_s + self.costs.election_s + copy_in, "executor"
+            return wait_s + costs.election_s + copy_in, "executor"
         if len(state.replicas) < self.replicas:  # a replica that found no host at open
             self.total -= state.session.max_gpus
         else:  # migrate: the replica on the fullest (or a released) host moves to this one
@@ -126,7 +185,11 @@ class NotebookOS(Policy):
             state.replicas.remove(out)
         state.replicas.append(host)
         self._subscribe(state, host, 1)
-        return wait_s + self.costs.cold_kernel_s(self._peer_gbps()) + copy_in, "migrated"
+        return wait_s + costs.cold_kernel_s(self._peer_gbps()) + copy_in, "migrated"
+
+    def after_s(self, cell: Cell) -> float:
+        costs = self.costs_for(cell)
+        return costs.save_s(cell.training) + costs.gpu_gb / costs.h2d_gbps
 
 
 class Fresh(Policy):
@@ -136,40 +199,62 @@ class Fresh(Policy):
     name = "fresh"
 
     def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
-        prepare = self.costs.fresh_s(self._peer_gbps())
-        return wait_s + prepare + self.costs.staged_s, "fresh"
+        costs = self.costs_for(cell)
+        return wait_s + costs.fresh_s(self._peer_gbps()) + costs.staged_s, "fresh"
 
     def after_s(self, cell: Cell) -> float:
         return self.costs.save_s(cell.training)  # the worker exits: nothing to park
 
 
 class LLFabric(Policy):
-    """The next cell's draft prepares a worker during think time on the host of the previous
-    cell (template, closure loaded, tensors staged); a parked warm worker is resumed instead
-    where that is quicker; a cell placed on another host loads its closure there."""
+    """After a cell its worker keeps its GPUs for `linger_s`: a next cell executed meanwhile
+    starts on it at once (the GPUs it does not need go back); otherwise the worker is parked and
+    its GPUs go back. The next cell's draft prepares a worker during think time on the host of
+    the previous cell (template, closure loaded, tensors staged); a parked warm worker is
+    resumed instead where that is quicker. When the scheduler gives the GPUs of a draft's host
+    to another lease, the draft is made again on a host with room, where the cell then starts
+    (modelled: hidden from the moment that host's GPUs were last taken); a cell placed on
+    another host without one loads its closure there."""
 
     name = "llfabric"
     keep_warm_s = 300.0  # the server's keep_warm default
+
+    def __init__(self, costs: Costs, fleet: Fleet) -> None:
+        super().__init__(costs, fleet)
+        self.linger_s = costs.linger_s
 
     def prefer(self, state: SessionState) -> tuple[int, ...]:
         alive = state.host is not None and self.fleet.hosts[state.host].alive
         return (state.host,) if alive else ()
 
     def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
-        drafted_here = (state.host is None or not self.fleet.hosts[state.host].alive
-                        or host == state.host)
+        costs = self.costs_for(cell)
+        if state.kept is not None:
+            state.kept = None
+            return wait_s + costs.warm_ready_s, "lingered"
+        previous = None if state.host is None else self.fleet.hosts[state.host]
+        drafted_here = previous is None or not previous.alive or host == state.host
         local = state.host == host
-        prepare = self.costs.fresh_s(self.costs.load_gbps if local else self._peer_gbps())
-        hidden = cell.think_s + wait_s if drafted_here else 0.0  # a draft runs on while it waits
-        fresh = max(0.0, prepare - hidden) + self.costs.staged_s
+        prepare = costs.fresh_s(costs.load_gbps if local else self._peer_gbps())
+        hidden = cell.think_s + wait_s  # a draft runs on while it waits
+        if not drafted_here:  # drafted again elsewhere once its host's GPUs were given away
+            hidden = min(hidden, self.fleet.now - previous.taken_at)
+        fresh = max(0.0, prepare - hidden) + costs.staged_s
         warm = local and cell.think_s <= self.keep_warm_s
-        if warm and self.costs.resume_s < fresh:
-            return wait_s + self.costs.resume_s, "warm"
-        path = "draft" if prepare <= hidden else ("late draft" if drafted_here else "moved")
-        return wait_s + fresh, path
+        if warm and costs.resume_s < fresh:
+            return wait_s + costs.resume_s, "warm"
+        if prepare <= hidden:
+            return wait_s + fresh, "draft" if drafted_here else "redrafted"
+        return wait_s + fresh, "late draft" if drafted_here else "moved"
+
+    def after_s(self, cell: Cell) -> float:
+        if self.linger_s > 0:  # parked after it lingers (`simulate`)
+            return self.costs.save_s(cell.training)
+        return super().after_s(cell)
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Pinned, NotebookOS, Fresh, LLFabric)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
+    Reservation, ReservationSpan, Reclaim30, Reclaim90, Reclaim180, NotebookOS, Fresh, LLFabric)}
 NAMES = tuple(POLICIES)
 
 

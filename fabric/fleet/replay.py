@@ -39,8 +39,10 @@ from .simulate import simulate
 
 BURST = ("import time as _t\n_end = _t.perf_counter() + {s:.2f}\n"
          "while _t.perf_counter() < _end:\n    pass")
-# The simulator's view of this machine: CPU slots, no device memory to move
-LOCAL = {"gpu_gb": 0.0, "cuda_restore_s": 0.0, "cuda_init_s": 0.0, "session_gb": 0.05}
+# The simulator's view of this machine: CPU slots, no device memory to move; the server parks a
+# worker as soon as its cell is saved
+LOCAL = {"gpu_gb": 0.0, "cuda_restore_s": 0.0, "cuda_init_s": 0.0, "session_gb": 0.05,
+         "linger_s": 0.0}
 
 
 @dataclass
@@ -180,9 +182,9 @@ def simulated(cells: list[LiveCell], plans: list[Plan], slots: int) -> dict[str,
     sessions = [s for s in sessions if s.cells]
     costs = Costs.default().with_inputs(**LOCAL)
     out = {}
-    for name in ("pinned", "llfabric"):
+    for name, policy in (("pinned", "reservation"), ("llfabric", "llfabric")):
         fleet = Fleet(gpus_per_host=slots, spare_gpus=0, boot_s=0.0, max_hosts=1)
-        figs = figures(simulate(sessions, name, costs, fleet=fleet))
+        figs = figures(simulate(sessions, policy, costs, fleet=fleet))
         out[name] = {"slot_seconds_held": figs["gpu_hours_held"] * 3600,
                      "share_under_100ms": figs["share_under_100ms"],
                      "delay_p50_s": figs["delay_p50_s"], "paths": figs["paths"]}

@@ -16,13 +16,17 @@ from fabric.errors import TraceError
 
 from . import sessions
 from .policies import NAMES, describe
-from .run import read_json
+from .results import compare
+from .run import SWEEP, read_json
 
 COLUMNS = (("gpu_hours_provisioned", "GPU-h provisioned", "{:,.0f}"),
            ("gpu_hours_held", "GPU-h held", "{:,.0f}"),
            ("gpu_hours_busy", "GPU-h busy", "{:,.0f}"),
-           ("saved_vs_pinned_pct", "saved vs pinned %", "{:.1f}"),
+           ("busy_of_held", "busy/held", "{:.1%}"),
+           ("busy_of_provisioned", "busy/provisioned", "{:.1%}"),
+           ("saved_vs_reservation_pct", "saved vs reservation %", "{:.1f}"),
            ("saved_vs_notebookos_pct", "saved vs NotebookOS %", "{:.1f}"),
+           ("saved_per_17h5", "GPU-h saved per 17.5 h", "{:,.0f}"),
            ("cells", "cells", "{:,}"),
            ("share_under_100ms", "cells < 100 ms", "{:.1%}"),
            ("delay_p50_s", "delay p50 s", "{:.3f}"),
@@ -53,10 +57,8 @@ def load_figures(run_dir: Path) -> dict:
         if missing:
             raise TraceError(f"{run_dir}/policies/{name}.json lacks {sorted(missing)}",
                              path=str(run_dir))
-        for base in ("pinned", "notebookos"):
-            if base in policies:
-                ref = policies[base]["gpu_hours_provisioned"]
-                figs[f"saved_vs_{base}_pct"] = 100 * (1 - figs["gpu_hours_provisioned"] / ref)
+    for name, saved in compare(policies, run["trace"]["hours"]).items():
+        policies[name].update(saved)
     sweep = read_json(run_dir / "sweep.json")["rows"] if (run_dir / "sweep.json").is_file() else []
     replay = _replay(run_dir / "replay.json") if (run_dir / "replay.json").is_file() else None
     return {"run": run, "policies": policies, "sweep": sweep, "replay": replay}
@@ -78,8 +80,9 @@ def _replay(path: Path) -> dict:
 
 def headline_table(figures: dict) -> str:
     """The headline figures of every policy as a plain-text table."""
-    keys = ("gpu_hours_provisioned", "saved_vs_pinned_pct", "saved_vs_notebookos_pct",
-            "share_under_100ms", "delay_p50_s", "delay_p99_s", "wait_p99_s")
+    keys = ("gpu_hours_provisioned", "gpu_hours_held", "gpu_hours_busy", "busy_of_held",
+            "saved_vs_reservation_pct", "saved_vs_notebookos_pct", "saved_per_17h5",
+            "share_under_100ms", "delay_p50_s", "delay_p99_s")
     rows = [["policy"] + [label for key, label, _ in COLUMNS if key in keys]]
     for name, figs in figures["policies"].items():
         rows.append([name] + [fmt.format(figs[key]) if key in figs else "-"
@@ -139,6 +142,8 @@ def _plots(figures: dict) -> list[tuple[str, str]]:
     plots.append(("Hosts over time", _png(fig)))
     plt.close(fig)
 
+    plots += _sweep_plots(figures, plt)
+
     leases = {n: policies[n].get("leases", {}) for n in names}
     if any(leases.values()):
         fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -153,6 +158,41 @@ def _plots(figures: dict) -> list[tuple[str, str]]:
         ax.set_yticks([i + 0.4 for i in range(row)], labels, fontsize=7)
         ax.set_xlabel("minutes since the session's first lease (its first 30 leases)")
         plots.append(("Lease timelines of the busiest sessions", _png(fig)))
+        plt.close(fig)
+    return plots
+
+
+def _default(run: dict, parameter: str) -> float | None:
+    """The value a swept parameter has in the run itself."""
+    if parameter in run["inputs"]:
+        return run["inputs"][parameter]["value"]
+    return run["model"].get(parameter)
+
+
+def _sweep_plots(figures: dict, plt) -> list[tuple[str, str]]:
+    """For each swept input: GPU-hours provisioned and cells under 100 ms of each policy, at
+    the run's own value and at each swept one."""
+    plots = []
+    for parameter, _ in SWEEP:
+        rows = [r for r in figures["sweep"] if r["parameter"] == parameter]
+        if not rows:
+            continue
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+        for name in rows[0]["policies"]:
+            points = [(r["value"], r["policies"][name]) for r in rows]
+            default = _default(figures["run"], parameter)
+            if default is not None and name in figures["policies"]:
+                points.append((default, figures["policies"][name]))
+            points.sort(key=lambda p: p[0])
+            xs = [x for x, _ in points]
+            left.plot(xs, [f["gpu_hours_provisioned"] for _, f in points], marker="o", label=name)
+            right.plot(xs, [f["share_under_100ms"] for _, f in points], marker="o", label=name)
+        left.set_xlabel(parameter)
+        left.set_ylabel("GPU-hours provisioned")
+        right.set_xlabel(parameter)
+        right.set_ylabel("cells under 100 ms")
+        right.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+        plots.append((f"Swept: {parameter}", _png(fig)))
         plt.close(fig)
     return plots
 
@@ -173,7 +213,8 @@ def _page(figures: dict, plots: list[tuple[str, str]]) -> str:
     input_rows = [[name, f"{i['value']:g} {i['unit']}", "measured" if i["measured"] else
                    "modelled", i["source"]] for name, i in run["inputs"].items()]
     sweep_rows = [[f"{r['parameter']} = {r['value']:g}", str(r["sessions"]), name,
-                   f"{f['gpu_hours_provisioned']:,.0f}", f"{f.get('vs_pinned_pct', 0):.1f}",
+                   f"{f['gpu_hours_provisioned']:,.0f}",
+                   f"{f.get('saved_vs_reservation_pct', 0):.1f}",
                    f"{f['share_under_100ms']:.1%}", f"{f['delay_p50_s']:.3f}",
                    f"{f['delay_p99_s']:.2f}"]
                   for r in figures["sweep"] for name, f in r["policies"].items()]
@@ -206,7 +247,7 @@ trainings) as {run['sessions']:,} sessions and {run['cells']:,} cells; session m
 <h2>Live replay and the simulator on the same workload</h2>{replay_html}
 <h2>Session model</h2><pre>{html.escape(sessions.__doc__ or '')}</pre>
 <h2>Sensitivity sweep (one parameter varied at a time)</h2>
-{_table(['variant', 'sessions', 'policy', 'GPU-h provisioned', 'saved vs pinned %',
+{_table(['variant', 'sessions', 'policy', 'GPU-h provisioned', 'saved vs reservation %',
          'cells < 100 ms', 'delay p50 s', 'delay p99 s'], sweep_rows) if sweep_rows else
  '<p>Not run (llfabric simulate --sweep).</p>'}
 <h2>Inputs</h2>{_table(['input', 'value', 'kind', 'source'], input_rows)}

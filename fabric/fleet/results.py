@@ -34,6 +34,9 @@ def figures(outcome: Outcome) -> dict:
         "gpu_hours_provisioned": outcome.provisioned_gpu_s / 3600,
         "gpu_hours_held": outcome.held_gpu_s / 3600,
         "gpu_hours_busy": outcome.busy_gpu_s / 3600,
+        "busy_of_held": outcome.busy_gpu_s / outcome.held_gpu_s if outcome.held_gpu_s else 0.0,
+        "busy_of_provisioned": (outcome.busy_gpu_s / outcome.provisioned_gpu_s
+                                if outcome.provisioned_gpu_s else 0.0),
         "share_under_100ms": sum(d < INTERACTIVE_S for d in delays) / cells if cells else 0.0,
         "delay_p50_s": quantile(delays, 0.5),
         "delay_p99_s": quantile(delays, 0.99),
@@ -51,13 +54,23 @@ def figures(outcome: Outcome) -> dict:
     }
 
 
-def compare(by_policy: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Provisioned GPU-hours saved by each policy, in percent, against pinned and NotebookOS."""
+BASELINES = ("reservation", "notebookos")  # what savings are measured against
+HEADLINE_HOURS = 17.5  # NotebookOS's headline: GPU-hours saved in 17.5 hours of its workload
+
+
+def compare(by_policy: dict[str, dict], workload_hours: float) -> dict[str, dict[str, float]]:
+    """Provisioned GPU-hours saved by each policy against each baseline: in percent, and per
+    `HEADLINE_HOURS` of a workload `workload_hours` long."""
     saved: dict[str, dict[str, float]] = {}
     for name, figs in by_policy.items():
         saved[name] = {}
-        for base in ("pinned", "notebookos"):
+        for base in BASELINES:
             if base in by_policy and by_policy[base]["gpu_hours_provisioned"] > 0:
                 ref = by_policy[base]["gpu_hours_provisioned"]
-                saved[name][f"vs_{base}_pct"] = 100 * (1 - figs["gpu_hours_provisioned"] / ref)
+                saved[name][f"saved_vs_{base}_pct"] = \
+                    100 * (1 - figs["gpu_hours_provisioned"] / ref)
+        if "reservation" in by_policy and workload_hours > 0:
+            saved[name]["saved_per_17h5"] = (
+                (by_policy["reservation"]["gpu_hours_provisioned"] - figs["gpu_hours_provisioned"])
+                * HEADLINE_HOURS / workload_hours)
     return saved

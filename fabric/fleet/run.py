@@ -1,9 +1,9 @@
 """A simulation run kept in a directory, so that an interrupted one resumes where it stopped.
 
-RUN_DIR/run.json says what was simulated (the trace and its hash, the session model, every cost
-input); RUN_DIR/policies/NAME.json holds a finished policy's figures, RUN_DIR/sweep.json the
-sensitivity sweep's headline figures. A policy already in the directory for the same run.json is
-not simulated again; a directory that holds another run is refused.
+RUN_DIR/run.json says what was simulated (the trace or session-level workload and its hash, the
+session model, every input); RUN_DIR/policies/NAME.json holds a finished policy's figures,
+RUN_DIR/sweep.json the sensitivity sweep's headline figures. A policy already in the directory
+for the same run.json is not simulated again; a directory that holds another run is refused.
 """
 
 from __future__ import annotations
@@ -20,22 +20,31 @@ from fabric.errors import TraceError
 from .costs import INPUTS, Costs
 from .policies import NAMES
 from .results import compare, figures
-from .sessions import Session, SessionModel, build_sessions
+from .sessions import Session, SessionModel, build_sessions, workload_sessions
 from .simulate import simulate
-from .trace import read_trace
+from .trace import Training, read_trace
+from .workload import read_workload
 
 TRACED_SESSIONS = 4  # sessions whose lease timelines the report draws
-HEADLINE = ("gpu_hours_provisioned", "gpu_hours_held", "share_under_100ms", "delay_p50_s",
-            "delay_p99_s", "wait_p99_s", "peak_hosts")
-# (parameter, values): each varied alone around the default model
+HEADLINE = ("gpu_hours_provisioned", "gpu_hours_held", "gpu_hours_busy", "busy_of_held",
+            "share_under_100ms", "delay_p50_s", "delay_p99_s", "wait_p99_s", "peak_hosts")
+SWEPT_POLICIES = ("reservation", "notebookos", "fresh", "llfabric")
+# (parameter, values): each varied alone around the default model and inputs
 SWEEP: tuple[tuple[str, tuple[float, ...]], ...] = (
-    ("split_gap_min", (30.0, 480.0)),
+    ("before_first_h", (0.0, 12.0)),
+    ("after_last_h", (0.0, 8.0)),
+    ("no_gpu_share", (0.0, 0.5)),
+    ("split_gap_min", (120.0,)),
     ("cells_per_gap", (0, 10)),
-    ("first_think_s", (5.0,)),
     ("session_gb", (0.5, 8.0)),
-    ("gpu_gb", (0.5,)),  # the device memory every GPU policy but pinned moves per cell
-    ("subscription_limit", (6.0,)),
+    ("gpu_gb", (0.5, 8.0)),  # the device memory every policy but reservation moves per cell
+    ("subscribed_ratio", (3.0, 10.0)),
+    ("scaling_factor", (1.10,)),
+    ("buffer_hosts", (0.0, 6.0)),
+    ("linger_s", (0.0, 300.0)),
 )
+# inputs a session-level workload gives itself: not swept on one
+GIVEN_BY_WORKLOAD = ("before_first_h", "after_last_h", "no_gpu_share", "split_gap_min")
 
 Progress = Callable[[str, float, float], None]  # (label, simulated seconds, horizon seconds)
 
@@ -74,18 +83,49 @@ def _run_policies(sessions: list[Session], costs: Costs, names: Iterable[str], l
         yield name, figures(simulate(sessions, name, costs, traced=traced, progress=tell))
 
 
+class Source:
+    """What the sessions are made from: a training trace (CSV) or a session-level workload
+    (NotebookOS's workload-template JSON), read and checked once."""
+
+    def __init__(self, path: Path, workload: bool) -> None:
+        self.path, self.workload = Path(path), workload
+        if workload:
+            self.sessions = read_workload(self.path)
+            self.trainings: list[Training] = [t for _, _, group in self.sessions for t in group]
+        else:
+            self.trainings = read_trace(self.path)
+
+    def build(self, model: SessionModel) -> list[Session]:
+        if self.workload:
+            return workload_sessions(self.sessions, model)
+        return build_sessions(self.trainings, model)
+
+    @property
+    def hours(self) -> float:
+        """From its first training's start to its last's end."""
+        start = min(t.submit_min for t in self.trainings)
+        return (max(t.submit_min + t.duration_min for t in self.trainings) - start) / 60
+
+    def describe(self) -> dict:
+        return {"path": str(self.path), "kind": "workload" if self.workload else "trace",
+                "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest(),
+                "trainings": len(self.trainings), "hours": self.hours}
+
+
+def _inputs(model: SessionModel, costs: Costs) -> dict:
+    """Every input with its value in this run: a cost's, or the session model's."""
+    return {name: {**asdict(INPUTS[name]), "value": getattr(costs, name) if hasattr(costs, name)
+                   else getattr(model, name)} for name in INPUTS}
+
+
 def simulate_run(trace: Path, run_dir: Path, model: SessionModel, costs: Costs,
                  policies: Iterable[str] = NAMES, sweep: bool = False,
-                 progress: Progress | None = None) -> dict[str, dict]:
-    """Simulate every policy (and the sweep) into `run_dir`; returns the policies' figures."""
-    trainings = read_trace(trace)
-    described = {
-        "trace": {"path": str(trace), "sha256": hashlib.sha256(trace.read_bytes()).hexdigest(),
-                  "trainings": len(trainings)},
-        "model": asdict(model),
-        "inputs": {name: {**asdict(INPUTS[name]), "value": getattr(costs, name)}
-                   for name in INPUTS},
-    }
+                 progress: Progress | None = None, workload: bool = False) -> dict[str, dict]:
+    """Simulate every policy (and the sweep) into `run_dir`; returns the policies' figures.
+    `trace` is a session-level workload's JSON where `workload` is set."""
+    source = Source(trace, workload)
+    described = {"trace": source.describe(), "model": asdict(model),
+                 "inputs": _inputs(model, costs)}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "policies").mkdir(exist_ok=True)
     if (run_dir / "run.json").exists():
@@ -93,7 +133,7 @@ def simulate_run(trace: Path, run_dir: Path, model: SessionModel, costs: Costs,
         if {k: before.get(k) for k in described} != described:
             raise TraceError(f"{run_dir} holds another run (its run.json differs): choose a new "
                              "directory", path=str(run_dir))
-    sessions = build_sessions(trainings, model)
+    sessions = source.build(model)
     described["sessions"] = len(sessions)
     described["cells"] = sum(len(s.cells) for s in sessions)
     _write(run_dir / "run.json", described)
@@ -105,16 +145,18 @@ def simulate_run(trace: Path, run_dir: Path, model: SessionModel, costs: Costs,
                 _write(path, figs)
         done[name] = read_json(path)
     if sweep:
-        _sweep(trainings, model, costs, run_dir, progress)
+        _sweep(source, model, costs, run_dir, progress)
     return done
 
 
-def _sweep(trainings: list, model: SessionModel, costs: Costs, run_dir: Path,
+def _sweep(source: Source, model: SessionModel, costs: Costs, run_dir: Path,
            progress: Progress | None) -> None:
     path = run_dir / "sweep.json"
     rows = read_json(path)["rows"] if path.exists() else []
     finished = {(r["parameter"], r["value"]) for r in rows}
     for parameter, values in SWEEP:
+        if source.workload and parameter in GIVEN_BY_WORKLOAD:
+            continue
         for value in values:
             if (parameter, value) in finished:
                 continue
@@ -122,10 +164,10 @@ def _sweep(trainings: list, model: SessionModel, costs: Costs, run_dir: Path,
                 varied, varied_costs = replace(model, **{parameter: value}), costs
             else:
                 varied, varied_costs = model, costs.with_inputs(**{parameter: value})
-            sessions = build_sessions(trainings, varied)
-            by_policy = dict(_run_policies(sessions, varied_costs, NAMES,
+            sessions = source.build(varied)
+            by_policy = dict(_run_policies(sessions, varied_costs, SWEPT_POLICIES,
                                            f"sweep {parameter}={value:g}: ", progress))
-            saved = compare(by_policy)
+            saved = compare(by_policy, source.hours)
             rows.append({"parameter": parameter, "value": value, "sessions": len(sessions),
                          "policies": {n: {**{k: f[k] for k in HEADLINE}, **saved[n]}
                                       for n, f in by_policy.items()}})

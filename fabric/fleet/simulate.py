@@ -1,8 +1,10 @@
 """The discrete-event loop: sessions' cells over a fleet, under one policy.
 
 Sessions are closed loops: a cell is executed its think time after the previous one ended, so a
-delay pushes the rest of the session later, as it would a user. Events are kept in a heap by
-time; ties keep the order they were pushed in.
+delay pushes the rest of the session later, as it would a user. A session opens its `before_s`
+before its first cell and closes its `after_s` after its last ends; a pinned policy holds its
+gang from open to close (or, with an idle timeout, until that much idle time passed). Events
+are kept in a heap by time; ties keep the order they were pushed in.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from .fleet import Fleet, Request
 from .policies import SessionState, make
 from .sessions import Session
 
-EXECUTE, END, BOOTED, TICK = range(4)
+OPEN, EXECUTE, END, BOOTED, RECLAIM, CLOSE, RELEASE = range(7)
 TICK_S = 300.0  # the autoscaler's scale-in check and the hosts-over-time sample
 
 
@@ -41,7 +43,7 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
              progress: Callable[[float], None] | None = None) -> Outcome:
     """Run every session under the policy `policy_name`; `progress` is told the simulated
     time at each tick; the sessions in `traced` keep their leases' (start, end) times."""
-    fleet = fleet or Fleet(boot_s=costs.host_boot_s)
+    fleet = fleet or Fleet(gpus_per_host=int(costs.gpus_per_host), boot_s=costs.host_boot_s)
     policy = make(policy_name, costs, fleet)
     out = Outcome(policy_name)
     events: list[tuple[float, int, int, int]] = []
@@ -53,26 +55,47 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
         heapq.heappush(events, (time, seq, kind, subject))
 
     states = [SessionState(s) for s in sessions]
+    parking: list[tuple[int, int]] = []  # (host, GPUs) of workers parked after lingering
     for s in sessions:
+        # a session open before the trace began is counted from its start
+        push(max(0.0, s.start_s - (s.before_s if policy.padded else 0.0)), OPEN, s.index)
         push(s.start_s, EXECUTE, s.index)
     booted = len(fleet.hosts)
 
+    def run_cell(state: SessionState, host: int, now: float, asked: float) -> None:
+        cell = state.session.cells[state.next_cell]
+        delay, path = policy.start(state, cell, host, now - asked)
+        end = asked + delay + cell.run_s + policy.after_s(cell)
+        out.delays.append(delay)
+        out.waits.append(now - asked)
+        out.paths[path] = out.paths.get(path, 0) + 1
+        out.busy_gpu_s += cell.gpus * cell.run_s
+        if not policy.pinned and state.session.index in traced:
+            out.leases.setdefault(state.session.index, []).append((now, end))
+        state.host = host
+        push(end, END, state.session.index)
+
     def placed(state: SessionState, asked: float) -> Callable[[int, float], None]:
-        def run(host: int, now: float) -> None:
-            cell = state.session.cells[state.next_cell]
-            delay, path = policy.start(state, cell, host, now - asked)
-            end = asked + delay + cell.run_s + policy.after_s(cell)
-            out.delays.append(delay)
-            out.waits.append(now - asked)
-            out.paths[path] = out.paths.get(path, 0) + 1
-            out.busy_gpu_s += cell.gpus * cell.run_s
-            if policy.pinned and state.holding is None:
-                state.holding, state.held_since = host, now
-            elif not policy.pinned and state.session.index in traced:
-                out.leases.setdefault(state.session.index, []).append((now, end))
-            state.host = host
-            push(end, END, state.session.index)
-        return run
+        return lambda host, now: run_cell(state, host, now, asked)
+
+    def took(state: SessionState) -> Callable[[int, float], None]:
+        """A pinned session's gang placed: the cell waiting for it, if any, starts."""
+        def hold(host: int, now: float) -> None:
+            state.holding, state.held_since, state.asking = host, now, False
+            if state.executed_at is not None:
+                asked, state.executed_at = state.executed_at, None
+                run_cell(state, host, now, asked)
+        return hold
+
+    def ask_gang(state: SessionState, time: float) -> None:
+        state.asking = True
+        fleet.ask(Request(state.session.max_gpus, time, (), took(state)))
+
+    def release_gang(state: SessionState, time: float) -> None:
+        fleet.release(state.holding, state.session.max_gpus)
+        if state.session.index in traced:
+            out.leases.setdefault(state.session.index, []).append((state.held_since, time))
+        state.holding = None
 
     horizon = max((s.start_s for s in sessions), default=0.0)
     next_tick = 0.0
@@ -86,33 +109,69 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
                 progress(min(next_tick, horizon))
             next_tick += TICK_S
         fleet.advance(time)
+        state = states[subject] if kind not in (BOOTED, RELEASE) else None
         if kind == BOOTED:
             fleet.booted()
+        elif kind == RELEASE:
+            fleet.release(*parking[subject])
+        elif kind == OPEN:
+            policy.opened(state)
+            if policy.pinned:
+                ask_gang(state, time)
         elif kind == EXECUTE:
-            state = states[subject]
             cell = state.session.cells[state.next_cell]
-            if state.next_cell == 0:
-                policy.opened(state)
-            if state.holding is not None:
-                placed(state, time)(state.holding, time)
-            else:
-                gpus = policy.gang(state, cell)
-                fleet.ask(Request(gpus, time, policy.prefer(state), placed(state, time)))
+            state.reclaim_at = None
+            if state.kept is not None:  # its worker still on the GPUs it kept
+                host, kept = state.kept
+                if cell.gpus <= kept:  # the lease passes on, what it does not need given back
+                    fleet.release(host, kept - cell.gpus)
+                    run_cell(state, host, time, time)
+                else:
+                    state.kept = None
+                    fleet.release(host, kept)
+                    fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
+                                      placed(state, time)))
+            elif not policy.pinned:
+                fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
+                                  placed(state, time)))
+            elif state.holding is not None:
+                run_cell(state, state.holding, time, time)
+            else:  # its gang is on the way, or was reclaimed
+                state.executed_at = time
+                if not state.asking:
+                    ask_gang(state, time)
         elif kind == END:
-            state = states[subject]
             cell = state.session.cells[state.next_cell]
+            state.rebuild_s = cell.run_s + (0.0 if cell.training else state.rebuild_s)
             state.next_cell += 1
             last = state.next_cell == len(state.session.cells)
             if not policy.pinned:
-                fleet.release(state.host, cell.gpus)
-            elif last:
-                fleet.release(state.holding, state.session.max_gpus)
-                if subject in traced:  # one lease, the whole session
-                    out.leases[subject] = [(state.held_since, time)]
+                keep = 0.0 if last else policy.linger_s
+                think = 0.0 if last else state.session.cells[state.next_cell].think_s
+                if keep > 0 and think <= keep:  # the next cell comes while its worker lingers
+                    state.kept = (state.host, cell.gpus)
+                elif keep > 0:  # it lingers in vain, then is parked, then the GPUs go back
+                    parking.append((state.host, cell.gpus))
+                    push(time + keep + policy.costs_for(cell).park_s, RELEASE, len(parking) - 1)
+                else:
+                    fleet.release(state.host, cell.gpus)
+            timeout = policy.idle_timeout_s
             if last:
-                policy.closed(state)
+                after = state.session.after_s if policy.padded else 0.0
+                push(time + min(after, timeout if timeout is not None else after), CLOSE, subject)
             else:
                 push(time + state.session.cells[state.next_cell].think_s, EXECUTE, subject)
+                if timeout is not None:
+                    state.reclaim_at = time + timeout
+                    push(state.reclaim_at, RECLAIM, subject)
+        elif kind == RECLAIM:
+            if state.reclaim_at == time and state.holding is not None:
+                release_gang(state, time)
+                state.reclaimed = True
+        elif kind == CLOSE:
+            if state.holding is not None:
+                release_gang(state, time)
+            policy.closed(state)
         for host in fleet.hosts[booted:]:
             push(host.up_at, BOOTED, host.index)
         booted = len(fleet.hosts)

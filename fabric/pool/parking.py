@@ -1,7 +1,11 @@
 """Parking: a kept worker's CUDA state checkpointed into host memory (`suspend`), so the GPU
 is free for other sessions' cells between its own; `resume` puts it back, on the GPU of the next
-cell's lease. A worker is parked with the processes its cells started and left running (DDP
-ranks, DataLoader workers): `suspend_tree` and `resume_tree`. (A kept worker's further stages,
+cell's lease. Before its checkpoint the worker moves its torch storages off the GPU itself, at
+copy speed (`move_off`, see `worker.parking`), and back after its restore (`move_back`): the
+driver's checkpoint, far slower, then moves only the rest (its context, workspaces), or the
+whole process where the worker could not account for its device memory. A worker is parked
+with the processes its cells started and left running (DDP ranks, DataLoader workers):
+`suspend_tree` and `resume_tree`. (A kept worker's further stages,
 cool on disk included: `lifecycle`.)
 
 Every step that fails raises `ParkFailed` after leaving nothing half done: the caller retires
@@ -11,11 +15,44 @@ the worker and the session continues from its last committed version in the stor
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-from ..errors import ParkFailed
+from ..errors import ParkFailed, WorkerDied
+from ..worker.messages import Park, Parked, Unpark
 from .cuda import CudaError, Driver, State
 
+if TYPE_CHECKING:
+    from .pool import WorkerHandle
+
 LOCK_TIMEOUT_MS = 10_000  # a cell's stray CUDA work (async kernels) must finish within this
+MOVE_TIMEOUT = 600.0  # seconds a worker has to copy its storages (GBs, through host memory)
+
+
+async def move_off(worker: WorkerHandle) -> Parked:
+    """Have the worker move its torch storages off the GPU; what it moved, or why nothing (its
+    `fallback`: the driver's checkpoint takes the whole process)."""
+    return await _ask(worker, Park(), "move its memory off the GPU")
+
+
+async def move_back(worker: WorkerHandle) -> Parked:
+    """Have the worker put back on the GPU what `move_off` moved (after its restore)."""
+    return await _ask(worker, Unpark(), "put its memory back on the GPU")
+
+
+async def _ask(worker: WorkerHandle, message: Park | Unpark, doing: str) -> Parked:
+    try:
+        await worker.send(message)
+        reply = await worker.recv(timeout=MOVE_TIMEOUT)
+    except WorkerDied as exc:
+        raise ParkFailed(f"worker {worker.pid} could not {doing}: {exc.message}",
+                         pid=worker.pid) from exc
+    if not isinstance(reply, Parked):
+        raise ParkFailed(f"worker {worker.pid} answered {reply.op!r} to {message.op}",
+                         pid=worker.pid)
+    if reply.error is not None:
+        raise ParkFailed(f"worker {worker.pid} could not {doing}: {reply.error}",
+                         pid=worker.pid)
+    return reply
 
 
 def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> bool:

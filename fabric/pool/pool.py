@@ -50,7 +50,7 @@ from ..errors import (
     ZygoteProtocolError,
 )
 from ..worker import control, wake
-from ..worker.messages import FROM_WORKER, Exit, Hello, Message, decode
+from ..worker.messages import FROM_WORKER, Exit, Hello, Message, Parked, decode
 from . import criu, cuda, parking
 from .contain import Containment
 from .templates import Template, Templates, worker_of
@@ -194,6 +194,7 @@ class WorkerHandle:
         self.pid = 0
         self.process = 0  # the worker's own pid (the init's child, when it has an init)
         self.parked = False  # its CUDA state is checkpointed off the GPU
+        self.moved: Parked | None = None  # what it moved off the GPU itself, while parked
         self.device: str | None = None  # the GPU its CUDA state is on, or was parked from
         self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
@@ -583,8 +584,13 @@ class Pool:
 
     async def park(self, worker: WorkerHandle, device: str | None) -> None:
         """Checkpoint the worker's CUDA state off `device`, the GPU its cell ran on (nothing
-        to do on CPU hosts)."""
+        to do on CPU hosts), once it moved its own storages off."""
         if self.cuda is not None and not worker.parked:
+            if self.cuda.holds(worker.process):
+                worker.moved = await parking.move_off(worker)
+                if worker.moved.fallback:
+                    log.info("worker %d: the driver parks all of it: %s", worker.pid,
+                             worker.moved.fallback)
             worker.parked = await asyncio.to_thread(parking.suspend_tree, self.cuda,
                                                     worker.tree())
             worker.device = device if worker.parked else worker.device
@@ -595,7 +601,8 @@ class Pool:
         if self.cuda is not None and worker.parked:
             moves = _moves(worker.device, device)
             await asyncio.to_thread(parking.resume_tree, self.cuda, worker.tree(), moves)
-            worker.parked, worker.device = False, device or worker.device
+            await parking.move_back(worker)  # a worker cooled and thawed still holds its own
+            worker.parked, worker.device, worker.moved = False, device or worker.device, None
 
     def memory_pressure(self) -> bool:
         return psutil.virtual_memory().percent >= self.pressure_percent
@@ -655,7 +662,9 @@ class Pool:
                          "memory": _unique_memory(z.pid)}
                         for (site, f), z in self.zygotes.items()],
             "workers": [{"pid": w.pid, "source": w.source,
-                         "zygote": w.zygote.pid if w.zygote is not None else None}
+                         "zygote": w.zygote.pid if w.zygote is not None else None,
+                         "parked": w.parked, "moved": w.moved.moved if w.moved else 0,
+                         "fallback": w.moved.fallback if w.moved else None}
                         for w in self.workers.values()],
             "worker_source": self.worker_source,
             "templates": self.templates.status(),

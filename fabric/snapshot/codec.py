@@ -14,7 +14,8 @@ tensor on it is rebuilt on that one copy.
 Array memory never enters the pickle stream: protocol 5 hands each block out of band as a buffer,
 which the store hashes and writes straight from the object's own memory (no copy), and which a
 load reads from disk into the one writable buffer the arrays are then rebuilt on. CUDA tensors are
-staged through pinned host memory and go back to the same device index.
+staged through pinned host memory (a save's in one copy, a load's piece by piece: `staging`) and
+go back to the same device index.
 """
 
 from __future__ import annotations
@@ -99,9 +100,9 @@ class _DeviceMemory:
 
 
 def _device_storage(host: Any, device: int) -> Any:
-    import torch
+    from .staging import to_device
 
-    return torch.from_numpy(host).to(f"cuda:{device}").untyped_storage()
+    return to_device(host, device)
 
 
 def _ndarray_on(memory: Any, dtype: Any, shape: tuple, strides: tuple, offset: int,

@@ -9,8 +9,10 @@ A cell, as the server drives it: on a host serving several users, a fresh worker
 first; `Load` (0..n, each answered by `Loaded`, with `Notice`s of a
 long load's progress before it), then `Run`, answered by `Started`, `Output`s, `Notice`s,
 `Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
-as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Sleep` -> `Sleeping` takes a worker
-to a dump (cool tier); on waking it says `Hello` again, as it does when it first connects.
+as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Park` -> `Parked` moves a kept
+worker's torch storages off the GPU before its CUDA checkpoint, `Unpark` -> `Parked` back after
+its restore. `Sleep` -> `Sleeping` takes a worker to a dump (cool tier); on waking it says
+`Hello` again, as it does when it first connects.
 A cell's comms send `CommOut`s among its outputs. `Complete`, `Inspect` and `CommIn`, between
 cells, are answered by `Answered` (a `CommIn` after its callbacks' `Output`s and `CommOut`s).
 `Exit` ends it.
@@ -170,6 +172,22 @@ class Sleep(Message):
 
 
 @dataclass(frozen=True)
+class Park(Message):
+    """Between cells, before the driver checkpoints the worker: move its torch storages off the
+    GPU into pinned host memory (`worker.parking`). Answered by `Parked`."""
+
+    op: ClassVar[str] = "park"
+
+
+@dataclass(frozen=True)
+class Unpark(Message):
+    """After the driver restored the worker: put back on the GPU what `Park` moved. Answered by
+    `Parked`."""
+
+    op: ClassVar[str] = "unpark"
+
+
+@dataclass(frozen=True)
 class Exit(Message):
     op: ClassVar[str] = "exit"
 
@@ -285,6 +303,20 @@ class Settled(Message):
 
 
 @dataclass(frozen=True)
+class Parked(Message):
+    """What a `Park` moved into host memory (`moved` bytes; what torch still holds on the device,
+    `left`, goes through the driver's checkpoint) or why it moved nothing (`fallback`: the driver
+    takes the whole process); after an `Unpark`, all zero. `error`: the move failed."""
+
+    op: ClassVar[str] = "parked"
+    moved: int = 0
+    left: int = 0
+    seconds: float = 0.0
+    fallback: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Sleeping(Message):
     op: ClassVar[str] = "sleeping"
     pid: int
@@ -299,9 +331,9 @@ class Refused(Message):
 
 
 TO_WORKER = {m.op: m for m in (Become, Rehome, Load, Run, Settle, InputReply, Complete, Inspect,
-                               CommIn, Sleep, Exit)}
+                               CommIn, Park, Unpark, Sleep, Exit)}
 FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, CommOut,
-                                 Notice, Input, Done, Settled, Sleeping, Refused)}
+                                 Notice, Input, Done, Settled, Parked, Sleeping, Refused)}
 
 
 def decode(wire: dict, ops: dict[str, type[Message]]) -> Message:

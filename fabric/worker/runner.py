@@ -42,7 +42,7 @@ from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import comms, env, forked, introspect, lazy, threads, wake
+from . import comms, env, forked, introspect, lazy, parking, threads, wake
 from .account import become
 from .fdcapture import FdCapture
 from .messages import (
@@ -62,6 +62,8 @@ from .messages import (
     Message,
     Notice,
     Output,
+    Park,
+    Parked,
     Refused,
     Rehome,
     Run,
@@ -71,6 +73,7 @@ from .messages import (
     Sleep,
     Sleeping,
     Started,
+    Unpark,
     decode,
 )
 from .shell import OutStream, ZMQInteractiveShell
@@ -132,6 +135,7 @@ class Worker:
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
         self.base_environ = dict(os.environ)
         self.threads = threads.Threads()
+        self.storages = parking.Storages()  # what a park moved off the GPU
         self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
         shell.sink = self._sink
         sys.stdout, sys.stderr = self._streams
@@ -174,7 +178,8 @@ class Worker:
         threading.Thread(target=self._flush_forever, daemon=True).start()
         self.channel.send(Hello(os.getpid()))
         handlers = {Become: self.become, Rehome: self.rehome, Load: self.load, Run: self.run,
-                    Settle: self.settle, Sleep: self.sleep, Complete: self.complete,
+                    Settle: self.settle, Park: self.park, Unpark: self.unpark,
+                    Sleep: self.sleep, Complete: self.complete,
                     Inspect: self.inspect, CommIn: self.comm}
         while True:
             try:
@@ -192,6 +197,18 @@ class Worker:
         self.channel.send(Sleeping(os.getpid()))
         self.channel.sleep(message.wake_dir)
         return Hello(os.getpid())
+
+    def park(self, message: Park) -> Parked:
+        try:
+            return self.storages.park()
+        except Exception as exc:  # the server retires a worker it could not park
+            return Parked(error=f"{type(exc).__name__}: {exc}")
+
+    def unpark(self, message: Unpark) -> Parked:
+        try:
+            return Parked(seconds=self.storages.resume())
+        except Exception as exc:
+            return Parked(error=f"{type(exc).__name__}: {exc}")
 
     def complete(self, message: Complete) -> Answered:
         return Answered(self._answer(introspect.complete, message.code, message.cursor))

@@ -15,7 +15,7 @@ def test_simulate_prints_the_headline_and_report_writes_the_page(tmp_path: Path)
     runner = CliRunner()
     done = runner.invoke(main, ["simulate", str(tmp_path / "run"), "--trace", str(trace)])
     assert done.exit_code == 0, done.output
-    assert all(name in done.output for name in ("pinned", "notebookos", "fresh", "llfabric"))
+    assert all(name in done.output for name in ("reservation", "notebookos", "fresh", "llfabric"))
     assert "cells < 100 ms" in done.output
     done = runner.invoke(main, ["report", str(tmp_path / "run")])
     assert done.exit_code == 0, done.output

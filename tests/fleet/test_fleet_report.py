@@ -43,7 +43,7 @@ def test_the_report_is_one_page_with_its_plots_inside(run_dir: Path) -> None:
         assert source.startswith("data:image/png;base64,")
         assert base64.b64decode(source.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     text = page.read_text()
-    assert all(name in text for name in ("pinned", "notebookos", "fresh", "llfabric"))
+    assert all(name in text for name in ("reservation", "notebookos", "fresh", "llfabric"))
     assert "measured" in text and "modelled" in text
 
 
@@ -51,9 +51,9 @@ def test_the_figures_json_reads_back_as_the_figures(run_dir: Path) -> None:
     write_report(run_dir)
     figures = json.loads((run_dir / "figures.json").read_text())
     assert figures == json.loads(json.dumps(load_figures(run_dir)))
-    pinned = figures["policies"]["pinned"]
-    assert pinned["saved_vs_pinned_pct"] == 0
-    assert pinned["cells"] == figures["run"]["cells"]
+    reservation = figures["policies"]["reservation"]
+    assert reservation["saved_vs_reservation_pct"] == 0
+    assert reservation["cells"] == figures["run"]["cells"]
 
 
 def test_a_finished_policy_is_not_simulated_again(run_dir: Path) -> None:
@@ -76,7 +76,7 @@ def test_a_report_needs_a_run(tmp_path: Path, run_dir: Path) -> None:
     broken = tmp_path / "broken"
     (broken / "policies").mkdir(parents=True)
     (broken / "run.json").write_text((run_dir / "run.json").read_text())
-    (broken / "policies" / "pinned.json").write_text("{not json")
+    (broken / "policies" / "reservation.json").write_text("{not json")
     with pytest.raises(TraceError, match="not JSON"):
         write_report(broken)
 
@@ -96,3 +96,16 @@ def test_a_replay_beside_the_run_is_reported_and_a_foreign_one_refused(run_dir: 
             write_report(run_dir)
     finally:
         path.unlink()
+
+
+def test_the_sweep_varies_each_input_and_is_plotted(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.csv", random_rows(30))
+    simulate_run(trace, tmp_path / "run", SessionModel(), Costs.default(),
+                 policies=("reservation", "llfabric"), sweep=True)
+    rows = json.loads((tmp_path / "run" / "sweep.json").read_text())["rows"]
+    shorter = next(r for r in rows if (r["parameter"], r["value"]) == ("before_first_h", 0.0))
+    longer = next(r for r in rows if (r["parameter"], r["value"]) == ("before_first_h", 12.0))
+    assert (shorter["policies"]["reservation"]["gpu_hours_held"]
+            < longer["policies"]["reservation"]["gpu_hours_held"])
+    text = write_report(tmp_path / "run").read_text()
+    assert "Swept: before_first_h" in text and "Swept: linger_s" in text

@@ -16,24 +16,79 @@ from fabric.fleet.simulate import simulate
 
 def _sessions(tmp_path: Path, count: int = 120) -> list[Session]:
     trainings = read_trace(write_trace(tmp_path / "t.csv", random_rows(count)))
-    return build_sessions(trainings, SessionModel(cells_per_gap=3))
+    return build_sessions(trainings, SessionModel(cells_per_gap=3, before_first_h=0.5,
+                                                  after_last_h=0.25))
 
 
-def test_a_pinned_session_holds_its_largest_gang_for_its_whole_span() -> None:
-    cells = (Cell(30, 600, 4, True), Cell(120, 5, 4, False), Cell(200, 900, 8, True))
-    session = Session(0, 100.0, cells)
-    out = simulate([session], "pinned", Costs.default(), fleet=Fleet(boot_s=0.0))
-    span = 600 + 120 + 5 + 200 + 900
-    assert out.held_gpu_s == pytest.approx(8 * span)
+CELLS = (Cell(30, 600, 4, True), Cell(120, 5, 4, False), Cell(200, 900, 8, True))
+SPAN = 600 + 120 + 5 + 200 + 900
+
+
+def test_reservation_holds_the_largest_gang_from_open_to_close() -> None:
+    session = Session(0, 7200.0, CELLS, before_s=3600.0, after_s=1800.0)
+    out = simulate([session], "reservation", Costs.default(), fleet=Fleet(boot_s=0.0))
+    assert out.held_gpu_s == pytest.approx(8 * (3600 + SPAN + 1800))
     assert out.busy_gpu_s == pytest.approx(4 * 600 + 4 * 5 + 8 * 900)
     assert out.delays == [0.0, 0.0, 0.0]
+    # the lower bound holds it only from the first cell to the end of the last
+    span = simulate([session], "reservation-span", Costs.default(), fleet=Fleet(boot_s=0.0))
+    assert span.held_gpu_s == pytest.approx(8 * SPAN)
+
+
+def test_a_session_open_before_the_trace_began_is_held_from_its_start() -> None:
+    session = Session(0, 600.0, CELLS, before_s=3600.0)
+    out = simulate([session], "reservation", Costs.default(), fleet=Fleet(boot_s=0.0))
+    assert out.held_gpu_s == pytest.approx(8 * (600 + SPAN))
+
+
+def test_an_idle_reclaim_holds_until_the_timeout_then_restarts_and_reruns() -> None:
+    costs = Costs.default()
+    # idle 40 minutes after a training then a small cell: 30 minutes reclaims, 90 does not
+    cells = (Cell(30, 600, 4, True), Cell(10, 5, 4, False), Cell(2400, 60, 4, True))
+    session = Session(0, 0.0, cells, before_s=0.0, after_s=7200.0)
+    out = simulate([session], "reclaim-30m", costs, fleet=Fleet(boot_s=0.0))
+    rerun = 600 + 5  # the last training and the cell after it built the state
+    assert out.paths == {"pinned": 2, "reclaimed": 1}
+    assert out.delays[2] == pytest.approx(costs.restart_s + rerun)
+    held = (600 + 10 + 5 + 1800) + (costs.restart_s + rerun + 60 + 1800)  # closed after 30 min
+    assert out.held_gpu_s == pytest.approx(4 * held)
+    kept = simulate([session], "reclaim-90m", costs, fleet=Fleet(boot_s=0.0))
+    assert kept.delays == [0.0, 0.0, 0.0]
+    assert kept.held_gpu_s == pytest.approx(4 * (600 + 10 + 5 + 2400 + 60 + 5400))
+
+
+def test_a_cell_on_no_gpu_holds_none_and_makes_no_cuda_context() -> None:
+    cells = (Cell(30, 600, 0, True), Cell(3000, 60, 0, False))
+    costs = Costs.default()
+    for name in ("notebookos", "fresh", "llfabric"):
+        out = simulate([Session(0, 0.0, cells)], name, costs, fleet=Fleet(boot_s=0.0))
+        assert out.held_gpu_s == 0 and out.busy_gpu_s == 0, name
+    fresh = simulate([Session(0, 0.0, cells)], "fresh", costs, fleet=Fleet(boot_s=0.0))
+    load = costs.closure_gb / min(costs.load_gbps, costs.peer_gbps)
+    assert fresh.delays[0] == pytest.approx(costs.fork_s + load + costs.warm_ready_s)
+
+
+def test_a_worker_lingers_for_a_quick_next_cell_and_is_parked_otherwise() -> None:
+    costs = Costs.default()
+    cells = (Cell(30, 600, 8, True), Cell(20, 5, 4, False), Cell(3000, 600, 8, True))
+    out = simulate([Session(0, 0.0, cells)], "llfabric", costs, fleet=Fleet(boot_s=0.0))
+    assert out.paths["lingered"] == 1 and out.delays[1] == costs.warm_ready_s
+    save = costs.save_s(True)
+    # 8 GPUs through the first cell and its linger, 4 of them kept for the small cell, which
+    # lingers 60 s in vain and is parked
+    expected = (8 * (600 + save + 20) + 4 * (5 + costs.save_s(False) + costs.linger_s
+                                             + costs.park_s))
+    assert out.held_gpu_s == pytest.approx(expected + 8 * (600 + save), rel=0.01)
+    parked = simulate([Session(0, 0.0, cells)], "llfabric", costs.with_inputs(linger_s=0.0),
+                      fleet=Fleet(boot_s=0.0))
+    assert "lingered" not in parked.paths and parked.held_gpu_s < out.held_gpu_s
 
 
 def test_other_policies_hold_gpus_only_while_cells_run(tmp_path: Path) -> None:
     cells = (Cell(30, 600, 4, True), Cell(3000, 600, 4, True))
     for name in ("notebookos", "fresh", "llfabric"):
         out = simulate([Session(0, 0.0, cells)], name, Costs.default(), fleet=Fleet(boot_s=0.0))
-        assert 4 * 1200 < out.held_gpu_s < 4 * 1300, name  # runs, plus loads, saves, parks
+        assert 4 * 1200 < out.held_gpu_s < 4 * 1400, name  # runs, plus loads, saves, parks
 
 
 def test_fresh_workers_never_start_cells_sooner_than_drafts(tmp_path: Path) -> None:
@@ -62,8 +117,17 @@ def test_gangs_are_never_split_nor_a_host_overfilled() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_used_never_exceeds_held_nor_held_provisioned(tmp_path: Path, name: str) -> None:
-    out = simulate(_sessions(tmp_path), name, Costs.default())
+    sessions = _sessions(tmp_path)
+    out = simulate(sessions, name, Costs.default())
     assert 0 < out.busy_gpu_s <= out.held_gpu_s + 1e-6
     assert out.held_gpu_s <= out.provisioned_gpu_s + 1e-6
-    assert all(held <= hosts * 8 for _, hosts, held in out.samples)
-    assert len(out.delays) == sum(len(s.cells) for s in _sessions(tmp_path))
+    assert all(0 <= held <= hosts * 8 for _, hosts, held in out.samples)
+    assert len(out.delays) == sum(len(s.cells) for s in sessions)
+
+
+def test_reservation_holds_at_least_what_any_policy_does(tmp_path: Path) -> None:
+    sessions = _sessions(tmp_path)
+    held = {name: simulate(sessions, name, Costs.default()).held_gpu_s for name in NAMES}
+    assert held["reservation"] >= held["reservation-span"]
+    assert held["reservation"] >= held["reclaim-180m"]
+    assert all(held["reservation"] > held[n] for n in ("notebookos", "fresh", "llfabric"))

@@ -10,7 +10,7 @@ from fleet_traces import HEADER, write_trace
 
 from fabric.errors import TraceError
 from fabric.fleet import SessionModel, read_trace
-from fabric.fleet.sessions import build_sessions, runs
+from fabric.fleet.sessions import build_sessions, runs, without_gpus
 
 
 def test_a_trace_is_read_in_job_id_order(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_sessions_break_at_a_drop_of_submit_time_and_at_a_long_gap(tmp_path: Pat
 
 def test_small_cells_fill_the_gaps_and_think_times_keep_the_trace_s_timing(tmp_path: Path) -> None:
     trainings = read_trace(write_trace(tmp_path / "t.csv", [(4, 0, 10), (8, 30, 5), (8, 30, 5)]))
-    model = SessionModel(cells_per_gap=3)
+    model = SessionModel(cells_per_gap=3, no_gpu_share=0.0)
     [session] = build_sessions(trainings, model)
     kinds = [(c.training, c.gpus) for c in session.cells]
     # 3 small cells on the first training's GPUs in the 20-minute gap; none between the two
@@ -70,3 +70,23 @@ def test_small_cells_fill_the_gaps_and_think_times_keep_the_trace_s_timing(tmp_p
     span = sum(c.think_s + c.run_s for c in session.cells[1:]) + session.cells[0].run_s
     assert 39 * 60 <= span <= 43 * 60
     assert all(c.think_s >= 0 for c in session.cells)
+
+
+def test_by_default_sessions_break_only_at_drops_and_open_before_their_first_training(
+        tmp_path: Path) -> None:
+    trainings = read_trace(write_trace(tmp_path / "t.csv", [
+        (1, 100, 10), (4, 400, 10),   # 290 idle minutes: still one session
+        (4, 50, 10),                  # submit_time drops: a new one
+    ]))
+    model = SessionModel(before_first_h=2.0, after_last_h=1.0, no_gpu_share=0.0)
+    sessions = build_sessions(trainings, model)
+    assert [s.max_gpus for s in sessions] == [4, 4]
+    assert all((s.before_s, s.after_s) == (7200.0, 3600.0) for s in sessions)
+
+
+def test_trainings_on_no_gpu_are_drawn_among_one_gpu_rows(tmp_path: Path) -> None:
+    rows = [(1, k, 5) for k in range(0, 2000, 10)] + [(8, k, 5) for k in range(0, 2000, 10)]
+    trainings = without_gpus(read_trace(write_trace(tmp_path / "t.csv", rows)), 0.25, seed=0)
+    gpus = [t.gpus for t in trainings]
+    assert 0.2 < gpus.count(0) / len(gpus) < 0.3
+    assert gpus.count(8) == 200

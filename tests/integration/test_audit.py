@@ -142,3 +142,17 @@ def test_fingerprints_ignore_identity_and_set_order_but_not_values() -> None:
     for _ in range(50_000):  # deeper than Python's recursion limit
         deep = [deep]
     assert fp().of(deep)
+
+
+def test_adjacent_stream_chunks_are_one_output(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # where a stream's chunks split depends on flush timing; a loaded machine moves it
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the auditor sets it; undo that after
+    auditor = audit.Auditor()
+    try:
+        cell = auditor.cell(0, "import sys\nsys.stdout.write('a')\nsys.stdout.flush()\n"
+                               "print('b')\n")
+    finally:
+        auditor.shell.clear_instance()
+    assert [(o["name"], o["text"]) for o in cell.outputs] == [("stdout", "ab\n")]

@@ -369,10 +369,36 @@ def test_a_warm_worker_leaves_the_gpu_between_cells_and_keeps_its_tensors(
         status = session_status(client, session)
         assert status["tier"] == "warm" and not status["pinned"]
         assert not holders(tree(status["worker"])), "a parked worker holds no GPU memory"
+        (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == status["worker"]]
+        # its storages moved by the worker itself, at copy speed; the driver took the rest
+        assert worker["parked"] and worker["fallback"] is None and worker["moved"] >= 8 << 20
+        assert status["memory"] >= worker["moved"]  # its host copies: the host's memory now
         reply, outputs = execute(client, session, "print(x.device.type, int(x.sum().item()))")
         total = (1 << 20) * ((1 << 20) - 1) // 2
         assert (reply["path"], stdout(outputs)) == ("warm", f"cuda {total}\n")
         assert session_status(client, session)["worker"] == status["worker"]
+
+
+def test_a_warm_worker_holding_a_cuda_graph_is_parked_whole_by_the_driver(
+        warm_server: RunningServer, tmp_path: Path) -> None:
+    if find_driver() is None:
+        pytest.skip(NO_DRIVER)
+    with warm_server.client(timeout=120) as client:
+        session = open_session(client, tmp_path)
+        reply, outputs = execute(client, session, (
+            "import torch\nstatic = torch.ones(1 << 20, device='cuda')\n"
+            "graph = torch.cuda.CUDAGraph()\nside = torch.cuda.Stream()\n"
+            "with torch.cuda.stream(side):\n    static.add_(1)\n"
+            "torch.cuda.current_stream().wait_stream(side)\n"
+            "with torch.cuda.graph(graph):\n    static.mul_(2)\n"))
+        assert reply["status"] == "ok", outputs
+        status = session_status(client, session)
+        (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == status["worker"]]
+        assert worker["parked"] and worker["moved"] == 0 and "CUDA graph" in worker["fallback"]
+        assert not holders(tree(status["worker"])), "a parked worker holds no GPU memory"
+        reply, outputs = execute(client, session, "graph.replay()\nprint(static[0].item())")
+        # the graph cannot be saved: the session is pinned to this worker, addresses kept
+        assert (reply["path"], stdout(outputs)) == ("pinned", "4.0\n")
 
 
 def _hold_gpu(server: RunningServer, session: str, flag: Path) -> threading.Thread:

@@ -265,6 +265,9 @@ def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_pat
         assert reply["unsaved"] == []
         pid = server.sessions[session].prepared.task.result().process
         assert driver.states[pid] is State.CHECKPOINTED  # off the GPU before the lease ended
+        # asked first to move its own storages: it has none (no torch), so the driver took all
+        (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == pid]
+        assert (worker["parked"], worker["moved"], worker["fallback"]) == (True, 0, None)
         reply, outputs = execute(client, session, "print(x + 1)")
         assert (reply["path"], text(outputs)) == ("warm", "42\n")
         steps = [step for step, p in driver.calls if p == pid and step != "state"]

@@ -198,3 +198,15 @@ def test_cuda_tensors_come_back_on_their_device_sharing_storage(tmp_path: Path) 
     assert back["view"].untyped_storage().data_ptr() == back["base"].untyped_storage().data_ptr()
     assert back["param"].requires_grad and back["param"].device == base.device
     assert dumps(values, {}).device  # its group loads only under a lease (`HostAgent`)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CPU build of torch)")
+def test_a_cuda_tensor_larger_than_a_staging_piece_comes_back_whole(tmp_path: Path) -> None:
+    from fabric.snapshot.staging import PIECE
+
+    # three pieces and a ragged end, so each staging buffer is reused and the last is partial
+    size = 3 * PIECE + 4099
+    big = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
+    back = _round_trip(tmp_path, {"big": big[1:]})["big"]
+    assert back.device == big.device and torch.equal(back, big[1:])

@@ -25,6 +25,8 @@ from fabric.worker.messages import (
     Loaded,
     Notice,
     Output,
+    Park,
+    Parked,
     Refused,
     Rehome,
     Run,
@@ -34,6 +36,7 @@ from fabric.worker.messages import (
     Sleep,
     Sleeping,
     Started,
+    Unpark,
     decode,
 )
 
@@ -46,7 +49,7 @@ SAMPLES = [
     Run("x = 1", 3, "GPU-1", 2, reached=["x"]), Run("y", replay=True),
     Settle([("b" * 32, ["x"])], {}, None, ["g"], ["x"]), InputReply(value="42"),
     InputReply(error="no"), Complete("my_", 3), Inspect("x", 1, 1), Sleep(),
-    Sleep("/run/llfabric-x"), Rehome("/srv/llfabric/store"), Exit(),
+    Sleep("/run/llfabric-x"), Rehome("/srv/llfabric/store"), Park(), Unpark(), Exit(),
     CommIn("comm_msg", {"comm_id": "c", "data": {"method": "update"}}, [b"\x01"]),
     Answered({"status": "ok", "matches": ["my_var"]}),
     CommOut("comm_msg", {"comm_id": "c", "data": {"method": "update"}}, {}, [b"\x00"]),
@@ -55,6 +58,7 @@ SAMPLES = [
     Input("name? ", password=True), Done("ok", None, 2.0, 3.0, REPORT),
     Done("error", "KeyError", failed={"kind": "disk_full", "message": "full"}),
     Settled(diverged=["a"], dropped=["g"]), Sleeping(7), Refused("bad"),
+    Parked(1 << 33, 1 << 20, 0.4), Parked(left=5, fallback="a CUDA graph"), Parked(error="E: e"),
     Done("ok", payload=[{"source": "page", "data": {"text/plain": "zip"}, "start": 0}]),
 ]
 
