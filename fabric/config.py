@@ -68,6 +68,10 @@ class Config:
     # "single": every cell runs as the server's user (a laptop, CI); "separate": each user's
     # cells run as their OS user, their state in their own part of the store (`fabric.users`)
     users: str = "single"
+    # the environment variables workers get of the server's (`fabric.pool.environ`): NAME (its
+    # value), NAME=VALUE, * (all), separated by spaces or commas; empty: all with users =
+    # "single", none with "separate"
+    worker_env: str = ""
     # retention: each session keeps the state of its newest keep_versions versions, of one
     # version per clock hour for keep_hourly hours and one per day for keep_daily days, and of
     # every named one (`llfabric store tag`); a session may set its own (`store retain`)

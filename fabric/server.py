@@ -85,6 +85,7 @@ from .messages import (
 )
 from .metrics import Metrics
 from .pool import Leases, Pool, criu, cuda, migration
+from .pool.environ import worker_environ
 from .pool.lifecycle import Keeper, Life
 from .private import private_dir
 from .session import Session
@@ -121,7 +122,8 @@ class Server:
                          worker_source=config.worker_source, keep_warm=config.keep_warm,
                          cool_after=cool_after, zygote_memory=config.zygote_memory,
                          pressure_percent=config.memory_pressure,
-                         gpu=self.leases.kind == "gpu")
+                         gpu=self.leases.kind == "gpu",
+                         environ=worker_environ(config.worker_env, self.separate, os.environ))
         self.keeper = Keeper(self.pool)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()

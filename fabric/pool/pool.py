@@ -298,8 +298,11 @@ class WorkerHandle:
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
-                 zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False) -> None:
+                 zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False,
+                 environ: dict[str, str] | None = None) -> None:
         self.store_root = store_root
+        # what zygotes and workers start with (`environ`); None: the server's own
+        self.environ = dict(os.environ) if environ is None else environ
         self.max_zygotes = max_zygotes
         # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
         self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4
@@ -333,7 +336,7 @@ class Pool:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._base_proc = subprocess.Popen(
             [sys.executable, "-m", "fabric.worker.zygote", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=self.environ,
         )
         theirs.close()
         base = ZygoteHandle(self, mine, self._base_proc.pid, frozenset())
@@ -508,7 +511,7 @@ class Pool:
         try:
             pid = os.posix_spawn(
                 sys.executable, [sys.executable, "-m", "fabric.worker.cold", worker.endpoint,
-                                 str(self.store_root), *([site] if site else [])], os.environ,
+                                 str(self.store_root), *([site] if site else [])], self.environ,
                 setsid=True,
                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
             worker.process = pid
