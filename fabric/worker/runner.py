@@ -281,6 +281,10 @@ class Worker:
             # llfabric's setting, not the session's: never saved as a change it made
             self.base_environ.update(threads.environ(self.threads.count))
         self.shell.execution_count = message.execution_count
+        # IPython runs no cell without streams: one that set `sys.stdout = None` is followed by
+        # cells with the worker's again, as on a fresh worker
+        sys.stdout = self._streams[0] if sys.stdout is None else sys.stdout
+        sys.stderr = self._streams[1] if sys.stderr is None else sys.stderr
         introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
         self.channel.send(Started())

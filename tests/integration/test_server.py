@@ -274,6 +274,15 @@ def test_output_written_to_file_descriptors_reaches_the_cell(client: Client, ses
     assert outputs[-1]["output_type"] == "execute_result"  # everything printed came before it
 
 
+def test_a_lone_surrogate_prints_replaced(client: Client, session: str) -> None:
+    """Text UTF-8 cannot carry (a lone surrogate, as a file name decoded with
+    surrogateescape holds) is shown replaced, as a kernel's stream shows it."""
+    reply, outputs = execute(client, session, "print('a\\udcffb')\nraise ValueError('\\ud800')")
+    assert reply["status"] == "error"
+    assert text(outputs) == "a?b\nValueError: ?\n"
+    assert text(execute(client, session, "print('next')")[1]) == "next\n"
+
+
 def test_unpicklable_state_pins_the_session_to_its_worker(client: Client, session: str) -> None:
     execute(client, session, "data = [1, 2, 3]")
     reply, outputs = execute(client, session, "it = iter(data)\ngen = (x for x in data)\n"
