@@ -56,6 +56,10 @@ class Config:
     user_cells: int = 0  # cells one user may run (hold or wait for a lease) at once; 0: no limit
     # seconds a cell may run on after an interrupt before its worker is killed (its lease back)
     interrupt_grace: int = 5
+    # seconds a worker may spend pickling one group (its objects' own code, `__reduce__`, runs
+    # then) before the group is left unsaved, held by the worker as a value that cannot be; 0:
+    # no limit
+    save_limit: int = 60
     # seconds between heartbeats to each client (ZMTP pings, answered by its libzmq); a client
     # silent for heartbeat_timeout seconds, or gone, has left its running cell. 0: off
     heartbeat: int = 2

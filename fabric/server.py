@@ -123,7 +123,8 @@ class Server:
                          cool_after=cool_after, zygote_memory=config.zygote_memory,
                          pressure_percent=config.memory_pressure,
                          gpu=self.leases.kind == "gpu",
-                         environ=worker_environ(config.worker_env, self.separate, os.environ))
+                         environ=worker_environ(config.worker_env, self.separate, os.environ),
+                         save_limit=config.save_limit)
         self.keeper = Keeper(self.pool)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()

@@ -299,10 +299,11 @@ class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
                  zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, save_limit: float = 0.0) -> None:
         self.store_root = store_root
         # what zygotes and workers start with (`environ`); None: the server's own
         self.environ = dict(os.environ) if environ is None else environ
+        self.save_limit = save_limit  # seconds a worker may pickle one group; 0: no limit
         self.max_zygotes = max_zygotes
         # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
         self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4

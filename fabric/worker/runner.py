@@ -37,12 +37,12 @@ from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
 from ..closure.groups import group_variables
-from ..errors import FabricError, ProtocolError
+from ..errors import CellStopped, FabricError, ProtocolError
 from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import comms, env, introspect, lazy, threads, wake
+from . import comms, deadline, env, introspect, lazy, threads, wake
 from .account import become
 from .fdcapture import FdCapture
 from .messages import (
@@ -74,6 +74,8 @@ from .messages import (
     decode,
 )
 from .shell import OutStream, ZMQInteractiveShell
+
+DESCRIBE_LIMIT = 0.5  # seconds describing one value for the catalog may take (its repr)
 
 
 class _Channel:
@@ -297,13 +299,21 @@ class Worker:
                 stream.flush()
             lazy_seconds, unneeded = self.lazy.end()
         ran = time.monotonic()
-        self.channel.send(Saving())  # past this, an interrupt has nothing left to stop
+        self.channel.send(Saving())
         error = result.error_in_exec or result.error_before_exec
         saved = failed = None
+        # An interrupt now stops the save (user code runs in it: a value's `__reduce__`, its
+        # `__repr__`): what is not written yet stays unsaved, held by this worker.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            saved = None if message.replay else self.save(message.reached)
+            saved = None if message.replay else self.save(message.reached, message.save_limit)
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
             failed = exc.to_wire()
+        except KeyboardInterrupt:  # before its groups were written, or after
+            failed = CellStopped("the cell's save was interrupted: nothing the cell changed is "
+                                 "committed", reason="save").to_wire()
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         for stream in self._streams:
             stream.flush()
         return Done(status="error" if error is not None else "ok",
@@ -375,22 +385,28 @@ class Worker:
             self._notice("progress", f"{doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB")
         return report
 
-    def save(self, reached: list[str] | None) -> Report:
-        """Write the groups the cell may have changed (see `snapshot.delta`)."""
+    def save(self, reached: list[str] | None, limit: float = 0.0) -> Report:
+        """Write the groups the cell may have changed (see `snapshot.delta`), each pickled
+        within `limit` seconds (0: no limit)."""
         ns = self.shell.user_ns
         names = self.shell.user_variables()
-        imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
+        imports = {n: ns[n].__name__ for n in names if issubclass(type(ns[n]), types.ModuleType)}
         state = [n for n in names if n not in imports]
-        saved = self.saver.save(ns, state, reached, self._progress("saving"))
+        saved = self.saver.save(ns, state, reached, self._progress("saving"),
+                                lambda: deadline.limit(limit))
         self.owned.update(names)
         hooks = ambient.notebook_hooks()  # held like a value that cannot be saved
         unsaved = saved.unsaved | dict.fromkeys(hooks, "an import hook lives only in its process")
         changed = [n for _, group, _ in saved.groups for n in group] + [*unsaved, *imports]
+        try:
+            described = catalog.describe(ns, changed, lambda: deadline.limit(DESCRIBE_LIMIT))
+        except KeyboardInterrupt:  # the user stopped the save: these stay as last described
+            described = catalog.EMPTY
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self.store.put(pickle.dumps(self._capture_ambient())),
                      owned=sorted(self.owned), unsaved=unsaved, bounded=saved.bounded,
-                     hooks=hooks, described=catalog.describe(ns, changed), devices=saved.devices)
+                     hooks=hooks, described=described, devices=saved.devices)
 
     def _capture_ambient(self) -> dict[str, Any]:
         self.ambient = ambient.capture(self.ambient, self.base_environ)
