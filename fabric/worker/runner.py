@@ -37,7 +37,8 @@ from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
 from ..closure.groups import group_variables
-from ..errors import CellStopped, FabricError, ProtocolError
+from ..closure.plan import plan
+from ..errors import CellStopped, FabricError, LoadFailed, ProtocolError
 from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
@@ -128,6 +129,9 @@ class Worker:
         self.saver = DeltaSaver(store)
         self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
+        # names whose group could not be unpickled -> (why, traceback): never bound here; a
+        # cell that reads them fails as the load would have, one that only deletes them runs
+        self.unloadable: dict[str, tuple[str, str]] = {}
         self.became = False  # runs as its session's user (`become`)
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
         self.base_environ = dict(os.environ)
@@ -239,7 +243,12 @@ class Worker:
             objects = self.store.get_objects([blob for blob, _ in message.groups],
                                              self._progress("loading"))
             for (blob, names), encoded in zip(message.groups, objects, strict=True):
-                values = codec.loads(encoded, ns)
+                try:
+                    values = codec.loads(encoded, ns)
+                except Exception as exc:  # a class gone, a __setstate__ that fails: see `run`
+                    why = (f"{type(exc).__name__}: {exc}", traceback.format_exc())
+                    self.unloadable.update(dict.fromkeys(names, why))
+                    continue
                 for name in names:
                     ns[name] = values[name]
                 self._loaded(names, blob, encoded.nbytes)
@@ -283,6 +292,19 @@ class Worker:
             # llfabric's setting, not the session's: never saved as a change it made
             self.base_environ.update(threads.environ(self.threads.count))
         self.shell.execution_count = message.execution_count
+        ns = self.shell.user_ns
+        unloadable = {n: why for n, why in self.unloadable.items() if n not in ns}
+        analysis = plan(message.source).analysis
+        bounded = analysis.parsed and not analysis.dynamic
+        deleting = analysis.only_deleted if bounded else frozenset()
+        if needed := sorted((analysis.reads if bounded else set(unloadable)) & set(unloadable)
+                            - deleting):
+            why, trace = unloadable[needed[0]]
+            return Done(status="error", ename=LoadFailed.__name__, failed=LoadFailed(
+                f"could not load the session's state: {why}", traceback=trace).to_wire())
+        stand_ins = {n: object() for n in deleting & set(unloadable)}  # for `del` to remove
+        ns.update(stand_ins)
+        self.owned.update(stand_ins)  # gone after the cell: deleted from the session
         # IPython runs no cell without streams: one that set `sys.stdout = None` is followed by
         # cells with the worker's again, as on a fresh worker
         sys.stdout = self._streams[0] if sys.stdout is None else sys.stdout
@@ -298,6 +320,12 @@ class Worker:
             for stream in self._streams:
                 stream.flush()
             lazy_seconds, unneeded = self.lazy.end()
+            for name, stand_in in stand_ins.items():
+                if ns.get(name) is stand_in:  # not deleted after all: still as committed
+                    del ns[name]
+                    self.owned.discard(name)
+            self.unloadable = {n: why for n, why in self.unloadable.items()
+                               if n not in ns and (n not in stand_ins or n not in self.owned)}
         ran = time.monotonic()
         self.channel.send(Saving())
         error = result.error_in_exec or result.error_before_exec
