@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -33,7 +34,8 @@ def limit(seconds: float) -> Iterator[None]:
             raise Overdue
 
     before = signal.signal(signal.SIGALRM, overdue)
-    signal.setitimer(signal.ITIMER_REAL, seconds, seconds)
+    start = time.monotonic()
+    delay, interval = signal.setitimer(signal.ITIMER_REAL, seconds, seconds)
     try:
         yield
     except Overdue:
@@ -42,3 +44,6 @@ def limit(seconds: float) -> Iterator[None]:
         armed[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+        if delay:  # the session's own alarm (`signal.alarm` in a cell) goes on
+            signal.setitimer(signal.ITIMER_REAL,
+                             max(delay - (time.monotonic() - start), 1e-6), interval)

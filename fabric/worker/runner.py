@@ -327,13 +327,13 @@ class Worker:
             self.unloadable = {n: why for n, why in self.unloadable.items()
                                if n not in ns and (n not in stand_ins or n not in self.owned)}
         ran = time.monotonic()
-        self.channel.send(Saving())
-        error = result.error_in_exec or result.error_before_exec
-        saved = failed = None
         # An interrupt now stops the save (user code runs in it: a value's `__reduce__`, its
         # `__repr__`): what is not written yet stays unsaved, held by this worker.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        error = result.error_in_exec or result.error_before_exec
+        saved = failed = None
         try:
+            self.channel.send(Saving())
             saved = None if message.replay else self.save(message.reached, message.save_limit)
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
             failed = exc.to_wire()
