@@ -96,11 +96,15 @@ def _fact(value: object, name: str) -> object:
             continue
         if not hasattr(type(found), "__get__"):
             break  # a plain value: the instance's own, if it has one, comes first
-        if isinstance(found, _C_DESCRIPTORS) or \
-                str(_DICT(cls).get("__module__", "")).partition(".")[0] in _KNOWN:
+        if isinstance(found, _C_DESCRIPTORS) or _known(cls):
             return found.__get__(value, type(value))
         return None
     return _own_dict(value).get(name, None if found is _MISSING else found)
+
+
+def _known(cls: type) -> bool:
+    """Whether `cls` is a known library's, whose attribute code runs in a bounded time."""
+    return str(_DICT(cls).get("__module__", "")).partition(".")[0] in _KNOWN
 
 
 def describe_one(value: object, classes: dict[str, Entry],
@@ -111,7 +115,7 @@ def describe_one(value: object, classes: dict[str, Entry],
     kind = type(value)
     entry: Entry = {"type": kind.__name__, "module": getattr(kind, "__module__", "") or "",
                     "kind": _kind(value)}
-    attrs = _attrs(value)
+    attrs = _attrs(value, limit)
     if entry["kind"] == "instance":
         key = f"{entry['module']}.{kind.__qualname__}"
         if key not in classes:
@@ -145,12 +149,17 @@ def describe_one(value: object, classes: dict[str, Entry],
     return entry
 
 
-def _attrs(value: object) -> list[str]:
-    """What `dir(value)` lists, read from the dicts (its `__dir__` is never run), public names
-    first, bounded."""
+def _attrs(value: object,
+           limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> list[str]:
+    """What `dir(value)` lists, public names first, bounded: read from the dicts, unless a
+    known library's `__dir__` adds more (a DataFrame's columns), which runs within `limit()`."""
     names = set(_own_dict(value))
     for cls in _classes(value):
         names.update(_DICT(cls))
+    owner = next((c for c in _MRO(type(value)) if "__dir__" in _DICT(c)), object)
+    if _known(owner) and not issubclass(type(value), type):
+        with contextlib.suppress(Exception), limit():
+            names.update(dir(value))
     attrs = sorted(str(a) for a in names)
     return ([a for a in attrs if not a.startswith("_")]
             + [a for a in attrs if a.startswith("_")])[:MAX_ATTRS]

@@ -156,14 +156,17 @@ class Endless:
 
 
 def test_attributes_are_read_from_the_dicts_and_no_users_property_runs() -> None:
+    import pandas as pd
     import torch
 
     value = Endless()
     value.size = 3
-    ns = {"e": value, "a": np.zeros((2, 3), np.int8), "t": torch.ones(4)}
+    ns = {"e": value, "a": np.zeros((2, 3), np.int8), "t": torch.ones(4),
+          "df": pd.DataFrame({"alpha": [1]})}
     found = catalog.describe(ns, list(ns))
     entry = catalog._entry(found, "e")
     assert {"size", "dtype", "shape"} <= set(entry["attrs"]) and "shape" not in entry
     assert Endless.reads == 0
     assert (found["names"]["a"]["shape"], found["names"]["a"]["dtype"]) == ([2, 3], "int8")
     assert (found["names"]["t"]["shape"], found["names"]["t"]["dtype"]) == ([4], "torch.float32")
+    assert "alpha" in catalog._entry(found, "df")["attrs"]  # a known library's `__dir__` runs
