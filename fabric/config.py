@@ -60,6 +60,10 @@ class Config:
     user_pids: int = 0  # processes all of one user's workers may hold at once; 0: no limit
     # seconds a cell may run on after an interrupt before its worker is killed (its lease back)
     interrupt_grace: int = 5
+    # seconds a worker may spend pickling one group (its objects' own code, `__reduce__`, runs
+    # then) before the group is left unsaved, held by the worker as a value that cannot be; 0:
+    # no limit
+    save_limit: int = 60
     # seconds between heartbeats to each client (ZMTP pings, answered by its libzmq); a client
     # silent for heartbeat_timeout seconds, or gone, has left its running cell. 0: off
     heartbeat: int = 2
@@ -72,6 +76,10 @@ class Config:
     # "single": every cell runs as the server's user (a laptop, CI); "separate": each user's
     # cells run as their OS user, their state in their own part of the store (`fabric.users`)
     users: str = "single"
+    # the environment variables workers get of the server's (`fabric.pool.environ`): NAME (its
+    # value), NAME=VALUE, * (all), separated by spaces or commas; empty: all with users =
+    # "single", none with "separate"
+    worker_env: str = ""
     # retention: each session keeps the state of its newest keep_versions versions, of one
     # version per clock hour for keep_hourly hours and one per day for keep_daily days, and of
     # every named one (`llfabric store tag`); a session may set its own (`store retain`)

@@ -19,7 +19,11 @@ WIRE_LIMIT = 1 << 30
 
 
 def pack(message: dict) -> bytes:
-    return msgpack.packb(message, use_bin_type=True)
+    try:
+        return msgpack.packb(message, use_bin_type=True)
+    except UnicodeEncodeError:  # a lone surrogate (a cell printed one): sent replaced, as a
+        # kernel's streams show it, since UTF-8 cannot carry it
+        return msgpack.packb(message, use_bin_type=True, unicode_errors="replace")
 
 
 def unpack(frame: bytes, max_size: int = MAX_FRAME) -> dict:

@@ -85,6 +85,7 @@ from .messages import (
 )
 from .metrics import Metrics
 from .pool import Leases, Pool, criu, cuda, migration
+from .pool.environ import worker_environ
 from .pool.lifecycle import Keeper, Life
 from .private import private_dir
 from .session import Session
@@ -122,7 +123,9 @@ class Server:
                          cool_after=cool_after, zygote_memory=config.zygote_memory,
                          pressure_percent=config.memory_pressure,
                          gpu=self.leases.kind == "gpu", worker_memory=config.worker_memory,
-                         user_pids=config.user_pids)
+                         user_pids=config.user_pids,
+                         environ=worker_environ(config.worker_env, self.separate, os.environ),
+                         save_limit=config.save_limit)
         self.keeper = Keeper(self.pool)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()

@@ -69,6 +69,8 @@ class CellAnalysis:
     forced_by: str = ""  # what made it dynamic, as the user wrote it (`globals()`, `import *`)
     unpickles: bool = False  # it loads pickled data, which may name any class of the session
     maybe: frozenset[str] = frozenset()  # reads made only in a branch it may not take
+    # reads made only by `del`: the cell needs the name bound, not its value
+    only_deleted: frozenset[str] = frozenset()
 
 
 _transformer = TransformerManager()
@@ -212,12 +214,14 @@ class _Visitor(ast.NodeVisitor):
     def result(self, source: str, parsed: bool) -> CellAnalysis:
         reads = set(self.reads)
         reads.update(n for s, n, bound in self.loads if n not in bound and s.is_global(n))
-        reads.update(n for s, n, bound in self.dels if n not in bound and s.binds_global(n))
+        only_deleted = {n for s, n, bound in self.dels
+                        if n not in bound and s.binds_global(n)} - reads
+        reads |= only_deleted
         deletes = {n for s, n, _ in self.dels if s.binds_global(n)}
         writes = {n for s, n in self.binds if s.binds_global(n)}
         return CellAnalysis(source, frozenset(reads), frozenset(writes), frozenset(deletes),
                             frozenset(self.imports), bool(self.forced_by), parsed, self.forced_by,
-                            self.unpickles)
+                            self.unpickles, only_deleted=frozenset(only_deleted))
 
     # scopes
     def _enter(self, kind: str, body: Iterable[ast.AST]) -> None:

@@ -457,7 +457,8 @@ class HostAgent:
             reached = cell.plan.reached
             await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
                                   lease.threads,
-                                  reached=None if reached is None else sorted(reached)))
+                                  reached=None if reached is None else sorted(reached),
+                                  save_limit=float(self.pool.save_limit)))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)

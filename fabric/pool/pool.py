@@ -318,9 +318,13 @@ class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
                  zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False,
-                 worker_memory: int = 0, user_pids: int = 0) -> None:
+                 worker_memory: int = 0, user_pids: int = 0,
+                 environ: dict[str, str] | None = None, save_limit: float = 0.0) -> None:
         self.store_root = store_root
         self.containment = Containment(worker_memory, user_pids)
+        # what zygotes and workers start with (`environ`); None: the server's own
+        self.environ = dict(os.environ) if environ is None else environ
+        self.save_limit = save_limit  # seconds a worker may pickle one group; 0: no limit
         self.max_zygotes = max_zygotes
         # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
         self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4
@@ -354,7 +358,7 @@ class Pool:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._base_proc = subprocess.Popen(
             [sys.executable, "-m", "fabric.worker.zygote", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=self.environ,
         )
         theirs.close()
         base = ZygoteHandle(self, mine, self._base_proc.pid, frozenset())
@@ -530,7 +534,7 @@ class Pool:
         try:
             pid = os.posix_spawn(
                 sys.executable, [sys.executable, "-m", "fabric.worker.cold", worker.endpoint,
-                                 str(self.store_root), *([site] if site else [])], os.environ,
+                                 str(self.store_root), *([site] if site else [])], self.environ,
                 setsid=True,
                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
             worker.process = pid

@@ -3,7 +3,9 @@ client, its interrupt escalated to a kill when the cell swallows it.
 
 An interrupt is a KeyboardInterrupt in the cell; if the cell's code still runs `grace` seconds
 later, its worker is killed so that its lease comes back. Once the worker says it is saving,
-the cell's code is over and an interrupt has nothing left to stop: the save is never killed.
+the interrupt stops the save instead (user code runs in it: a value's `__reduce__` or
+`__repr__`), leaving what is not written yet in the worker; a save still going `grace` seconds
+later is killed likewise, and the cell commits nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 STOPS = {  # why the server stopped a running cell, as the user is told
     "interrupt": "the cell did not stop within {grace:g} s of its interrupt",
+    "save": "the cell's save did not stop within {grace:g} s of its interrupt",
     "close": "the session was closed while the cell ran",
     "client": "the client that ran the cell stopped answering",
     "detached": "the client that ran the cell went away and no other followed it in time",
@@ -52,8 +55,9 @@ class Running:
                 self.events.notice(message.topic, message.text)
             elif isinstance(message, Started):
                 self.started, self.began = time.monotonic(), True
-            elif isinstance(message, Saving):
+            elif isinstance(message, Saving):  # an interrupt before this stopped the code
                 self.saving = True
+                self.end()
             elif isinstance(message, Input):
                 answer = await self._ask(message)
                 if answer is not None:  # None: interrupted; the worker stopped waiting
@@ -97,8 +101,7 @@ class Running:
 
     def _escalate(self) -> None:
         self._escalation = None
-        if not self.saving:  # the interrupt worked: the cell's code is over, its state saves
-            self.stop("interrupt")
+        self.stop("save" if self.saving else "interrupt")
 
     def stop(self, reason: str) -> None:
         """Kill the worker now (`reason`, a key of STOPS)."""
@@ -107,7 +110,8 @@ class Running:
             self.worker.kill()
 
     def end(self) -> None:
-        """The cell is over (committed, or failed): no interrupt escalates any more."""
+        """The cell's code is over (an interrupt's kill now waits for another interrupt, of
+        its save), or the cell is (committed, or failed): no interrupt escalates any more."""
         if self._escalation is not None:
             self._escalation.cancel()
             self._escalation = None

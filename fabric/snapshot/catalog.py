@@ -19,6 +19,8 @@ import keyword
 import re
 import reprlib
 import types
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import msgpack
@@ -46,23 +48,74 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _kind(value: object) -> str:
-    """The kind Jupyter's completion metadata gives a name."""
-    if isinstance(value, types.ModuleType):
+    """The kind Jupyter's completion metadata gives a name (told by its type: an instance's
+    `__class__` is never read)."""
+    if issubclass(type(value), types.ModuleType):
         return "module"
-    if isinstance(value, type):
+    if issubclass(type(value), type):
         return "class"
     if callable(value):
         return "function"
     return "instance"
 
 
-def describe_one(value: object, classes: dict[str, Entry]) -> Entry:
+# Reading a value's attributes runs no code of the user's (a `shape` property with side effects,
+# a `__dir__` or `__getattr__` that never returns): they are read from the dicts of its class's
+# MRO and its own, found without the class's metaclass, and run only where the code is C (a
+# getset or member descriptor, as numpy's and torch's `shape` are) or a known library's.
+_MRO = type.__dict__["__mro__"].__get__
+_DICT = type.__dict__["__dict__"].__get__
+_C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
+_KNOWN = frozenset({"numpy", "pandas", "torch", "jax", "jaxlib", "xarray", "polars", "scipy",
+                    "cupy", "tensorflow"})
+_MISSING = object()
+
+
+def _classes(value: object) -> tuple[type, ...]:
+    """The classes whose dicts hold `value`'s attributes: its own MRO if it is a class."""
+    return _MRO(value) if issubclass(type(value), type) else _MRO(type(value))
+
+
+def _own_dict(value: object) -> dict:
+    """`value.__dict__` where a C descriptor holds it, else {} (a property is never run)."""
+    for cls in _MRO(type(value)):
+        found = _DICT(cls).get("__dict__", _MISSING)
+        if found is not _MISSING:
+            if isinstance(found, _C_DESCRIPTORS):
+                own = found.__get__(value, type(value))
+                return own if isinstance(own, dict) else {}
+            return {}
+    return {}
+
+
+def _fact(value: object, name: str) -> object:
+    """`value.name` where reading it runs no code of the user's; None where it would."""
+    for cls in _MRO(type(value)):
+        found = _DICT(cls).get(name, _MISSING)
+        if found is _MISSING:
+            continue
+        if not hasattr(type(found), "__get__"):
+            break  # a plain value: the instance's own, if it has one, comes first
+        if isinstance(found, _C_DESCRIPTORS) or _known(cls):
+            return found.__get__(value, type(value))
+        return None
+    return _own_dict(value).get(name, None if found is _MISSING else found)
+
+
+def _known(cls: type) -> bool:
+    """Whether `cls` is a known library's, whose attribute code runs in a bounded time."""
+    return str(_DICT(cls).get("__module__", "")).partition(".")[0] in _KNOWN
+
+
+def describe_one(value: object, classes: dict[str, Entry],
+                 limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> Entry:
     """One value's entry. An instance's class (its attributes, methods and docstring) is
-    described once in `classes`, for all its instances; the entry keeps what is its own."""
+    described once in `classes`, for all its instances; the entry keeps what is its own. Its
+    signature and repr, which run its code, are read within `limit()`, else left out."""
     kind = type(value)
     entry: Entry = {"type": kind.__name__, "module": getattr(kind, "__module__", "") or "",
                     "kind": _kind(value)}
-    attrs = _attrs(value)
+    attrs = _attrs(value, limit)
     if entry["kind"] == "instance":
         key = f"{entry['module']}.{kind.__qualname__}"
         if key not in classes:
@@ -78,25 +131,36 @@ def describe_one(value: object, classes: dict[str, Entry]) -> Entry:
         if doc := pyinspect.getdoc(value):
             entry["doc"] = _clip(doc, MAX_DOC)
     if callable(value):
-        entry.update(_signature(value, bound=False))
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if isinstance(shape, tuple) and dtype is not None and not isinstance(value, type):
+        with contextlib.suppress(Exception), limit():  # TimeoutError past it
+            entry.update(_signature(value, bound=False))
+    shape = dtype = None
+    if entry["kind"] == "instance":
+        shape, dtype = _fact(value, "shape"), _fact(value, "dtype")
+    if isinstance(shape, tuple) and dtype is not None:
         entry["shape"] = [int(n) for n in shape if isinstance(n, int)]
         entry["dtype"] = str(dtype)
     elif entry["kind"] == "instance":  # arrays are told by shape and dtype, never printed here
-        with contextlib.suppress(Exception):  # user code: a failing repr leaves it out
+        with contextlib.suppress(Exception), limit():  # a failing or endless repr: left out
             entry["repr"] = _short.repr(value)
-    if isinstance(value, (list, tuple, set, frozenset, dict, str, bytes)):
-        entry["len"] = len(value)
+    for sized in (list, tuple, set, frozenset, dict, str, bytes):
+        if issubclass(kind, sized):  # the built-in length, never a subclass's `__len__`
+            entry["len"] = sized.__len__(value)
+            break
     return entry
 
 
-def _attrs(value: object) -> list[str]:
-    """`dir(value)`, public names first, bounded; [] if its `__dir__` fails."""
-    try:
-        attrs = sorted(str(a) for a in dir(value))
-    except Exception:  # user code: whatever it raises only leaves the attributes out
-        return []
+def _attrs(value: object,
+           limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> list[str]:
+    """What `dir(value)` lists, public names first, bounded: read from the dicts, unless a
+    known library's `__dir__` adds more (a DataFrame's columns), which runs within `limit()`."""
+    names = set(_own_dict(value))
+    for cls in _classes(value):
+        names.update(_DICT(cls))
+    owner = next((c for c in _MRO(type(value)) if "__dir__" in _DICT(c)), object)
+    if _known(owner) and not issubclass(type(value), type):
+        with contextlib.suppress(Exception), limit():
+            names.update(dir(value))
+    attrs = sorted(str(a) for a in names)
     return ([a for a in attrs if not a.startswith("_")]
             + [a for a in attrs if a.startswith("_")])[:MAX_ATTRS]
 
@@ -136,18 +200,20 @@ def _members(owner: object, instances: bool) -> dict[str, Entry]:
     return members
 
 
-def describe(namespace: dict[str, Any], names: list[str]) -> Catalog:
-    """The catalog of `names` in `namespace` (the first MAX_NAMES of them); a value whose own
-    code fails as it is read (a property of its class, say) is described by its type alone."""
+def describe(namespace: dict[str, Any], names: list[str],
+             limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> Catalog:
+    """The catalog of `names` in `namespace` (the first MAX_NAMES of them); what runs a value's
+    code (its repr, its signature) runs within `limit()` (see `describe_one`), and a value that
+    fails as it is read is described by its type alone."""
     entries, classes = {}, {}
     for name in sorted(set(names))[:MAX_NAMES]:
         if name not in namespace:
             continue
         value = namespace[name]
         try:
-            entries[name] = describe_one(value, classes)
+            entries[name] = describe_one(value, classes, limit)
         except Exception:
-            entries[name] = {"type": type(value).__name__, "kind": "instance", "attrs": []}
+            entries[name] = {"type": type(value).__name__, "kind": _kind(value), "attrs": []}
     return {"names": entries, "classes": classes}
 
 

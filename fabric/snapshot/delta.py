@@ -14,7 +14,9 @@ A worker remembers, for each group it loaded or saved, the object that holds it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from ..closure.groups import group_variables
@@ -38,6 +40,9 @@ class DeltaSaver:
         self.store = store
         self.objects: dict[frozenset[str], tuple[str, int]] = {}  # group -> (object, bytes)
         self.refs: dict[str, set[str]] = {}  # names grouped here -> globals their code reads
+        # name -> (value, why): a value whose pickling ran past its limit or was interrupted,
+        # not tried again while the name holds it (each later cell would wait as long)
+        self.stuck: dict[str, tuple[object, str]] = {}
 
     def loaded(self, names: Iterable[str], blob: str, nbytes: int) -> None:
         self.objects[frozenset(names)] = (blob, nbytes)
@@ -52,11 +57,15 @@ class DeltaSaver:
         return out
 
     def save(self, ns: dict, state: list[str], reached: Iterable[str] | None,
-             progress: Progress | None = None) -> Saved:
+             progress: Progress | None = None,
+             limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> Saved:
         """Save `state` (names in `ns`) after a cell that reached `reached` (None: anything),
-        as its plan says (`closure.plan`)."""
+        as its plan says (`closure.plan`). Each group is pickled within `limit()` (its objects'
+        own code runs then), else left unsaved; a KeyboardInterrupt (the user stopped the save)
+        leaves what is not written yet unsaved: the worker holds it."""
         present = set(state)
         touched = present if reached is None else set(reached)
+        self.stuck = {n: held for n, held in self.stuck.items() if ns.get(n) is held[0]}
         while True:
             touched = self._closure(touched)
             kept = [key for key in self.objects if key <= present and touched.isdisjoint(key)
@@ -77,10 +86,17 @@ class DeltaSaver:
         writes = Writes(self.store)
         try:
             for members in grouping.groups:
-                if not self._put(ns, members, saved, progress, writes) and len(members) > 1:
+                if not self._put(ns, members, saved, progress, writes, limit) and \
+                        len(members) > 1:
                     # Saved member by member instead, so that one generator costs only itself.
                     for name in members:
-                        self._put(ns, [name], saved, progress, writes)
+                        self._put(ns, [name], saved, progress, writes, limit)
+        except KeyboardInterrupt:
+            done = {n for _, names, _ in saved.groups for n in names}
+            for name in rest:
+                if name not in done:
+                    saved.unsaved.setdefault(name, "its save was interrupted")
+                    self.stuck[name] = (ns[name], saved.unsaved[name])
         finally:
             failed = writes.finish()
         self._unwritten(saved, failed)
@@ -106,18 +122,28 @@ class DeltaSaver:
                         or (key <= present and key.isdisjoint(regrouped))}
 
     def _put(self, ns: dict, names: list[str], saved: Saved, progress: Progress | None,
-             writes: Writes) -> bool:
+             writes: Writes, limit: Callable[[], AbstractContextManager]) -> bool:
         """Save `names` as one group; on failure record why, per name."""
         key = frozenset(names)
         known = self.objects.get(key)
+        stuck = {n: self.stuck[n][1] for n in names
+                 if n in self.stuck and self.stuck[n][0] is ns[n]}
+        if stuck:
+            saved.unsaved.update({n: stuck.get(n, f"it shares objects with {', '.join(stuck)}")
+                                  for n in names})
+            return False
         try:
-            encoded = codec.dumps({n: ns[n] for n in names}, ns)
+            with limit():
+                encoded = codec.dumps({n: ns[n] for n in names}, ns)
             blob = self.store.put_object(encoded, known and known[0], progress, writes)
         except Exception as exc:  # user objects may fail in any way; the server tells the user
             saved.unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
+            if isinstance(exc, TimeoutError) and len(names) == 1:
+                self.stuck[names[0]] = (ns[names[0]], saved.unsaved[names[0]])
             return False
         for name in names:
             saved.unsaved.pop(name, None)
+            self.stuck.pop(name, None)
         self.objects[key] = (blob, encoded.nbytes)
         saved.groups.append([blob, names, encoded.nbytes])
         if encoded.device:

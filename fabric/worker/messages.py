@@ -108,6 +108,7 @@ class Run(Message):
     threads: int = 0
     replay: bool = False
     reached: list[str] | None = None  # the names the cell reads or writes; None: any
+    save_limit: float = 0.0  # seconds one group's pickling may take; 0: no limit
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,8 @@ class Started(Message):
 
 @dataclass(frozen=True)
 class Saving(Message):
-    """The cell's code is over; its state saves (an interrupt has nothing left to stop)."""
+    """The cell's code is over; its state saves (an interrupt stops the save: what is not
+    written yet stays unsaved, held by the worker)."""
 
     op: ClassVar[str] = "saving"
 

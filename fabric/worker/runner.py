@@ -37,12 +37,13 @@ from IPython.core.error import StdinNotImplementedError
 
 from .. import protocol
 from ..closure.groups import group_variables
-from ..errors import FabricError, ProtocolError
+from ..closure.plan import plan
+from ..errors import CellStopped, FabricError, LoadFailed, ProtocolError
 from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import comms, env, forked, introspect, lazy, parking, threads, wake
+from . import comms, deadline, env, forked, introspect, lazy, parking, threads, wake
 from .account import become
 from .fdcapture import FdCapture
 from .messages import (
@@ -77,6 +78,8 @@ from .messages import (
     decode,
 )
 from .shell import OutStream, ZMQInteractiveShell
+
+DESCRIBE_LIMIT = 0.5  # seconds describing one value for the catalog may take (its repr)
 
 
 class _Channel:
@@ -131,6 +134,9 @@ class Worker:
         self.saver = DeltaSaver(store)
         self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
+        # names whose group could not be unpickled -> (why, traceback): never bound here; a
+        # cell that reads them fails as the load would have, one that only deletes them runs
+        self.unloadable: dict[str, tuple[str, str]] = {}
         self.became = False  # runs as its session's user (`become`)
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
         self.base_environ = dict(os.environ)
@@ -256,7 +262,12 @@ class Worker:
             objects = self.store.get_objects([blob for blob, _ in message.groups],
                                              self._progress("loading"))
             for (blob, names), encoded in zip(message.groups, objects, strict=True):
-                values = codec.loads(encoded, ns)
+                try:
+                    values = codec.loads(encoded, ns)
+                except Exception as exc:  # a class gone, a __setstate__ that fails: see `run`
+                    why = (f"{type(exc).__name__}: {exc}", traceback.format_exc())
+                    self.unloadable.update(dict.fromkeys(names, why))
+                    continue
                 for name in names:
                     ns[name] = values[name]
                 self._loaded(names, blob, encoded.nbytes)
@@ -300,6 +311,23 @@ class Worker:
             # llfabric's setting, not the session's: never saved as a change it made
             self.base_environ.update(threads.environ(self.threads.count))
         self.shell.execution_count = message.execution_count
+        ns = self.shell.user_ns
+        unloadable = {n: why for n, why in self.unloadable.items() if n not in ns}
+        analysis = plan(message.source).analysis
+        bounded = analysis.parsed and not analysis.dynamic
+        deleting = analysis.only_deleted if bounded else frozenset()
+        if needed := sorted((analysis.reads if bounded else set(unloadable)) & set(unloadable)
+                            - deleting):
+            why, trace = unloadable[needed[0]]
+            return Done(status="error", ename=LoadFailed.__name__, failed=LoadFailed(
+                f"could not load the session's state: {why}", traceback=trace).to_wire())
+        stand_ins = {n: object() for n in deleting & set(unloadable)}  # for `del` to remove
+        ns.update(stand_ins)
+        self.owned.update(stand_ins)  # gone after the cell: deleted from the session
+        # IPython runs no cell without streams: one that set `sys.stdout = None` is followed by
+        # cells with the worker's again, as on a fresh worker
+        sys.stdout = self._streams[0] if sys.stdout is None else sys.stdout
+        sys.stderr = self._streams[1] if sys.stderr is None else sys.stderr
         introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
         self.channel.send(Started())
@@ -313,14 +341,28 @@ class Worker:
             for stream in self._streams:
                 stream.flush()
             lazy_seconds, unneeded = self.lazy.end()
+            for name, stand_in in stand_ins.items():
+                if ns.get(name) is stand_in:  # not deleted after all: still as committed
+                    del ns[name]
+                    self.owned.discard(name)
+            self.unloadable = {n: why for n, why in self.unloadable.items()
+                               if n not in ns and (n not in stand_ins or n not in self.owned)}
         ran = time.monotonic()
-        self.channel.send(Saving())  # past this, an interrupt has nothing left to stop
+        # An interrupt now stops the save (user code runs in it: a value's `__reduce__`, its
+        # `__repr__`): what is not written yet stays unsaved, held by this worker.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         error = result.error_in_exec or result.error_before_exec
         saved = failed = None
         try:
-            saved = None if message.replay else self.save(message.reached)
+            self.channel.send(Saving())
+            saved = None if message.replay else self.save(message.reached, message.save_limit)
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
             failed = exc.to_wire()
+        except KeyboardInterrupt:  # before its groups were written, or after
+            failed = CellStopped("the cell's save was interrupted: nothing the cell changed is "
+                                 "committed", reason="save").to_wire()
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         for stream in self._streams:
             stream.flush()
         return Done(status="error" if error is not None else "ok",
@@ -392,22 +434,28 @@ class Worker:
             self._notice("progress", f"{doing} {done / 1e6:.0f} of {total / 1e6:.0f} MB")
         return report
 
-    def save(self, reached: list[str] | None) -> Report:
-        """Write the groups the cell may have changed (see `snapshot.delta`)."""
+    def save(self, reached: list[str] | None, limit: float = 0.0) -> Report:
+        """Write the groups the cell may have changed (see `snapshot.delta`), each pickled
+        within `limit` seconds (0: no limit)."""
         ns = self.shell.user_ns
         names = self.shell.user_variables()
-        imports = {n: ns[n].__name__ for n in names if isinstance(ns[n], types.ModuleType)}
+        imports = {n: ns[n].__name__ for n in names if issubclass(type(ns[n]), types.ModuleType)}
         state = [n for n in names if n not in imports]
-        saved = self.saver.save(ns, state, reached, self._progress("saving"))
+        saved = self.saver.save(ns, state, reached, self._progress("saving"),
+                                lambda: deadline.limit(limit))
         self.owned.update(names)
         hooks = ambient.notebook_hooks()  # held like a value that cannot be saved
         unsaved = saved.unsaved | dict.fromkeys(hooks, "an import hook lives only in its process")
         changed = [n for _, group, _ in saved.groups for n in group] + [*unsaved, *imports]
+        try:
+            described = catalog.describe(ns, changed, lambda: deadline.limit(DESCRIBE_LIMIT))
+        except KeyboardInterrupt:  # the user stopped the save: these stay as last described
+            described = catalog.EMPTY
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self.store.put(pickle.dumps(self._capture_ambient())),
                      owned=sorted(self.owned), unsaved=unsaved, bounded=saved.bounded,
-                     hooks=hooks, described=catalog.describe(ns, changed), devices=saved.devices)
+                     hooks=hooks, described=described, devices=saved.devices)
 
     def _capture_ambient(self) -> dict[str, Any]:
         self.ambient = ambient.capture(self.ambient, self.base_environ)

@@ -56,6 +56,13 @@ def test_del_reads_the_name() -> None:
     assert "victim" in analyze("del victim\n").reads
 
 
+def test_a_name_only_deleted_needs_no_value() -> None:
+    assert analyze("del a, b\nprint(c)").only_deleted == {"a", "b"}
+    assert analyze("print(a)\ndel a").only_deleted == frozenset()  # its value is read too
+    assert analyze("def f():\n    global a\n    del a\n").only_deleted == {"a"}
+    assert analyze("a = 1\ndel a").only_deleted == frozenset()  # the cell's own value
+
+
 def test_global_statement_is_read_and_written() -> None:
     cell = analyze("def bump():\n    global counter\n    counter = counter + 1\n")
     assert "counter" in cell.reads

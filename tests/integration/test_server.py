@@ -274,6 +274,33 @@ def test_output_written_to_file_descriptors_reaches_the_cell(client: Client, ses
     assert outputs[-1]["output_type"] == "execute_result"  # everything printed came before it
 
 
+def test_a_lone_surrogate_prints_replaced(client: Client, session: str) -> None:
+    """Text UTF-8 cannot carry (a lone surrogate, as a file name decoded with
+    surrogateescape holds) is shown replaced, as a kernel's stream shows it."""
+    reply, outputs = execute(client, session, "print('a\\udcffb')\nraise ValueError('\\ud800')")
+    assert reply["status"] == "error"
+    assert text(outputs) == "a?b\nValueError: ?\n"
+    assert text(execute(client, session, "print('next')")[1]) == "next\n"
+
+
+def test_a_value_that_cannot_be_loaded_can_still_be_deleted(client: Client,
+                                                            session: str) -> None:
+    """Every cell runs on a fresh worker here: `bad` is unpickled before each cell that needs
+    it, and fails; a cell that only deletes it needs no value, so it runs and `bad` is gone."""
+    execute(client, session, "def fail():\n    raise RuntimeError('cannot load')\n"
+                             "class Bad:\n    def __reduce__(self):\n        return fail, ()\n"
+                             "bad = Bad()\nkept = 1")
+    with pytest.raises(RemoteError) as failed:
+        execute(client, session, "print(bad)")
+    assert failed.value.kind == "load" and "RuntimeError: cannot load" in failed.value.message
+    execute(client, session, "if kept > 5:\n    del bad")  # not taken: `bad` stays as it was
+    with pytest.raises(RemoteError):
+        execute(client, session, "print(bad)")
+    reply, _ = execute(client, session, "del bad")
+    assert reply["status"] == "ok"
+    assert text(execute(client, session, "print(kept, 'bad' in dir())")[1]) == "1 False\n"
+
+
 def test_unpicklable_state_pins_the_session_to_its_worker(client: Client, session: str) -> None:
     execute(client, session, "data = [1, 2, 3]")
     reply, outputs = execute(client, session, "it = iter(data)\ngen = (x for x in data)\n"

@@ -26,6 +26,7 @@ from fabric import users
 from fabric.auth import Keys, write_client_key
 from fabric.client import Client
 from fabric.errors import RemoteError
+from fabric.worker import threads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +83,9 @@ def _require_readable_python(user: pwd.struct_passwd) -> None:
                     "shared host installs llfabric where every user can read it")
 
 
+SERVER_ONLY = {"AWS_SECRET_ACCESS_KEY": "server-secret", "TEAM": "ops"}  # the operator's own
+
+
 @pytest.fixture(scope="module")
 def server(two_users) -> Iterator[RunningServer]:
     """A server for several users; its socket in a folder the admin lets local users reach."""
@@ -89,7 +93,9 @@ def server(two_users) -> Iterator[RunningServer]:
     store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
     try:
         shared.chmod(0o755)
-        with serving(store, bind=f"ipc://{shared}/s.sock", users="separate") as running:
+        with serving(store, {**os.environ, **SERVER_ONLY, "SITE_PROXY": "http://proxy:3128"},
+                     bind=f"ipc://{shared}/s.sock", users="separate",
+                     worker_env="SITE_PROXY TEAM=ml") as running:
             (shared / "s.sock").chmod(0o666)
             yield running
     finally:
@@ -201,6 +207,20 @@ def test_each_users_cells_run_as_them_and_reach_nothing_of_anothers(
     again = _as(alice, server.address, _cell(
         "analysis", "import os\nprint(secret, os.getpid(), open('notes.txt').read())"))
     assert again["text"].split() == ["only", "alice", pid, "only", "alice"]
+
+
+def test_a_users_cells_see_what_the_operator_lists_and_nothing_else_of_the_servers(
+        two_users, server: RunningServer) -> None:
+    alice = two_users[0]
+    seen = _as(alice, server.address, _cell(
+        "environ", "import json, os\nprint(json.dumps(dict(os.environ)))"))
+    assert seen["status"] == "ok", seen
+    environ = json.loads(seen["text"])
+    assert "AWS_SECRET_ACCESS_KEY" not in environ
+    assert (environ["SITE_PROXY"], environ["TEAM"]) == ("http://proxy:3128", "ml")  # listed
+    assert (environ["HOME"], environ["USER"]) == (alice.pw_dir, alice.pw_name)
+    ours = {"PATH", "LANG", "PYTHONPATH", "SITE_PROXY", *threads.environ(1), *SERVER_ONLY}
+    assert {k for k, v in os.environ.items() if environ.get(k) == v} - ours == set()
 
 
 def test_a_user_without_an_os_account_or_root_runs_nothing(server: RunningServer) -> None:

@@ -49,6 +49,24 @@ def test_the_next_cell_runs_on_the_same_worker_with_nothing_loaded(warm: Running
         assert reply["version"] == 2  # still committed after every cell
 
 
+def test_a_cell_that_drops_its_streams_leaves_the_worker_whole(warm: RunningServer,
+                                                               tmp_path: Path) -> None:
+    """`sys.stdout = None` silences the cell that sets it; the warm worker runs the next cells
+    with its streams, as a fresh worker would (IPython cannot run a cell without them)."""
+    with warm.client() as client:
+        session = open_session(client, tmp_path)
+        reply, outputs = execute(client, session, "import sys\nsys.stdout = sys.stderr = None\n"
+                                                  "print('unseen')\nkept = 1")
+        assert (reply["status"], text(outputs)) == ("ok", "")
+        worker = _status(client, session)["worker"]
+        reply, outputs = execute(client, session, "print(kept)\nprint(kept, file=sys.stderr)")
+        streams = {name: "".join(o["text"] for o in outputs if o.get("name") == name)
+                   for name in ("stdout", "stderr")}
+        assert (reply["status"], reply["path"]) == ("ok", "warm")
+        assert streams == {"stdout": "1\n", "stderr": "1\n"}
+        assert _status(client, session)["worker"] == worker
+
+
 def test_the_warm_worker_loads_what_it_lacks(warm: RunningServer, tmp_path: Path) -> None:
     with warm.client() as client:
         session = open_session(client, tmp_path)

@@ -129,3 +129,44 @@ def test_a_commit_merges_the_catalog_that_gc_keeps(tmp_path: Path) -> None:
     history.gc(store, grace=0)
     assert store.has(m2.catalog)
     assert history.cells(store, "s") == [(1, "x, y"), (2, "x")]
+
+
+class Endless:
+    """Every hook a describer might call never returns, and `shape` counts its reads."""
+
+    reads = 0
+    dtype = "float32"
+
+    def __dir__(self):
+        while True:
+            pass
+
+    def __getattr__(self, name):
+        while True:
+            pass
+
+    def __len__(self):
+        while True:
+            pass
+
+    @property
+    def shape(self):
+        Endless.reads += 1
+        return (1,)
+
+
+def test_attributes_are_read_from_the_dicts_and_no_users_property_runs() -> None:
+    import pandas as pd
+    import torch
+
+    value = Endless()
+    value.size = 3
+    ns = {"e": value, "a": np.zeros((2, 3), np.int8), "t": torch.ones(4),
+          "df": pd.DataFrame({"alpha": [1]})}
+    found = catalog.describe(ns, list(ns))
+    entry = catalog._entry(found, "e")
+    assert {"size", "dtype", "shape"} <= set(entry["attrs"]) and "shape" not in entry
+    assert Endless.reads == 0
+    assert (found["names"]["a"]["shape"], found["names"]["a"]["dtype"]) == ([2, 3], "int8")
+    assert (found["names"]["t"]["shape"], found["names"]["t"]["dtype"]) == ([4], "torch.float32")
+    assert "alpha" in catalog._entry(found, "df")["attrs"]  # a known library's `__dir__` runs
