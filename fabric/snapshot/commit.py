@@ -113,7 +113,7 @@ def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report)
     earlier: catalog.Catalog = {}
     if parent.catalog:
         try:
-            earlier = catalog.decode(store.get(parent.catalog))
+            earlier = catalog.decode(store.get(parent.catalog, catalog.LIMIT))
         except StoreError as exc:
             log.warning("session %s: the catalog of version %d is not read: %s",
                         manifest.session, parent.version, exc.message)
