@@ -178,7 +178,7 @@ def _cli(store: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_store_log_lists_the_intact_versions_of_a_damaged_session(tmp_path: Path) -> None:
-    store, heads = _session(tmp_path)
+    _, heads = _session(tmp_path)
     _damage(tmp_path / "manifests" / heads[-1])
     shown = _cli(tmp_path, "log", "s")
     assert shown.returncode == 1
