@@ -32,7 +32,8 @@ def head_manifest(store: Store, session: str, head: str | None) -> Manifest:
         return Manifest.decode(store.get_manifest(head))
     except StoreError as exc:
         raise StoreError(f"session {session}'s head is damaged ({exc.message}): no cell "
-                         "can commit on it; `llfabric store verify` tells more",
+                         "can commit on it; `llfabric store verify --repair` brings it back "
+                         "to its newest intact version",
                          session=session, head=head) from exc
 
 

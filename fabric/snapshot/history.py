@@ -437,7 +437,7 @@ def _reused(path: Path, stat: os.stat_result) -> bool:
     """Whether a save touched the file since the pass read its time: a save that began after
     the pass did found it intact and names it (a value back to a released version's)."""
     try:
-        return path.stat().st_mtime != stat.st_mtime
+        return path.lstat().st_mtime != stat.st_mtime
     except FileNotFoundError:
         return False  # gone already: removing it again is harmless
 
@@ -567,7 +567,7 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
     stats = {}
     for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
         with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
-            stats[path] = path.stat()
+            stats[path] = path.lstat()  # a link a user put there: itself
 
     def touched(path: Path, stat: os.stat_result) -> bool:
         """Written or reused since it was released (or since `saving_since`, if earlier)."""

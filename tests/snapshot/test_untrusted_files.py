@@ -194,3 +194,13 @@ def test_an_overlong_session_name_is_a_clear_error(tmp_path: Path) -> None:
     assert shown.returncode == 1
     assert "Traceback" not in shown.stderr
     assert "invalid session name" in shown.stderr and "10000 characters" in shown.stderr
+
+
+def test_a_planted_blob_the_remote_tier_holds_is_read_from_there_and_replaced(
+        tmp_path: Path) -> None:
+    remote = f"file://{tmp_path / 'remote'}"
+    data = catalog.encode({"names": {"x": {"type": "int"}}, "classes": {}})
+    blob = Store(tmp_path / "store", remote=remote).put(data)
+    path = _planted(Store(tmp_path / "store"), blob, "a FIFO")
+    assert Store(tmp_path / "store", remote=remote).get(blob, catalog.LIMIT) == data
+    assert stat.S_ISREG(os.lstat(path).st_mode)
