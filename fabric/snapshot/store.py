@@ -533,9 +533,9 @@ class Store:
     def _head_path(self, session: str) -> Path:
         if not session or "/" in session or "\0" in session or session.startswith(".") or \
                 len(session.encode(errors="surrogateescape")) > 255:  # a file name's limit
-            shown = session if len(session) <= 60 else f"{session[:60]}... ({len(session)} " \
-                "characters)"
-            raise StoreError(f"invalid session name {shown!r}: 1-255 bytes, no '/', not "
+            shown = repr(session[:60]) + (f"... ({len(session)} characters)"
+                                          if len(session) > 60 else "")
+            raise StoreError(f"invalid session name {shown}: 1-255 bytes, no '/', not "
                              "starting with '.'")
         return self.root / "sessions" / session / "head"
 

@@ -141,12 +141,12 @@ def read_regular(path: Path, limit: int) -> bytes | None:
     fd = open_regular(path)
     if fd is None:
         return None
-    with open(fd, "rb", buffering=0) as f:
+    with open(fd, "rb") as f:
         size = os.fstat(fd).st_size
         if size > limit:
             raise StoreError(f"{path} holds {size} bytes, more than the {limit} it may: "
                              "refused", path=str(path))
-        return f.read(limit + 1)[:limit]
+        return f.read(size)  # what grew meanwhile is left unread: its check refuses it
 
 
 def _owned_by(fd: int, uid: int, path: Path) -> None:

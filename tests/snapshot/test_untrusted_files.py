@@ -135,7 +135,7 @@ def test_a_corrupt_head_manifest_is_found_and_the_newest_intact_version_restored
     assert store.index("s").tags == {"good": heads[1]}
 
 
-def test_a_missing_head_manifest_is_restored_from_the_remote_tier(tmp_path: Path) -> None:
+def test_a_corrupt_head_manifest_is_restored_from_the_remote_tier(tmp_path: Path) -> None:
     store = Store(tmp_path / "store", chunk=CHUNK, remote=f"file://{tmp_path / 'remote'}")
     head = commit_values(store, "s", a=np.arange(1000.0))
     (tmp_path / "store" / "manifests" / head).write_bytes(b"garbage")
