@@ -465,8 +465,8 @@ class HostAgent:
                 await asyncio.to_thread(self.store.replicate, [
                     *(blob for blob, _, _ in done.saved.groups), done.saved.ambient])
             committed = time.monotonic()
+            self.running = None  # the cell is over: no stop may kill it as it commits and parks
             head = await asyncio.to_thread(commit, done)  # the store's files: off the loop
-            self.running = None  # committed, the cell is over: no stop may kill it while it parks
             after = time.monotonic()
             saved = done.saved
             unsaved = sorted(saved.unsaved) if saved is not None else []
