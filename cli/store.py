@@ -1,5 +1,6 @@
 """`llfabric store`: a store's history (log, checkout, tag, retain) and upkeep (rm, verify,
-gc), working on the store's files; `rm` asks a server that serves the store to do it."""
+gc), working on the store's files; `rm` and `checkout` ask a server that serves the store to
+do it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import click
 
 from fabric import users
 from fabric.client import Client
-from fabric.errors import FabricError, UnknownSession
+from fabric.config import Config
+from fabric.errors import FabricError, RemoteError, StoreError, UnknownSession
 from fabric.snapshot import Manifest, Store, history
 from fabric.snapshot.history import GRACE_SECONDS
+from fabric.snapshot.store import Index
 from fabric.snapshot.tiers import DiskTier
 
 from .common import config, mb
@@ -43,10 +46,20 @@ def store_log(session: str, path: str | None) -> None:
     """List SESSION's versions, newest first, with their sizes and names; a version retention
     thinned shows as such (its cell is known, its state is gone)."""
     store = _store(path)
-    versions = history.log(store, session)
+    try:
+        versions, index = history.log(store, session), store.index(session)
+    except StoreError as exc:  # what still reads is listed: the user sees what repair keeps
+        versions, index = history.intact(store, session), Index()
+        if not versions:
+            raise
+        click.echo(f"session {session} is damaged ({exc.message}); its intact versions "
+                   "follow (names and thinning unknown): `llfabric store verify --repair` "
+                   "brings it back", err=True)
+        damaged = True
+    else:
+        damaged = False
     if not versions:
         raise _no_session(session)
-    index = store.index(session)
     names: dict[str, list[str]] = {}
     for name, ident in index.tags.items():
         names.setdefault(ident, []).append(name)
@@ -57,6 +70,7 @@ def store_log(session: str, path: str | None) -> None:
         click.echo(f"{m.version:>5}  {ident[:12]}  {when}  {size:>10}  "
                    f"{len(m.variables()):>4} vars  {m.cell.get('status', '-'):<5}  "
                    f"{tags}{_what(m)}")
+    sys.exit(1 if damaged else 0)
 
 
 def _what(manifest: Manifest) -> str:
@@ -73,8 +87,15 @@ def _what(manifest: Manifest) -> str:
 @click.argument("version")
 @_store_option
 def store_checkout(session: str, version: str, path: str | None) -> None:
-    """Make VERSION's state (a number or a name) SESSION's next one: the next cell runs on it."""
-    m = history.checkout(_store(path), session, version)
+    """Make VERSION's state (a number or a name) SESSION's next one: the next cell runs on it.
+    A server serving the store that has SESSION open checks it out (refused while it runs a
+    cell, whose commit would otherwise be lost)."""
+    configured = config(path)
+    store = Store(configured.store)
+    if _served_checkout(configured, session, version):
+        m = Manifest.decode(store.get_manifest(store.head(session)))
+    else:
+        m = history.checkout(store, session, version)
     click.echo(f"session {session} is at version {m.version}, the state of version "
                f"{m.cell['checkout']} ({len(m.variables())} variables, {mb(history.size(m))})")
     if m.env:
@@ -82,12 +103,27 @@ def store_checkout(session: str, version: str, path: str | None) -> None:
         from fabric.envs import Envs, describe_differences, differences
 
         try:
-            now = Envs(config(path).env_root).get(owner_name(), m.env["name"]).packages()
+            now = Envs(configured.env_root).get(owner_name(), m.env["name"]).packages()
         except FabricError as exc:
             click.echo(f"it ran in environment {m.env['name']}: {exc.message}", err=True)
             return
         if differ := differences(m.env["packages"], now):
             click.echo(describe_differences(differ, m.env["name"]), err=True)
+
+
+def _served_checkout(configured: Config, session: str, version: str) -> bool:
+    """Whether a server serving the store checked SESSION out, as one that has it open must:
+    its refusal (a cell running) is raised; False where none has it open."""
+    with Client(configured.address) as client:
+        if not client.answers() or client.status().store != str(configured.store):
+            return False
+        try:
+            client.checkout(session, version)
+        except RemoteError as exc:
+            if exc.kind != UnknownSession.kind:
+                raise
+            return False
+    return True
 
 
 @store.command("tag")
@@ -158,6 +194,8 @@ def store_verify(path: str | None, repair: bool, sources: tuple[Path, ...]) -> N
         result = history.verify(part, repair, [DiskTier(source / "blobs") for source in sources])
         for ident in result.repaired:
             click.echo(f"repaired blob {ident}")
+        for done in result.restored:
+            click.echo(done)
         for problem in result.problems:
             click.echo(problem, err=True)
         for session, held in sorted(result.held.items(), key=lambda item: -item[1]):

@@ -161,14 +161,14 @@ class Session:
         answer = await self.agent.complete(source, cursor, Head(self.head, self.manifest))
         if answer is not None and answer.get("matches"):
             return answer
-        return catalog.complete(self.catalog(), source, cursor)
+        return catalog.complete(await asyncio.to_thread(self.catalog), source, cursor)
 
     async def inspect(self, source: str, cursor: int, detail: int) -> dict:
         answer = await self.agent.inspect(source, cursor, 1 if detail else 0,
                                           Head(self.head, self.manifest))
         if answer is not None and answer.get("found"):
             return answer
-        return catalog.inspect(self.catalog(), source, cursor)
+        return catalog.inspect(await asyncio.to_thread(self.catalog), source, cursor)
 
     async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit) -> dict:
         """A frontend's message to a comm of the session's live worker (a widget moved)."""
@@ -183,7 +183,7 @@ class Session:
             entries = catalog.EMPTY
             if blob:
                 try:
-                    entries = catalog.decode(self.store.get(blob))
+                    entries = catalog.decode(self.store.get(blob, catalog.LIMIT))
                 except StoreError as exc:
                     log.warning("session %s: its catalog is not read: %s", self.name,
                                 exc.message)

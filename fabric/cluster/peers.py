@@ -154,7 +154,11 @@ class PeerServer:
         raise ProtocolError(f"not a peer request: {str(request)[:200]}")
 
     def _size(self, ident: object) -> int | None:
-        return self.disk.size(ident) if valid_id(ident) else None
+        """A blob's size; None if this host lacks it, or holds something else under its name."""
+        try:
+            return self.disk.size(ident) if valid_id(ident) else None
+        except StoreError:
+            return None
 
 
 class Peers:

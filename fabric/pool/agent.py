@@ -467,8 +467,8 @@ class HostAgent:
                 await asyncio.to_thread(self.store.replicate, [
                     *(blob for blob, _, _ in done.saved.groups), done.saved.ambient])
             committed = time.monotonic()
-            head = commit(done)
-            self.running = None  # committed, the cell is over: no stop may kill it while it parks
+            self.running = None  # the cell is over: no stop may kill it as it commits and parks
+            head = await asyncio.to_thread(commit, done)  # the store's files: off the loop
             after = time.monotonic()
             saved = done.saved
             unsaved = sorted(saved.unsaved) if saved is not None else []

@@ -29,7 +29,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -51,7 +50,7 @@ from ..errors import (
 )
 from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Message, Parked, decode
-from . import criu, cuda, parking
+from . import criu, cuda, parking, rundir
 from .contain import Containment
 from .templates import Template, Templates, worker_of
 
@@ -336,7 +335,7 @@ class Pool:
         # host memory in use past which warm workers retire and pinned ones cool at once
         self.pressure_percent = pressure_percent
         self.context = zmq.asyncio.Context()
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="llfabric-"))
+        self.socket_dir, self._held = rundir.make()  # a dead server's folder goes first
         # A worker running as its session's user reconnects here after a cool restore: it
         # passes through (0711) to the socket given to it (`_give`), never into the images.
         for images in ("templates", "cool"):
@@ -659,6 +658,7 @@ class Pool:
                 self._base_proc.kill()
         self.context.destroy(linger=0)  # any socket left open: term alone would wait on it
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        os.close(self._held)
 
     def status(self) -> dict:
         return {

@@ -34,6 +34,7 @@ MAX_DOC = 1000  # characters of a docstring
 MAX_TEXT = 200  # characters of a repr, a signature, a member's docstring
 MAX_MEMBERS = 60  # public callables of one name whose signature and doc are kept
 MAX_BYTES = 512 * 1024  # a catalog past this loses the members and docs of its largest entries
+LIMIT = 16 << 20  # a stored catalog past this is none `merge` wrote: refused unread
 
 Entry = dict[str, Any]
 Catalog = dict[str, dict[str, Entry]]  # "names": name -> entry; "classes": class -> entry

@@ -32,7 +32,8 @@ def head_manifest(store: Store, session: str, head: str | None) -> Manifest:
         return Manifest.decode(store.get_manifest(head))
     except StoreError as exc:
         raise StoreError(f"session {session}'s head is damaged ({exc.message}): no cell "
-                         "can commit on it; `llfabric store verify` tells more",
+                         "can commit on it; `llfabric store verify --repair` brings it back "
+                         "to its newest intact version",
                          session=session, head=head) from exc
 
 
@@ -113,7 +114,7 @@ def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report)
     earlier: catalog.Catalog = {}
     if parent.catalog:
         try:
-            earlier = catalog.decode(store.get(parent.catalog))
+            earlier = catalog.decode(store.get(parent.catalog, catalog.LIMIT))
         except StoreError as exc:
             log.warning("session %s: the catalog of version %d is not read: %s",
                         manifest.session, parent.version, exc.message)

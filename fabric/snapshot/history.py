@@ -31,16 +31,17 @@ from ..closure.plan import plan
 from ..errors import StoreError
 from . import retention
 from .manifest import Manifest
-from .store import Index, Store, blob_id
+from .store import Index, Store
 from .tiers import Tier, write_atomic
 
 GRACE_SECONDS = 3600.0  # longer than any save between its first write and its commit
 
 
-def log(store: Store, session: str) -> list[tuple[str, Manifest]]:
-    """The session's versions, newest first: (manifest id, manifest)."""
+def log(store: Store, session: str, start: str | None = None) -> list[tuple[str, Manifest]]:
+    """The session's versions, newest first: (manifest id, manifest); from its head, or from
+    version `start` back."""
     versions: list[tuple[str, Manifest]] = []
-    ident, seen = store.head(session), set()
+    ident, seen = start or store.head(session), set()
     while ident is not None:
         if ident in seen:
             raise StoreError(f"session {session} has a cycle in its history", session=session)
@@ -49,6 +50,80 @@ def log(store: Store, session: str) -> list[tuple[str, Manifest]]:
         versions.append((ident, manifest))
         ident = manifest.parent
     return versions
+
+
+def intact(store: Store, session: str) -> list[tuple[str, Manifest]]:
+    """Every version of the session whose manifest still reads (hash and signature), newest
+    first, found by reading every manifest: what is left when its head's history is not."""
+    found = []
+    for ident in store.manifests():
+        with contextlib.suppress(StoreError):
+            manifest = Manifest.decode(store.get_manifest(ident))
+            if manifest.session == session:
+                found.append((ident, manifest))
+    return sorted(found, key=lambda v: (v[1].version, float(v[1].cell.get("time", 0))),
+                  reverse=True)
+
+
+def restore_head(store: Store, session: str) -> str | None:
+    """Bring back a session whose head cannot be read (a corrupt or missing manifest, a corrupt
+    head file): the manifest from the remote tier or a peer where one holds it good, else the
+    head moved to the newest version whose history reads whole. What was done, None if the
+    head reads or nothing could bring it back."""
+    head = None
+    try:
+        head = store.head(session)
+        if head is None:
+            return None
+        store.get_manifest(head)
+        return None
+    except StoreError as exc:
+        damage = exc.message
+    if head is not None and store.repair_manifest(head):
+        return f"session {session}: its head manifest {head} was restored from a good copy"
+    for ident, manifest in intact(store, session):
+        try:
+            log(store, session, ident)
+        except StoreError:
+            continue
+        store.restore_head(session, ident, head)
+        return (f"session {session}: its head could not be read ({damage}); it is back at "
+                f"version {manifest.version}, the newest intact one: what a later version "
+                "held is lost" + (f" (its damaged manifest is kept in {store.root / 'damaged'})"
+                                  if head is not None else ""))
+    return None
+
+
+def rebuild_index(store: Store, session: str) -> str | None:
+    """Write a session's index afresh where it is missing or malformed: the versions whose data
+    is gone marked thinned (retention's, most likely), and the names the remote tier holds;
+    what this cannot know (other names, its own retention policy) is said to be lost. What was
+    done, None if the index reads."""
+    try:
+        if store.has_index(session):
+            store.index(session)
+            return None
+        why = "was missing"
+    except StoreError as exc:
+        why = f"was unreadable ({exc.message})"
+    versions = log(store, session)
+    gone = {ident: 0.0 for ident, manifest in versions if not _whole(store, manifest)}
+    with store.locked(session):
+        store.set_index(session, Index(thinned=gone))
+        store.adopt_tags(session)
+        names = sorted(store.index(session).tags)
+    return (f"session {session}: its index {why} and was rebuilt: {len(gone)} versions whose "
+            f"data is gone are marked thinned; names kept: {', '.join(names) or 'none'}; any "
+            "other names and its own retention policy are lost")
+
+
+def _whole(store: Store, manifest: Manifest) -> bool:
+    """Whether every blob a version names is on this disk (its chunks too)."""
+    try:
+        _mark_version(store, manifest, set())
+        return True
+    except (StoreError, OSError):
+        return False
 
 
 def cells(store: Store, session: str) -> list[tuple[int, str]]:
@@ -275,43 +350,57 @@ class Verified:
     bytes: int = 0
     problems: list[str] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)  # blobs rewritten from a good copy
+    restored: list[str] = field(default_factory=list)  # what repair did to heads and indexes
     held: dict[str, int] = field(default_factory=dict)  # session -> bytes its history names
 
 
 def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> Verified:
-    """Check every manifest's signature, every blob's hash, and that every head's history is
-    complete (every object and chunk it names is present). With `repair`, rewrite corrupt
-    blobs from a good copy (another tier, or `sources`); a problem names what a corrupt blob
-    that could not be repaired leaves broken."""
+    """Check every manifest's signature, every blob's hash, that every session's head and
+    index read and that its history is complete (every object and chunk it names is present).
+    With `repair`, rewrite corrupt blobs from a good copy (another tier, or `sources`), bring
+    back unreadable heads (`restore_head`) and indexes (`rebuild_index`); a problem names what
+    a corrupt blob that could not be repaired leaves broken."""
     result = Verified()
+    corrupt: dict[str, str] = {}  # blob -> what is wrong with it
+    for ident in store.disk.idents():
+        result.blobs += 1
+        try:  # streamed: a huge file costs no memory; a FIFO or a link is refused unread
+            result.bytes += store.disk.size(ident) or 0
+            bad = store.disk.digest(ident) not in (ident, None)
+            why = "is corrupt (hash mismatch)"
+        except StoreError as exc:
+            bad, why = True, f"is refused: {exc.message}"
+        if bad:
+            if repair and store.repair(ident, sources):
+                result.repaired.append(ident)
+            else:
+                corrupt[ident] = why
+    sessions = store.sessions()
+    for session in sessions if repair else ():  # with the blobs repaired, what names them
+        for fix in (restore_head, rebuild_index):
+            with contextlib.suppress(StoreError):  # not fixed: reported below
+                if done := fix(store, session):
+                    result.restored.append(done)
     for ident in store.manifests():
         result.manifests += 1
         try:
             Manifest.decode(store.get_manifest(ident))
         except StoreError as exc:
             result.problems.append(exc.message)
-    corrupt = []
-    for ident in store.disk.idents():
-        path = store.disk.path(ident)
-        data = path.read_bytes()
-        result.blobs += 1
-        result.bytes += len(data)
-        if blob_id(data) != ident:
-            if repair and store.repair(ident, sources):
-                result.repaired.append(ident)
-            else:
-                corrupt.append(ident)
     names: dict[str, set[str]] = {}  # session -> what its history names (up to a problem)
-    for session in store.sessions():
+    for session in sessions:
+        if not store.has_index(session):
+            result.problems.append(f"session {session} has no index: its names (tags) and "
+                                   "retention policy are lost; `verify --repair` rebuilds it")
         names[session] = set()
         try:
             _mark(store, session, names[session])
         except StoreError as exc:
             result.problems.append(f"session {session}: {exc.message}")
         result.held[session] = sum(_size(store, ident) for ident in names[session])
-    for ident in corrupt:
+    for ident, why in corrupt.items():
         users = sorted(s for s, named in names.items() if ident in named)
-        result.problems.append(f"blob {ident} is corrupt (hash mismatch)"
+        result.problems.append(f"blob {ident} {why}"
                                + (", and no good copy was found to repair it" if repair else "")
                                + (f"; sessions {', '.join(users)} need it" if users else ""))
     return result
@@ -320,31 +409,35 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
 def _mark(store: Store, session: str, live: set[str]) -> set[str]:
     """Add to `live` every manifest of the session's history and every object, chunk and blob
     its versions that are not thinned name; raise if any of them is missing."""
+    thinned = store.index(session).thinned
+    for ident, manifest in log(store, session):
+        live.add(ident)
+        if ident not in thinned:
+            _mark_version(store, manifest, live)
+    return live
+
+
+def _mark_version(store: Store, manifest: Manifest, live: set[str]) -> None:
+    """Add to `live` every object, chunk and blob a version names; raise if one is missing."""
     def blob(ident: str) -> None:
         if not store.has(ident):
             raise StoreError(f"blob {ident} is missing", blob=ident)
         live.add(ident)
 
-    thinned = store.index(session).thinned
-    for ident, manifest in log(store, session):
-        live.add(ident)
-        if ident in thinned:
-            continue
-        for plain in manifest.blobs():
-            blob(plain)
-        for group in manifest.groups:
-            if group.blob not in live:
-                blob(group.blob)
-                for chunk in store.object_chunks(group.blob):
-                    blob(chunk)
-    return live
+    for plain in manifest.blobs():
+        blob(plain)
+    for group in manifest.groups:
+        if group.blob not in live:
+            blob(group.blob)
+            for chunk in store.object_chunks(group.blob):
+                blob(chunk)
 
 
 def _reused(path: Path, stat: os.stat_result) -> bool:
     """Whether a save touched the file since the pass read its time: a save that began after
     the pass did found it intact and names it (a value back to a released version's)."""
     try:
-        return path.stat().st_mtime != stat.st_mtime
+        return path.lstat().st_mtime != stat.st_mtime
     except FileNotFoundError:
         return False  # gone already: removing it again is harmless
 
@@ -353,7 +446,7 @@ def _size(store: Store, ident: str) -> int:
     """The bytes a blob or a manifest takes on disk (0 if it is gone)."""
     for path in (store.disk.path(ident), store.root / "manifests" / ident):
         with contextlib.suppress(FileNotFoundError):
-            return path.stat().st_size
+            return path.lstat().st_size
     return 0
 
 
@@ -474,7 +567,7 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
     stats = {}
     for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
         with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
-            stats[path] = path.stat()
+            stats[path] = path.lstat()  # a link a user put there: itself
 
     def touched(path: Path, stat: os.stat_result) -> bool:
         """Written or reused since it was released (or since `saving_since`, if earlier)."""

@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from .tiers import open_regular
+
 PAGE = mmap.PAGESIZE
 SMALLEST = 1 << 20  # a chunk size under this maps no faster than it reads
 _MADV_POPULATE_READ = 22  # Linux 5.14: page tables filled for reading, copy-on-write kept
@@ -58,9 +60,8 @@ class Region:
     def map(self, offset: int, path: Path, size: int) -> bool:
         """Map the file at `path`, which must hold `size` bytes, at `offset`; False (the range
         left as it was) if it is missing or of another size."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = open_regular(path)  # StoreError for what is not a file the store wrote
+        if fd is None:
             return False
         try:
             if os.fstat(fd).st_size != size:

@@ -48,7 +48,17 @@ from .codec import Encoded
 from .manifest import Manifest
 from .mapped import Region, mappable
 from .remote import RemoteTier
-from .tiers import Buffer, DiskTier, Located, MemoryTier, Tier, valid_id, write_atomic
+from .tiers import (
+    Buffer,
+    DiskTier,
+    Located,
+    MemoryTier,
+    Tier,
+    open_regular,
+    read_regular,
+    valid_id,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,11 @@ AHEAD = 256 << 20  # bytes a load reads ahead of the object being unpickled
 _OBJECT = b"LLFO\x01"
 _MANIFEST = b"LLFM\x01"
 _TAG = hashlib.sha256().digest_size
+# the most bytes each file read whole may hold, far past any the store writes: a larger one is
+# refused unread rather than loaded into the server's memory
+MANIFEST_BYTES = 256 << 20
+HEAD_BYTES = 4096
+INDEX_BYTES = 256 << 20
 
 Progress = Callable[[int, int], None]  # bytes done, bytes in all
 
@@ -172,16 +187,10 @@ class Store:
         checks before it skips a write, so that a corrupt copy is rewritten rather than kept:
         streamed, this costs a fraction of the write it saves (100 MB: ~35 ms from the page
         cache, ~80 ms from disk, against ~150 ms to write and fsync)."""
-        if self.disk.size(ident) != size:
-            return False
-        digest, buffer = xxhash.xxh3_128(), bytearray(1 << 20)
         try:
-            with open(self.disk.path(ident), "rb", buffering=0) as f:
-                while n := f.readinto(buffer):
-                    digest.update(memoryview(buffer)[:n])
-        except FileNotFoundError:  # removed meanwhile: write it
+            return self.disk.size(ident) == size and self.disk.digest(ident) == ident
+        except StoreError:  # not a file the store wrote: the write replaces it
             return False
-        return digest.hexdigest() == ident
 
     def repair(self, ident: str, sources: Iterable[Tier] = ()) -> bool:
         """Rewrite a corrupt or missing disk copy of a blob from a good copy in another tier of
@@ -269,18 +278,31 @@ class Store:
         with ThreadPoolExecutor(THREADS) as pool:
             return sum(pool.map(copy, dict.fromkeys(idents)))
 
-    def get(self, ident: str) -> bytes:
+    def get(self, ident: str, limit: int | None = None) -> bytes:
         """Read a blob and check it against its name before anyone unpickles it; one this host
-        lacks is fetched first, from a peer or the remote tier (`fetch`)."""
+        lacks (or holds as something other than a file) is fetched first, from a peer or the
+        remote tier (`fetch`). `limit`: the most bytes its reader expects: a larger blob is
+        refused unread."""
+        refused = None
         for attempt in range(2):
             for tier in self.tiers:
-                size = tier.size(self._checked(ident))
-                if size is not None:
-                    out = bytearray(size)
-                    self._read_into(ident, memoryview(out))
-                    return bytes(out)
+                try:
+                    size = tier.size(self._checked(ident))
+                except StoreError as exc:  # a user's FIFO or link, say: as if missing
+                    refused = exc
+                    continue
+                if size is None:
+                    continue
+                if limit is not None and size > limit:
+                    raise StoreError(f"blob {ident} holds {size} bytes, more than the {limit} "
+                                     "its reader expects: refused unread", blob=ident)
+                out = bytearray(size)
+                self._read_into(ident, memoryview(out))
+                return bytes(out)
             if attempt == 0 and not self.fetch([ident]):
                 break
+        if refused is not None:
+            raise StoreError(f"blob {ident} is refused: {refused.message}", blob=ident)
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
 
     def _read_into(self, ident: str, out: memoryview) -> None:
@@ -414,7 +436,13 @@ class Store:
         """Whether a blob on disk starts as an object index does (a cheap peek, unverified)."""
         if not valid_id(ident):
             return False
-        with open(self.disk.path(ident), "rb") as f:
+        try:
+            fd = open_regular(self.disk.path(ident))
+        except StoreError:  # not a file the store wrote: no object
+            return False
+        if fd is None:
+            return False
+        with open(fd, "rb") as f:
             return f.read(len(_OBJECT)) == _OBJECT
 
     def object_chunks(self, ident: str) -> list[str]:
@@ -448,19 +476,34 @@ class Store:
         if not valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
         path = self.root / "manifests" / ident
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as exc:
-            data = self.remote.get(f"manifests/{ident}") if self.remote is not None else None
-            if data is None and self.peers is not None:
-                data = self.peers.manifest(ident)
+        data = self.manifest_data(ident)
+        if data is None:
+            data = self._manifest_elsewhere(ident)
             if data is None:
                 raise StoreError(f"manifest {ident} is missing from {path.parent}",
-                                 manifest=ident) from exc
+                                 manifest=ident)
             body = self._checked_manifest(ident, data)
             write_atomic(path, data)
             return body
         return self._checked_manifest(ident, data)
+
+    def _manifest_elsewhere(self, ident: str) -> bytes | None:
+        """A manifest as the remote tier or a peer holds it (unchecked), None if neither."""
+        data = self.remote.get(f"manifests/{ident}") if self.remote is not None else None
+        if data is None and self.peers is not None:
+            data = self.peers.manifest(ident)
+        return data
+
+    def repair_manifest(self, ident: str) -> bool:
+        """Rewrite a corrupt or missing manifest from the remote tier's or a peer's copy, once
+        it checks; False if none has a good one."""
+        data = self._manifest_elsewhere(ident) if valid_id(ident) else None
+        try:
+            self._checked_manifest(ident, data or b"")
+        except StoreError:
+            return False
+        write_atomic(self.root / "manifests" / ident, data)
+        return True
 
     def _checked_manifest(self, ident: str, data: bytes) -> bytes:
         if blob_id(data) != ident:
@@ -474,10 +517,13 @@ class Store:
 
     def manifest_data(self, ident: str) -> bytes | None:
         """A manifest as this disk holds it (signed), for a peer that checks it; None if not."""
-        try:
-            return (self.root / "manifests" / ident).read_bytes() if valid_id(ident) else None
-        except FileNotFoundError:
+        if not valid_id(ident):
             return None
+        try:
+            return read_regular(self.root / "manifests" / ident, MANIFEST_BYTES)
+        except StoreError as exc:  # a link, say: never read through
+            raise StoreError(f"manifest {ident} is refused: {exc.message}",
+                             manifest=ident) from exc
 
     def manifests(self) -> list[str]:
         return sorted(p.name for p in (self.root / "manifests").iterdir()
@@ -485,20 +531,22 @@ class Store:
 
     # session heads
     def _head_path(self, session: str) -> Path:
-        if not session or "/" in session or session.startswith("."):
-            raise StoreError(f"invalid session name {session!r}")
+        if not session or "/" in session or "\0" in session or session.startswith(".") or \
+                len(session.encode(errors="surrogateescape")) > 255:  # a file name's limit
+            shown = repr(session[:60]) + (f"... ({len(session)} characters)"
+                                          if len(session) > 60 else "")
+            raise StoreError(f"invalid session name {shown}: 1-255 bytes, no '/', not "
+                             "starting with '.'")
         return self.root / "sessions" / session / "head"
 
     def head(self, session: str) -> str | None:
         """The session's head; where this disk has none, the remote tier's."""
-        path = self._head_path(session)
-        try:
-            ident = path.read_text().strip()
-        except FileNotFoundError:
+        found = read_regular(self._head_path(session), HEAD_BYTES)
+        if found is None:
             found = self.remote.get(f"sessions/{session}/head") if self.remote else None
             if found is None:
                 return None
-            ident = found.decode(errors="replace").strip()
+        ident = found.decode(errors="replace").strip()
         if not valid_id(ident):
             raise StoreError(f"session {session} has a corrupt head", session=session)
         return ident
@@ -517,12 +565,14 @@ class Store:
             ident = self._remote_id(session, after)  # a host lost before it wrote the head
         with self.locked(session):
             self._write_head(session, ident)
-            self._adopt_tags(session)
+            self.adopt_tags(session)
         return ident
 
-    def _adopt_tags(self, session: str) -> None:
+    def adopt_tags(self, session: str) -> None:
         """Take the names other hosts gave the session's versions (`set_index` puts them on
-        the remote, one file each); the caller holds `locked(session)`."""
+        the remote, one file each), if there is a remote; the caller holds `locked(session)`."""
+        if self.remote is None:
+            return
         tags = {}
         for name, found in self.remote.files(f"sessions/{session}/tags").items():
             with contextlib.suppress(ValueError):  # not a name this store wrote: ignored
@@ -636,11 +686,11 @@ class Store:
 
     def index(self, session: str) -> Index:
         """The session's tags, thinned versions and retention override, checked as input."""
-        path = self._head_path(session).with_name("index")
-        try:
-            return Index.decode(path.read_bytes())
-        except FileNotFoundError:
+        data = read_regular(self._head_path(session).with_name("index"), INDEX_BYTES)
+        if data is None:
             return Index()
+        try:
+            return Index.decode(data)
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             raise StoreError(f"session {session} has a malformed index: {exc}",
                              session=session) from exc
@@ -655,8 +705,28 @@ class Store:
                 self.remote.put(f"sessions/{session}/tags/{tag.encode().hex()}",
                                 ident.encode())
 
+    def restore_head(self, session: str, manifest: str, damaged: str | None) -> None:
+        """Point the session's head at `manifest`, whatever it was: for a head that cannot be
+        read, brought back to an intact version (`history.restore_head`). The `damaged`
+        manifest it named, if any, is set aside in `damaged/`, out of the store's view."""
+        with self.locked(session):
+            self._write_head(session, manifest)
+        if damaged is not None and valid_id(damaged):
+            aside = self.root / "damaged"
+            aside.mkdir(mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self.root / "manifests" / damaged, aside / damaged)
+
+    def has_index(self, session: str) -> bool:
+        """Whether the session's index is there: every head this store writes has one, so a
+        session without it lost its names and retention policy."""
+        return os.path.lexists(self._head_path(session).with_name("index"))
+
     def _write_head(self, session: str, manifest: str) -> None:
-        write_atomic(self._head_path(session), manifest.encode() + b"\n")
+        path = self._head_path(session)
+        if not os.path.lexists(path) and not self.has_index(session):  # its first head
+            self._write_index(session, Index())
+        write_atomic(path, manifest.encode() + b"\n")
 
     def _write_index(self, session: str, index: Index) -> None:
         write_atomic(self._head_path(session).with_name("index"), index.encode())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 import threading
 from collections import OrderedDict
@@ -16,7 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import DiskFull, UnsafePath
+import xxhash
+
+from ..errors import DiskFull, StoreError, UnsafePath
 
 Buffer = bytes | bytearray | memoryview
 
@@ -101,6 +104,51 @@ def _full(exc: OSError, path: Path) -> OSError | DiskFull:
     return DiskFull(f"no space left for {path.parent}: {exc.strerror}", path=str(path.parent))
 
 
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK:
+          "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
+          stat.S_IFLNK: "a symbolic link"}
+
+
+def _refused(path: Path, mode: int) -> StoreError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return StoreError(f"{path} is {kind}, not a file the store wrote: refused, as if missing",
+                      path=str(path), blob=path.name)
+
+
+def open_regular(path: Path) -> int | None:
+    """A read-only descriptor of the regular file at `path`; None if there is none. Whoever
+    can write its folder (a user, in their part of the store) may have put anything there:
+    it is opened without following a link and without blocking (a FIFO would wait for a
+    writer), and anything but a regular file is refused (StoreError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise _refused(path, stat.S_IFLNK) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _refused(path, mode)
+    return fd
+
+
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """The bytes of the regular file at `path` (`open_regular`), refused if over `limit`
+    bytes; None if there is none."""
+    fd = open_regular(path)
+    if fd is None:
+        return None
+    with open(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise StoreError(f"{path} holds {size} bytes, more than the {limit} it may: "
+                             "refused", path=str(path))
+        return f.read(size)  # what grew meanwhile is left unread: its check refuses it
+
+
 def _owned_by(fd: int, uid: int, path: Path) -> None:
     if os.fstat(fd).st_uid != uid:
         raise UnsafePath(f"refusing {path}: not its user's", path=str(path))
@@ -123,20 +171,28 @@ class DiskTier:
         return self.root / ident[:2] / ident
 
     def has(self, ident: str) -> bool:
-        return self.path(ident).is_file()
+        """Whether a blob is here as a regular file (what else a user put there is not)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path(ident)).st_mode)
+        except FileNotFoundError:
+            return False
 
     def size(self, ident: str) -> int | None:
+        """A blob's size; None if absent, StoreError if it is not a regular file."""
+        path = self.path(ident)
         try:
-            return self.path(ident).stat().st_size
+            found = os.lstat(path)
         except FileNotFoundError:
             return None
+        if not stat.S_ISREG(found.st_mode):
+            raise _refused(path, found.st_mode)
+        return found.st_size
 
     def read_into(self, ident: str, out: memoryview) -> int | None:
-        try:
-            f = open(self.path(ident), "rb", buffering=0)  # noqa: SIM115
-        except FileNotFoundError:
+        fd = open_regular(self.path(ident))
+        if fd is None:
             return None
-        with f:
+        with open(fd, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             if size != len(out):
                 return size
@@ -196,9 +252,20 @@ class DiskTier:
         finally:
             os.close(shard)
 
+    def digest(self, ident: str) -> str | None:
+        """A blob's hash, streamed (its size bounds no memory); None if absent."""
+        fd = open_regular(self.path(ident))
+        if fd is None:
+            return None
+        digest, buffer = xxhash.xxh3_128(), bytearray(1 << 20)
+        with open(fd, "rb", buffering=0) as f:
+            while n := f.readinto(buffer):
+                digest.update(memoryview(buffer)[:n])
+        return digest.hexdigest()
+
     def touch(self, ident: str) -> None:
         """Mark a blob as just reused, so a concurrent gc's grace period covers it."""
-        os.utime(self.path(ident))
+        os.utime(self.path(ident), follow_symlinks=False)
 
     def remove(self, ident: str) -> None:
         self.path(ident).unlink(missing_ok=True)

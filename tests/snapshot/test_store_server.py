@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import execute, text
+from helpers import execute, execute_in_thread, pid_of_running_cell, text
 
 from fabric.client import Client
 from fabric.errors import RemoteError
@@ -26,9 +27,9 @@ def _files(store: Store, blob: str) -> dict[Path, int]:
     return {p: p.stat().st_ino for p in paths}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_groups_a_cell_cannot_have_changed_are_not_written(server, client: Client,
@@ -107,3 +108,25 @@ def test_a_flipped_chunk_fails_the_load_and_the_session_keeps_its_version(
     finally:
         chunk.write_bytes(original)
     assert text(execute(client, session, "print(big[1])")[1]) == "1.0\n"
+
+
+def test_checkout_from_the_cli_is_refused_while_a_cell_runs(server, client: Client,
+                                                            session: str, tmp_path: Path) -> None:
+    """Moved behind the server's back, the head would refuse the running cell's commit: the
+    server that has the session open checks it out, and not while a cell runs."""
+    execute(client, session, "x = 'first'")
+    go = tmp_path / "go"
+    thread, ran = execute_in_thread(
+        server, session, f"import os, time\nwhile not os.path.exists({str(go)!r}):\n"
+                         "    time.sleep(0.05)\nx = 'second'")
+    pid_of_running_cell(server, session)
+    env = {**os.environ, "LLFABRIC_BIND": server.address}
+    refused = _cli("store", "checkout", session, "1", "--store", str(server.store), env=env)
+    assert refused.returncode == 1 and "running a cell" in refused.stderr, refused.stderr
+    go.touch()
+    thread.join()
+    assert ran["reply"]["status"] == "ok" and _head(server, session).version == 2
+    done = _cli("store", "checkout", session, "1", "--store", str(server.store), env=env)
+    assert done.returncode == 0, done.stderr
+    _, outputs = execute(client, session, "print(x)")
+    assert text(outputs) == "first\n"
