@@ -48,6 +48,8 @@ class Run:
         self.final: dict | None = None  # its reply or error map (no msg_id), once over
         self.detached: float | None = None  # when its last client went away (monotonic)
         self.stopping = False
+        # whether the key of the user who ran it is still admitted: a revoke stops the cell
+        self.admitted: Callable[[], bool] = lambda: True
 
     def attach(self, identity: bytes, msg_id: str, follow: bool = True) -> None:
         """`identity` follows the cell from now; with `follow`, it first gets what was kept

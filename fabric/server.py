@@ -80,6 +80,7 @@ from .messages import (
     Reply,
     Request,
     Status,
+    Stop,
     Tag,
     Versions,
 )
@@ -201,7 +202,12 @@ class Server:
             now = time.monotonic()
             for run in list(self._runs.values()):
                 session = run.session
-                if run.prune(self.front.connected):
+                if not run.stopping and not run.admitted():
+                    log.warning("session %s: its user's key was revoked; stopping its cell",
+                                session.name)
+                    run.stopping = True
+                    session.stop("revoked")
+                elif run.prune(self.front.connected):
                     run.detached = now
                     if grace <= 0:
                         log.warning("session %s: its client went away; stopping its cell",
@@ -305,6 +311,8 @@ class Server:
             user, message, request = self.front.read(frames)
             msg_id = message["msg_id"]  # a valid one, however far into the frame it was
 
+            if isinstance(request, Close):
+                self._check_close(user, request.session, identity)
             if isinstance(request, Follow):
                 if self._follow(user, request.session, identity, msg_id):
                     return  # the cell's frames come as it runs
@@ -319,6 +327,8 @@ class Server:
                     run.emit(sent.to_wire(""))
 
             run = self._start_run(user, request, identity, msg_id)
+            if run is not None:
+                run.admitted = self.front.admission(frames[1], user)
             try:
                 final = Reply(await self._dispatch(user, request, emit)).to_wire(msg_id)
             except Exception as exc:  # the client hears of it; the server keeps serving
@@ -366,6 +376,14 @@ class Server:
             return False
         run.attach(identity, msg_id)
         return True
+
+    def _check_close(self, user: str, name: str, identity: bytes) -> None:
+        """Only a client that follows the session's running cell may close it (which stops
+        the cell): another sharing the session, refused a cell of its own, must not."""
+        run = self._runs.get(self._store_name(user, name))
+        if run is not None and identity not in run.targets:
+            raise SessionBusy(f"session {name} is running another client's cell; it stays "
+                              f"open (`llfabric stop {name}` stops that cell)", session=name)
 
     def _store_name(self, user: str, name: str) -> str:
         """Where a user's session lives in the store: the server's own user keeps plain names,
@@ -457,6 +475,8 @@ class Server:
                 return await session.comm(kind, content, buffers or [], emit)
             case Interrupt():
                 return {"interrupted": session.interrupt()}
+            case Stop():
+                return await self._stop_cell(session)
             case Answer(value=value, error=error):
                 return session.answer(value, error)
             case Checkout(version=version):
@@ -464,6 +484,18 @@ class Server:
             case Close():
                 return await self._close(session)
         raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
+
+    async def _stop_cell(self, session: Session) -> dict:
+        """Stop the session's running cell, whichever client ran it (or none follows it), and
+        answer once it is over: its slot is back and the session takes cells again."""
+        if not session.lock.locked():
+            return {"stopped": False}
+        run = self._runs.get(session.name)
+        if run is not None:
+            run.stopping = True
+        session.stop("stop")
+        async with session.lock:
+            return {"stopped": True, "version": session.manifest.version}
 
     async def _close(self, session: Session) -> dict:
         await session.close()
