@@ -11,8 +11,8 @@ import nbformat
 
 from . import notices
 from .client import Client
-from .errors import NotebookError, RemoteError
-from .messages import Notice, Output, Reply
+from .errors import Detached, NotebookError, RemoteError
+from .messages import Interrupt, Notice, Output, Reply
 
 OnOutput = Callable[[int, dict], None]
 
@@ -123,9 +123,13 @@ def notebook_gpus(nb: nbformat.NotebookNode) -> int | None:
 
 def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
                  think_time: float = 0.0, allow_errors: bool = False,
-                 on_output: OnOutput | None = None, gpus: int | None = None) -> NotebookRun:
+                 on_output: OnOutput | None = None, gpus: int | None = None,
+                 on_interrupt: Callable[[str], None] | None = None) -> NotebookRun:
     """Execute the code cells in order; with `think_time`, draft each cell that long before;
-    with `gpus`, each leases that many slots."""
+    with `gpus`, each leases that many slots.
+
+    A KeyboardInterrupt while a cell runs interrupts the cell (`on_interrupt` is told) and the
+    run ends after it; a second one raises Detached, the cell left running on the server."""
     cells: list[CellRun] = []
     displays: dict[str, list] = {}  # display id -> the outputs showing it, in any cell
     first: float | None = None
@@ -140,17 +144,32 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         run = CellRun(index)
         outputs = _Outputs(displays)
         first = time.monotonic() if first is None else first
+        interrupted = False
         try:
             # cells may run for hours
-            for message in client.execute(session, source, gpus=gpus, timeout=0):
-                if isinstance(message, Output):
-                    outputs.add(message.output)
-                    if on_output is not None:
-                        on_output(index, message.output)
-                elif isinstance(message, Notice) and message.topic != "progress":
-                    run.notices.append(message)
-                elif isinstance(message, Reply):
-                    run.reply = message.fields
+            events = client.execute(session, source, gpus=gpus, timeout=0)
+            while not events.done:
+                try:
+                    for message in events:
+                        if isinstance(message, Output):
+                            outputs.add(message.output)
+                            if on_output is not None:
+                                on_output(index, message.output)
+                        elif isinstance(message, Notice) and message.topic != "progress":
+                            run.notices.append(message)
+                        elif isinstance(message, Reply):
+                            run.reply = message.fields
+                except KeyboardInterrupt:
+                    if interrupted:
+                        events.close()
+                        raise Detached(
+                            f"detached from session {session}, whose cell runs on: `llfabric "
+                            f"follow {session}` shows it again, `llfabric stop {session}` "
+                            "stops it", session=session) from None
+                    interrupted = True
+                    events.send(Interrupt(session))
+                    if on_interrupt is not None:
+                        on_interrupt(session)
         except RemoteError as exc:
             run.failure = exc
         last = time.monotonic()
@@ -158,7 +177,7 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         if run.reply is not None:
             cell.execution_count = run.reply["execution_count"]
         cells.append(run)
-        if not run.ok and not allow_errors:
+        if interrupted or (not run.ok and not allow_errors):
             break
     return NotebookRun(cells, last - (first if first is not None else last))
 
