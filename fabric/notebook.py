@@ -13,6 +13,7 @@ from . import notices
 from .client import Client
 from .errors import Detached, NotebookError, RemoteError
 from .messages import Interrupt, Notice, Output, Reply
+from .output_limit import Budget
 
 OnOutput = Callable[[int, dict], None]
 
@@ -64,20 +65,27 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
 class _Outputs:
     """Outputs of one cell, with clear_output and display updates applied as a frontend would:
     an update changes every output shown with its display id, in this cell or an earlier one
-    (`displays`, shared by the cells of a notebook)."""
+    (`displays`, shared by the cells of a notebook). They are kept within `OUTPUT_LIMIT` bytes
+    (`fabric.output_limit`); a stream's pieces are joined once, in `done`."""
 
     def __init__(self, displays: dict[str, list]) -> None:
         self.items: list = []  # nbformat outputs
         self.displays = displays
+        self.budget = Budget()
         self._clear_pending = False
+        self._text: list[str] = []  # the pieces of the last output's text, if a stream's
 
     def add(self, output: dict) -> None:
+        if (kept := self.budget.admit(output)) is not None:
+            self._show(kept)
+
+    def _show(self, output: dict) -> None:
         kind = output.get("output_type")
         if kind == "clear_output":
             if output.get("wait"):
                 self._clear_pending = True
             else:
-                self.items.clear()
+                self._clear()
             return
         display_id = (output.get("transient") or {}).get("display_id")
         if kind == "update_display_data":
@@ -85,17 +93,35 @@ class _Outputs:
                 shown["data"], shown["metadata"] = output["data"], output.get("metadata", {})
             return
         if self._clear_pending:
-            self.items.clear()
+            self._clear()
             self._clear_pending = False
-        if kind == "stream" and self.items and self.items[-1].get("output_type") == "stream" \
-                and self.items[-1]["name"] == output["name"]:
-            self.items[-1]["text"] += output["text"]
+        if kind == "stream" and self._text and self.items[-1]["name"] == output["name"]:
+            self._text.append(output["text"])
             return
+        self._join()
         fields = {k: v for k, v in output.items() if k not in ("output_type", "transient")}
         shown = nbformat.v4.new_output(kind, **fields)
         self.items.append(shown)
+        if kind == "stream":
+            self._text = [shown["text"]]
         if display_id:
             self.displays.setdefault(display_id, []).append(shown)
+
+    def done(self) -> list:
+        """The cell's outputs, with a summary of what the limit left out, if anything."""
+        if (summary := self.budget.summary()) is not None:
+            self._show(summary)
+        self._join()
+        return self.items
+
+    def _join(self) -> None:
+        if len(self._text) > 1:
+            self.items[-1]["text"] = "".join(self._text)
+        self._text = []
+
+    def _clear(self) -> None:
+        self.items.clear()
+        self._text = []
 
 
 def _setting(nb: nbformat.NotebookNode, key: str) -> object:
@@ -173,7 +199,7 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         except RemoteError as exc:
             run.failure = exc
         last = time.monotonic()
-        cell.outputs = outputs.items
+        cell.outputs = outputs.done()
         if run.reply is not None:
             cell.execution_count = run.reply["execution_count"]
         cells.append(run)

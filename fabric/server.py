@@ -352,7 +352,8 @@ class Server:
         session = self.sessions.get(self._store_name(user, request.session))
         if session is None or session.name in self._runs or session.lock.locked():
             return None
-        run = self._runs[session.name] = Run(session, self.front.send)
+        run = self._runs[session.name] = Run(session, self.front.send,
+                                             output_limit=self.config.output_limit)
         run.attach(identity, msg_id, follow=False)
         self._unclaimed.pop(session.name, None)  # a new cell: the one before is no one's
         return run

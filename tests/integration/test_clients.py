@@ -1,18 +1,22 @@
 """Clients against a real server, as `llfabric run` processes: Ctrl-C interrupts a cell (twice
 detaches from it), `llfabric stop` stops a cell no client follows, a client sharing a session
-never closes another's running cell, and a server that goes away is reported, not waited on."""
+never closes another's running cell, a server that goes away is reported, not waited on, and a
+flood of output leaves the server's and the client's memory flat."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from helpers import (
     RunningServer,
@@ -27,6 +31,7 @@ from helpers import (
 from nbformat.v4 import new_code_cell, new_notebook
 
 from fabric.client import Client
+from fabric.output_limit import OUTPUT_LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]
 LLFABRIC = [sys.executable, "-m", "cli.main"]
@@ -134,3 +139,54 @@ def test_a_run_whose_server_dies_mid_cell_reports_it_within_seconds(tmp_path) ->
             dying.stop()
     assert process.returncode == 1
     assert "went away before it answered" in err
+
+
+class _PeakRss:
+    """The largest resident set of each of some processes, sampled until `stop`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.processes = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.start = {name: p.memory_info().rss for name, p in self.processes.items()}
+        self.peak = dict(self.start)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.02):
+            for name, process in self.processes.items():
+                with contextlib.suppress(psutil.Error):  # a client that has exited
+                    self.peak[name] = max(self.peak[name], process.memory_info().rss)
+
+    def growth(self) -> dict[str, int]:
+        self._done.set()
+        self._thread.join()
+        return {name: self.peak[name] - self.start[name] for name in self.processes}
+
+
+def _peak_run(server: RunningServer, notebook: Path, written: Path) -> tuple[dict, str]:
+    """`llfabric run` of `notebook`, its executed copy in `written`: how much the server's and
+    the client's resident sets grew at their peak, and what it printed on stderr."""
+    process = subprocess.Popen([*LLFABRIC, "run", str(notebook), "--connect", server.address,
+                                "--output", str(written)], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    rss = _PeakRss({"server": server.process.pid, "client": process.pid})
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return rss.growth(), err
+
+
+def test_an_output_flood_keeps_memory_flat_and_the_rest_summarised(server, tmp_path) -> None:
+    flood = 256 << 20  # bytes: 128 MiB of 1 KiB lines, then one write of 128 MiB
+    cell = ("import sys\nline = 'x' * 1023\nfor _ in range(128 * 1024):\n    print(line)\n"
+            "sys.stdout.write('y' * (128 << 20))\n")
+    quiet, _ = _peak_run(server, _notebook(tmp_path, "print('hi')"), tmp_path / "quiet.ipynb")
+    written = tmp_path / "out.ipynb"
+    growth, _ = _peak_run(server, _notebook(tmp_path, cell), written)
+    # a client's own start (its imports) is no part of the flood's cost
+    assert growth["server"] < flood // 2, growth
+    assert growth["client"] - quiet["client"] < flood // 2, (growth, quiet)
+    outputs = nbformat.read(str(written), as_version=4).cells[0].outputs
+    kept = "".join(o["text"] for o in outputs if o["name"] == "stdout")
+    assert OUTPUT_LIMIT - 1024 <= len(kept) <= OUTPUT_LIMIT  # the first of it, up to the limit
+    assert outputs[-1]["name"] == "stderr" and "output limit reached" in outputs[-1]["text"]
