@@ -12,7 +12,8 @@ seconds and drops one silent for `heartbeat_timeout`. A running cell whose clien
 connected (gone, killed, or silent) runs on for `detached_grace` seconds, its outputs kept, so
 that another client (the kernel started after one that died) can `follow` it
 (`fabric.following`); with nobody following it by then, it is stopped, so that its lease comes
-back.
+back. `stop` stops a session's cell whichever client ran it; `close` only from a client that
+follows the cell; a cell whose user's key was revoked is stopped within a heartbeat.
 
 The store stays bounded: after cells commit, and every `gc_interval` seconds besides (versions
 age out of the policy's hours and days without any commit), a thread thins each session's
