@@ -16,8 +16,16 @@ import click
 import nbformat
 
 from fabric import audit as fabric_audit
-from fabric.client import Client
-from fabric.errors import ConfigError, FabricError
+from fabric.client import PATIENCE, Client
+from fabric.errors import (
+    ConfigError,
+    Detached,
+    FabricError,
+    RemoteError,
+    SessionBusy,
+    UnknownSession,
+)
+from fabric.messages import Output, Reply
 from fabric.notebook import (
     notebook_env,
     notebook_gpus,
@@ -129,9 +137,19 @@ def _run(notebook: Path, connect: str | None, store: str | None, think_time: flo
     workdir = (cwd or notebook.resolve().parent).resolve()
     with client_of(connect, store) as client:
         client.open(session, str(workdir), env)
-        run = run_notebook(client, nb, session, think_time=think_time,
-                           allow_errors=allow_errors, on_output=_print_output, gpus=gpus)
-        client.close_session(session)
+        try:
+            run = run_notebook(client, nb, session, think_time=think_time,
+                               allow_errors=allow_errors, on_output=_print_output, gpus=gpus,
+                               on_interrupt=_interrupting)
+        except Detached as exc:  # the session stays open, its cell running
+            click.echo(f"\n{exc.message}", err=True)
+            sys.exit(130)
+        try:
+            client.close_session(session)
+        except RemoteError as exc:
+            if exc.kind != SessionBusy.kind:
+                raise
+            click.echo(exc.message, err=True)  # another client's cell runs in it
     if output is not None:
         nbformat.write(nb, str(output))
     for cell in run.cells:
@@ -165,6 +183,46 @@ def run(notebook: Path, connect: str | None, store: str | None, think_time: floa
     ok = _run(notebook, connect, store, think_time, output, cwd, allow_errors, session, gpus,
               env)
     sys.exit(0 if ok else 1)
+
+
+def _interrupting(session: str) -> None:
+    click.echo(f"\ninterrupting the cell of session {session}; Ctrl-C again detaches from it "
+               "(it runs on)", err=True)
+
+
+@main.command()
+@click.argument("session")
+@click.option("--connect", help="Server address (default: the configured one).")
+def stop(session: str, connect: str | None) -> None:
+    """Stop SESSION's running cell, whichever client ran it; its state stays at the last
+    committed cell."""
+    with Client(config(None, connect).address) as client:
+        try:
+            stopped = client.stop(session, timeout=PATIENCE)
+        except RemoteError as exc:
+            if exc.kind != UnknownSession.kind:
+                raise
+            stopped = False  # not open: nothing of it runs
+    click.echo(f"stopped the cell of session {session}" if stopped else
+               f"session {session} runs no cell", err=True)
+
+
+@main.command()
+@click.argument("session")
+@click.option("--connect", help="Server address (default: the configured one).")
+def follow(session: str, connect: str | None) -> None:
+    """Show SESSION's running cell (one a client detached from): its outputs so far and live,
+    until it ends. Exits 1 if it failed or there is none."""
+    with Client(config(None, connect).address) as client:
+        reply: dict = {}
+        for message in client.follow(session, timeout=0):
+            if isinstance(message, Output):
+                _print_output(0, message.output)
+            elif isinstance(message, Reply):
+                reply = message.fields
+    if not reply.get("followed"):
+        click.echo(f"session {session} runs no cell", err=True)
+    sys.exit(0 if reply.get("status") == "ok" else 1)
 
 
 @main.command()

@@ -2,6 +2,12 @@
 
 Requests may overlap (an interrupt while a cell runs): frames are routed by msg_id, and those of a
 request not being read yet wait for it.
+
+The connection is watched (a ZeroMQ socket monitor) while the client waits: a server that went
+away (its connection closed, or silent to the client's heartbeats for `HEARTBEAT_TIMEOUT`) fails
+the requests it had not answered at once, as a restarted server knows nothing of them; a server
+that refuses the client's key, or whose own key is not the one the client expects, is reported
+as such rather than as silence.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import messages, protocol
 from .auth import ClientKey, Keys
-from .errors import FabricError, FrameTooLarge, Unreachable
+from .errors import BadKey, FabricError, Forbidden, FrameTooLarge, Unreachable
 from .messages import (
     Answer,
     Checkout,
@@ -37,6 +44,7 @@ from .messages import (
     Reply,
     Request,
     Status,
+    Stop,
     Tag,
     Versions,
 )
@@ -46,6 +54,13 @@ from .status import ServerStatus, SessionStatus
 log = logging.getLogger(__name__)
 
 PATIENCE = 30.0  # seconds a server that listens may take to answer: a loaded host answers late
+# ZMTP pings to the server every HEARTBEAT seconds; one silent for HEARTBEAT_TIMEOUT has gone
+# (its libzmq answers them, so a server busy with cells still does)
+HEARTBEAT = 2.0
+HEARTBEAT_TIMEOUT = 10.0
+_WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
 class Client:
@@ -63,13 +78,23 @@ class Client:
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.linger = 0
+        self.socket.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT * 1000))
+        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_TIMEOUT * 1000))
+        self.key = key
         if key is not None:
             key.apply(self.socket)
+        self._monitor = self.socket.get_monitor_socket(_WATCHED)
+        self._poller = zmq.Poller()
+        self._poller.register(self.socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._connected = False  # a handshake with the server succeeded and holds
         self.socket.connect(address)
         self._ids = (f"{os.getpid()}-{n}" for n in itertools.count(1))
         self._pending: dict[str, deque[dict]] = {}  # frames of requests sent, not yet read
 
     def close(self) -> None:
+        self.socket.disable_monitor()
+        self._monitor.close()
         self.socket.close()
         self.context.term()
 
@@ -87,9 +112,47 @@ class Client:
             raise FrameTooLarge(f"a request of {len(frame)} bytes exceeds the limit of "
                                 f"{protocol.WIRE_LIMIT}", size=len(frame),
                                 limit=protocol.WIRE_LIMIT)
-        self.socket.send(frame)
+        self._watch()  # a connection lost before now fails no request sent from now on
+        try:
+            self.socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # no connection takes it: wait for one, within the client's timeout
+            deadline = time.monotonic() + self.timeout
+            while not self.socket.poll(100, zmq.POLLOUT):
+                self._watch()
+                if time.monotonic() > deadline:
+                    raise Unreachable(f"no server at {self.address} takes requests",
+                                      address=self.address) from None
+            self.socket.send(frame, zmq.NOBLOCK)
         self._pending[msg_id] = deque()
         return msg_id
+
+    def _watch(self) -> None:
+        """Read what the monitor saw of the connection: a refusal raises; a lost connection
+        fails the requests still awaited (Unreachable)."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected = True
+            elif event == zmq.EVENT_DISCONNECTED and self._connected:
+                self._connected = False
+                lost, self._pending = self._pending, {}
+                if lost:
+                    raise Unreachable(
+                        f"the server at {self.address} went away before it answered (its "
+                        "connection closed, or it stopped answering heartbeats): what it was "
+                        "doing for this client is lost, a cell's session stays at its last "
+                        "committed version", address=self.address)
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                raise Forbidden(
+                    f"the server at {self.address} refuses this client"
+                    + (f"'s key (user {self.key.user}): it was revoked or never admitted; "
+                       "ask the server's admin for a key (`llfabric keys new NAME`)"
+                       if self.key is not None else ""), address=self.address)
+            elif event != zmq.EVENT_DISCONNECTED and self.key is not None:
+                raise BadKey(f"the server at {self.address} failed the CURVE handshake: its "
+                             "key is not the server key in this client's key file (a key for "
+                             "another server, or the server's key was made again)",
+                             address=self.address)
 
     def receive(self, msg_ids: Collection[str], wait: float) -> dict | None:
         """The next frame answering one of `msg_ids`, or None after `wait` seconds of silence;
@@ -109,8 +172,11 @@ class Client:
                 return self._settled(self._pending[msg_id].popleft())
         deadline = time.monotonic() + wait
         while (left := deadline - time.monotonic()) > 0:
-            if not self.socket.poll(None if left == math.inf else int(left * 1000)):
-                return None
+            ready = dict(self._poller.poll(None if left == math.inf else int(left * 1000)))
+            if self._monitor in ready:
+                self._watch()
+            if self.socket not in ready:
+                continue
             message = protocol.unpack(self.socket.recv(), max_size=1 << 31)
             msg_id = message.get("msg_id")
             if not isinstance(msg_id, str):  # a heartbeat, or an answer to no request of ours
@@ -184,6 +250,11 @@ class Client:
     def interrupt(self, session: str) -> bool:
         """Interrupt the session's running cell; False if none ran."""
         return bool(self.request(Interrupt(session))["interrupted"])
+
+    def stop(self, session: str, timeout: float | None = None) -> bool:
+        """Stop the session's running cell, whichever client ran it, and wait until it is
+        over; False if none ran."""
+        return bool(self.request(Stop(session), timeout)["stopped"])
 
     def answer(self, session: str, value: str | None = None, error: str | None = None) -> dict:
         return self.request(Answer(session, value, error))
@@ -259,10 +330,10 @@ class Events:
             try:
                 message = messages.from_server(frame)
             except FabricError:
-                self._finish()
+                self.close()
                 raise
             if isinstance(message, Reply):
-                self._finish()
+                self.close()
             return message
         raise StopIteration
 
@@ -285,11 +356,12 @@ class Events:
             self._side.add(self._ping)
             self._heard = time.monotonic()
             return
-        self._finish()
+        self.close()
         address = self.client.address
         raise Unreachable(f"no answer from {address} within {self.wait:.0f} s", address=address)
 
-    def _finish(self) -> None:
+    def close(self) -> None:
+        """No longer await the answer: what still comes for it is dropped."""
         self.done = True
         for msg_id in (self.msg_id, *self._side):
             self.client.forget(msg_id)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .output_limit import OUTPUT_LIMIT
 
 if TYPE_CHECKING:
     from .snapshot.retention import Policy
@@ -71,6 +72,8 @@ class Config:
     # seconds a cell whose client left runs on, its outputs kept for a client that follows it
     # (a kernel started again); then it is stopped, its lease back. 0: stopped at once
     detached_grace: int = 3600
+    # bytes of a cell's outputs kept and sent to clients; what is past them is summarised
+    output_limit: int = OUTPUT_LIMIT
     metrics_bind: str = ""  # HOST:PORT where Prometheus scrapes /metrics; empty: not served
     user_bytes: int = 0  # state bytes of one user's sessions (their heads) past which no cell runs
     # "single": every cell runs as the server's user (a laptop, CI); "separate": each user's

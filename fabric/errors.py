@@ -81,6 +81,12 @@ class CellStopped(FabricError):
     kind = "stopped"
 
 
+class Detached(FabricError):
+    """A client let go of its running cell (a second Ctrl-C): the cell runs on, on the server."""
+
+    kind = "detached"
+
+
 class NotebookError(FabricError):
     """A notebook file that is not valid nbformat."""
 

@@ -8,7 +8,8 @@ the server's `detached_grace` seconds; its final frame, if nobody took it, is ke
 follower. Past `KEEP_BYTES` the copy keeps the newest frames, and a follower is told, with a
 `dropped` notice, how many were not kept. A cell's input requests are never kept: a follower
 could not answer one that is over, and a cell that asks while no client follows it is answered
-as when stdin is not available.
+as when stdin is not available. Of a cell's outputs, only `output_limit` bytes go out at all
+(`fabric.output_limit`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable
 
 from . import notices, protocol
 from .errors import FabricError
+from .messages import Output
+from .output_limit import OUTPUT_LIMIT, Budget
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -35,10 +38,12 @@ Send = Callable[[bytes, dict], None]
 class Run:
     """One execute in progress: where its frames go, and what a later follower gets."""
 
-    def __init__(self, session: Session, send: Send, limit: int = KEEP_BYTES) -> None:
+    def __init__(self, session: Session, send: Send, limit: int = KEEP_BYTES,
+                 output_limit: int = OUTPUT_LIMIT) -> None:
         self.session = session
         self._send = send
         self.limit = limit
+        self.budget = Budget(output_limit)  # what of the cell's outputs goes out at all
         # the clients that follow it: identity -> (msg_id of their request, whether it was a
         # follow rather than the execute)
         self.targets: dict[bytes, tuple[str, bool]] = {}
@@ -48,6 +53,8 @@ class Run:
         self.final: dict | None = None  # its reply or error map (no msg_id), once over
         self.detached: float | None = None  # when its last client went away (monotonic)
         self.stopping = False
+        # whether the key of the user who ran it is still admitted: a revoke stops the cell
+        self.admitted: Callable[[], bool] = lambda: True
 
     def attach(self, identity: bytes, msg_id: str, follow: bool = True) -> None:
         """`identity` follows the cell from now; with `follow`, it first gets what was kept
@@ -71,12 +78,20 @@ class Run:
             if not self.targets:
                 self.no_stdin()
         else:
+            if frame.get("event") == "output":
+                output = self.budget.admit(frame["output"])
+                if output is None:
+                    return
+                frame = {**frame, "output": output}
             self._keep(frame)
         for identity, (msg_id, _) in list(self.targets.items()):
             self._to(identity, msg_id, frame)
 
     def finish(self, frame: dict) -> bool:
-        """The cell's final frame (reply or error); False if no client was there to take it."""
+        """The cell's final frame (reply or error), after what its outputs left out, if
+        anything; False if no client was there to take it."""
+        if (summary := self.budget.summary()) is not None:
+            self.emit(Output(summary).to_wire(""))
         self.final = frame
         taken = bool(self.targets)
         for identity, (msg_id, follow) in self.targets.items():

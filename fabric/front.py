@@ -111,6 +111,13 @@ class Front:
         return user
 
 
+    def admission(self, frame: zmq.Frame, user: str) -> Callable[[], bool]:
+        """Whether the key `frame` came with is still admitted, each time it is asked: a
+        request may outlive its key (a cell runs on after a revoke)."""
+        key = _property(frame, auth.KEY_PROPERTY)
+        return lambda: self.keys is None or self.keys.admits(user, key)
+
+
 def msg_id_of(frames: list[zmq.Frame]) -> str | None:
     """The msg_id of a client's frame, read so that even a refused frame is answered."""
     return protocol.peek_msg_id(frames[-1].buffer) if len(frames) > 1 else None

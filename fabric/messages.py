@@ -175,6 +175,15 @@ class Interrupt(Request):
 
 
 @dataclass(frozen=True)
+class Stop(Request):
+    """Stop the session's running cell now (its worker killed, its state not committed),
+    whichever client ran it; the reply comes once it is over (``stopped``: whether one ran)."""
+
+    op = "stop"
+    session: str
+
+
+@dataclass(frozen=True)
 class Answer(Request):
     """The answer to a running cell's input(): `value`, or the `error` its input() raises."""
 
@@ -326,7 +335,7 @@ class Ping(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
-    Open, Draft, Execute, Follow, Interrupt, Answer, Checkout, Close, Tag, Remove, Complete,
+    Open, Draft, Execute, Follow, Interrupt, Stop, Answer, Checkout, Close, Tag, Remove, Complete,
     Inspect, CommMessage, History, Versions, Status, Ping, Holds, Drain, Emigrate, Immigrate)}
 CLIENT_OPS = frozenset(REQUESTS)
 

@@ -11,8 +11,9 @@ import nbformat
 
 from . import notices
 from .client import Client
-from .errors import NotebookError, RemoteError
-from .messages import Notice, Output, Reply
+from .errors import Detached, NotebookError, RemoteError
+from .messages import Interrupt, Notice, Output, Reply
+from .output_limit import Budget
 
 OnOutput = Callable[[int, dict], None]
 
@@ -64,20 +65,27 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
 class _Outputs:
     """Outputs of one cell, with clear_output and display updates applied as a frontend would:
     an update changes every output shown with its display id, in this cell or an earlier one
-    (`displays`, shared by the cells of a notebook)."""
+    (`displays`, shared by the cells of a notebook). They are kept within `OUTPUT_LIMIT` bytes
+    (`fabric.output_limit`); a stream's pieces are joined once, in `done`."""
 
     def __init__(self, displays: dict[str, list]) -> None:
         self.items: list = []  # nbformat outputs
         self.displays = displays
+        self.budget = Budget()
         self._clear_pending = False
+        self._text: list[str] = []  # the pieces of the last output's text, if a stream's
 
     def add(self, output: dict) -> None:
+        if (kept := self.budget.admit(output)) is not None:
+            self._show(kept)
+
+    def _show(self, output: dict) -> None:
         kind = output.get("output_type")
         if kind == "clear_output":
             if output.get("wait"):
                 self._clear_pending = True
             else:
-                self.items.clear()
+                self._clear()
             return
         display_id = (output.get("transient") or {}).get("display_id")
         if kind == "update_display_data":
@@ -85,17 +93,35 @@ class _Outputs:
                 shown["data"], shown["metadata"] = output["data"], output.get("metadata", {})
             return
         if self._clear_pending:
-            self.items.clear()
+            self._clear()
             self._clear_pending = False
-        if kind == "stream" and self.items and self.items[-1].get("output_type") == "stream" \
-                and self.items[-1]["name"] == output["name"]:
-            self.items[-1]["text"] += output["text"]
+        if kind == "stream" and self._text and self.items[-1]["name"] == output["name"]:
+            self._text.append(output["text"])
             return
+        self._join()
         fields = {k: v for k, v in output.items() if k not in ("output_type", "transient")}
         shown = nbformat.v4.new_output(kind, **fields)
         self.items.append(shown)
+        if kind == "stream":
+            self._text = [shown["text"]]
         if display_id:
             self.displays.setdefault(display_id, []).append(shown)
+
+    def done(self) -> list:
+        """The cell's outputs, with a summary of what the limit left out, if anything."""
+        if (summary := self.budget.summary()) is not None:
+            self._show(summary)
+        self._join()
+        return self.items
+
+    def _join(self) -> None:
+        if len(self._text) > 1:
+            self.items[-1]["text"] = "".join(self._text)
+        self._text = []
+
+    def _clear(self) -> None:
+        self.items.clear()
+        self._text = []
 
 
 def _setting(nb: nbformat.NotebookNode, key: str) -> object:
@@ -123,9 +149,13 @@ def notebook_gpus(nb: nbformat.NotebookNode) -> int | None:
 
 def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
                  think_time: float = 0.0, allow_errors: bool = False,
-                 on_output: OnOutput | None = None, gpus: int | None = None) -> NotebookRun:
+                 on_output: OnOutput | None = None, gpus: int | None = None,
+                 on_interrupt: Callable[[str], None] | None = None) -> NotebookRun:
     """Execute the code cells in order; with `think_time`, draft each cell that long before;
-    with `gpus`, each leases that many slots."""
+    with `gpus`, each leases that many slots.
+
+    A KeyboardInterrupt while a cell runs interrupts the cell (`on_interrupt` is told) and the
+    run ends after it; a second one raises Detached, the cell left running on the server."""
     cells: list[CellRun] = []
     displays: dict[str, list] = {}  # display id -> the outputs showing it, in any cell
     first: float | None = None
@@ -140,25 +170,40 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         run = CellRun(index)
         outputs = _Outputs(displays)
         first = time.monotonic() if first is None else first
+        interrupted = False
         try:
             # cells may run for hours
-            for message in client.execute(session, source, gpus=gpus, timeout=0):
-                if isinstance(message, Output):
-                    outputs.add(message.output)
-                    if on_output is not None:
-                        on_output(index, message.output)
-                elif isinstance(message, Notice) and message.topic != "progress":
-                    run.notices.append(message)
-                elif isinstance(message, Reply):
-                    run.reply = message.fields
+            events = client.execute(session, source, gpus=gpus, timeout=0)
+            while not events.done:
+                try:
+                    for message in events:
+                        if isinstance(message, Output):
+                            outputs.add(message.output)
+                            if on_output is not None:
+                                on_output(index, message.output)
+                        elif isinstance(message, Notice) and message.topic != "progress":
+                            run.notices.append(message)
+                        elif isinstance(message, Reply):
+                            run.reply = message.fields
+                except KeyboardInterrupt:
+                    if interrupted:
+                        events.close()
+                        raise Detached(
+                            f"detached from session {session}, whose cell runs on: `llfabric "
+                            f"follow {session}` shows it again, `llfabric stop {session}` "
+                            "stops it", session=session) from None
+                    interrupted = True
+                    events.send(Interrupt(session))
+                    if on_interrupt is not None:
+                        on_interrupt(session)
         except RemoteError as exc:
             run.failure = exc
         last = time.monotonic()
-        cell.outputs = outputs.items
+        cell.outputs = outputs.done()
         if run.reply is not None:
             cell.execution_count = run.reply["execution_count"]
         cells.append(run)
-        if not run.ok and not allow_errors:
+        if interrupted or (not run.ok and not allow_errors):
             break
     return NotebookRun(cells, last - (first if first is not None else last))
 

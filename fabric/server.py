@@ -12,7 +12,8 @@ seconds and drops one silent for `heartbeat_timeout`. A running cell whose clien
 connected (gone, killed, or silent) runs on for `detached_grace` seconds, its outputs kept, so
 that another client (the kernel started after one that died) can `follow` it
 (`fabric.following`); with nobody following it by then, it is stopped, so that its lease comes
-back.
+back. `stop` stops a session's cell whichever client ran it; `close` only from a client that
+follows the cell; a cell whose user's key was revoked is stopped within a heartbeat.
 
 The store stays bounded: after cells commit, and every `gc_interval` seconds besides (versions
 age out of the policy's hours and days without any commit), a thread thins each session's
@@ -80,6 +81,7 @@ from .messages import (
     Reply,
     Request,
     Status,
+    Stop,
     Tag,
     Versions,
 )
@@ -205,7 +207,12 @@ class Server:
             now = time.monotonic()
             for run in list(self._runs.values()):
                 session = run.session
-                if run.prune(self.front.connected):
+                if not run.stopping and not run.admitted():
+                    log.warning("session %s: its user's key was revoked; stopping its cell",
+                                session.name)
+                    run.stopping = True
+                    session.stop("revoked")
+                elif run.prune(self.front.connected):
                     run.detached = now
                     if grace <= 0:
                         log.warning("session %s: its client went away; stopping its cell",
@@ -309,6 +316,8 @@ class Server:
             user, message, request = self.front.read(frames)
             msg_id = message["msg_id"]  # a valid one, however far into the frame it was
 
+            if isinstance(request, Close):
+                self._check_close(user, request.session, identity)
             if isinstance(request, Follow):
                 if self._follow(user, request.session, identity, msg_id):
                     return  # the cell's frames come as it runs
@@ -323,6 +332,8 @@ class Server:
                     run.emit(sent.to_wire(""))
 
             run = self._start_run(user, request, identity, msg_id)
+            if run is not None:
+                run.admitted = self.front.admission(frames[1], user)
             try:
                 final = Reply(await self._dispatch(user, request, emit)).to_wire(msg_id)
             except Exception as exc:  # the client hears of it; the server keeps serving
@@ -346,7 +357,8 @@ class Server:
         session = self.sessions.get(self._store_name(user, request.session))
         if session is None or session.name in self._runs or session.lock.locked():
             return None
-        run = self._runs[session.name] = Run(session, self.front.send)
+        run = self._runs[session.name] = Run(session, self.front.send,
+                                             output_limit=self.config.output_limit)
         run.attach(identity, msg_id, follow=False)
         self._unclaimed.pop(session.name, None)  # a new cell: the one before is no one's
         return run
@@ -370,6 +382,14 @@ class Server:
             return False
         run.attach(identity, msg_id)
         return True
+
+    def _check_close(self, user: str, name: str, identity: bytes) -> None:
+        """Only a client that follows the session's running cell may close it (which stops
+        the cell): another sharing the session, refused a cell of its own, must not."""
+        run = self._runs.get(self._store_name(user, name))
+        if run is not None and identity not in run.targets:
+            raise SessionBusy(f"session {name} is running another client's cell; it stays "
+                              f"open (`llfabric stop {name}` stops that cell)", session=name)
 
     def _store_name(self, user: str, name: str) -> str:
         """Where a user's session lives in the store: the server's own user keeps plain names,
@@ -461,6 +481,8 @@ class Server:
                 return await session.comm(kind, content, buffers or [], emit)
             case Interrupt():
                 return {"interrupted": session.interrupt()}
+            case Stop():
+                return await self._stop_cell(session)
             case Answer(value=value, error=error):
                 return session.answer(value, error)
             case Checkout(version=version):
@@ -468,6 +490,18 @@ class Server:
             case Close():
                 return await self._close(session)
         raise ProtocolError(f"op {request.op!r} has no handler")  # a request defined, not served
+
+    async def _stop_cell(self, session: Session) -> dict:
+        """Stop the session's running cell, whichever client ran it (or none follows it), and
+        answer once it is over: its slot is back and the session takes cells again."""
+        if not session.lock.locked():
+            return {"stopped": False}
+        run = self._runs.get(session.name)
+        if run is not None:
+            run.stopping = True
+        session.stop("stop")
+        async with session.lock:
+            return {"stopped": True, "version": session.manifest.version}
 
     async def _close(self, session: Session) -> dict:
         await session.close()

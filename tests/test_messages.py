@@ -36,6 +36,7 @@ from fabric.messages import (
     Reply,
     Request,
     Status,
+    Stop,
     Tag,
     Versions,
     from_server,
@@ -49,7 +50,7 @@ EVERY_REQUEST = [
     Checkout("s", "best"), Close("s"), Tag("s", "best"), Tag("s", "best", 2), Remove("s"),
     Complete("s", "my_", 3), Inspect("s", "x", 1), Inspect("s", "x", 1, detail=1), History("s"),
     CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
-    Versions("s"), Follow("s"), Status(), Ping(), Holds("s"), Holds("s", "x + 1"),
+    Versions("s"), Follow("s"), Stop("s"), Status(), Ping(), Holds("s"), Holds("s", "x + 1"),
     Drain("host-a"), Drain("host-a", undo=True), Emigrate("s", "ann", "/run/llfabric-x"),
     Immigrate("s", "ann", {"files": [["pages-1.img", ["a" * 32]]], "init": False}),
 ]

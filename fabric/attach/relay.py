@@ -35,6 +35,7 @@ from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, Intera
 from ..client import PATIENCE, Client, Events, listening
 from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
+from ..output_limit import Budget
 from ..status import SessionStatus
 from .answers import Answers
 from .frontend import Frontend
@@ -218,7 +219,9 @@ class Attachment:
 
     def _relay(self, events: Events, result: ExecutionResult,
                seen: Callable[[object], None] | None = None) -> dict:
-        """Publish a cell's events (`seen` first hears of each) until its reply."""
+        """Publish a cell's events (`seen` first hears of each) until its reply; its outputs
+        within their limit (`fabric.output_limit`)."""
+        budget = Budget()
         while True:
             try:
                 for message in events:
@@ -226,9 +229,12 @@ class Attachment:
                         seen(message)
                     match message:
                         case Reply(fields=reply):
+                            if (summary := budget.summary()) is not None:
+                                self._publish_output(summary, result)
                             return reply
                         case Output(output=output):
-                            self._publish_output(output, result)
+                            if (kept := budget.admit(output)) is not None:
+                                self._publish_output(kept, result)
                         case Comm():
                             self.publish_event(message)
                         case Queued(ahead=ahead):

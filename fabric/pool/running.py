@@ -27,6 +27,8 @@ STOPS = {  # why the server stopped a running cell, as the user is told
     "close": "the session was closed while the cell ran",
     "client": "the client that ran the cell stopped answering",
     "detached": "the client that ran the cell went away and no other followed it in time",
+    "stop": "`llfabric stop` stopped it",
+    "revoked": "the key of the user who ran it was revoked",
 }
 
 

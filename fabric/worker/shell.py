@@ -70,13 +70,15 @@ class _DisplayHook(DisplayHook):
 
 
 class OutStream(io.TextIOBase):
-    """A text stream whose writes are batched into `stream` outputs, at least every 50 ms.
+    """A text stream whose writes are batched into `stream` outputs, at least every 50 ms, of
+    at most `chunk` characters each.
 
     `flush()` first drains `before_flush` (output written to the fd underneath by C code), so an
     explicit flush, as the display hook does, keeps outputs in the order they were made.
     """
 
     interval = 0.05
+    chunk = 1 << 16  # characters of text in one stream output at most
     encoding = "utf-8"  # as a kernel's streams: IPython prints "±", not "+-", on them
 
     def __init__(self, name: str, shell: ZMQInteractiveShell) -> None:
@@ -107,8 +109,8 @@ class OutStream(io.TextIOBase):
         with self._lock:
             text, self._parts = "".join(self._parts), []
             self._last = time.monotonic()
-        if text:
-            self._shell.sink("stream", name=self.name, text=text)
+        for start in range(0, len(text), self.chunk):  # a flood never fills one message
+            self._shell.sink("stream", name=self.name, text=text[start:start + self.chunk])
 
     def flush(self) -> None:
         if self.before_flush is not None:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from fabric.auth import ClientKey, Keys, write_client_key
 from fabric.client import Client
-from fabric.errors import RemoteError, UnsafePath
-from fabric.messages import Execute
+from fabric.errors import BadKey, Forbidden, RemoteError, UnsafePath
+from fabric.messages import Execute, Output
 from fabric.private import open_private, private_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,8 +105,8 @@ def test_unknown_keys_and_plain_clients_get_no_service(tcp, users) -> None:
     server, keys = tcp
     public, secret = zmq.curve_keypair()
     stranger = ClientKey("eve", public.decode(), secret.decode(), keys.server_pair()[0])
-    with _client(server, stranger) as client:
-        assert not client.ping(timeout=2)
+    with _client(server, stranger) as client, pytest.raises(Forbidden):
+        client.ping(timeout=2)  # told so, not taken for a server that does not answer
     plain = zmq.Context.instance().socket(zmq.DEALER)  # no CURVE: what a stdlib script speaks
     plain.linger = 0
     plain.connect(server.address)
@@ -344,3 +345,36 @@ def test_keys_are_made_listed_and_revoked_and_run_uses_the_configured_one(
     assert _cli("keys", "revoke", "frank", key_dir=key_dir).returncode == 0
     assert "frank " not in _cli("keys", "list", key_dir=key_dir).stdout
     assert _cli("keys", "revoke", "frank", key_dir=key_dir).returncode != 0
+
+
+def test_a_revoke_stops_the_users_running_cell(tcp, tmp_path: Path) -> None:
+    server, keys = tcp
+    with _client(server, keys.new_client("gina"), timeout=60) as gina:
+        name = f"g-{uuid.uuid4().hex[:8]}"
+        gina.call("open", session=name, cwd=str(tmp_path))
+        forever = "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.1)\n"
+        events = gina.execute(name, forever, timeout=60)
+        next(m for m in events if isinstance(m, Output))  # it runs
+        assert keys.revoke("gina")
+        revoked = time.monotonic()
+        with pytest.raises(RemoteError) as stopped:
+            for _ in events:  # its outputs stop: the cell is stopped, uncommitted
+                assert time.monotonic() - revoked < 60, "the cell ran on after the revoke"
+    assert stopped.value.kind == "stopped" and "revoked" in stopped.value.message
+    with _client(server, keys.new_client("gina")) as again:  # a new key: nothing of it runs
+        assert again.call("status")["leases"]["held"] == 0
+
+
+def test_a_refused_key_and_a_wrong_server_key_are_told_at_once(tcp, tmp_path: Path) -> None:
+    server, keys = tcp
+    hugo = keys.new_client("hugo")
+    assert keys.revoke("hugo")
+    with _client(server, hugo) as client, pytest.raises(Forbidden) as refused:
+        client.call("ping")
+    assert "revoked or never admitted" in refused.value.message
+    other, _ = zmq.curve_keypair()
+    alice = keys.client()  # an admitted pair, with another server's key
+    wrong = ClientKey(alice.user, alice.public, alice.secret, other.decode())
+    with _client(server, wrong) as client, pytest.raises(BadKey) as mismatch:
+        client.call("ping")
+    assert "not the server key" in mismatch.value.message

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabric.auth import ClientKey, Keys, write_client_key
 from fabric.client import Client
+from fabric.errors import Forbidden
 
 
 def _port() -> int:
@@ -43,8 +44,9 @@ def test_a_scrape_counts_cells_waits_failures_leases_sessions_and_refusals(
         assert execute(client, session, "1 / 0")[0]["status"] == "error"
         public, secret = zmq.curve_keypair()
         stranger = ClientKey("eve", public.decode(), secret.decode(), keys.server_pair()[0])
-        with Client(server.address, timeout=5, key=stranger) as refused:
-            assert not refused.ping(timeout=2)
+        with Client(server.address, timeout=5, key=stranger) as refused, \
+                pytest.raises(Forbidden):
+            refused.ping(timeout=2)
         metrics = _scrape(port)
     cells = {labels: value for (name, labels), value in metrics.items()
              if name == "llfabric_cells_total"}
