@@ -7,11 +7,11 @@ executed cell (`cellId` in the execute request's metadata) and start the kernel 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 
-import nbformat
 import xxhash
 
 from ..protocol import as_session_name
@@ -43,18 +43,23 @@ def session_name(notebook: Path | None, fallback: str) -> str:
 
 
 def next_cell_source(notebook: Path, cell_id: str) -> str | None:
-    """The source of the code cell after `cell_id` in the notebook as saved, if there is one."""
+    """The source of the code cell after `cell_id` in the notebook as saved, if there is one.
+
+    Read as the JSON it is, not with nbformat: importing nbformat (and jsonschema) would take
+    seconds of the kernel's start."""
     try:
-        nb = nbformat.read(str(notebook), as_version=4)
+        nb = json.loads(notebook.read_bytes())
+        cells = [cell for cell in nb["cells"] if isinstance(cell, dict)]
     except Exception as exc:  # a notebook being saved, or not one: no draft, never a failure
         log.info("cannot read %s for a draft: %s", notebook, exc)
         return None
-    cells = nb.get("cells", [])
     ids = [cell.get("id") for cell in cells]
     if cell_id not in ids:
         return None
     for cell in cells[ids.index(cell_id) + 1:]:
         if cell.get("cell_type") == "code":
             source = cell.get("source", "")
+            if isinstance(source, list) and all(isinstance(line, str) for line in source):
+                return "".join(source)  # a file's source is a string or a list of lines
             return source if isinstance(source, str) else None
     return None

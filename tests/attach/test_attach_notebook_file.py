@@ -12,7 +12,7 @@ from fabric.attach.notebook_file import find_notebook, next_cell_source, session
 def _notebook(path: Path) -> list[str]:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("a = 1"), nbformat.v4.new_markdown_cell("# text"),
-                nbformat.v4.new_code_cell("b = a"), nbformat.v4.new_code_cell("c = b")]
+                nbformat.v4.new_code_cell("b = a"), nbformat.v4.new_code_cell("c = b\nd = c")]
     nbformat.write(nb, str(path))
     return [c.id for c in nb.cells]
 
@@ -20,7 +20,7 @@ def _notebook(path: Path) -> list[str]:
 def test_the_next_code_cell_skips_markdown(tmp_path: Path) -> None:
     ids = _notebook(tmp_path / "n.ipynb")
     assert next_cell_source(tmp_path / "n.ipynb", ids[0]) == "b = a"
-    assert next_cell_source(tmp_path / "n.ipynb", ids[2]) == "c = b"
+    assert next_cell_source(tmp_path / "n.ipynb", ids[2]) == "c = b\nd = c"  # saved as lines
     assert next_cell_source(tmp_path / "n.ipynb", ids[3]) is None  # the last cell
     assert next_cell_source(tmp_path / "n.ipynb", "no-such-id") is None
 
