@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import xxhash
-from IPython.core.alias import default_aliases
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
@@ -172,10 +171,8 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     config = Config()
     config.HistoryManager.hist_file = ":memory:"
-    config.InteractiveShell.colors = "nocolor"
+    # IPython's default colours, as a kernel's: tracebacks and `?` help in colour
     shell = ZMQInteractiveShell.instance(config=config, user_ns=user_ns)
-    for name, command in default_aliases():  # as a kernel has them: nocolor drops ls's --color
-        shell.alias_manager.soft_define_alias(name, command)
     # A kernel's magics too: ipykernel's own (%clear, %less, %man...) and %store, the extension
     # every IPython application loads; without them such a cell fails only on the fabric. With
     # ipykernel's shell loaded, libraries that look for it (tqdm.auto) take a notebook for one.

@@ -325,3 +325,20 @@ def test_a_slider_moved_in_the_frontend_moves_the_workers_slider(
         assert seen[0] == seen[1] == ("moved to 7\n", "7\n")
     finally:
         kernel.stop()
+
+
+
+def _traceback(outputs: list[dict]) -> str:
+    return "".join(line for m in outputs if m["msg_type"] == "error"
+                   for line in m["content"]["traceback"])
+
+
+def test_tracebacks_and_help_in_a_plain_kernels_colours(fresh: Kernel,
+                                                        fresh_plain: Kernel) -> None:
+    code = "def f(n):\n    return 1 / n\nf(0)"
+    mine, theirs = _traceback(fresh.execute(code)[1]), _traceback(fresh_plain.execute(code)[1])
+    assert "\x1b[" in theirs and "\x1b[" in mine  # ANSI colours
+    assert "ZeroDivisionError" in mine
+    [help_mine], [help_theirs] = _payloads(fresh, "zip?"), _payloads(fresh_plain, "zip?")
+    assert "\x1b[" in help_theirs["data"]["text/plain"]
+    assert help_mine["data"]["text/plain"] == help_theirs["data"]["text/plain"]
