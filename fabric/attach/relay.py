@@ -211,9 +211,12 @@ class Attachment:
         return max(count, int(reply.get("execution_count", 0)) + 1)
 
     def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:
+        parent = self.kernel.get_parent("shell") or {}
         events = self.client.execute(self.session, source, stdin=True,
                                      cell_id=result.info.cell_id, gpus=self.gpus,
-                                     execution_count=count, timeout=SILENCE)
+                                     execution_count=count,
+                                     parent_id=(parent.get("header") or {}).get("msg_id"),
+                                     timeout=SILENCE)
         return self._relay(events, result)
 
     def _relay(self, events: Events, result: ExecutionResult,

@@ -106,6 +106,7 @@ class Run(Message):
     threads: int = 0
     replay: bool = False
     reached: list[str] | None = None  # the names the cell reads or writes; None: any
+    parent_id: str | None = None  # the frontend's request, as the shell's parent (`shell`)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class CommIn(Message):
     msg_type: str
     content: dict[str, Any]
     buffers: list[bytes] = field(default_factory=list)
+    parent_id: str | None = None  # the frontend's request, as the shell's parent (`shell`)
 
 
 @dataclass(frozen=True)

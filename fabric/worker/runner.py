@@ -137,7 +137,7 @@ class Worker:
         builtins.input = self._input
         getpass.getpass = self._getpass
         introspect.collect_payloads(shell)
-        comms.install(channel.send)
+        comms.install(channel.send, shell)
 
     def _ask(self, prompt: str, password: bool) -> str:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""
@@ -199,6 +199,7 @@ class Worker:
                                      message.detail))
 
     def comm(self, message: CommIn) -> Answered:
+        self.shell.handling(message.parent_id)
         return Answered(comms.receive(message))
 
     def _answer(self, ask: Any, *args: Any) -> dict:
@@ -281,6 +282,7 @@ class Worker:
             # llfabric's setting, not the session's: never saved as a change it made
             self.base_environ.update(threads.environ(self.threads.count))
         self.shell.execution_count = message.execution_count
+        self.shell.handling(message.parent_id)
         introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
         self.channel.send(Started())

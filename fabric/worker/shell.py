@@ -139,6 +139,20 @@ class ZMQInteractiveShell(InteractiveShell):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sink: Sink = lambda kind, **fields: None
+        self._parent: dict = {}
+
+    # The frontend's request being handled, as a kernel's shell has it: an output widget
+    # captures what is output under its msg_id (`ipywidgets.Output`).
+    def get_parent(self) -> dict:
+        return self._parent
+
+    def set_parent(self, parent: dict) -> None:
+        self._parent = parent
+
+    def handling(self, parent_id: str | None) -> None:
+        """The request (a cell, a comm message) of the frontend's msg_id `parent_id`; None:
+        no frontend's (a replay, a cell of `llfabric run`)."""
+        self.set_parent({"header": {"msg_id": parent_id}} if parent_id else {})
 
     def init_history(self) -> None:
         super().init_history()
