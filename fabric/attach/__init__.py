@@ -63,6 +63,7 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
     shell.run_cell = partial(_run_cell, attachment, type(shell).run_cell.__get__(shell))
     shell.should_run_async = lambda *args, **kwargs: False  # the relay blocks, as a sync cell
     attachment.answers.install()
+    attachment.busy.install()
     _listen_for_drafts(attachment)
     restart.install(attachment)  # Restart Kernel empties the session
     atexit.register(attachment.close)  # a kernel shut down retires its session's workers
@@ -90,6 +91,7 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
     restart.uninstall(attachment)
     atexit.unregister(attachment.close)
     attachment.answers.uninstall()
+    attachment.busy.uninstall()
     attachment.close(forget)
     return True
 

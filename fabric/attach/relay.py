@@ -37,6 +37,7 @@ from ..errors import FabricError, RemoteError, Unreachable
 from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
 from ..status import SessionStatus
 from .answers import Answers
+from .busy import Busy
 from .frontend import Frontend
 from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
@@ -82,6 +83,7 @@ class Attachment:
         self.gpus: int | None = None
         self.answers = Answers(self)
         self.frontend = Frontend(self)  # the comms of a JupyterLab extension
+        self.busy = Busy(self.kernel)  # the kernel's status while a cell runs
 
     def close(self, forget: bool = True) -> None:
         """Detach; with `forget`, the server also retires the session's workers (the store
@@ -131,7 +133,8 @@ class Attachment:
         self.frontend.cell_started(cell_id, (parent.get("header") or {}).get("msg_id"), count)
         result: ExecutionResult | None = None
         try:
-            result = self._run(source, cell_id, count)
+            with self.busy.running(parent):
+                result = self._run(source, cell_id, count)
             return result
         finally:
             failed = result is None or result.error_in_exec is not None
