@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from xml.etree import ElementTree
 
 import nbformat
 import pytest
@@ -269,6 +270,9 @@ def test_kernelspec_install_writes_an_attaching_kernel(tmp_path: Path) -> None:
     assert spec["display_name"] == "Python 3 (llfabric)"
     assert "--ext=fabric.attach" in spec["argv"]
     assert spec["env"] == {"LLFABRIC_BIND": "ipc:///tmp/x.sock"}
+    # the launcher shows a kernel's logo-* resource, as it shows a plain kernel's
+    logo = tmp_path / "share/jupyter/kernels/llfabric/logo-svg.svg"
+    assert ElementTree.parse(logo).getroot().tag == "{http://www.w3.org/2000/svg}svg"
 
 
 def test_live_edits_on_the_draft_comm_prepare_a_worker(kernel: Kernel, server: RunningServer,
