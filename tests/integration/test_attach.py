@@ -23,7 +23,7 @@ from helpers import RunningServer, execute, hold_a_slot, serving, start_server
 from jupyter_client.kernelspec import KernelSpecManager
 
 from cli.main import main as cli
-from fabric.attach.notebook_file import session_name
+from fabric.attach.notebook_file import META
 from fabric.errors import RemoteError
 from fabric.messages import Reply
 from fabric.snapshot import Store
@@ -158,10 +158,11 @@ def test_the_next_cell_of_the_notebook_is_drafted(server: RunningServer, specs: 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("a = 1"), nbformat.v4.new_markdown_cell("text"),
                 nbformat.v4.new_code_cell("a + 1")]
+    # No session given: the notebook's metadata names it, the frontend names the notebook.
+    session = f"work-{uuid.uuid4().hex[:8]}"
+    nb.metadata[META] = {"session": session, "path": "work.ipynb"}
     nbformat.write(nb, str(tmp_path / "work.ipynb"))
-    # No session given: the kernel names it after the notebook, as the frontend reports it.
     env = kernel_env(server.address, "", JPY_SESSION_NAME="work.ipynb")
-    session = session_name((tmp_path / "work.ipynb").resolve(), "unused")
     started = Kernel.start(specs, env, tmp_path)
     try:
         started.execute("b = 2")  # no cell id: nothing to draft
