@@ -27,7 +27,10 @@ export function describe(status: IStatus): string {
   const lease =
     status.lease === 'queued' ? `queued #${status.position}` : `lease ${status.lease}`;
   const share = Math.round(100 * (status.saved_share ?? 0));
-  const saved = (status.saved_hours ?? 0).toFixed(3);
+  // before its first cell a session has leased nothing, and saved nothing worth a figure
+  const saved = status.lease_seconds
+    ? ` · ${(status.saved_hours ?? 0).toFixed(3)} ${kind}-h saved (${share}%)`
+    : '';
   const pinned = status.pinned ? ' · pinned' : '';
-  return `llfabric: ${status.session} · ${status.tier} · ${lease} · ${saved} ${kind}-h saved (${share}%)${pinned}`;
+  return `llfabric: ${status.session} · ${status.tier} · ${lease}${saved}${pinned}`;
 }

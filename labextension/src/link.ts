@@ -11,6 +11,9 @@ import { RunningCellFollower } from './running';
 export const DRAFT_TARGET = 'llfabric.draft';
 export const STATUS_TARGET = 'llfabric.status';
 export const HISTORY_TARGET = 'llfabric.history';
+// The notebook's metadata key for its session (fabric/attach/notebook_file.py): the session
+// belongs to the notebook, wherever it is moved, and a copy gets its own.
+export const IDENTITY_KEY = 'llfabric';
 // While the user types, a draft at most this often (the latest text each time), so that the
 // worker is readied during the typing, not only after a pause in it.
 const THROTTLE_MS = 300;
@@ -24,6 +27,7 @@ export interface IStatus {
   kind?: string; // gpu or cpu
   lease?: string; // held, queued or released
   position?: number | null; // in the queue for a slot
+  lease_seconds?: number; // 0: no cell has run yet
   saved_hours?: number;
   saved_share?: number;
   pinned?: boolean;
@@ -65,6 +69,7 @@ export class Link {
       this._followRunning();
     }, this);
     panel.content.activeCellChanged.connect(this._watchActiveCell, this);
+    panel.context.pathChanged.connect(() => this._keepIdentity(), this);
     this._watchActiveCell();
     this._followRunning();
     panel.disposed.connect(() => {
@@ -161,6 +166,7 @@ export class Link {
     if (data.status) {
       const wasPinned = this._status?.pinned;
       this._setStatus(data.status);
+      this._keepIdentity();
       if (this._historyComm === null && data.status.session) {
         this._openHistory(); // the kernel is attached: its session has a history
       }
@@ -174,6 +180,21 @@ export class Link {
     }
     if (data.notice) {
       Notification.info(`llfabric: ${data.notice}`, { autoClose: 5000 });
+    }
+  }
+
+  // The notebook's metadata names the session its kernel opened and where the notebook is:
+  // a kernel started for it later opens that session (a copy, a new one).
+  private _keepIdentity(): void {
+    const session = this._status?.session;
+    const model = this.panel.context.model;
+    if (!session || this._status?.error || model === null) {
+      return;
+    }
+    const identity = { session, path: this.panel.context.path };
+    const saved = model.getMetadata(IDENTITY_KEY) as typeof identity | undefined;
+    if (saved?.session !== identity.session || saved?.path !== identity.path) {
+      model.setMetadata(IDENTITY_KEY, identity);
     }
   }
 

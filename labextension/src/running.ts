@@ -145,20 +145,22 @@ export class RunningCellFollower {
     subshell: string | null
   ): void {
     if (data.running !== undefined) {
-      this._deleteSubshell(subshell); // the rest comes on IOPub
-      this._start(data.running);
+      if (this._start(data.running)) {
+        this._deleteSubshell(subshell); // the rest comes on IOPub
+      } else {
+        this._close(subshell);
+      }
     } else if (data.done && data.done.msg_id === this._msgId) {
       this._finish(data.done.execution_count);
     }
   }
 
-  private _start(running: IRunning | null): void {
+  // Follows the running cell; false where there is none to follow.
+  private _start(running: IRunning | null): boolean {
     const model = running ? this._cell(running.cell_id) : null;
     // a cell this JupyterLab runs itself (another view of the notebook) shows its outputs already
     if (running === null || model === null || model.executionState === 'running') {
-      this._comm?.close();
-      this.dispose();
-      return;
+      return false;
     }
     this._model = model;
     this._msgId = running.msg_id;
@@ -180,6 +182,29 @@ export class RunningCellFollower {
     for (const msg of buffered) {
       this._onIOPub(this.kernel, msg);
     }
+    return true;
+  }
+
+  // Closes the comm on `subshell` (null: the main shell), where the kernel has it, and deletes
+  // that subshell once the close is handled: deleted first, the close would find no subshell.
+  private _close(subshell: string | null): void {
+    const comm = this._comm;
+    const kernel = this.kernel;
+    const deleteSubshell = () => this._deleteSubshell(subshell);
+    if (comm !== null && !comm.isDisposed && !kernel.isDisposed) {
+      const close = KernelMessage.createMessage({
+        msgType: 'comm_close',
+        channel: 'shell',
+        username: kernel.username,
+        session: kernel.clientId,
+        subshellId: subshell,
+        content: { comm_id: comm.commId, data: {} }
+      });
+      kernel.sendShellMessage(close, false, true).done.then(deleteSubshell, deleteSubshell);
+    } else {
+      deleteSubshell();
+    }
+    this.dispose();
   }
 
   private _cell(id: string | null): ICodeCellModel | null {
@@ -262,8 +287,7 @@ export class RunningCellFollower {
       }
       model.executionState = 'idle';
     }
-    this._comm?.close();
-    this.dispose();
+    this._close(null); // its subshell is gone; the main shell is free again
   }
 
   private _disposed = false;

@@ -111,6 +111,7 @@ def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServ
         # the kernel attached and the extension hears its status comm
         item.filter(has_text=session).wait_for(timeout=90_000)
         assert "cold" in item.inner_text()  # a new session: no worker yet
+        assert "saved" not in item.inner_text()  # nor savings to speak of
         first = page.locator(".jp-Notebook .jp-Cell").nth(0)
         first.locator(".cm-content").click()
         page.keyboard.press("Shift+Enter")  # runs `x = 41`, moves to the empty cell
@@ -126,7 +127,16 @@ def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServ
         second.locator(".jp-OutputArea-output").filter(has_text="42") \
             .wait_for(timeout=60_000)
         assert session in item.inner_text()
+        item.filter(has_text="saved").wait_for(timeout=30_000)  # the lease is counted now
         page.screenshot(path=str(tmp_path / "lab.png"))  # what a user sees, for the record
+        # the notebook's metadata names its session, which a kernel started for it opens
+        page.keyboard.press("Control+s")
+        assert _wait_until(lambda: json.loads((tmp_path / "work.ipynb").read_text())
+                           ["metadata"].get("llfabric") == {"session": session,
+                                                           "path": "work.ipynb"})
+    # the extension closed its comms where the kernel had them (a close sent to a subshell
+    # already deleted is refused, in the kernel's log)
+    assert "Unknown subshell_id" not in (tmp_path / "jupyterlab.log").read_text()
 
 
 def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
