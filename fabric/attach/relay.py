@@ -239,12 +239,12 @@ class Attachment:
                             self.publish_event(message)
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
-                                      "sessions ahead")
+                                      "sessions ahead", "queued")
                         case Notice(topic="dropped", text=text):  # a follower's gap
                             self.publish("stream", {"name": "stderr",
                                                     "text": f"llfabric: {text}\n"})
-                        case Notice(text=text):
-                            self._log(text)
+                        case Notice(topic=topic, text=text):
+                            self._log(text, topic)
                         case InputRequest():
                             self._answer(message, events)
                 # an interrupt landed as the reply was read: the cell is over, its reply lost
@@ -268,11 +268,11 @@ class Attachment:
             return
         events.send(Answer(self.session, value=str(value)))
 
-    def _log(self, text: str) -> None:
+    def _log(self, text: str, topic: str) -> None:
         """The kernel's log and the frontend's notifications: where a kernel's own news goes,
         apart from the notebook."""
         getattr(self.kernel, "log", log).warning("llfabric: session %s: %s", self.session, text)
-        self.frontend.notice(text)  # a notification in JupyterLab
+        self.frontend.notice(text, topic)  # a notification in JupyterLab
 
     # publishing
     def publish(self, msg_type: str, content: dict, metadata: dict | None = None,

@@ -9,10 +9,16 @@ export class StatusItem extends Widget {
     this.node.dataset.llfabric = 'status';
   }
 
-  show_(status: IStatus | null): void {
+  // `notices`: the latest word of each condition llfabric told of, in the tooltip.
+  show_(status: IStatus | null, notices: ReadonlyMap<string, string> = new Map()): void {
     this.node.textContent = status === null ? '' : describe(status);
     this.node.title =
-      status === null ? '' : `llfabric server ${status.address}, version ${status.version ?? 0}`;
+      status === null
+        ? ''
+        : [
+            `llfabric server ${status.address}, version ${status.version ?? 0}`,
+            ...notices.values()
+          ].join('\n');
   }
 }
 

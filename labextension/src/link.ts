@@ -17,6 +17,12 @@ export const IDENTITY_KEY = 'llfabric';
 // While the user types, a draft at most this often (the latest text each time), so that the
 // worker is readied during the typing, not only after a pause in it.
 const THROTTLE_MS = 300;
+const NOTICE_MS = 8000; // a notification closes itself after this
+// What a pinned session means and what the user can do, said once, within the 140 characters
+// a notification shows; the status item's tooltip holds the details.
+const PINNED =
+  'llfabric: values that cannot be saved keep this session on its worker (pinned); del them ' +
+  'to free it. Details: status bar';
 
 export interface IStatus {
   session: string;
@@ -84,6 +90,11 @@ export class Link {
 
   get changed(): ISignal<this, IStatus | null> {
     return this._changed;
+  }
+
+  // The latest word of each notice topic this session had, for the status item's tooltip.
+  get notices(): ReadonlyMap<string, string> {
+    return this._notices;
   }
 
   get history(): IHistory | null {
@@ -162,25 +173,47 @@ export class Link {
     this._statusComm = comm;
   }
 
-  private _onStatusMessage(data: { status?: IStatus; notice?: string }): void {
+  private _onStatusMessage(data: { status?: IStatus; notice?: string; topic?: string }): void {
     if (data.status) {
-      const wasPinned = this._status?.pinned;
       this._setStatus(data.status);
       this._keepIdentity();
       if (this._historyComm === null && data.status.session) {
         this._openHistory(); // the kernel is attached: its session has a history
       }
-      if (data.status.pinned && !wasPinned) {
-        Notification.warning(
-          `llfabric: session ${data.status.session} is pinned to its worker ` +
-            '(it holds values that cannot be saved)',
-          { autoClose: 8000 }
-        );
+      if (data.status.pinned) {
+        this._notify('pinned', 'warning', PINNED);
       }
     }
     if (data.notice) {
-      Notification.info(`llfabric: ${data.notice}`, { autoClose: 5000 });
+      const topic = data.topic || data.notice;
+      this._notices.set(topic, data.notice);
+      if (topic === 'pinned') {
+        this._notify(topic, 'warning', PINNED);
+      } else {
+        this._notify(topic, 'info', `llfabric: ${data.notice}`);
+      }
+      this._changed.emit(this._status);
     }
+  }
+
+  // One notification per condition (a notice's topic) and session, ever: a later word of it
+  // updates the one still shown, and none is shown again after a reload.
+  private _notify(topic: string, type: 'info' | 'warning', message: string): void {
+    const session = this._status?.session;
+    if (!session) {
+      return;
+    }
+    const key = `llfabric-notified:${session}:${topic}`;
+    const shown = this._shown.get(key);
+    if (shown !== undefined) {
+      Notification.update({ id: shown, message, type, autoClose: NOTICE_MS });
+      return;
+    }
+    if (window.localStorage.getItem(key) !== null) {
+      return;
+    }
+    window.localStorage.setItem(key, String(Date.now()));
+    this._shown.set(key, Notification.emit(message, type, { autoClose: NOTICE_MS }));
   }
 
   // The notebook's metadata names the session its kernel opened and where the notebook is:
@@ -307,11 +340,14 @@ export class Link {
     this._draftComm = null;
     this._historyComm = null;
     this._refused = false;
+    this._notices.clear();
     this._setStatus(null);
     this._setHistory(null);
   }
 
   private _status: IStatus | null = null;
+  private _notices = new Map<string, string>();
+  private _shown = new Map<string, string>(); // notification ids, by session and topic
   private _followed: Kernel.IKernelConnection | null = null;
   private _follower: RunningCellFollower | null = null;
   private _changed = new Signal<this, IStatus | null>(this);

@@ -289,3 +289,21 @@ def test_the_status_item_follows_the_lease_and_counts_restart_at_one_after_a_res
             .wait_for(timeout=60_000)
         prompts[3].filter(has_text="[1]").wait_for(timeout=30_000)
         assert prompts[3].inner_text().strip() == "[1]:"
+
+
+def test_a_notice_comes_once_per_condition_and_not_again_after_a_reload(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with _notebook(server, page, tmp_path, request, "g = (i for i in range(3))",
+                   "h = (i for i in range(3))") as lab:
+        toasts = page.locator(".Toastify__toast").filter(has_text="llfabric")
+        page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # g cannot be saved: the session is pinned
+        toasts.filter(has_text="pinned").wait_for(timeout=60_000)
+        page.keyboard.press("Shift+Enter")  # h: the same condition again
+        item = page.locator("[data-llfabric=status]")  # its tooltip: the details
+        assert _wait_until(lambda: "h cannot be saved" in (item.get_attribute("title") or ""))
+        assert toasts.count() == 1, toasts.all_inner_texts()  # the one notice
+        assert "del them" in toasts.first.inner_text()  # what the user can do
+        page.reload()
+        item.filter(has_text=lab.session).filter(has_text="pinned").wait_for(timeout=90_000)
+        assert toasts.count() == 0, toasts.all_inner_texts()  # not replayed
