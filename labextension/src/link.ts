@@ -7,6 +7,7 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { CommsOverSubshells, Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import { RunningCellFollower } from './running';
+import { createSubshell, deleteSubshell, sendOnSubshell } from './subshell';
 
 export const DRAFT_TARGET = 'llfabric.draft';
 export const STATUS_TARGET = 'llfabric.status';
@@ -119,8 +120,12 @@ export class Link {
   private _onKernelStatus(_: unknown, status: Kernel.Status): void {
     if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
       this._reset();
-    } else if (status === 'idle' && this._statusComm === null && !this._refused) {
-      this._openStatus();
+    } else if (
+      (status === 'idle' || status === 'busy') &&
+      this._statusComm === null &&
+      !this._refused
+    ) {
+      this._openStatus(); // busy: a notebook reopened while its cell runs
     }
   }
 
@@ -169,8 +174,14 @@ export class Link {
       this._refused = this._status === null;
       this._setStatus(null);
     };
-    comm.open({});
     this._statusComm = comm;
+    // opened on a subshell of its own, so that the status shows while a cell runs
+    void createSubshell(kernel).then(async subshell => {
+      if (!comm.isDisposed && this._statusComm === comm) {
+        await sendOnSubshell(kernel, comm, subshell, 'comm_open');
+      }
+      deleteSubshell(kernel, subshell); // its messages come on IOPub
+    });
   }
 
   private _onStatusMessage(data: { status?: IStatus; notice?: string; topic?: string }): void {
