@@ -291,14 +291,15 @@ export class Link {
   }
 
   private _watchActiveCell(): void {
-    this._watched?.contentChanged.disconnect(this._onEdit, this);
+    this._watched?.sharedModel.changed.disconnect(this._onEdit, this);
     const cell = this.panel.content.activeCell;
     this._watched = cell?.model.type === 'code' ? cell.model : null;
-    this._watched?.contentChanged.connect(this._onEdit, this);
+    this._watched?.sharedModel.changed.connect(this._onEdit, this);
   }
 
-  private _onEdit(): void {
-    if (this._timer === null) {
+  // Its source typed, not its outputs, prompt or state changed (a cell run and stayed on)
+  private _onEdit(_: unknown, change: { sourceChange?: unknown }): void {
+    if (change.sourceChange && this._timer === null) {
       this._timer = setTimeout(() => this._sendDraft(), THROTTLE_MS);
     }
   }

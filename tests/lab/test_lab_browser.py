@@ -311,3 +311,16 @@ def test_a_notice_comes_once_per_condition_and_not_again_after_a_reload(
         page.reload()
         item.filter(has_text=lab.session).filter(has_text="pinned").wait_for(timeout=90_000)
         assert toasts.count() == 0, toasts.all_inner_texts()  # not replayed
+
+
+def test_a_cell_that_runs_and_prints_is_not_drafted_again(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    printing = "import time\nfor i in range(40):\n    print('at', i, flush=True)\n" \
+               "    time.sleep(0.1)"
+    with _notebook(server, page, tmp_path, request, printing) as lab:
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(0)
+        cell.locator(".cm-content").click()
+        page.keyboard.press("Control+Enter")  # runs it and stays on it: its outputs change
+        cell.locator(".jp-OutputArea-output").filter(has_text="at 20").wait_for(timeout=60_000)
+        status = _session_status(server, lab.session)
+        assert status["running"] and not status["prepared"], status  # nothing typed
