@@ -234,12 +234,13 @@ class Client:
 
     def execute(self, session: str, source: str, *, stdin: bool = False,
                 cell_id: str | None = None, gpus: int | None = None,
-                execution_count: int | None = None, timeout: float | None = None) -> Events:
+                execution_count: int | None = None, parent_id: str | None = None,
+                timeout: float | None = None) -> Events:
         """Start a cell (with `gpus`, the session's GPU count from it on; with
-        `execution_count`, its prompt number); iterate the result for its outputs and notices,
-        then its Reply."""
-        return self.start(Execute(session, source, stdin, cell_id, gpus, execution_count),
-                          timeout)
+        `execution_count`, its prompt number; with `parent_id`, a frontend's request);
+        iterate the result for its outputs and notices, then its Reply."""
+        return self.start(Execute(session, source, stdin, cell_id, gpus, execution_count,
+                                  parent_id), timeout)
 
     def follow(self, session: str, timeout: float | None = None) -> Events:
         """Follow the session's running cell, whose client went away (or the reply of one that

@@ -157,6 +157,9 @@ class Execute(Request):
     # the prompt number the frontend shows (its kernel's own cells take numbers too);
     # None: the one after the session's last cell
     execution_count: int | None = None
+    # the frontend's request (its Jupyter msg_id), under which the cell's output widgets
+    # capture what it outputs, as in a kernel
+    parent_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,7 @@ class CommMessage(Request):
     msg_type: str
     content: dict
     buffers: list[bytes] | None = None
+    parent_id: str | None = None  # the frontend's request: see `Execute`
 
 
 @dataclass(frozen=True)

@@ -456,7 +456,8 @@ class Server:
         match request:
             case Draft(source=source):
                 return session.draft(source)
-            case Execute(source=source, stdin=stdin, gpus=gpus, execution_count=count):
+            case Execute(source=source, stdin=stdin, gpus=gpus, execution_count=count,
+                         parent_id=parent_id):
                 self._check_limit(user, "user_cells", self.running.get(user, 0), "running cells")
                 if self.config.user_bytes:
                     self._check_limit(user, "user_bytes", self._stored_bytes(user),
@@ -464,7 +465,7 @@ class Server:
                 self.running[user] = self.running.get(user, 0) + 1
                 try:
                     reply = await session.execute(source, emit, stdin=stdin, gpus=gpus,
-                                                  count=count)
+                                                  count=count, parent_id=parent_id)
                     self.metrics.cell(reply)
                     return reply
                 finally:
@@ -474,11 +475,12 @@ class Server:
                 return await session.complete(source, cursor)
             case Inspect(source=source, cursor=cursor, detail=detail):
                 return await session.inspect(source, cursor, detail)
-            case CommMessage(msg_type=kind, content=content, buffers=buffers):
+            case CommMessage(msg_type=kind, content=content, buffers=buffers,
+                             parent_id=parent_id):
                 if kind not in COMM_TYPES - {"comm_open"}:
                     raise ProtocolError(f"a frontend's comm message is comm_msg or comm_close, "
                                         f"not {kind!r}", op=request.op)
-                return await session.comm(kind, content, buffers or [], emit)
+                return await session.comm(kind, content, buffers or [], emit, parent_id)
             case Interrupt():
                 return {"interrupted": session.interrupt()}
             case Stop():

@@ -117,10 +117,12 @@ class Session:
                 "exact": cl.exact, "session_variables": len(self.manifest.variables())}
 
     async def execute(self, source: str, emit: Emit, stdin: bool = False,
-                      gpus: int | None = None, count: int | None = None) -> dict:
+                      gpus: int | None = None, count: int | None = None,
+                      parent_id: str | None = None) -> dict:
         """Run `source` as the session's next cell; with `gpus`, on that many slots from now
         on (refused before anything runs if the host cannot give them); with `count`, as the
-        prompt number the frontend shows, else the one after the last cell's."""
+        prompt number the frontend shows, else the one after the last cell's; `parent_id`:
+        the frontend's request (`messages.Execute`)."""
         received = time.monotonic()
         if self.lock.locked():
             raise SessionBusy(f"session {self.name} is already running a cell", session=self.name)
@@ -136,7 +138,8 @@ class Session:
             self._told = []
             self.running_since = time.time()
             try:
-                ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus),
+                ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus,
+                                                parent_id),
                                            head, self._events(emit),
                                            lambda done: self._commit(done, cell, count))
             finally:
@@ -170,10 +173,12 @@ class Session:
             return answer
         return catalog.inspect(await asyncio.to_thread(self.catalog), source, cursor)
 
-    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit) -> dict:
+    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit,
+                   parent_id: str | None = None) -> dict:
         """A frontend's message to a comm of the session's live worker (a widget moved)."""
         delivered = await self.agent.comm(msg_type, content, buffers,
-                                          Head(self.head, self.manifest), self._events(emit))
+                                          Head(self.head, self.manifest), self._events(emit),
+                                          parent_id)
         return {"delivered": delivered}
 
     def catalog(self) -> catalog.Catalog:

@@ -22,7 +22,7 @@ from .. import config as fabric_config
 from ..errors import FabricError
 from . import restart
 from .magics import FabricMagics
-from .notebook_file import find_notebook, session_name
+from .notebook_file import find_notebook, frontend_name, session_name
 from .relay import LOCAL, Attachment, is_local
 
 __all__ = ["attach", "current", "detach", "load_ipython_extension", "unload_ipython_extension"]
@@ -55,7 +55,7 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
     except FabricError as exc:
         raise UsageError(exc.message) from exc
     path = Path(notebook).resolve() if notebook else find_notebook()
-    session = session or _default_session(path)
+    session = session or _default_session(path, None if notebook else frontend_name())
     if _attached is not None:  # re-attaching: the old session closes unless it stays ours
         detach(shell, forget=_attached.session != session)
     attachment = Attachment(shell, address, session, path)
@@ -63,6 +63,7 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
     shell.run_cell = partial(_run_cell, attachment, type(shell).run_cell.__get__(shell))
     shell.should_run_async = lambda *args, **kwargs: False  # the relay blocks, as a sync cell
     attachment.answers.install()
+    attachment.busy.install()
     _listen_for_drafts(attachment)
     restart.install(attachment)  # Restart Kernel empties the session
     atexit.register(attachment.close)  # a kernel shut down retires its session's workers
@@ -90,11 +91,12 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
     restart.uninstall(attachment)
     atexit.unregister(attachment.close)
     attachment.answers.uninstall()
+    attachment.busy.uninstall()
     attachment.close(forget)
     return True
 
 
-def _default_session(notebook: Path | None) -> str:
+def _default_session(notebook: Path | None, name: str | None) -> str:
     if os.environ.get("LLFABRIC_SESSION"):
         return os.environ["LLFABRIC_SESSION"]
     try:
@@ -103,7 +105,7 @@ def _default_session(notebook: Path | None) -> str:
         fallback = Path(get_connection_file()).stem  # kernel-<id>: stays across restarts
     except (ImportError, RuntimeError, AttributeError):
         fallback = f"kernel-{uuid.uuid4().hex[:12]}"
-    return session_name(notebook, fallback)
+    return session_name(notebook, fallback, name)
 
 
 def _run_cell(attachment: Attachment, local_run_cell: Any, raw_cell: str, *args: Any,

@@ -161,7 +161,8 @@ class Answers:
         try:
             sent = request("comm", session=self.attachment.session, msg_type=kind,
                            content=msg["content"],
-                           buffers=[bytes(b) for b in msg.get("buffers") or []])
+                           buffers=[bytes(b) for b in msg.get("buffers") or []],
+                           parent_id=msg["header"].get("msg_id"))
             for event in self.attachment.client.start(sent, timeout=COMM_TIMEOUT):
                 if isinstance(event, Output | Comm):
                     self.attachment.publish_event(event)

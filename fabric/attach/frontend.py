@@ -4,7 +4,8 @@
 as the user types; the latest revision is forwarded to the server's draft op, older ones are
 dropped. `llfabric.status`: the kernel sends the session's status (`summary`) when the comm
 opens, after each cell, every few seconds (tiers change between cells), and the tool's notices
-as `{"notice": text}`, which the frontend shows as notifications, never in a cell's outputs.
+as `{"notice": text, "topic": topic}` (`fabric.notices`), which the frontend shows as
+notifications, one per topic, never in a cell's outputs.
 `llfabric.history`: the kernel sends the session's versions (`Client.versions`) as
 `{"versions": [...], "version": head}` when the comm opens, after each cell and when asked
 (`{"op": "list"}`); `{"op": "checkout", "version": N}` checks version N out, as
@@ -167,10 +168,11 @@ class Frontend:
             self._draft = (self._revision, source)
         self._nudge()
 
-    def notice(self, text: str) -> None:
-        """Tell the frontend (a slot wait, a pinned session), and refresh its status."""
+    def notice(self, text: str, topic: str) -> None:
+        """Tell the frontend (a slot wait, a value only the worker holds), and refresh its
+        status."""
         for comm in list(self.comms):
-            comm.send({"notice": text})
+            comm.send({"notice": text, "topic": topic})
         self.update()
 
     def update(self) -> None:

@@ -6,6 +6,7 @@ import ast
 import json
 import queue
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from ..errors import KernelError
 
 DISPLAY_NAME = "Python 3 (llfabric)"
+LOGO = Path(__file__).with_name("logo-svg.svg")  # the launcher's icon for the kernel
 CURRENT = "__import__('fabric.attach', fromlist=['current']).current(get_ipython())"
 ENV_VARIABLE = "LLFABRIC_SESSION_ENV"  # the environment a kernel's session opens in
 
@@ -40,6 +42,7 @@ def install_kernelspec(name: str = "llfabric", address: str | None = None, user:
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec(address, env), indent=1))
+        shutil.copy(LOGO, Path(tmp) / LOGO.name)
         return KernelSpecManager().install_kernel_spec(tmp, name, user=user and not prefix,
                                                        prefix=prefix)
 

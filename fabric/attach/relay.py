@@ -38,6 +38,7 @@ from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Qu
 from ..output_limit import Budget
 from ..status import SessionStatus
 from .answers import Answers
+from .busy import Busy
 from .frontend import Frontend
 from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
@@ -83,6 +84,7 @@ class Attachment:
         self.gpus: int | None = None
         self.answers = Answers(self)
         self.frontend = Frontend(self)  # the comms of a JupyterLab extension
+        self.busy = Busy(self.kernel)  # the kernel's status while a cell runs
 
     def close(self, forget: bool = True) -> None:
         """Detach; with `forget`, the server also retires the session's workers (the store
@@ -132,7 +134,8 @@ class Attachment:
         self.frontend.cell_started(cell_id, (parent.get("header") or {}).get("msg_id"), count)
         result: ExecutionResult | None = None
         try:
-            result = self._run(source, cell_id, count)
+            with self.busy.running(parent):
+                result = self._run(source, cell_id, count)
             return result
         finally:
             failed = result is None or result.error_in_exec is not None
@@ -212,9 +215,12 @@ class Attachment:
         return max(count, int(reply.get("execution_count", 0)) + 1)
 
     def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:
+        parent = self.kernel.get_parent("shell") or {}
         events = self.client.execute(self.session, source, stdin=True,
                                      cell_id=result.info.cell_id, gpus=self.gpus,
-                                     execution_count=count, timeout=SILENCE)
+                                     execution_count=count,
+                                     parent_id=(parent.get("header") or {}).get("msg_id"),
+                                     timeout=SILENCE)
         return self._relay(events, result)
 
     def _relay(self, events: Events, result: ExecutionResult,
@@ -239,12 +245,12 @@ class Attachment:
                             self.publish_event(message)
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
-                                      "sessions ahead")
+                                      "sessions ahead", "queued")
                         case Notice(topic="dropped", text=text):  # a follower's gap
                             self.publish("stream", {"name": "stderr",
                                                     "text": f"llfabric: {text}\n"})
-                        case Notice(text=text):
-                            self._log(text)
+                        case Notice(topic=topic, text=text):
+                            self._log(text, topic)
                         case InputRequest():
                             self._answer(message, events)
                 # an interrupt landed as the reply was read: the cell is over, its reply lost
@@ -268,11 +274,11 @@ class Attachment:
             return
         events.send(Answer(self.session, value=str(value)))
 
-    def _log(self, text: str) -> None:
+    def _log(self, text: str, topic: str) -> None:
         """The kernel's log and the frontend's notifications: where a kernel's own news goes,
         apart from the notebook."""
         getattr(self.kernel, "log", log).warning("llfabric: session %s: %s", self.session, text)
-        self.frontend.notice(text)  # a notification in JupyterLab
+        self.frontend.notice(text, topic)  # a notification in JupyterLab
 
     # publishing
     def publish(self, msg_type: str, content: dict, metadata: dict | None = None,

@@ -308,13 +308,13 @@ class HostAgent:
         return await self._put(life, question, ASK_WAIT)
 
     async def comm(self, msg_type: str, content: dict, buffers: list[bytes], head: Head,
-                   events: Events) -> bool:
+                   events: Events, parent_id: str | None = None) -> bool:
         """Hand a frontend's comm message to the live worker, which holds the comm, after what
         was sent to it before, without a lease; its callbacks' outputs and comm messages go to
         `events`. False when no worker can take it (none is live, or parked, or it runs a
         cell) or its comm refused it."""
         life = self._between_cells(head)
-        message = CommIn(msg_type, content, buffers)
+        message = CommIn(msg_type, content, buffers, parent_id)
         answer = None if life is None else await self._put(life, message, ASK_LIMIT, events)
         return answer is not None and answer.get("status") == "ok"
 
@@ -458,7 +458,8 @@ class HostAgent:
             await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
                                   lease.threads,
                                   reached=None if reached is None else sorted(reached),
-                                  save_limit=float(self.pool.save_limit)))
+                                  save_limit=float(self.pool.save_limit),
+                                  parent_id=cell.parent_id))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)

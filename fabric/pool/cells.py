@@ -34,6 +34,7 @@ class Cell:
     stdin: bool = False  # the client answers the cell's input()
     received: float = 0.0  # when the request came (monotonic): the visible delay's start
     slots: int = 1  # leased together: the session's GPU count
+    parent_id: str | None = None  # the frontend's request (`messages.Execute`)
 
 
 @dataclass(frozen=True)

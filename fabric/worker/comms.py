@@ -20,9 +20,13 @@ from .messages import CommIn, CommOut
 Send = Callable[[CommOut], None]
 
 
-def install(send: Send) -> None:
+def install(send: Send, shell: Any) -> None:
     """Comms created from now on publish through `send`."""
     class WorkerComm(BaseComm):
+        # what a comm's kernel is asked for, the shell answers: the frontend's request being
+        # handled (`get_parent`), under which an output widget captures outputs
+        kernel = shell
+
         def publish_msg(self, msg_type: str, data: dict | None = None,
                         metadata: dict | None = None, buffers: list | None = None,
                         **keys: Any) -> None:

@@ -109,6 +109,7 @@ class Run(Message):
     replay: bool = False
     reached: list[str] | None = None  # the names the cell reads or writes; None: any
     save_limit: float = 0.0  # seconds one group's pickling may take; 0: no limit
+    parent_id: str | None = None  # the frontend's request, as the shell's parent (`shell`)
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ class CommIn(Message):
     msg_type: str
     content: dict[str, Any]
     buffers: list[bytes] = field(default_factory=list)
+    parent_id: str | None = None  # the frontend's request, as the shell's parent (`shell`)
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ class Worker:
         builtins.input = self._input
         getpass.getpass = self._getpass
         introspect.collect_payloads(shell)
-        comms.install(channel.send)
+        comms.install(channel.send, shell)
 
     def _ask(self, prompt: str, password: bool) -> str:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""
@@ -224,6 +224,7 @@ class Worker:
                                      message.detail))
 
     def comm(self, message: CommIn) -> Answered:
+        self.shell.handling(message.parent_id)
         return Answered(comms.receive(message))
 
     def _answer(self, ask: Any, *args: Any) -> dict:
@@ -328,6 +329,7 @@ class Worker:
         # cells with the worker's again, as on a fresh worker
         sys.stdout = self._streams[0] if sys.stdout is None else sys.stdout
         sys.stderr = self._streams[1] if sys.stderr is None else sys.stderr
+        self.shell.handling(message.parent_id)
         introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
         self.channel.send(Started())

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import xxhash
-from IPython.core.alias import default_aliases
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
@@ -142,6 +141,20 @@ class ZMQInteractiveShell(InteractiveShell):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sink: Sink = lambda kind, **fields: None
+        self._parent: dict = {}
+
+    # The frontend's request being handled, as a kernel's shell has it: an output widget
+    # captures what is output under its msg_id (`ipywidgets.Output`).
+    def get_parent(self) -> dict:
+        return self._parent
+
+    def set_parent(self, parent: dict) -> None:
+        self._parent = parent
+
+    def handling(self, parent_id: str | None) -> None:
+        """The request (a cell, a comm message) of the frontend's msg_id `parent_id`; None:
+        no frontend's (a replay, a cell of `llfabric run`)."""
+        self.set_parent({"header": {"msg_id": parent_id}} if parent_id else {})
 
     def init_history(self) -> None:
         super().init_history()
@@ -174,10 +187,8 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     config = Config()
     config.HistoryManager.hist_file = ":memory:"
-    config.InteractiveShell.colors = "nocolor"
+    # IPython's default colours, as a kernel's: tracebacks and `?` help in colour
     shell = ZMQInteractiveShell.instance(config=config, user_ns=user_ns)
-    for name, command in default_aliases():  # as a kernel has them: nocolor drops ls's --color
-        shell.alias_manager.soft_define_alias(name, command)
     # A kernel's magics too: ipykernel's own (%clear, %less, %man...) and %store, the extension
     # every IPython application loads; without them such a cell fails only on the fabric. With
     # ipykernel's shell loaded, libraries that look for it (tqdm.auto) take a notebook for one.

@@ -24,7 +24,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       tracker.currentWidget ? links.get(tracker.currentWidget) : undefined;
     const active = new Signal<object, void>(item);
     const refresh = () => {
-      item.show_(current()?.status ?? null);
+      item.show_(current()?.status ?? null, current()?.notices);
       history.follow(current());
       active.emit();
     };

@@ -9,10 +9,16 @@ export class StatusItem extends Widget {
     this.node.dataset.llfabric = 'status';
   }
 
-  show_(status: IStatus | null): void {
+  // `notices`: the latest word of each condition llfabric told of, in the tooltip.
+  show_(status: IStatus | null, notices: ReadonlyMap<string, string> = new Map()): void {
     this.node.textContent = status === null ? '' : describe(status);
     this.node.title =
-      status === null ? '' : `llfabric server ${status.address}, version ${status.version ?? 0}`;
+      status === null
+        ? ''
+        : [
+            `llfabric server ${status.address}, version ${status.version ?? 0}`,
+            ...notices.values()
+          ].join('\n');
   }
 }
 
@@ -27,7 +33,10 @@ export function describe(status: IStatus): string {
   const lease =
     status.lease === 'queued' ? `queued #${status.position}` : `lease ${status.lease}`;
   const share = Math.round(100 * (status.saved_share ?? 0));
-  const saved = (status.saved_hours ?? 0).toFixed(3);
+  // before its first cell a session has leased nothing, and saved nothing worth a figure
+  const saved = status.lease_seconds
+    ? ` · ${(status.saved_hours ?? 0).toFixed(3)} ${kind}-h saved (${share}%)`
+    : '';
   const pinned = status.pinned ? ' · pinned' : '';
-  return `llfabric: ${status.session} · ${status.tier} · ${lease} · ${saved} ${kind}-h saved (${share}%)${pinned}`;
+  return `llfabric: ${status.session} · ${status.tier} · ${lease}${saved}${pinned}`;
 }

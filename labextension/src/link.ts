@@ -7,13 +7,23 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { CommsOverSubshells, Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import { RunningCellFollower } from './running';
+import { createSubshell, deleteSubshell, sendOnSubshell } from './subshell';
 
 export const DRAFT_TARGET = 'llfabric.draft';
 export const STATUS_TARGET = 'llfabric.status';
 export const HISTORY_TARGET = 'llfabric.history';
+// The notebook's metadata key for its session (fabric/attach/notebook_file.py): the session
+// belongs to the notebook, wherever it is moved, and a copy gets its own.
+export const IDENTITY_KEY = 'llfabric';
 // While the user types, a draft at most this often (the latest text each time), so that the
 // worker is readied during the typing, not only after a pause in it.
 const THROTTLE_MS = 300;
+const NOTICE_MS = 8000; // a notification closes itself after this
+// What a pinned session means and what the user can do, said once, within the 140 characters
+// a notification shows; the status item's tooltip holds the details.
+const PINNED =
+  'llfabric: values that cannot be saved keep this session on its worker (pinned); del them ' +
+  'to free it. Details: status bar';
 
 export interface IStatus {
   session: string;
@@ -24,6 +34,7 @@ export interface IStatus {
   kind?: string; // gpu or cpu
   lease?: string; // held, queued or released
   position?: number | null; // in the queue for a slot
+  lease_seconds?: number; // 0: no cell has run yet
   saved_hours?: number;
   saved_share?: number;
   pinned?: boolean;
@@ -65,6 +76,7 @@ export class Link {
       this._followRunning();
     }, this);
     panel.content.activeCellChanged.connect(this._watchActiveCell, this);
+    panel.context.pathChanged.connect(() => this._keepIdentity(), this);
     this._watchActiveCell();
     this._followRunning();
     panel.disposed.connect(() => {
@@ -79,6 +91,11 @@ export class Link {
 
   get changed(): ISignal<this, IStatus | null> {
     return this._changed;
+  }
+
+  // The latest word of each notice topic this session had, for the status item's tooltip.
+  get notices(): ReadonlyMap<string, string> {
+    return this._notices;
   }
 
   get history(): IHistory | null {
@@ -103,8 +120,12 @@ export class Link {
   private _onKernelStatus(_: unknown, status: Kernel.Status): void {
     if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
       this._reset();
-    } else if (status === 'idle' && this._statusComm === null && !this._refused) {
-      this._openStatus();
+    } else if (
+      (status === 'idle' || status === 'busy') &&
+      this._statusComm === null &&
+      !this._refused
+    ) {
+      this._openStatus(); // busy: a notebook reopened while its cell runs
     }
   }
 
@@ -153,27 +174,71 @@ export class Link {
       this._refused = this._status === null;
       this._setStatus(null);
     };
-    comm.open({});
     this._statusComm = comm;
+    // opened on a subshell of its own, so that the status shows while a cell runs
+    void createSubshell(kernel).then(async subshell => {
+      if (!comm.isDisposed && this._statusComm === comm) {
+        await sendOnSubshell(kernel, comm, subshell, 'comm_open');
+      }
+      deleteSubshell(kernel, subshell); // its messages come on IOPub
+    });
   }
 
-  private _onStatusMessage(data: { status?: IStatus; notice?: string }): void {
+  private _onStatusMessage(data: { status?: IStatus; notice?: string; topic?: string }): void {
     if (data.status) {
-      const wasPinned = this._status?.pinned;
       this._setStatus(data.status);
+      this._keepIdentity();
       if (this._historyComm === null && data.status.session) {
         this._openHistory(); // the kernel is attached: its session has a history
       }
-      if (data.status.pinned && !wasPinned) {
-        Notification.warning(
-          `llfabric: session ${data.status.session} is pinned to its worker ` +
-            '(it holds values that cannot be saved)',
-          { autoClose: 8000 }
-        );
+      if (data.status.pinned) {
+        this._notify('pinned', 'warning', PINNED);
       }
     }
     if (data.notice) {
-      Notification.info(`llfabric: ${data.notice}`, { autoClose: 5000 });
+      const topic = data.topic || data.notice;
+      this._notices.set(topic, data.notice);
+      if (topic === 'pinned') {
+        this._notify(topic, 'warning', PINNED);
+      } else {
+        this._notify(topic, 'info', `llfabric: ${data.notice}`);
+      }
+      this._changed.emit(this._status);
+    }
+  }
+
+  // One notification per condition (a notice's topic) and session, ever: a later word of it
+  // updates the one still shown, and none is shown again after a reload.
+  private _notify(topic: string, type: 'info' | 'warning', message: string): void {
+    const session = this._status?.session;
+    if (!session) {
+      return;
+    }
+    const key = `llfabric-notified:${session}:${topic}`;
+    const shown = this._shown.get(key);
+    if (shown !== undefined) {
+      Notification.update({ id: shown, message, type, autoClose: NOTICE_MS });
+      return;
+    }
+    if (window.localStorage.getItem(key) !== null) {
+      return;
+    }
+    window.localStorage.setItem(key, String(Date.now()));
+    this._shown.set(key, Notification.emit(message, type, { autoClose: NOTICE_MS }));
+  }
+
+  // The notebook's metadata names the session its kernel opened and where the notebook is:
+  // a kernel started for it later opens that session (a copy, a new one).
+  private _keepIdentity(): void {
+    const session = this._status?.session;
+    const model = this.panel.context.model;
+    if (!session || this._status?.error || model === null) {
+      return;
+    }
+    const identity = { session, path: this.panel.context.path };
+    const saved = model.getMetadata(IDENTITY_KEY) as typeof identity | undefined;
+    if (saved?.session !== identity.session || saved?.path !== identity.path) {
+      model.setMetadata(IDENTITY_KEY, identity);
     }
   }
 
@@ -226,14 +291,15 @@ export class Link {
   }
 
   private _watchActiveCell(): void {
-    this._watched?.contentChanged.disconnect(this._onEdit, this);
+    this._watched?.sharedModel.changed.disconnect(this._onEdit, this);
     const cell = this.panel.content.activeCell;
     this._watched = cell?.model.type === 'code' ? cell.model : null;
-    this._watched?.contentChanged.connect(this._onEdit, this);
+    this._watched?.sharedModel.changed.connect(this._onEdit, this);
   }
 
-  private _onEdit(): void {
-    if (this._timer === null) {
+  // Its source typed, not its outputs, prompt or state changed (a cell run and stayed on)
+  private _onEdit(_: unknown, change: { sourceChange?: unknown }): void {
+    if (change.sourceChange && this._timer === null) {
       this._timer = setTimeout(() => this._sendDraft(), THROTTLE_MS);
     }
   }
@@ -286,11 +352,14 @@ export class Link {
     this._draftComm = null;
     this._historyComm = null;
     this._refused = false;
+    this._notices.clear();
     this._setStatus(null);
     this._setHistory(null);
   }
 
   private _status: IStatus | null = null;
+  private _notices = new Map<string, string>();
+  private _shown = new Map<string, string>(); // notification ids, by session and topic
   private _followed: Kernel.IKernelConnection | null = null;
   private _follower: RunningCellFollower | null = null;
   private _changed = new Signal<this, IStatus | null>(this);

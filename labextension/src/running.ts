@@ -7,6 +7,7 @@
 import { ICodeCellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
+import { createSubshell, deleteSubshell, sendOnSubshell } from './subshell';
 
 export const RUNNING_TARGET = 'llfabric.running';
 const OUTPUT_TYPES = new Set([
@@ -17,7 +18,6 @@ const OUTPUT_TYPES = new Set([
   'clear_output',
   'update_display_data'
 ]);
-const SUBSHELL_WAIT_MS = 5000; // for a kernel without subshells, that never answers
 
 interface IOutputMessage {
   seq: number;
@@ -69,8 +69,9 @@ export class RunningCellFollower {
   private async _ask(): Promise<void> {
     await this.panel.context.ready;
     const kernel = this.kernel;
-    const subshell = await this._subshell();
+    const subshell = await createSubshell(kernel);
     if (this._disposed || kernel.isDisposed) {
+      deleteSubshell(kernel, subshell);
       return;
     }
     const comm = kernel.createComm(RUNNING_TARGET);
@@ -80,63 +81,13 @@ export class RunningCellFollower {
       this._deleteSubshell(subshell);
       this.dispose(); // a kernel that is not attached has no such comm
     };
-    const open = KernelMessage.createMessage({
-      msgType: 'comm_open',
-      channel: 'shell',
-      username: kernel.username,
-      session: kernel.clientId,
-      subshellId: subshell,
-      content: { comm_id: comm.commId, target_name: RUNNING_TARGET, data: {} }
-    });
-    kernel.sendShellMessage(open, false, true);
-  }
-
-  private async _subshell(): Promise<string | null> {
-    const kernel = this.kernel;
-    const request = KernelMessage.createMessage({
-      msgType: 'create_subshell_request',
-      channel: 'control',
-      username: kernel.username,
-      session: kernel.clientId,
-      content: {}
-    });
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    try {
-      const future = kernel.sendControlMessage(request, true, true);
-      const reply = (await Promise.race([
-        future.done,
-        new Promise<null>(resolve => {
-          timer = setTimeout(() => resolve(null), SUBSHELL_WAIT_MS);
-        })
-      ])) as any;
-      if (reply === null) {
-        future.dispose();
-        return null;
-      }
-      return reply.content.status === 'ok' ? reply.content.subshell_id : null;
-    } catch {
-      return null; // no subshells: the main shell, once the cell (if any) is over
-    } finally {
-      clearTimeout(timer);
-    }
+    void sendOnSubshell(kernel, comm, subshell, 'comm_open');
   }
 
   private _deleteSubshell(subshell: string | null): void {
-    if (subshell === null || this._subshellDeleted || this.kernel.isDisposed) {
-      return;
-    }
-    this._subshellDeleted = true;
-    try {
-      const request = KernelMessage.createMessage({
-        msgType: 'delete_subshell_request',
-        channel: 'control',
-        username: this.kernel.username,
-        session: this.kernel.clientId,
-        content: { subshell_id: subshell }
-      });
-      this.kernel.sendControlMessage(request, true, true);
-    } catch {
-      // a kernel gone takes its subshells with it
+    if (!this._subshellDeleted) {
+      this._subshellDeleted = true;
+      deleteSubshell(this.kernel, subshell);
     }
   }
 
@@ -145,20 +96,22 @@ export class RunningCellFollower {
     subshell: string | null
   ): void {
     if (data.running !== undefined) {
-      this._deleteSubshell(subshell); // the rest comes on IOPub
-      this._start(data.running);
+      if (this._start(data.running)) {
+        this._deleteSubshell(subshell); // the rest comes on IOPub
+      } else {
+        this._close(subshell);
+      }
     } else if (data.done && data.done.msg_id === this._msgId) {
       this._finish(data.done.execution_count);
     }
   }
 
-  private _start(running: IRunning | null): void {
+  // Follows the running cell; false where there is none to follow.
+  private _start(running: IRunning | null): boolean {
     const model = running ? this._cell(running.cell_id) : null;
     // a cell this JupyterLab runs itself (another view of the notebook) shows its outputs already
     if (running === null || model === null || model.executionState === 'running') {
-      this._comm?.close();
-      this.dispose();
-      return;
+      return false;
     }
     this._model = model;
     this._msgId = running.msg_id;
@@ -180,6 +133,21 @@ export class RunningCellFollower {
     for (const msg of buffered) {
       this._onIOPub(this.kernel, msg);
     }
+    return true;
+  }
+
+  // Closes the comm on `subshell` (null: the main shell), where the kernel has it, and deletes
+  // that subshell once the close is handled: deleted first, the close would find no subshell.
+  private _close(subshell: string | null): void {
+    const comm = this._comm;
+    if (comm !== null && !comm.isDisposed && !this.kernel.isDisposed) {
+      void sendOnSubshell(this.kernel, comm, subshell, 'comm_close').then(() =>
+        this._deleteSubshell(subshell)
+      );
+    } else {
+      this._deleteSubshell(subshell);
+    }
+    this.dispose();
   }
 
   private _cell(id: string | null): ICodeCellModel | null {
@@ -262,8 +230,7 @@ export class RunningCellFollower {
       }
       model.executionState = 'idle';
     }
-    this._comm?.close();
-    this.dispose();
+    this._close(null); // its subshell is gone; the main shell is free again
   }
 
   private _disposed = false;

@@ -325,3 +325,62 @@ def test_a_slider_moved_in_the_frontend_moves_the_workers_slider(
         assert seen[0] == seen[1] == ("moved to 7\n", "7\n")
     finally:
         kernel.stop()
+
+
+
+def _traceback(outputs: list[dict]) -> str:
+    return "".join(line for m in outputs if m["msg_type"] == "error"
+                   for line in m["content"]["traceback"])
+
+
+def test_tracebacks_and_help_in_a_plain_kernels_colours(fresh: Kernel,
+                                                        fresh_plain: Kernel) -> None:
+    code = "def f(n):\n    return 1 / n\nf(0)"
+    mine, theirs = _traceback(fresh.execute(code)[1]), _traceback(fresh_plain.execute(code)[1])
+    assert "\x1b[" in theirs and "\x1b[" in mine  # ANSI colours
+    assert "ZeroDivisionError" in mine
+    [help_mine], [help_theirs] = _payloads(fresh, "zip?"), _payloads(fresh_plain, "zip?")
+    assert "\x1b[" in help_theirs["data"]["text/plain"]
+    assert help_mine["data"]["text/plain"] == help_theirs["data"]["text/plain"]
+
+
+INTERACT = ("from ipywidgets import interact\n"
+            "def show(n):\n"
+            "    print('n is', n)\n"
+            "shown = interact(show, n=5)")
+
+
+def _captured(outputs: list[dict]) -> list[tuple[str, str]]:
+    """An output widget's capture around what is printed: its msg_id set to the request's
+    ("request"), then cleared (""), as the frontend routes outputs by it."""
+    request = outputs[0]["parent_header"]["msg_id"]
+    flow = []
+    for message in outputs:
+        state = (message["content"].get("data") or {}).get("state") or {}
+        if message["msg_type"] == "comm_msg" and "msg_id" in state:
+            flow.append(("capture", "request" if state["msg_id"] == request else state["msg_id"]))
+        elif message["msg_type"] == "stream":
+            assert message["parent_header"]["msg_id"] == request
+            flow.append(("stream", message["content"]["text"]))
+    return flow
+
+
+def test_an_output_widget_captures_what_its_callbacks_print(
+        warm_server: RunningServer, specs: KernelSpecManager, fresh_plain: Kernel,
+        tmp_path: Path) -> None:
+    kernel = Kernel.start(specs, kernel_env(warm_server.address, f"i-{uuid.uuid4().hex[:10]}"),
+                          tmp_path)
+    try:
+        seen = []
+        for each in (kernel, fresh_plain):
+            reply, outputs = each.execute(INTERACT)
+            assert reply["status"] == "ok"
+            [slider] = [m["content"]["comm_id"] for m in outputs if m["msg_type"] == "comm_open"
+                        and m["content"]["data"]["state"]["_model_name"] == "IntSliderModel"]
+            moved = _send_comm(each, {"comm_id": slider, "data": {
+                "method": "update", "state": {"value": 7}, "buffer_paths": []}})
+            seen.append((_captured(outputs), _captured(moved)))
+        assert seen[0] == seen[1]
+        assert ("stream", "n is 7\n") in seen[0][1] and seen[0][1][0] == ("capture", "request")
+    finally:
+        kernel.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from xml.etree import ElementTree
 
 import nbformat
 import pytest
@@ -21,7 +23,7 @@ from helpers import RunningServer, execute, hold_a_slot, serving, start_server
 from jupyter_client.kernelspec import KernelSpecManager
 
 from cli.main import main as cli
-from fabric.attach.notebook_file import session_name
+from fabric.attach.notebook_file import META
 from fabric.errors import RemoteError
 from fabric.messages import Reply
 from fabric.snapshot import Store
@@ -101,7 +103,8 @@ def test_an_exception_arrives_with_its_traceback(kernel: Kernel) -> None:
     reply, outputs = kernel.execute("def f():\n    return 1 / 0\nf()")
     [error] = [m["content"] for m in outputs if m["msg_type"] == "error"]
     assert error["ename"] == "ZeroDivisionError"
-    assert any("return 1 / 0" in line for line in error["traceback"])
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in error["traceback"]]  # colours
+    assert any("return 1 / 0" in line for line in lines)
     assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError"
     assert reply["traceback"] == error["traceback"]
     reply, outputs = kernel.execute("f")  # the failed cell's definition was kept
@@ -155,10 +158,11 @@ def test_the_next_cell_of_the_notebook_is_drafted(server: RunningServer, specs: 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("a = 1"), nbformat.v4.new_markdown_cell("text"),
                 nbformat.v4.new_code_cell("a + 1")]
+    # No session given: the notebook's metadata names it, the frontend names the notebook.
+    session = f"work-{uuid.uuid4().hex[:8]}"
+    nb.metadata[META] = {"session": session, "path": "work.ipynb"}
     nbformat.write(nb, str(tmp_path / "work.ipynb"))
-    # No session given: the kernel names it after the notebook, as the frontend reports it.
     env = kernel_env(server.address, "", JPY_SESSION_NAME="work.ipynb")
-    session = session_name((tmp_path / "work.ipynb").resolve(), "unused")
     started = Kernel.start(specs, env, tmp_path)
     try:
         started.execute("b = 2")  # no cell id: nothing to draft
@@ -267,6 +271,9 @@ def test_kernelspec_install_writes_an_attaching_kernel(tmp_path: Path) -> None:
     assert spec["display_name"] == "Python 3 (llfabric)"
     assert "--ext=fabric.attach" in spec["argv"]
     assert spec["env"] == {"LLFABRIC_BIND": "ipc:///tmp/x.sock"}
+    # the launcher shows a kernel's logo-* resource, as it shows a plain kernel's
+    logo = tmp_path / "share/jupyter/kernels/llfabric/logo-svg.svg"
+    assert ElementTree.parse(logo).getroot().tag == "{http://www.w3.org/2000/svg}svg"
 
 
 def test_live_edits_on_the_draft_comm_prepare_a_worker(kernel: Kernel, server: RunningServer,

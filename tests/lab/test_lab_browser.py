@@ -111,6 +111,7 @@ def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServ
         # the kernel attached and the extension hears its status comm
         item.filter(has_text=session).wait_for(timeout=90_000)
         assert "cold" in item.inner_text()  # a new session: no worker yet
+        assert "saved" not in item.inner_text()  # nor savings to speak of
         first = page.locator(".jp-Notebook .jp-Cell").nth(0)
         first.locator(".cm-content").click()
         page.keyboard.press("Shift+Enter")  # runs `x = 41`, moves to the empty cell
@@ -126,7 +127,16 @@ def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServ
         second.locator(".jp-OutputArea-output").filter(has_text="42") \
             .wait_for(timeout=60_000)
         assert session in item.inner_text()
+        item.filter(has_text="saved").wait_for(timeout=30_000)  # the lease is counted now
         page.screenshot(path=str(tmp_path / "lab.png"))  # what a user sees, for the record
+        # the notebook's metadata names its session, which a kernel started for it opens
+        page.keyboard.press("Control+s")
+        assert _wait_until(lambda: json.loads((tmp_path / "work.ipynb").read_text())
+                           ["metadata"].get("llfabric") == {"session": session,
+                                                           "path": "work.ipynb"})
+    # the extension closed its comms where the kernel had them (a close sent to a subshell
+    # already deleted is refused, in the kernel's log)
+    assert "Unknown subshell_id" not in (tmp_path / "jupyterlab.log").read_text()
 
 
 def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
@@ -220,6 +230,9 @@ def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
         cell.locator(".jp-OutputArea-output").filter(has_text="line 11") \
             .wait_for(timeout=90_000)
         cell.locator(".jp-InputPrompt").filter(has_text="[*]").wait_for(timeout=10_000)
+        # the status item is back while the cell runs, not only once it ends
+        page.locator("[data-llfabric=status]").filter(has_text=session) \
+            .wait_for(timeout=30_000)
         assert _session_status(server, session)["running"]
         (tmp_path / "go").touch()
         # the later lines as they come, then the cell's end with its count
@@ -240,7 +253,8 @@ def test_the_status_item_follows_the_lease_and_counts_restart_at_one_after_a_res
         session = lab.session
         item = page.locator("[data-llfabric=status]")
         item.filter(has_text=session).wait_for(timeout=90_000)
-        assert "· cold · lease released ·" in item.inner_text()  # no worker yet
+        # no worker yet, nor savings to speak of
+        assert item.inner_text().endswith("· cold · lease released")
         cells = page.locator(".jp-Notebook .jp-Cell")
         prompts = [cells.nth(at).locator(".jp-InputPrompt") for at in range(4)]
         cells.nth(0).locator(".cm-content").click()
@@ -279,3 +293,34 @@ def test_the_status_item_follows_the_lease_and_counts_restart_at_one_after_a_res
             .wait_for(timeout=60_000)
         prompts[3].filter(has_text="[1]").wait_for(timeout=30_000)
         assert prompts[3].inner_text().strip() == "[1]:"
+
+
+def test_a_notice_comes_once_per_condition_and_not_again_after_a_reload(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with _notebook(server, page, tmp_path, request, "g = (i for i in range(3))",
+                   "h = (i for i in range(3))") as lab:
+        toasts = page.locator(".Toastify__toast").filter(has_text="llfabric")
+        page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # g cannot be saved: the session is pinned
+        toasts.filter(has_text="pinned").wait_for(timeout=60_000)
+        page.keyboard.press("Shift+Enter")  # h: the same condition again
+        item = page.locator("[data-llfabric=status]")  # its tooltip: the details
+        assert _wait_until(lambda: "h cannot be saved" in (item.get_attribute("title") or ""))
+        assert toasts.count() == 1, toasts.all_inner_texts()  # the one notice
+        assert "del them" in toasts.first.inner_text()  # what the user can do
+        page.reload()
+        item.filter(has_text=lab.session).filter(has_text="pinned").wait_for(timeout=90_000)
+        assert toasts.count() == 0, toasts.all_inner_texts()  # not replayed
+
+
+def test_a_cell_that_runs_and_prints_is_not_drafted_again(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    printing = "import time\nfor i in range(40):\n    print('at', i, flush=True)\n" \
+               "    time.sleep(0.1)"
+    with _notebook(server, page, tmp_path, request, printing) as lab:
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(0)
+        cell.locator(".cm-content").click()
+        page.keyboard.press("Control+Enter")  # runs it and stays on it: its outputs change
+        cell.locator(".jp-OutputArea-output").filter(has_text="at 20").wait_for(timeout=60_000)
+        status = _session_status(server, lab.session)
+        assert status["running"] and not status["prepared"], status  # nothing typed
