@@ -138,6 +138,18 @@ class Worker:
         getpass.getpass = self._getpass
         introspect.collect_payloads(shell)
         comms.install(channel.send)
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a process a cell forks (DataLoader and pool workers, `os.fork`): its outputs go
+        to the captured fds, which this worker's readers forward to the cell; it never waits on
+        those readers (they are not in it) nor speaks on the worker's socket (ZeroMQ's do not
+        survive a fork), so rich outputs reach the cell as their text. `wake.WAKE` is the
+        worker's alone: the child takes it as any process would."""
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {wake.WAKE})
+        for stream, fd in zip(self._streams, (1, 2), strict=True):
+            stream.write_to(fd)
+        self.shell.sink = _as_text
 
     def _ask(self, prompt: str, password: bool) -> str:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""
@@ -402,6 +414,14 @@ def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
         Worker(shell, channel, Store(Path(store_root), signs=False)).serve()
     finally:
         channel.close()
+
+
+def _as_text(kind: str, **fields: Any) -> None:
+    """An output shown as text on stdout (an error's traceback on stderr)."""
+    if kind == "error":
+        print(*fields["traceback"], sep="\n", file=sys.stderr)
+    elif text := fields.get("data", {}).get("text/plain"):
+        print(text)
 
 
 def _use_devices(device: str | None) -> None:
