@@ -22,6 +22,11 @@ def work(n):
     return os.getpid(), sum(i * i for i in range(n))
 
 
+def threads():
+    import torch
+    return torch.get_num_threads()
+
+
 class Pids:  # a map-style dataset
     def __len__(self):
         return 8
@@ -122,4 +127,20 @@ def test_a_forked_childs_prints_and_displays_reach_the_cell_and_its_exit_waits_o
         assert reply["status"] == "ok", text(outputs)
         assert text(outputs) == "".join(f"child {i}\n" for i in range(10)) + "{'shown': 1}\n"
         assert reply["timings"]["run"] < 20
+        client.call("close", session=session)
+
+
+def test_a_cells_children_take_the_threads_of_its_lease(server: RunningServer,
+                                                       cwd: Path) -> None:
+    # Their CPU counts against the cell's lease, as the worker's own does.
+    source = ("import multiprocessing, subprocess, sys\nimport kids\n"
+              "with multiprocessing.Pool(1) as pool:\n"
+              "    print(pool.apply(kids.threads))\n"
+              "print(subprocess.run([sys.executable, '-c', 'import kids; print(kids.threads())'],"
+              " capture_output=True, text=True, check=True).stdout, end='')\n")
+    with server.client() as client:
+        grant = client.call("status")["leases"]["threads"]
+        session = open_session(client, cwd)
+        _, outputs = execute(client, session, source)
+        assert text(outputs) == f"{grant}\n{grant}\n"
         client.call("close", session=session)
