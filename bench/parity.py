@@ -1,5 +1,8 @@
 """Compute parity: corpus cells timed in a plain ipykernel and on the fabric, alone and busy.
 
+Besides the corpus notebooks, a notebook of cells that start processes (DataLoader workers forked
+and spawned, multiprocessing.Pool, ProcessPoolExecutor, joblib's loky, subprocess.run of a
+script, os.fork) after an untimed setup cell; `--children` times it alone.
 Each notebook runs top to bottom (on a fresh copy of its folder) in a plain python3 ipykernel,
 then through an embedded server with two execution slots: alone, and with a second session
 busy on the other slot (a torch matmul loop, interrupted once the notebook is done). For
@@ -9,7 +12,7 @@ from the kernel's `started` to its execute_reply, and the worker's `run` timing 
 Cells that take at least `--min` seconds in the plain kernel are compared; the table gives
 per-cell ratios (fabric / plain alone; fabric busy / plain alone and / plain busy), their
 medians and maxima. Goals: median ratio at most 1.05, no cell over 1.3.
-Usage: python bench/parity.py [--notebook PATH ...] [--min 0.5] [-n 1] [--threads N]
+Usage: python bench/parity.py [--notebook PATH ... | --children] [--min 0.5] [-n 1] [--threads N]
 """
 
 from __future__ import annotations
@@ -41,6 +44,41 @@ NOTEBOOKS = ["pytorch-deep-learning/01_pytorch_workflow.ipynb",  # small torch t
 BUSY = ("import torch\nbusy = torch.randn(512, 512)\n"
         "while True:\n    busy = torch.tanh(busy @ busy)")
 CLOSED_PROXY = "http://127.0.0.1:9"  # downloads fail at once: the corpus runs offline
+CHILDREN_SETUP = """import os, subprocess, sys, multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+import joblib, torch
+from joblib.externals.loky import get_reusable_executor
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+X = torch.randn(20000, 64); y = (X.sum(1) > 0).long()
+ds = TensorDataset(X, y)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def step(xb, yb):
+    opt.zero_grad(); torch.nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
+def work(n):
+    return sum(i * i % 7 for i in range(n))
+with open("child_script.py", "w") as f:
+    f.write("import numpy\\nprint(sum(i * i % 7 for i in range(10**6)), numpy.ones(3).sum())\\n")
+"""
+CHILDREN = [  # each cell's first line names it in the table
+    "# DataLoader workers, fork\nfor xb, yb in DataLoader(ds, batch_size=64, shuffle=True, "
+    "num_workers=4):\n    step(xb, yb)",
+    "# DataLoader workers, spawn\nfor xb, yb in DataLoader(ds, batch_size=256, shuffle=True, "
+    "num_workers=2,\n                         multiprocessing_context='spawn'):\n    step(xb, yb)",
+    "# multiprocessing.Pool\nwith multiprocessing.Pool(4) as pool:\n"
+    "    total = sum(pool.map(work, [1_000_000] * 8))",
+    "# ProcessPoolExecutor\nwith ProcessPoolExecutor(4) as executor:\n"
+    "    total = sum(executor.map(work, [1_000_000] * 8))",
+    "# joblib.Parallel (loky)\n"
+    "total = sum(joblib.Parallel(n_jobs=4)(joblib.delayed(work)(1_000_000) for _ in range(8)))\n"
+    "get_reusable_executor().shutdown(wait=True)",
+    "# subprocess.run of a script\nfor _ in range(3):\n"
+    "    subprocess.run([sys.executable, 'child_script.py'], check=True, capture_output=True)",
+    "# os.fork\npids = []\nfor _ in range(4):\n    if (pid := os.fork()) == 0:\n"
+    "        work(2_000_000); os._exit(0)\n    pids.append(pid)\n"
+    "for pid in pids:\n    os.waitpid(pid, 0)",
+]
 
 
 def environment() -> dict[str, str]:
@@ -53,6 +91,20 @@ def environment() -> dict[str, str]:
 def copy_of(notebook: Path, work: Path) -> Path:
     shutil.copytree(notebook.parent, work)
     return work / notebook.name
+
+
+def write_children(folder: Path) -> Path:
+    """The notebook of cells that start processes, in `folder` (alone there: it is copied)."""
+    folder.mkdir()
+    notebook = folder / "children.ipynb"
+    cells = [nbformat.v4.new_code_cell(source) for source in [CHILDREN_SETUP, *CHILDREN]]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), str(notebook))
+    return notebook
+
+
+def untimed(notebook: Path) -> int:
+    """How many leading cells only set up the ones timed: the children notebook's setup."""
+    return 1 if notebook.name == "children.ipynb" else 0
 
 
 def sources(notebook: Path) -> list[str]:
@@ -152,15 +204,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--notebook", action="append", type=Path,
                         help=f"a notebook to time (default: {', '.join(NOTEBOOKS)} of the corpus)")
+    parser.add_argument("--children", action="store_true",
+                        help="only the notebook of cells that start processes")
     parser.add_argument("--min", type=float, default=0.5, help="plain seconds a cell must take")
     parser.add_argument("-n", type=int, default=1, help="runs of each; a cell's best counts")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads per lease (default 0: cores // slots)")
     args = parser.parse_args()
-    notebooks = args.notebook or [CORPUS / name for name in NOTEBOOKS]
     rows = []
     with tempfile.TemporaryDirectory(prefix="llf-parity-") as tmp:
         root = Path(tmp)
+        children = write_children(root / "children")
+        notebooks = args.notebook or ([] if args.children else
+                                      [CORPUS / name for name in NOTEBOOKS]) + [children]
         config = Config(store=root / "store", runtime_dir=root, bind=f"ipc://{root}/s.sock")
         works = (root / f"w{i}" for i in itertools.count())
         with EmbeddedServer(config, {**environment(), "LLFABRIC_SLOTS": "2",
@@ -177,7 +233,7 @@ def main() -> None:
                 cells = sources(notebook)
                 for index, times in enumerate(zip(best(plain), best(alone), best(busy),
                                                   best(plain_busy), strict=True)):
-                    if times[0] >= args.min:
+                    if index >= untimed(notebook) and times[0] >= args.min:
                         head = cells[index].strip().splitlines()[0][:26] if cells[index].strip() \
                             else ""
                         rows.append((f"{notebook.stem[:22]}#{index}", head, *times))

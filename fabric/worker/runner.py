@@ -150,6 +150,7 @@ class Worker:
         getpass.getpass = self._getpass
         introspect.collect_payloads(shell)
         comms.install(channel.send, shell)
+        forked.watch(self._streams, shell)
 
     def _ask(self, prompt: str, password: bool) -> str:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""
@@ -468,7 +469,6 @@ def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
     """Entry point in the freshly forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake.block()  # before any thread starts, so that every thread inherits it blocked
-    forked.watch()
     channel = _Channel(endpoint)
     try:
         Worker(shell, channel, Store(Path(store_root), signs=False)).serve()

@@ -74,6 +74,7 @@ class OutStream(io.TextIOBase):
 
     `flush()` first drains `before_flush` (output written to the fd underneath by C code), so an
     explicit flush, as the display hook does, keeps outputs in the order they were made.
+    In a process forked from the worker, it writes to that fd instead (`write_to`).
     """
 
     interval = 0.05
@@ -87,6 +88,16 @@ class OutStream(io.TextIOBase):
         self._lock = threading.Lock()
         self._last = time.monotonic()
         self.before_flush: Callable[[], None] | None = None
+        self._fd: int | None = None
+
+    def write_to(self, fd: int) -> None:
+        """Write each text straight to `fd` from now on: in a process forked from the worker,
+        whose capture of `fd` forwards it. What the worker had buffered is its own, and its
+        lock may have been held by a thread the fork left behind."""
+        self._lock = threading.Lock()
+        self._parts = []
+        self._fd = fd
+        self.before_flush = None
 
     def writable(self) -> bool:
         return True
@@ -99,7 +110,7 @@ class OutStream(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         with self._lock:
             self._parts.append(text)
-        if time.monotonic() - self._last > self.interval:
+        if self._fd is not None or time.monotonic() - self._last > self.interval:
             self.send()
         return len(text)
 
@@ -108,6 +119,11 @@ class OutStream(io.TextIOBase):
         with self._lock:
             text, self._parts = "".join(self._parts), []
             self._last = time.monotonic()
+        if text and self._fd is not None:
+            data = text.encode(errors="replace")
+            while data:
+                data = data[os.write(self._fd, data):]
+            return
         for start in range(0, len(text), self.chunk):  # a flood never fills one message
             self._shell.sink("stream", name=self.name, text=text[start:start + self.chunk])
 

@@ -182,7 +182,7 @@ def test_a_forked_copy_of_the_worker_leaves_when_its_cell_ends(server, keys, tmp
     with _user(server, keys, "fay") as fay:
         name = open_session(fay, tmp_path)
         execute(fay, name, "import os\npid = os.fork()\nif pid == 0:\n"
-                           "    print('in the child')\n    display('its display is dropped')\n"
+                           "    print('in the child')\n    display('a display in the child')\n"
                            "    x = 1 / 0\n")
         waited = ("import time\nfor _ in range(600):\n"
                   "    done, status = os.waitpid(pid, os.WNOHANG)\n"
