@@ -609,13 +609,18 @@ class HostAgent:
             self.keeper.keep(life)
             return
         life.lease = lease
-        self._spawn(self._linger(life, self.leases.start_lingering(lease)))
+        self._spawn(self._linger(life, worker, self.leases.start_lingering(lease)))
 
-    async def _linger(self, life: Life, wanted: asyncio.Event) -> None:
-        """Let go of `life`'s lease after the linger, or as soon as it is `wanted` (another
-        cell waits for slots), unless its next cell took it or it was discarded meanwhile."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wanted.wait(), self.leases.linger)
+    async def _linger(self, life: Life, worker: WorkerHandle, wanted: asyncio.Event) -> None:
+        """Let go of `life`'s lease after the linger, as soon as it is `wanted` (a cell waits
+        for slots) or its worker dies, unless its next cell took it or it was discarded
+        meanwhile."""
+        waiting = asyncio.ensure_future(wanted.wait())
+        try:
+            await asyncio.wait({waiting, worker.died}, timeout=self.leases.linger,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
         self._let_go(life)
 
     def _let_go(self, life: Life) -> None:

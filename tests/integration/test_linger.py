@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import (
     RunningServer,
@@ -69,6 +70,18 @@ def test_another_sessions_cell_takes_the_slot_from_a_lingering_worker(
         assert (reply["path"], text(outputs)) == ("warm", "2\n")
         for session in (first, other):
             client.call("close", session=session)
+
+
+def test_a_lingering_worker_that_dies_gives_its_lease_back(lingering: RunningServer,
+                                                           tmp_path: Path) -> None:
+    with lingering.client() as client:
+        session = open_session(client, tmp_path)
+        execute(client, session, "x = 'committed'")
+        psutil.Process(session_status(client, session)["worker"]).kill()
+        wait_until(lambda: "session" not in _slot(client), "the lease's return")
+        reply, outputs = execute(client, session, "print(x)")
+        assert (reply["path"], text(outputs)) == ("cold", "committed\n")
+        client.call("close", session=session)
 
 
 def test_the_worker_parks_when_the_linger_ends(tmp_path: Path) -> None:

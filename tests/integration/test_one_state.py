@@ -45,10 +45,10 @@ SEQUENCES = {
 }
 PIN = "pinned = (i for i in range(3))"  # cannot be saved: the session keeps its worker
 PATHS = {
-    "warm": {"keep_warm": 300},
+    "warm": {"keep_warm": 300, "linger": 0},
     "fresh": {"keep_warm": 0},
     "template": {"keep_warm": 0, "worker_source": "template"},
-    "cool": {"keep_warm": 300, "cool_after": 1},
+    "cool": {"keep_warm": 300, "cool_after": 1, "linger": 0},
 }
 
 
