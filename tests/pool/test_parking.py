@@ -157,7 +157,8 @@ def test_a_restored_worker_does_not_outlive_a_server_killed_outright(tmp_path: P
     ends): it watches its parent, and leaves once the server is gone."""
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
         server = start_server(tmp_path / "store", Path(sockdir),
-                              {**os.environ, "LLFABRIC_COOL_AFTER": "1"})
+                              {**os.environ, "LLFABRIC_COOL_AFTER": "1",
+                               "LLFABRIC_LINGER": "0"})
         try:
             with server.client() as client:
                 session = open_session(client, tmp_path)
