@@ -49,6 +49,7 @@ def _slot(slot: SlotStatus) -> str:
     together = ", ".join(map(str, slot.with_slots))
     gang = f" (slots {together} together)" if len(slot.with_slots) > 1 else ""
     held = f": {slot.session}{gang} for {slot.held or 0.0:.1f} s" if slot.session else ": free"
+    held += ", lingering" if slot.lingering else ""
     return f"  slot {slot.slot}{gpu}{held}"
 
 

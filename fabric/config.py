@@ -47,6 +47,10 @@ class Config:
     # seconds a session's worker stays warm (parked off the GPU) after its cell, so the next
     # runs on it with no load; 0: every cell starts on a fresh worker loaded with its closure
     keep_warm: int = 300
+    # seconds a kept worker stays on its lease (GPU or CPU slot) after its cell, so a next cell
+    # meanwhile starts at once with no resume; given back at once when another session's cell
+    # waits for slots. 0: parked and the lease given back as soon as the cell is saved
+    linger: int = 60
     cool_after: int = 600  # seconds a pinned worker idles before it is dumped to disk
     # percent of host memory in use past which warm workers retire and pinned ones are dumped
     memory_pressure: int = 90

@@ -101,7 +101,8 @@ class _Live(Collector):
         leases = now["leases"]
         yield GaugeMetricFamily("llfabric_lease_slots", "Execution slots (GPUs, else CPU "
                                 "slots)", value=leases["slots"])
-        yield GaugeMetricFamily("llfabric_leases_held", "Slots leased to running cells",
+        yield GaugeMetricFamily("llfabric_leases_held", "Slots leased to running cells "
+                                "and to workers lingering after theirs",
                                 value=leases["held"])
         yield GaugeMetricFamily("llfabric_leases_queued", "Cells waiting for a lease",
                                 value=leases["queued"])

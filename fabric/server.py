@@ -111,10 +111,12 @@ class Server:
                            copies=config.copies)
         self._parts: dict[str, Store] = {}  # each user's part of the store, when separate
         self.envs = Envs(config.env_root)
-        self.leases = Leases.for_host(config.slots, config.threads)
+        self.leases = Leases.for_host(config.slots, config.threads, config.linger)
         if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
             raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
                               f"{self.leases.slots} slots on this host", key="gpus")
+        if config.linger < 0:
+            raise ConfigError(f"linger is {config.linger}; seconds, 0 or more", key="linger")
         cool_after = config.cool_after
         if self.separate and cool_after and not users.dumps_others():
             log.warning("no CAP_SYS_RESOURCE: CRIU cannot dump a user's worker, so a pinned "
@@ -510,7 +512,7 @@ class Server:
         del self.sessions[session.name]
         self._unclaimed.pop(session.name, None)
         return {"closed": True, "version": session.manifest.version,
-                "lease_seconds": self.leases.seconds.get(session.name, 0.0)}
+                "lease_seconds": self.leases.seconds_of(session.name)}
 
     def _for_door(self) -> dict:
         """What a cluster's door (the owner) learns from its pings: where this host wakes

@@ -89,6 +89,7 @@ class SlotStatus(_Wire):
     session: str | None = None
     held: float | None = None  # seconds
     with_slots: tuple[int, ...] = ()  # every slot of the lease holding this one
+    lingering: bool = False  # its cell ended; its worker keeps it for the session's next
 
 
 @dataclasses.dataclass(frozen=True)

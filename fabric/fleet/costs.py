@@ -61,8 +61,8 @@ INPUTS: dict[str, Input] = {
     "host_boot_s": Input(120.0, "s", False, "a new GPU host joining the fleet"),
     "linger_s": Input(60.0, "s", False,
                       "llfabric: a worker keeps its GPUs this long after its cell before it is "
-                      "parked (a policy setting: 60 s starts 98% of the month's cells under "
-                      "100 ms for 1% more GPU-hours; `--sweep` varies it)"),
+                      "parked, unless a request waits for GPUs meanwhile (the server's `linger` "
+                      "setting and its default; `--sweep` varies it)"),
     # session shapes (the excerpt above); sessions.SessionModel takes them as its defaults
     "before_first_h": Input(5.6, "h", False,
                             "time a session is open before its first training: the excerpt's 27% "

@@ -207,9 +207,10 @@ class Fresh(Policy):
 
 
 class LLFabric(Policy):
-    """After a cell its worker keeps its GPUs for `linger_s`: a next cell executed meanwhile
-    starts on it at once (the GPUs it does not need go back); otherwise the worker is parked and
-    its GPUs go back. The next cell's draft prepares a worker during think time on the host of
+    """After a cell its worker keeps its GPUs for `linger_s`: a next cell of the same size
+    executed meanwhile starts on it at once; otherwise (the time is up, any request waits for
+    GPUs, or the next cell needs another number of them) the worker is parked and its GPUs go
+    back. The next cell's draft prepares a worker during think time on the host of
     the previous cell (template, closure loaded, tensors staged); a parked warm worker is
     resumed instead where that is quicker. When the scheduler gives the GPUs of a draft's host
     to another lease, the draft is made again on a host with room, where the cell then starts

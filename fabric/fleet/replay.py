@@ -9,7 +9,8 @@ replay of 8 sessions takes minutes. The server has `slots` CPU slots (GPUs on a 
 Pinned, live: a session takes one of `slots` tokens before its first cell and gives it back
 after its last, as a pinned kernel holds its GPU; its slot-time is that span, its first cell's
 delay includes the wait for a token. Each cell's reply gives its path, visible delay, queue wait,
-prepare, run, save and lease time.
+prepare, run, save and lease time; a session's slot-time is what its close reports, its workers'
+lingers included (the last one ends with the close).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from .simulate import simulate
 
 BURST = ("import time as _t\n_end = _t.perf_counter() + {s:.2f}\n"
          "while _t.perf_counter() < _end:\n    pass")
-# The simulator's view of this machine: CPU slots, no device memory to move; the server parks a
-# worker as soon as its cell is saved
+# The simulator's view of this machine: CPU slots, no device memory to move; a worker lingers on
+# its slot after its cell as long as the live server's `linger` says (its default)
 LOCAL = {"gpu_gb": 0.0, "cuda_restore_s": 0.0, "cuda_init_s": 0.0, "session_gb": 0.05,
-         "linger_s": 0.0}
+         "linger_s": float(Config.linger)}
 
 
 @dataclass
@@ -94,7 +95,8 @@ def plan(notebooks: list[Path], count: int, trace_sessions: list[Session], compr
 
 
 def _session(address: str, index: int, planned: Plan, workdir: Path,
-             tokens: threading.Semaphore | None, out: list[LiveCell], spans: dict) -> None:
+             tokens: threading.Semaphore | None, out: list[LiveCell], spans: dict,
+             leased: dict) -> None:
     name = f"replay-{index}"
     folder = workdir / name
     shutil.copytree(planned.notebook.parent, folder, ignore=shutil.ignore_patterns("*.ipynb"))
@@ -132,35 +134,38 @@ def _session(address: str, index: int, planned: Plan, workdir: Path,
             spans[index] = time.monotonic() - start
             if tokens is not None:
                 tokens.release()
-            client.close_session(name)
+            leased[index] = client.close_session(name)["lease_seconds"]
 
 
-def run_live(plans: list[Plan], slots: int, pinned: bool) -> tuple[list[LiveCell], dict, float]:
-    """Every planned session at once on a fresh local server; (cells, spans, wall seconds)."""
+def run_live(plans: list[Plan], slots: int,
+             pinned: bool) -> tuple[list[LiveCell], dict, dict, float]:
+    """Every planned session at once on a fresh local server; (cells, spans, slot-seconds each
+    session leased, wall seconds)."""
     with tempfile.TemporaryDirectory(prefix="llfabric-replay-") as tmp:
         root = Path(tmp)
         config = Config(store=root / "store", runtime_dir=root, bind=f"ipc://{tmp}/s.sock")
         env = {**os.environ, "LLFABRIC_SLOTS": str(slots)}
         cells: list[LiveCell] = []
         spans: dict[int, float] = {}
+        leased: dict[int, float] = {}
         tokens = threading.Semaphore(slots) if pinned else None
         started = time.monotonic()
         with EmbeddedServer(config, env):
             threads = [threading.Thread(target=_session, args=(config.address, i, p, root,
-                                                               tokens, cells, spans))
+                                                               tokens, cells, spans, leased))
                        for i, p in enumerate(plans)]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-        return cells, spans, time.monotonic() - started
+        return cells, spans, leased, time.monotonic() - started
 
 
-def summary(cells: list[LiveCell], spans: dict, pinned: bool) -> dict:
+def summary(cells: list[LiveCell], spans: dict, leased: dict, pinned: bool) -> dict:
     """The live run's figures, in the simulator's terms."""
     delays = sorted(c.visible_delay for c in cells)
     ok = [c for c in cells if c.status == "ok"]
-    held = sum(spans.values()) if pinned else sum(c.lease for c in cells)
+    held = sum(spans.values()) if pinned else sum(leased.values())
     paths: dict[str, int] = {}
     for c in cells:
         paths[c.path] = paths.get(c.path, 0) + 1
@@ -197,9 +202,9 @@ def replay(plans: list[Plan], slots: int) -> dict:
                     "notebooks": sorted({str(p.notebook) for p in plans})}
     live_cells = {}
     for mode, pinned in (("llfabric", False), ("pinned", True)):
-        cells, spans, wall = run_live(plans, slots, pinned)
+        cells, spans, leased, wall = run_live(plans, slots, pinned)
         live_cells[mode] = cells
-        result[f"live_{mode}"] = {**summary(cells, spans, pinned), "wall_s": wall}
+        result[f"live_{mode}"] = {**summary(cells, spans, leased, pinned), "wall_s": wall}
     result["simulated"] = simulated(live_cells["llfabric"], plans, slots)
     result["cells"] = {mode: [asdict(c) for c in cells] for mode, cells in live_cells.items()}
     return result

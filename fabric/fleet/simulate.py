@@ -3,8 +3,12 @@
 Sessions are closed loops: a cell is executed its think time after the previous one ended, so a
 delay pushes the rest of the session later, as it would a user. A session opens its `before_s`
 before its first cell and closes its `after_s` after its last ends; a pinned policy holds its
-gang from open to close (or, with an idle timeout, until that much idle time passed). Events
-are kept in a heap by time; ties keep the order they were pushed in.
+gang from open to close (or, with an idle timeout, until that much idle time passed). A
+lingering worker (`Policy.linger_s`) keeps its GPUs after its cell, as the server's `linger`
+does: its session's next cell of the same size starts on them; when the linger ends, when any
+request waits for GPUs, or when a next cell of another size comes, it is parked and then its
+GPUs go back; when its session closes they go back at once. Events are kept in a heap by time;
+ties keep the order they were pushed in.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from .fleet import Fleet, Request
 from .policies import SessionState, make
 from .sessions import Session
 
-OPEN, EXECUTE, END, BOOTED, RECLAIM, CLOSE, RELEASE = range(7)
+OPEN, EXECUTE, END, BOOTED, RECLAIM, CLOSE, RELEASE, LINGERED = range(8)
 TICK_S = 300.0  # the autoscaler's scale-in check and the hosts-over-time sample
 
 
@@ -56,6 +60,7 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
 
     states = [SessionState(s) for s in sessions]
     parking: list[tuple[int, int]] = []  # (host, GPUs) of workers parked after lingering
+    lingering: dict[int, float] = {}  # sessions whose worker keeps its GPUs now: until when
     for s in sessions:
         # a session open before the trace began is counted from its start
         push(max(0.0, s.start_s - (s.before_s if policy.padded else 0.0)), OPEN, s.index)
@@ -74,6 +79,15 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
             out.leases.setdefault(state.session.index, []).append((now, end))
         state.host = host
         push(end, END, state.session.index)
+
+    def let_go(state: SessionState, time: float) -> None:
+        """The lingering worker is parked, then its GPUs go back."""
+        host, gpus = state.kept
+        state.kept = None
+        del lingering[state.session.index]
+        parking.append((host, gpus))
+        cell = state.session.cells[state.next_cell - 1]  # the cell it lingers after
+        push(time + policy.costs_for(cell).park_s, RELEASE, len(parking) - 1)
 
     def placed(state: SessionState, asked: float) -> Callable[[int, float], None]:
         return lambda host, now: run_cell(state, host, now, asked)
@@ -121,16 +135,13 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
         elif kind == EXECUTE:
             cell = state.session.cells[state.next_cell]
             state.reclaim_at = None
-            if state.kept is not None:  # its worker still on the GPUs it kept
-                host, kept = state.kept
-                if cell.gpus <= kept:  # the lease passes on, what it does not need given back
-                    fleet.release(host, kept - cell.gpus)
-                    run_cell(state, host, time, time)
-                else:
-                    state.kept = None
-                    fleet.release(host, kept)
-                    fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
-                                      placed(state, time)))
+            if state.kept is not None and state.kept[1] == cell.gpus:  # the lease passes on
+                del lingering[subject]
+                run_cell(state, state.kept[0], time, time)
+            elif state.kept is not None:  # a worker parked off other GPUs than it asks for
+                let_go(state, time)
+                fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
+                                  placed(state, time)))
             elif not policy.pinned:
                 fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
                                   placed(state, time)))
@@ -145,16 +156,12 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
             state.rebuild_s = cell.run_s + (0.0 if cell.training else state.rebuild_s)
             state.next_cell += 1
             last = state.next_cell == len(state.session.cells)
-            if not policy.pinned:
-                keep = 0.0 if last else policy.linger_s
-                think = 0.0 if last else state.session.cells[state.next_cell].think_s
-                if keep > 0 and think <= keep:  # the next cell comes while its worker lingers
-                    state.kept = (state.host, cell.gpus)
-                elif keep > 0:  # it lingers in vain, then is parked, then the GPUs go back
-                    parking.append((state.host, cell.gpus))
-                    push(time + keep + policy.costs_for(cell).park_s, RELEASE, len(parking) - 1)
-                else:
-                    fleet.release(state.host, cell.gpus)
+            if not policy.pinned and policy.linger_s > 0:
+                state.kept = (state.host, cell.gpus)
+                lingering[subject] = time + policy.linger_s
+                push(lingering[subject], LINGERED, subject)
+            elif not policy.pinned:
+                fleet.release(state.host, cell.gpus)
             timeout = policy.idle_timeout_s
             if last:
                 after = state.session.after_s if policy.padded else 0.0
@@ -164,6 +171,9 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
                 if timeout is not None:
                     state.reclaim_at = time + timeout
                     push(state.reclaim_at, RECLAIM, subject)
+        elif kind == LINGERED:  # its linger is over, unless a next cell took the GPUs since
+            if lingering.get(subject) == time:
+                let_go(state, time)
         elif kind == RECLAIM:
             if state.reclaim_at == time and state.holding is not None:
                 release_gang(state, time)
@@ -171,7 +181,14 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
         elif kind == CLOSE:
             if state.holding is not None:
                 release_gang(state, time)
+            if state.kept is not None:  # its worker retired with it: nothing to park
+                fleet.release(*state.kept)
+                state.kept = None
+                del lingering[subject]
             policy.closed(state)
+        if fleet.queue:  # a request waits: no lingering worker keeps it waiting
+            for index in sorted(lingering):
+                let_go(states[index], time)
         for host in fleet.hosts[booted:]:
             push(host.up_at, BOOTED, host.index)
         booted = len(fleet.hosts)

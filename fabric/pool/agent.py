@@ -3,8 +3,11 @@
 A `Session` (ordering, its head) hands the agent plain data: a cell (its source and closure) and
 the head it runs on; the agent readies a worker for it (`draft`), runs it under a lease, lets the
 session commit what it saved, then parks the worker for the next cell or retires it (`run`),
-telling the client what happens as events. On one host the session calls it directly; in a
-cluster each host has one, behind the same interface.
+telling the client what happens as events. A worker kept for the next cell first lingers on its
+lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when the
+time is up, another session's cell waits for slots, or the worker is discarded, it lets go
+(parked, then the lease given back; at once if discarded). On one host the session calls it
+directly; in a cluster each host has one, behind the same interface.
 
 A worker readied for a head whose values are not all in the store (some could not be saved, and
 the worker that held them is gone) rebuilds them from their lineage (`replay`) before its first
@@ -48,7 +51,7 @@ from ..worker.messages import (
     Run,
 )
 from .cells import Cell, Commit, Events, Head, Ran
-from .leases import Leases
+from .leases import Lease, Leases
 from .lifecycle import CoolImage, Keeper, Life, Stage
 from .pool import Pool, WorkerHandle
 from .replay import recompute
@@ -262,6 +265,9 @@ class HostAgent:
         task.add_done_callback(self._background.discard)
 
     def _discard(self, life: Life | None) -> None:
+        if life is not None and life.lease is not None:  # the worker ends: nothing to park
+            lease, life.lease = life.lease, None
+            self.leases.release(lease)
         if life is not None and (closing := life.retire()) is not None:
             self._spawn(closing)
         self.keeper.changed()
@@ -369,15 +375,22 @@ class HostAgent:
                     await asyncio.shield(life.task)
                 except ParkFailed as exc:  # unusable now: the cold path below tells
                     log.warning("session %s: %s", self.name, exc.message)
-            if life is not None and self._usable(life, head):
-                path = "pinned" if life.unsaved else "warm" if life.kept else "draft"
-                path += "+load" if self._extend(life, cell.closure, events, at_once=True) else ""
-            else:
-                life = self._replace(life, cell.closure, head, events, at_once=True)
-                path = "cold"
-            self._tell_lost(events, head)
+            lease = self._take_lingering(life, cell.slots)
             try:
-                return await self._run_on(life, path, cell, head, events, commit)
+                if life is not None and self._usable(life, head):
+                    path = "pinned" if life.unsaved else "lingered" if lease else \
+                        "warm" if life.kept else "draft"
+                    path += "+load" if self._extend(life, cell.closure, events,
+                                                    at_once=True) else ""
+                else:  # a fresh worker takes the lease its old one lingered on, if any
+                    life = self._replace(life, cell.closure, head, events, at_once=True)
+                    path = "cold"
+                self._tell_lost(events, head)
+            except BaseException:
+                self._give_back(lease)
+                raise
+            try:
+                return await self._run_on(life, path, cell, head, events, commit, lease)
             except WorkerDied as exc:
                 if exc.fields.get("started") or not life.kept:
                     raise
@@ -401,29 +414,57 @@ class HostAgent:
             f"{history.recompute_hint(self.store, self.name, self.lost)}{why}"), lost=True)
         self.lost, self.lost_why, self.lost_at = [], "", head.id
 
+    def _take_lingering(self, life: Life | None, slots: int) -> Lease | None:
+        """The lease `life`'s worker lingers on, for a cell of `slots` slots; None if it has
+        none, or one of another size, which it lets go of (`_let_go`)."""
+        if life is None or life.lease is None:
+            return None
+        if len(life.lease.slots) != slots:
+            self._let_go(life)
+            return None
+        lease, life.lease = life.lease, None
+        self.leases.resume(lease)
+        return lease
+
+    def _give_back(self, lease: Lease | None) -> None:
+        """Release a lingering lease taken for a cell that failed before it ran on it."""
+        if lease is not None:
+            self.leases.release(lease)
+
     async def _run_on(self, life: Life, path: str, cell: Cell, head: Head, events: Events,
-                      commit: Commit) -> Ran:
-        """Run the cell on `life`'s worker; retire the worker after it unless it is kept."""
+                      commit: Commit, lease: Lease | None = None) -> Ran:
+        """Run the cell on `life`'s worker, on `lease` if it lingered for it, else on one it
+        waits for; retire the worker after it unless it is kept."""
         replay, life.replay = life.replay, None
         path += "+replay" if replay is not None else ""
-        worker = await life.task
+        try:
+            worker = await life.task
+        except BaseException:
+            self._give_back(lease)
+            raise
         life.claim()
         kept = False
         try:
-            ran, kept = await self._run(worker, life, replay, path, cell, head, events, commit)
+            ran, kept = await self._run(worker, life, lease, replay, path, cell, head, events,
+                                        commit)
             return ran
         finally:
             if not kept:
                 self._spawn(worker.close())
 
-    async def _run(self, worker: WorkerHandle, life: Life, replay: lineage.Replay | None,
-                   path: str, cell: Cell, head: Head, events: Events,
-                   commit: Commit) -> tuple[Ran, bool]:
-        """Run the cell under a lease and commit; True with the result if the worker is kept."""
-        queued = self.leases.would_wait(self.name, cell.slots)
+    async def _run(self, worker: WorkerHandle, life: Life, lease: Lease | None,
+                   replay: lineage.Replay | None, path: str, cell: Cell, head: Head,
+                   events: Events, commit: Commit) -> tuple[Ran, bool]:
+        """Run the cell under a lease (`lease`, lingering for it, else one it waits for) and
+        commit; True with the result if the worker is kept."""
+        queued = lease is None and self.leases.would_wait(self.name, cell.slots)
         if queued:  # the client tells the user why nothing happens yet
             events({"ahead": self.leases.queued, "slots": self.leases.slots}, "queued")
-        lease = await self.leases.acquire(self.name, cell.slots, prefer=worker.device)
+        waited = 0.0
+        if lease is None:
+            lease = await self.leases.acquire(self.name, cell.slots, prefer=worker.device)
+            waited = lease.waited
+        taken, lingers = lease.taken, False
         if queued:
             events({"waited": lease.waited}, "leased")
             events.notice("queued", f"waited {lease.waited:.1f} s for an execution slot")
@@ -473,13 +514,20 @@ class HostAgent:
             after = time.monotonic()
             saved = done.saved
             unsaved = sorted(saved.unsaved) if saved is not None else []
-            kept = await self._park(worker, unsaved, head, events, lease.device)
+            # it lingers on the lease, unparked, or is parked before the lease goes back
+            lingers = self.leases.linger > 0 and self._keepable(worker, unsaved)
+            kept = lingers or await self._park(worker, unsaved, head, events, lease.device)
         except WorkerDied as exc:
             raise running.failed(exc, head.manifest.version) from exc
         finally:
             self.running = None
             running.end()
-            self.leases.release(lease)
+            ended = time.monotonic()
+            if not lingers:
+                self.leases.release(lease)
+        if kept:
+            self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved,
+                       lease if lingers else None)
         spreading = time.monotonic()
         if saved is not None and self.store.spreads:  # off the lease, before its reply
             await self._spread(head, events)
@@ -490,17 +538,15 @@ class HostAgent:
             events.notice("pinned", (
                 f"{', '.join(unsaved)} cannot be saved ({reasons}); the session keeps its "
                 "worker alive to hold them"))
-        if kept:
-            self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved)
         started = running.started if running.started is not None else cell.received
         return Ran(done.status, done.ename, unsaved, path, worker.source, {
             "prepare": life.seconds,
             "load": life.loading,
-            "queue": lease.waited,
+            "queue": waited,
             "visible_delay": max(0.0, started - cell.received),
             "run": done.run,
             "save": done.save + (after - committed),
-            "lease_held": lease.held,
+            "lease_held": ended - taken,  # with the linger before it, if it took one
             "lazy_load": done.lazy,
             "replicate": committed - replicating + spread,
         }, done.payload, done.unneeded), kept
@@ -527,8 +573,8 @@ class HostAgent:
         """Take the worker off the GPU before its lease ends if it is to be kept: warm for the
         next cell, or pinned because it alone holds `unsaved`. False: it is retired; if parking
         failed, what only it held is lost and the session goes on from the store."""
-        if not unsaved and (not self.pool.keep_warm or self._env_changed(worker)):
-            return False  # an install in the cell: the next worker imports what it installed
+        if not self._keepable(worker, unsaved):
+            return False
         try:
             await self.pool.park(worker, device)
         except ParkFailed as exc:
@@ -549,13 +595,59 @@ class HostAgent:
             return False
         return True
 
-    def _keep(self, worker: WorkerHandle, head: Head, owned: set[str],
-              unsaved: list[str]) -> None:
+    def _keepable(self, worker: WorkerHandle, unsaved: list[str]) -> bool:
+        """Whether the worker is kept after its cell: pinned, or warm unless the session's
+        environment changed (an install in the cell: the next worker imports what it
+        installed)."""
+        return bool(unsaved) or (bool(self.pool.keep_warm) and not self._env_changed(worker))
+
+    def _keep(self, worker: WorkerHandle, head: Head, owned: set[str], unsaved: list[str],
+              lease: Lease | None = None) -> None:
         """Keep the worker as the session's next: it holds the state the head names, so the
-        next cell needs no load (and, pinned, it alone holds what could not be saved)."""
+        next cell needs no load (and, pinned, it alone holds what could not be saved); with
+        `lease`, lingering on it (parked already otherwise)."""
         self._discard(self.prepared)  # a draft sent while the cell ran was made for the old head
-        self.prepared = Life.after_cell(self.pool, worker, head.id, owned, unsaved)
-        self.keeper.keep(self.prepared)
+        life = self.prepared = Life.after_cell(self.pool, worker, head.id, owned, unsaved)
+        if lease is None:
+            self.keeper.keep(life)
+            return
+        life.lease = lease
+        self._spawn(self._linger(life, worker, self.leases.start_lingering(lease)))
+
+    async def _linger(self, life: Life, worker: WorkerHandle, wanted: asyncio.Event) -> None:
+        """Let go of `life`'s lease after the linger, as soon as it is `wanted` (a cell waits
+        for slots) or its worker dies, unless its next cell took it or it was discarded
+        meanwhile."""
+        waiting = asyncio.ensure_future(wanted.wait())
+        try:
+            await asyncio.wait({waiting, worker.died}, timeout=self.leases.linger,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        self._let_go(life)
+
+    def _let_go(self, life: Life) -> None:
+        """Park `life`'s worker off the lease it lingers on, then give the lease back (after
+        what was chained on the worker before); a worker that cannot be parked is retired."""
+        lease, life.lease = life.lease, None
+        if lease is None:
+            return
+
+        async def park(worker: WorkerHandle) -> None:
+            try:
+                await self.pool.park(worker, lease.device)
+            except ParkFailed as exc:
+                log.warning("session %s: retiring its kept worker: %s", self.name, exc.message)
+                raise
+
+        def parked(task: asyncio.Future) -> None:
+            self.leases.release(lease)
+            if not task.cancelled():
+                task.exception()  # a failed park was told: the next cell finds no worker
+
+        life.chain(park, prepares=False)
+        life.task.add_done_callback(parked)
+        self.keeper.keep(life)
 
     # moving to another host
     async def hand_over(self, wake_dir: str, head: Head) -> tuple[CoolImage, Life] | None:
@@ -565,6 +657,7 @@ class HostAgent:
         life = self._current()
         if life is None or not life.unsaved or not self._usable(life, head):
             return None
+        self._let_go(life)  # parked before it is dumped
         self.prepared = None
         self.keeper.changed()
         return await life.hand_over(wake_dir), life
@@ -642,4 +735,4 @@ class HostAgent:
                 "worker": self.worker_pid(),
                 "prepared": life is not None,
                 **tier,
-                "lease_seconds": self.leases.seconds.get(self.name, 0.0)}
+                "lease_seconds": self.leases.seconds_of(self.name)}

@@ -9,6 +9,11 @@ CUDA_VISIBLE_DEVICES value), and gives them back together. More requests than sl
 and backfill that cannot delay it), the wait is reported as part of the cell's visible delay,
 and slot-seconds are accounted per session. A cell whose worker was parked off GPUs gets those
 that are free (no move), else any free ones.
+
+A lease may *linger* after its cell (`linger` seconds, the agent's choice): its worker stays on
+it, so the session's next cell starts at once. It is never waited for: the moment any cell
+waits for slots, every lingering lease is told to let go (`Lease.lingering` is set), and its
+worker parks and gives it back as it would have right after its cell.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class Lease:
     threads: int = 1  # intra-op threads: the slots' shares of the host's cores together
     ends: float | None = None  # when it is expected back, from the session's recent runs
     released: float | None = None
+    lingering: asyncio.Event | None = None  # its cell ended: set when it must be let go
+    taken: float = 0.0  # when the cell it serves now took it (acquired, or its linger began)
 
     @property
     def device(self) -> str | None:
@@ -64,6 +71,7 @@ class Leases:
     kind: str = "cpu"
     devices: list[gpus.Gpu] = field(default_factory=list)
     patience: float = queueing.PATIENCE  # see `queueing`
+    linger: float = 0.0  # seconds a lease stays with its session's worker after its cell
     _free: list[int] = field(default_factory=list)
     _waiters: list[_Waiter] = field(default_factory=list)
     held: dict[int, Lease] = field(default_factory=dict)  # slot -> the lease holding it
@@ -79,10 +87,10 @@ class Leases:
         self._free = list(range(self.slots))
 
     @classmethod
-    def for_host(cls, cpu_slots: int = 0, threads: int = 0) -> Leases:
+    def for_host(cls, cpu_slots: int = 0, threads: int = 0, linger: float = 0.0) -> Leases:
         """One slot per GPU where NVML finds any, else `cpu_slots` CPU slots (0: per core);
         `threads` per slot (0: the host's cores shared among the slots)."""
-        return cls(cpu_slots, threads, devices=gpus.discover())
+        return cls(cpu_slots, threads, devices=gpus.discover(), linger=linger)
 
     async def acquire(self, session: str, count: int = 1, prefer: str | None = None) -> Lease:
         """`count` slots together, when `queueing` says so; `prefer` (CUDA_VISIBLE_DEVICES of
@@ -123,6 +131,21 @@ class Leases:
         for waiter in chosen:
             self._waiters.remove(waiter)
             waiter.future.set_result(self._grant(waiter, now))
+        if self._waiters:  # a cell waits: no lingering lease may keep it waiting
+            for lease in self.leases():
+                if lease.lingering is not None:
+                    lease.lingering.set()
+
+    def start_lingering(self, lease: Lease) -> asyncio.Event:
+        """Keep `lease`, whose cell ended, for its session's next cell; the event is set as soon
+        as any cell waits for slots (or at once, if one waits now)."""
+        lease.lingering, lease.taken = asyncio.Event(), time.monotonic()
+        self._admit()
+        return lease.lingering
+
+    def resume(self, lease: Lease) -> None:
+        """A lingering lease taken by its session's next cell."""
+        _stop_lingering(lease)
 
     def _admissions(self, now: float, *extra: queueing.Request) -> list[int]:
         queue = [queueing.Request(w.count, w.since, w.estimate) for w in self._waiters]
@@ -139,7 +162,7 @@ class Leases:
         devices = tuple(self.devices[slot].uuid for slot in slots) if self.devices else ()
         ends = None if waiter.estimate is None else now + waiter.estimate
         lease = Lease(waiter.session, slots, now, now - waiter.since, devices,
-                      self.threads * len(slots), ends)
+                      self.threads * len(slots), ends, taken=now)
         for slot in slots:
             self.held[slot] = lease
         return lease
@@ -148,6 +171,7 @@ class Leases:
         """Give back all of the lease's slots, and account its slot-seconds."""
         if lease.released is not None:
             return
+        _stop_lingering(lease)
         lease.released = time.monotonic()
         self.seconds[lease.session] += lease.held * len(lease.slots)
         self.recent[lease.session].append(lease.held)
@@ -155,6 +179,12 @@ class Leases:
             del self.held[slot]
         self._free.extend(lease.slots)
         self._admit()
+
+    def seconds_of(self, session: str) -> float:
+        """The session's slot-seconds: its released leases, and those it holds now."""
+        held = sum(lease.held * len(lease.slots) for lease in self.leases()
+                   if lease.session == session)
+        return self.seconds.get(session, 0.0) + held
 
     def leases(self) -> list[Lease]:
         """The leases held now, each once however many slots it holds."""
@@ -180,10 +210,18 @@ class Leases:
                 entry |= {"uuid": gpu.uuid, "name": gpu.name, **gpus.usage(gpu)}
             if (lease := self.held.get(slot)) is not None:
                 entry |= {"session": lease.session, "held": lease.held,
-                          "with_slots": list(lease.slots)}
+                          "with_slots": list(lease.slots),
+                          "lingering": lease.lingering is not None}
             slots.append(entry)
         return {"kind": self.kind, "slots": self.slots, "threads": self.threads,
                 "held": len(self.held),
                 "queued": self.queued, "leases": slots,
                 "queue": [{"session": w.session, "waiting": now - w.since, "slots": w.count}
                           for w in self._waiters]}
+
+
+def _stop_lingering(lease: Lease) -> None:
+    """The lease is no longer lingering; whoever awaits its event is woken."""
+    if lease.lingering is not None:
+        lease.lingering.set()
+        lease.lingering = None

@@ -33,6 +33,7 @@ from ..snapshot import lineage
 from ..worker import wake
 from ..worker.messages import Load, Sleep, Sleeping
 from . import criu
+from .leases import Lease
 from .pool import Pool, WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class Life:
     cooled: CoolImage | None = None
     demand: asyncio.Event | None = None  # set: a cool worker is wanted back
     replay: lineage.Replay | None = None  # to run under its first cell's lease, before it
+    lease: Lease | None = None  # kept after its cell with the worker on it (see `leases`)
 
     @classmethod
     def start(cls, pool: Pool, base: str | None,

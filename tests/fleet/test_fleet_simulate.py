@@ -70,18 +70,32 @@ def test_a_cell_on_no_gpu_holds_none_and_makes_no_cuda_context() -> None:
 
 def test_a_worker_lingers_for_a_quick_next_cell_and_is_parked_otherwise() -> None:
     costs = Costs.default()
-    cells = (Cell(30, 600, 8, True), Cell(20, 5, 4, False), Cell(3000, 600, 8, True))
+    cells = (Cell(30, 600, 8, True), Cell(20, 5, 8, False), Cell(3000, 600, 8, True))
     out = simulate([Session(0, 0.0, cells)], "llfabric", costs, fleet=Fleet(boot_s=0.0))
     assert out.paths["lingered"] == 1 and out.delays[1] == costs.warm_ready_s
     save = costs.save_s(True)
-    # 8 GPUs through the first cell and its linger, 4 of them kept for the small cell, which
-    # lingers 60 s in vain and is parked
-    expected = (8 * (600 + save + 20) + 4 * (5 + costs.save_s(False) + costs.linger_s
-                                             + costs.park_s))
+    # 8 GPUs through the first cell and its linger, and the small cell, which lingers 60 s in
+    # vain and is parked; the last cell's are given back when the session closes
+    expected = 8 * (600 + save + 20) + 8 * (5 + costs.save_s(False) + costs.linger_s
+                                            + costs.park_s)
     assert out.held_gpu_s == pytest.approx(expected + 8 * (600 + save), rel=0.01)
     parked = simulate([Session(0, 0.0, cells)], "llfabric", costs.with_inputs(linger_s=0.0),
                       fleet=Fleet(boot_s=0.0))
     assert "lingered" not in parked.paths and parked.held_gpu_s < out.held_gpu_s
+    # a next cell on other GPUs than its worker keeps: it is parked, as the server does
+    other = (Cell(30, 600, 8, True), Cell(20, 5, 4, False))
+    resized = simulate([Session(0, 0.0, other)], "llfabric", costs, fleet=Fleet(boot_s=0.0))
+    assert "lingered" not in resized.paths
+
+
+def test_a_request_that_waits_takes_the_gpus_of_a_lingering_worker_once_it_is_parked() -> None:
+    costs = Costs.default()
+    first = Session(0, 0.0, (Cell(0, 100, 8, True), Cell(1000, 10, 8, False)))
+    second = Session(1, 130.0, (Cell(0, 10, 8, False),))  # while the first's worker lingers
+    one_host = Fleet(gpus_per_host=8, spare_gpus=0, boot_s=0.0, max_hosts=1)
+    out = simulate([first, second], "llfabric", costs, fleet=one_host)
+    assert out.waits[1] == pytest.approx(costs.park_s)  # not the 60 s linger
+    assert "lingered" not in out.paths
 
 
 def test_other_policies_hold_gpus_only_while_cells_run(tmp_path: Path) -> None:

@@ -36,7 +36,8 @@ def _notebook(client: Client, session: str, cells: int, gpus: int, sleep: float,
 
 
 def test_a_two_slot_cell_runs_beside_one_slot_sessions(tmp_path: Path) -> None:
-    with serving(tmp_path / "store", slots=2, threads=1) as server:
+    # linger=0: every lease is back once the cells are done
+    with serving(tmp_path / "store", slots=2, threads=1, linger=0) as server:
         with server.client() as client:
             big, *small = (open_session(client, tmp_path) for _ in range(3))
         ran: list[tuple[str, dict, str]] = []

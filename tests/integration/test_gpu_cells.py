@@ -107,7 +107,9 @@ def devices() -> list[gpus.Gpu]:
 def server(devices, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     # keep_warm=0: a session's worker is kept only while it holds unsaved state (pinned), so
     # the other cells start on fresh workers or template copies and load from the store
-    with serving(tmp_path_factory.mktemp("store"), {**os.environ, **ENV}, keep_warm=0) as running:
+    # linger=0: a kept worker is parked as soon as its cell is saved
+    with serving(tmp_path_factory.mktemp("store"), {**os.environ, **ENV}, keep_warm=0,
+                 linger=0) as running:
         yield running
 
 
@@ -353,8 +355,11 @@ def test_leases_match_which_processes_nvml_sees_on_the_gpu(
 
 @pytest.fixture(scope="module")
 def warm_server(devices, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with serving(tmp_path_factory.mktemp("warm-store"), {**os.environ, **ENV}) as running:
-        yield running  # the default: every session's worker kept warm between cells
+    # every session's worker kept warm between cells (the default), parked as soon as its cell
+    # is saved
+    with serving(tmp_path_factory.mktemp("warm-store"), {**os.environ, **ENV},
+                 linger=0) as running:
+        yield running
 
 
 def test_a_warm_worker_leaves_the_gpu_between_cells_and_keeps_its_tensors(

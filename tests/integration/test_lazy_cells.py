@@ -80,8 +80,9 @@ def test_a_read_the_branch_test_makes_is_loaded_before_the_cell(client: Client,
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    # workers kept 3 s: long enough for the next cell, short enough to wait out
-    with serving(tmp_path_factory.mktemp("store"), keep_warm=3) as running:
+    # workers kept 3 s from the end of their cell: long enough for the next cell, short enough
+    # to wait out
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=3, linger=0) as running:
         yield running
 
 

@@ -45,10 +45,10 @@ SEQUENCES = {
 }
 PIN = "pinned = (i for i in range(3))"  # cannot be saved: the session keeps its worker
 PATHS = {
-    "warm": {"keep_warm": 300},
+    "warm": {"keep_warm": 300, "linger": 0},
     "fresh": {"keep_warm": 0},
     "template": {"keep_warm": 0, "worker_source": "template"},
-    "cool": {"keep_warm": 300, "cool_after": 1},
+    "cool": {"keep_warm": 300, "cool_after": 1, "linger": 0},
 }
 
 
@@ -126,7 +126,7 @@ def test_a_del_stays_deleted_through_llfabric_run_and_a_restart(tmp_path: Path) 
     nbformat.write(new_notebook(cells=[new_code_cell(s) for s in
                                        ("x = 1", "del x", "print('x' in dir())")]), str(nb))
     store = tmp_path / "store"
-    with serving(store) as server:  # the default: warm workers
+    with serving(store, linger=0) as server:  # warm workers, parked after every cell
         result = subprocess.run(
             [sys.executable, "-m", "cli.main", "run", str(nb), "--connect", server.address,
              "--session", "del"], cwd=Path(__file__).resolve().parents[2],

@@ -330,7 +330,7 @@ def test_a_pinned_worker_cools_and_comes_back_as_its_user_or_stays_warm(two_user
     try:
         shared.chmod(0o755)
         with serving(store, bind=f"ipc://{shared}/s.sock", users="separate", keep_warm=300,
-                     cool_after=1) as running:
+                     cool_after=1, linger=0) as running:
             (shared / "s.sock").chmod(0o666)
             seen = _as(alice, running.address, cells)
     finally:

@@ -19,7 +19,8 @@ from fabric.client import Client
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with serving(tmp_path_factory.mktemp("store")) as running:  # the default keep_warm
+    # the default keep_warm; no linger: every worker is parked as soon as its cell is saved
+    with serving(tmp_path_factory.mktemp("store"), linger=0) as running:
         yield running
 
 
@@ -103,7 +104,7 @@ def test_a_checkout_leaves_the_warm_worker_behind(warm: RunningServer, tmp_path:
 
 def test_an_idle_warm_worker_is_retired_and_the_session_goes_on_from_the_store(
         tmp_path: Path) -> None:
-    with serving(tmp_path / "store", keep_warm=1) as server, server.client() as client:
+    with serving(tmp_path / "store", keep_warm=1, linger=0) as server, server.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
         worker = _status(client, session)["worker"]
@@ -115,7 +116,8 @@ def test_an_idle_warm_worker_is_retired_and_the_session_goes_on_from_the_store(
 
 def test_memory_pressure_retires_warm_workers_at_once(tmp_path: Path) -> None:
     # Pressure from 1% of memory in use on: always, here. The idle time alone would be an hour.
-    with serving(tmp_path / "store", keep_warm=3600, memory_pressure=1) as server, \
+    with serving(tmp_path / "store", keep_warm=3600, memory_pressure=1,
+                 linger=0) as server, \
             server.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 41")

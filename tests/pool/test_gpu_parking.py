@@ -37,7 +37,7 @@ def _with_server(tmp_path: Path, driver: FakeDriver, scenario,
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
         config = Config(store=tmp_path / "store", runtime_dir=Path(sockdir),
                         bind=f"ipc://{sockdir}/s.sock", cool_after=cool_after,
-                        keep_warm=keep_warm)
+                        keep_warm=keep_warm, linger=0)  # parked as soon as its cell is saved
 
         async def main() -> None:
             server = Server(config)

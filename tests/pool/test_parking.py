@@ -38,7 +38,7 @@ def _wait_tier(client, session: str, tier: str) -> dict:
 @pytest.mark.parametrize("source", ["zygote", "template"])
 def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
                                                                 source: str) -> None:
-    with serving(tmp_path / "store", cool_after=1, worker_source=source) as server, \
+    with serving(tmp_path / "store", linger=0, cool_after=1, worker_source=source) as server, \
             server.client() as client:
         session = open_session(client, tmp_path)
         if source == "template":  # a first cell makes the family's template
@@ -78,7 +78,7 @@ def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) 
     # An established TCP connection is state CRIU will not dump (without tcp_established):
     # cooling fails, the worker is gone, and the session goes on from its committed version,
     # telling the user what only that worker held.
-    with serving(tmp_path / "store", cool_after=1, worker_source="zygote") as server, \
+    with serving(tmp_path / "store", linger=0, cool_after=1, worker_source="zygote") as server, \
             server.client() as client:
         session = open_session(client, tmp_path)
         reply, outputs = execute(client, session, (
@@ -103,7 +103,7 @@ def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) 
 
 def test_memory_pressure_cools_a_kept_worker_before_its_idle_time(tmp_path: Path) -> None:
     # Pressure from 1% of memory in use on: always, here. The idle time alone would be an hour.
-    with serving(tmp_path / "store", cool_after=3600, memory_pressure=1,
+    with serving(tmp_path / "store", linger=0, cool_after=3600, memory_pressure=1,
                  worker_source="zygote") as server, \
             server.client() as client:
         session = open_session(client, tmp_path)
@@ -126,7 +126,7 @@ def test_a_cooled_worker_keeps_arrays_mapped_from_the_store(tmp_path: Path,
     # A fresh worker loads `a` as mappings of its chunk files; the worker, pinned by `g`, is
     # dumped and restored with them, whether gc unlinked the files before the dump, after it,
     # or not at all.
-    with serving(tmp_path / "store", cool_after=1, keep_warm=0,
+    with serving(tmp_path / "store", linger=0, cool_after=1, keep_warm=0,
                  worker_source="zygote") as server, server.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "import numpy as np\na = np.arange(3_000_000.0)")
@@ -157,7 +157,8 @@ def test_a_restored_worker_does_not_outlive_a_server_killed_outright(tmp_path: P
     ends): it watches its parent, and leaves once the server is gone."""
     with tempfile.TemporaryDirectory(prefix="llf-") as sockdir:
         server = start_server(tmp_path / "store", Path(sockdir),
-                              {**os.environ, "LLFABRIC_COOL_AFTER": "1"})
+                              {**os.environ, "LLFABRIC_COOL_AFTER": "1",
+                               "LLFABRIC_LINGER": "0"})
         try:
             with server.client() as client:
                 session = open_session(client, tmp_path)
