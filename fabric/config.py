@@ -28,6 +28,9 @@ def _runtime_dir() -> Path:
     return Path(base) / "llfabric" if base else Path("/tmp") / f"llfabric-{os.getuid()}"
 
 
+GPU_LINGER = 60  # seconds a GPU host's lease lingers by default: what `llfabric simulate` models
+
+
 @dataclass(frozen=True)
 class Config:
     store: Path = field(default_factory=lambda: _data_home() / "llfabric")
@@ -49,8 +52,9 @@ class Config:
     keep_warm: int = 300
     # seconds a kept worker stays on its lease (GPU or CPU slot) after its cell, so a next cell
     # meanwhile starts at once with no resume; given back at once when another session's cell
-    # waits for slots. 0: parked and the lease given back as soon as the cell is saved
-    linger: int = 60
+    # waits for slots. 0: parked and the lease given back as soon as the cell is saved; below
+    # 0, the default: GPU_LINGER on a GPU host, 0 on CPU slots
+    linger: int = -1
     cool_after: int = 600  # seconds a pinned worker idles before it is dumped to disk
     # percent of host memory in use past which warm workers retire and pinned ones are dumped
     memory_pressure: int = 90

@@ -40,7 +40,7 @@ import zmq
 from . import auth, users
 from .closure import closure, plan
 from .cluster.peers import Peers, PeerServer
-from .config import Config
+from .config import GPU_LINGER, Config
 from .envs import Env, Envs
 from .errors import (
     ConfigError,
@@ -111,12 +111,14 @@ class Server:
                            copies=config.copies)
         self._parts: dict[str, Store] = {}  # each user's part of the store, when separate
         self.envs = Envs(config.env_root)
-        self.leases = Leases.for_host(config.slots, config.threads, config.linger)
+        self.leases = Leases.for_host(config.slots, config.threads)
+        # below 0, the default: GPUs linger (a parked worker's state costs a resume), CPU slots
+        # park at once (their workers park for free)
+        self.leases.linger = config.linger if config.linger >= 0 else \
+            GPU_LINGER if self.leases.kind == "gpu" else 0
         if not 1 <= config.gpus <= self.leases.slots:  # every cell would be refused
             raise ConfigError(f"gpus is {config.gpus}; a session's cells may lease 1 to "
                               f"{self.leases.slots} slots on this host", key="gpus")
-        if config.linger < 0:
-            raise ConfigError(f"linger is {config.linger}; seconds, 0 or more", key="linger")
         cool_after = config.cool_after
         if self.separate and cool_after and not users.dumps_others():
             log.warning("no CAP_SYS_RESOURCE: CRIU cannot dump a user's worker, so a pinned "

@@ -121,7 +121,9 @@ class HostAgent:
         self.port = self.port or _free_port()
         self.peer_port = self.peer_port or _free_port()
         self.metrics_port = self.metrics_port or _free_port()
-        env = {**os.environ, **self.settings,
+        # a cluster's host does not linger unless told to: a move of a session whose worker
+        # lingered raced the worker's park, and the dump found it killed
+        env = {"LLFABRIC_LINGER": "0", **os.environ, **self.settings,
                "LLFABRIC_STORE": str(self.root / "store"),
                "LLFABRIC_RUNTIME_DIR": str(self.root / "run"),
                "LLFABRIC_KEY_DIR": str(self.keys.root),

@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 
 from fabric.client import Client
-from fabric.config import Config
+from fabric.config import GPU_LINGER, Config
 from fabric.embedded import EmbeddedServer
 from fabric.errors import FabricError, TraceError
 from fabric.messages import Reply
@@ -40,10 +40,10 @@ from .simulate import simulate
 
 BURST = ("import time as _t\n_end = _t.perf_counter() + {s:.2f}\n"
          "while _t.perf_counter() < _end:\n    pass")
-# The simulator's view of this machine: CPU slots, no device memory to move; a worker lingers on
-# its slot after its cell as long as the live server's `linger` says (its default)
+# The simulator's view of this machine: CPU slots, no device memory to move; the live server's
+# slots stand in for GPUs, so its workers linger as a GPU host's do, and the simulator's alike
 LOCAL = {"gpu_gb": 0.0, "cuda_restore_s": 0.0, "cuda_init_s": 0.0, "session_gb": 0.05,
-         "linger_s": float(Config.linger)}
+         "linger_s": GPU_LINGER}
 
 
 @dataclass
@@ -143,7 +143,8 @@ def run_live(plans: list[Plan], slots: int,
     session leased, wall seconds)."""
     with tempfile.TemporaryDirectory(prefix="llfabric-replay-") as tmp:
         root = Path(tmp)
-        config = Config(store=root / "store", runtime_dir=root, bind=f"ipc://{tmp}/s.sock")
+        config = Config(store=root / "store", runtime_dir=root, bind=f"ipc://{tmp}/s.sock",
+                        linger=int(GPU_LINGER))
         env = {**os.environ, "LLFABRIC_SLOTS": str(slots)}
         cells: list[LiveCell] = []
         spans: dict[int, float] = {}

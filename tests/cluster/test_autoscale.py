@@ -79,13 +79,19 @@ def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
         for name in ("busy", "waiting"):
             client.call("open", session=name, cwd=str(tmp_path))
         head = hosts(client)[0]["name"]
-        holder, _ = execute_in_thread(autoscaling, "busy", "import time\ntime.sleep(20)")
+        # the head's slot stays held until the waiting cell has run on the new node, however
+        # long the node takes to come up
+        go = tmp_path / "go"
+        holder, _ = execute_in_thread(
+            autoscaling, "busy", f"import os, time\nwhile not os.path.exists({str(go)!r}):\n"
+                                 "    time.sleep(0.05)")
         wait_until(lambda: any(h["running"] for h in hosts(client)), "the head's slot held")
         events = list(client.execute("waiting", "print('ran')", timeout=180))
         reply = events[-1].fields
         assert any(isinstance(e, Queued) for e in events)  # it waited for the new node
         assert text([e.output for e in events if isinstance(e, Output)]) == "ran\n"
         assert reply["host"] != head and len(hosts(client)) == 2
+        go.touch()
         holder.join(60)
         client.call("close", session="waiting")
         # released by the door, then its node taken back by the autoscaler
