@@ -46,6 +46,8 @@ import test_crash  # noqa: E402
 import test_faults  # noqa: E402
 import test_fuzz_protocol  # noqa: E402
 import test_hostile_values  # noqa: E402
+import test_runtime_dir  # noqa: E402
+import test_server  # noqa: E402
 import test_untrusted_files  # noqa: E402
 import test_user_files  # noqa: E402
 import test_users  # noqa: E402
@@ -112,6 +114,7 @@ class Ledger:
         for session in store.sessions():
             with contextlib.suppress(StoreError):  # a head the probe damaged on purpose
                 reached |= {ident for ident, _ in history.log(store, session)}
+                reached -= set(store.index(session).thinned)  # retention freed their data
         for ident in (self.recorded.get(store.root, set()) | reached) - self.damaged:
             try:
                 manifest = Manifest.decode(store.get_manifest(ident))
@@ -412,6 +415,35 @@ def _bad_notebook(folder: Path, ledger: Ledger) -> None:
         assert "garbage.ipynb" in result.stderr, result.stderr
         with server.client() as client:
             assert client.ping(timeout=5) and server.alive()
+
+
+@probe("lone-surrogate", "a lone surrogate in a cell's output and error prints replaced; the "
+                         "session goes on")
+def _lone_surrogate(folder: Path, ledger: Ledger) -> None:
+    with _server(ledger, folder / "store", keep_warm=0) as server, server.client() as client:
+        test_server.test_a_lone_surrogate_prints_replaced(client, open_session(client, folder))
+
+
+@probe("unloadable-value", "a value that cannot be loaded is told as such and can be deleted")
+def _unloadable_value(folder: Path, ledger: Ledger) -> None:
+    with _server(ledger, folder / "store", keep_warm=0) as server, server.client() as client:
+        test_server.test_a_value_that_cannot_be_loaded_can_still_be_deleted(
+            client, open_session(client, folder))
+
+
+@probe("lost-index", "a deleted index is reported, and rebuilt saying what was lost")
+def _lost_index(folder: Path, ledger: Ledger) -> None:
+    test_untrusted_files.test_a_lost_index_is_reported_and_rebuilt_saying_what_was_lost(folder)
+
+
+@probe("linked-head", "a head manifest that is a symbolic link is refused, not read through")
+def _linked_head(folder: Path, ledger: Ledger) -> None:
+    test_untrusted_files.test_a_linked_head_manifest_is_refused(folder)
+
+
+@probe("runtime-folder", "a SIGKILLed server's runtime folder goes when the next server starts")
+def _runtime_folder(folder: Path, ledger: Ledger) -> None:
+    test_runtime_dir.test_a_killed_servers_runtime_folder_goes_when_the_next_server_starts(folder)
 
 
 # -- the run ---------------------------------------------------------------------------------
