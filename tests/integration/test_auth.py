@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import zmq
-from helpers import RunningServer, execute, serving, text
+from helpers import RunningServer, execute, free_port, keyed_serving, serving, text
 from nbformat.v4 import new_code_cell, new_notebook
 
 from fabric.auth import ClientKey, Keys, write_client_key
@@ -31,12 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LLFABRIC = [sys.executable, "-m", "cli.main"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("keys")
@@ -45,15 +38,14 @@ def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+TCP = {"keep_warm": 0, "user_sessions": 3, "user_cells": 1, "user_bytes": 1 << 20}
+
+
 @pytest.fixture(scope="module")
 def tcp(key_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         ) -> Iterator[tuple[RunningServer, Keys]]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLFABRIC_KEY_DIR", str(key_dir))  # the readiness ping reads client.key
-        with serving(tmp_path_factory.mktemp("store"), bind=f"tcp://127.0.0.1:{_port()}",
-                     keep_warm=0, user_sessions=3, user_cells=1,
-                     user_bytes=1 << 20) as server:
-            yield server, Keys(key_dir)
+    with keyed_serving(tmp_path_factory.mktemp("store"), key_dir, **TCP) as server:
+        yield server, Keys(key_dir)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +80,7 @@ def users(tcp: tuple[RunningServer, Keys]) -> dict[str, ClientKey]:
 def test_tcp_without_client_keys_is_refused_at_start(tmp_path: Path) -> None:
     result = subprocess.run(
         [*LLFABRIC, "serve", "--store", str(tmp_path / "store"),
-         "--bind", f"tcp://127.0.0.1:{_port()}"], cwd=ROOT, capture_output=True, text=True,
+         "--bind", f"tcp://127.0.0.1:{free_port()}"], cwd=ROOT, capture_output=True, text=True,
         timeout=60, env={**os.environ, "LLFABRIC_KEY_DIR": str(tmp_path / "keys")})
     assert result.returncode != 0
     assert "llfabric keys new" in result.stderr

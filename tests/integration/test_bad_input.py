@@ -3,13 +3,12 @@ file name. (Oversized and malformed frames: tests/integration/test_server.py.)""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import nbformat
 import pytest
 from helpers import execute, open_session, serving, text
@@ -23,20 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def small_disk() -> Iterator[Path]:
-    """A 48 MB tmpfs of its own: only root can mount one."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    path = Path(tempfile.mkdtemp(prefix="llf-full-"))
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs",
-                              str(path)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        path.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with helpers.small_disk("48m") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-        path.rmdir()
 
 
 def _blobs(store: Path) -> set[str]:

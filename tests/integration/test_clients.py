@@ -46,12 +46,15 @@ STUBBORN = ("import time\nopen('started', 'w').close()\nwhile True:\n    try:\n"
             "        open('interrupted', 'w').close()\n")
 
 
+# an interrupt escalates to a kill only after a minute: what stops a stubborn cell here is
+# the client's doing
+CLIENTS = {"keep_warm": 0, "slots": 2, "heartbeat": 1, "heartbeat_timeout": 2,
+           "interrupt_grace": 60}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    # an interrupt escalates to a kill only after a minute: what stops a stubborn cell here is
-    # the client's doing
-    with serving(tmp_path_factory.mktemp("store"), keep_warm=0, slots=2, heartbeat=1,
-                 heartbeat_timeout=2, interrupt_grace=60) as running:
+    with serving(tmp_path_factory.mktemp("store"), **CLIENTS) as running:
         yield running
 
 
@@ -177,12 +180,19 @@ def _peak_run(server: RunningServer, notebook: Path, written: Path) -> tuple[dic
 
 
 def test_an_output_flood_keeps_memory_flat_and_the_rest_summarised(server, tmp_path) -> None:
-    flood = 256 << 20  # bytes: 128 MiB of 1 KiB lines, then one write of 128 MiB
-    cell = ("import sys\nline = 'x' * 1023\nfor _ in range(128 * 1024):\n    print(line)\n"
-            "sys.stdout.write('y' * (128 << 20))\n")
-    quiet, _ = _peak_run(server, _notebook(tmp_path, "print('hi')"), tmp_path / "quiet.ipynb")
-    written = tmp_path / "out.ipynb"
-    growth, _ = _peak_run(server, _notebook(tmp_path, cell), written)
+    check_flood(server, tmp_path, 128)
+
+
+def check_flood(server: RunningServer, folder: Path, mib: int) -> None:
+    """`llfabric run` of a cell writing `mib` MiB as 1 KiB lines, then `mib` MiB in one write:
+    neither the server's nor the client's memory grows by half of it, and the notebook keeps
+    the first of the output up to the limit, then a summary."""
+    flood = 2 * mib << 20  # bytes
+    cell = (f"import sys\nline = 'x' * 1023\nfor _ in range({mib} * 1024):\n    print(line)\n"
+            f"sys.stdout.write('y' * ({mib} << 20))\n")
+    quiet, _ = _peak_run(server, _notebook(folder, "print('hi')"), folder / "quiet.ipynb")
+    written = folder / "out.ipynb"
+    growth, _ = _peak_run(server, _notebook(folder, cell), written)
     # a client's own start (its imports) is no part of the flood's cost
     assert growth["server"] < flood // 2, growth
     assert growth["client"] - quiet["client"] < flood // 2, (growth, quiet)

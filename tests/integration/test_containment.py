@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import os
-import socket
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 from helpers import (
     RunningServer,
     execute,
+    keyed_serving,
     open_session,
     require_criu,
     serving,
@@ -43,6 +43,7 @@ print([*plain, own, orphan])
 """
 MEMORY = 256 << 20
 PIDS = 48
+LIMITED = {"interrupt_grace": 1, "worker_memory": MEMORY, "user_pids": PIDS}
 _admitted: dict[str, ClientKey] = {}  # the module's server's users, by name
 
 
@@ -69,12 +70,6 @@ def _contained() -> None:
         pytest.skip("no cgroup can be made here")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     root = tmp_path_factory.mktemp("keys")
@@ -86,11 +81,8 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 @pytest.fixture(scope="module")
 def server(keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     _contained()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLFABRIC_KEY_DIR", str(keys.root))
-        with serving(tmp_path_factory.mktemp("store"), bind=f"tcp://127.0.0.1:{_port()}",
-                     interrupt_grace=1, worker_memory=MEMORY, user_pids=PIDS) as running:
-            yield running
+    with keyed_serving(tmp_path_factory.mktemp("store"), keys.root, **LIMITED) as running:
+        yield running
 
 
 def _user(server: RunningServer, keys: Keys, name: str) -> Client:

@@ -29,6 +29,8 @@ from fabric.errors import RemoteError, Unreachable
 from fabric.snapshot import Store, history
 
 GRACE = 2
+FAULTS = {"keep_warm": 0, "slots": 2, "interrupt_grace": GRACE, "heartbeat": 1,
+          "heartbeat_timeout": 2, "detached_grace": 0}
 
 # a cell that swallows every KeyboardInterrupt: only a kill ends it; it touches `started` (in
 # the session's directory) once an interrupt can no longer escape it
@@ -44,8 +46,7 @@ while True:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with serving(tmp_path_factory.mktemp("store"), keep_warm=0, slots=2, interrupt_grace=GRACE,
-                 heartbeat=1, heartbeat_timeout=2, detached_grace=0) as running:
+    with serving(tmp_path_factory.mktemp("store"), **FAULTS) as running:
         yield running
 
 

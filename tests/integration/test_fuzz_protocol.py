@@ -7,8 +7,10 @@ exercise decoding, validation and dispatch, not cells.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 
 import msgpack
 import pytest
@@ -37,15 +39,24 @@ frames = (st.binary(max_size=200)
           | values.map(lambda v: msgpack.packb(v, use_bin_type=True)))
 
 
-@pytest.fixture(scope="module")
-def dealer(server: RunningServer):
+@contextlib.contextmanager
+def dealer_on(address: str) -> Iterator[zmq.Socket]:
+    """A bare DEALER socket connected to the server at `address`: frames go out as they are."""
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(server.address)
-    yield socket
-    socket.close()
-    context.term()
+    socket.connect(address)
+    try:
+        yield socket
+    finally:
+        socket.close()
+        context.term()
+
+
+@pytest.fixture(scope="module")
+def dealer(server: RunningServer) -> Iterator[zmq.Socket]:
+    with dealer_on(server.address) as socket:
+        yield socket
 
 
 def _ask(socket: zmq.Socket, frame: bytes) -> dict:

@@ -29,11 +29,32 @@ class Slow:
             {body}
 """
 
+# a value whose repr, dir and attributes loop for ever, and a `shape` property that counts its
+# reads: all that describing it after a cell could call
+LOOPING = """class R:
+    reads = 0
+    def __repr__(self):
+        while True:
+            pass
+    def __dir__(self):
+        while True:
+            pass
+    def __getattr__(self, name):
+        while True:
+            pass
+    @property
+    def shape(self):
+        R.reads += 1
+        return (1,)
+    dtype = 'float'
+r = R()
+"""
+HOSTILE = {"interrupt_grace": GRACE, "save_limit": LIMIT}
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with serving(tmp_path_factory.mktemp("store"), interrupt_grace=GRACE,
-                 save_limit=LIMIT) as running:
+    with serving(tmp_path_factory.mktemp("store"), **HOSTILE) as running:
         yield running
 
 
@@ -53,25 +74,7 @@ def _interrupt_once_saving(server: RunningServer, session: str, folder: Path,
 
 def test_describing_a_value_runs_none_of_its_code_that_can_block(client: Client, session: str,
                                                                  tmp_path: Path) -> None:
-    reply, _ = execute(client, session, """
-class R:
-    reads = 0
-    def __repr__(self):
-        while True:
-            pass
-    def __dir__(self):
-        while True:
-            pass
-    def __getattr__(self, name):
-        while True:
-            pass
-    @property
-    def shape(self):
-        R.reads += 1
-        return (1,)
-    dtype = 'float'
-r = R()
-""")
+    reply, _ = execute(client, session, LOOPING)
     assert reply["status"] == "ok"
     reply, outputs = execute(client, session, "r.own = 1\nprint(R.reads)")
     assert (reply["status"], text(outputs)) == ("ok", "0\n")  # no property ran after a cell

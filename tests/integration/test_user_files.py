@@ -6,6 +6,7 @@ user, names the bad blob, and loses nothing committed."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import stat
 import tempfile
@@ -13,8 +14,8 @@ import threading
 from pathlib import Path
 
 import psutil
-from helpers import execute, serving
-from test_users import _as, _cell, two_users  # noqa: F401 (a fixture)
+from helpers import execute
+from test_users import _as, _cell, serving_users, two_users  # noqa: F401 (a fixture)
 
 from fabric import users
 from fabric.client import Client
@@ -49,11 +50,17 @@ def _catalog_blob(store: Path, user: str, session: str) -> Path:
 
 
 def test_a_users_planted_files_hang_no_one_and_lose_nothing(two_users) -> None:  # noqa: F811
-    alice, bob = two_users
     store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
-    shared = Path(tempfile.mkdtemp(prefix="llf-", dir="/tmp"))
-    shared.chmod(0o755)
+    try:
+        check_planted_files(store, *two_users)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
 
+
+def check_planted_files(store: Path, alice: pwd.struct_passwd, bob: pwd.struct_passwd) -> None:
+    """Alice commits a version of a session per plant; each session's catalog blob is replaced
+    by its plant; a fresh server then serves her next cells and Bob's meanwhile, stays small,
+    names each plant, and every commit is kept."""
     def first(client: Client) -> object:
         for i, session in enumerate(PLANTS):
             client.call("open", session=session)
@@ -68,43 +75,37 @@ def test_a_users_planted_files_hang_no_one_and_lose_nothing(two_users) -> None: 
             ran[session] = [reply["status"], reply["version"]]
         return ran
 
-    try:
-        with serving(store, bind=f"ipc://{shared}/s.sock", users="separate") as running:
-            (shared / "s.sock").chmod(0o666)
-            assert _as(alice, running.address, first) == "ran"
-        planted = {}
-        for kind, plant in PLANTS.items():  # what her detached child could do (a device: root)
-            planted[kind] = path = _catalog_blob(store, alice.pw_name, kind)
-            path.unlink()
-            plant(path)
-            os.lchown(path, alice.pw_uid, alice.pw_gid)
+    with serving_users(store) as running:
+        assert _as(alice, running.address, first) == "ran"
+    planted = {}
+    for kind, plant in PLANTS.items():  # what her detached child could do (a device: root)
+        planted[kind] = path = _catalog_blob(store, alice.pw_name, kind)
+        path.unlink()
+        plant(path)
+        os.lchown(path, alice.pw_uid, alice.pw_gid)
 
-        with serving(store, bind=f"ipc://{shared}/s.sock", users="separate") as running:
-            (shared / "s.sock").chmod(0o666)  # a fresh server: no catalog in its memory
-            hers: dict = {}
-            thread = threading.Thread(
-                target=lambda: hers.update(_as(alice, running.address, second)))
-            thread.start()
-            served = {"status": "ok", "text": "served\n"}
-            assert _as(bob, running.address, _cell("his", "print('served')")) == served
-            thread.join()
-            assert hers == {kind: ["ok", 2] for kind in PLANTS}
-            # with her blobs read on the server's loop, it waited on her FIFO for ever: her
-            # client and then his gave up (after 60 s)
-            assert _as(bob, running.address, _cell("his", "print('served')")) == served
-            assert psutil.Process(running.process.pid).memory_info().rss < 1 << 30
-            logged = running.log.read_text()
-        for kind in ("a FIFO", "a character device", "a symbolic link"):
-            assert f"is {kind}, not a file the store wrote" in logged
-        assert "more than the" in logged  # the huge one, refused unread
+    with serving_users(store) as running:  # a fresh server: no catalog in its memory
+        hers: dict = {}
+        thread = threading.Thread(
+            target=lambda: hers.update(_as(alice, running.address, second)))
+        thread.start()
+        served = {"status": "ok", "text": "served\n"}
+        assert _as(bob, running.address, _cell("his", "print('served')")) == served
+        thread.join()
+        assert hers == {kind: ["ok", 2] for kind in PLANTS}
+        # with her blobs read on the server's loop, it waited on her FIFO for ever: her
+        # client and then his gave up (after 60 s)
+        assert _as(bob, running.address, _cell("his", "print('served')")) == served
+        assert psutil.Process(running.process.pid).memory_info().rss < 1 << 30
+        logged = running.log.read_text()
+    for kind in ("a FIFO", "a character device", "a symbolic link"):
+        assert f"is {kind}, not a file the store wrote" in logged
+    assert "more than the" in logged  # the huge one, refused unread
 
-        part = next(s for s in users.stores(Store(store)) if s.root.name == alice.pw_name)
-        problems = history.verify(part).problems
-        for kind, path in planted.items():
-            assert any(path.name in p for p in problems), (kind, problems)
-        for session in PLANTS:  # every commit kept: the catalogs lost only their descriptions
-            assert [m.version for _, m in history.log(part, f"{alice.pw_name}~{session}")] \
-                == [2, 1]
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
-        shutil.rmtree(store, ignore_errors=True)
+    part = next(s for s in users.stores(Store(store)) if s.root.name == alice.pw_name)
+    problems = history.verify(part).problems
+    for kind, path in planted.items():
+        assert any(path.name in p for p in problems), (kind, problems)
+    for session in PLANTS:  # every commit kept: the catalogs lost only their descriptions
+        assert [m.version for _, m in history.log(part, f"{alice.pw_name}~{session}")] \
+            == [2, 1]

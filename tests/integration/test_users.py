@@ -4,6 +4,7 @@ nothing of the other's: blobs, manifests, working files, the store's key, worker
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -31,12 +32,13 @@ from fabric.worker import threads
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def two_users() -> Iterator[list[pwd.struct_passwd]]:
-    """Two real OS users with homes closed to others: only root can make them."""
+@contextlib.contextmanager
+def os_users(count: int) -> Iterator[list[pwd.struct_passwd]]:
+    """`count` real OS users with homes closed to others, removed after the block: only root
+    can make them (skips otherwise)."""
     if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("two OS users need root and useradd to create")
-    names = [f"llfu{uuid.uuid4().hex[:8]}" for _ in range(2)]
+        pytest.skip("OS users need root and useradd to create")
+    names = [f"llfu{uuid.uuid4().hex[:8]}" for _ in range(count)]
     opened: dict[Path, int] = {}
     try:
         for name in names:
@@ -51,6 +53,12 @@ def two_users() -> Iterator[list[pwd.struct_passwd]]:
             subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
         for folder, mode in opened.items():
             folder.chmod(mode)
+
+
+@pytest.fixture(scope="module")
+def two_users() -> Iterator[list[pwd.struct_passwd]]:
+    with os_users(2) as users:
+        yield users
 
 
 def _open_for_passing(opened: dict[Path, int]) -> None:
@@ -84,22 +92,33 @@ def _require_readable_python(user: pwd.struct_passwd) -> None:
 
 
 SERVER_ONLY = {"AWS_SECRET_ACCESS_KEY": "server-secret", "TEAM": "ops"}  # the operator's own
+SERVER_ENV = {**SERVER_ONLY, "SITE_PROXY": "http://proxy:3128"}
+SHARED_HOST = {"worker_env": "SITE_PROXY TEAM=ml"}  # SITE_PROXY passed on, TEAM set
 
 
-@pytest.fixture(scope="module")
-def server(two_users) -> Iterator[RunningServer]:
-    """A server for several users; its socket in a folder the admin lets local users reach."""
+@contextlib.contextmanager
+def serving_users(store: Path, env: dict[str, str] | None = None,
+                  **settings: object) -> Iterator[RunningServer]:
+    """`serving` for several users (`users = "separate"`) on `store`, its socket in a folder
+    the admin lets local users reach."""
     shared = Path(tempfile.mkdtemp(prefix="llf-", dir="/tmp"))
-    store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
     try:
         shared.chmod(0o755)
-        with serving(store, {**os.environ, **SERVER_ONLY, "SITE_PROXY": "http://proxy:3128"},
-                     bind=f"ipc://{shared}/s.sock", users="separate",
-                     worker_env="SITE_PROXY TEAM=ml") as running:
+        with serving(store, env, bind=f"ipc://{shared}/s.sock", users="separate",
+                     **settings) as running:
             (shared / "s.sock").chmod(0o666)
             yield running
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(two_users) -> Iterator[RunningServer]:
+    store = Path(tempfile.mkdtemp(prefix="llf-store-", dir="/tmp"))
+    try:
+        with serving_users(store, {**os.environ, **SERVER_ENV}, **SHARED_HOST) as running:
+            yield running
+    finally:
         shutil.rmtree(store, ignore_errors=True)
 
 

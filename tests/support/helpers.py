@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -131,6 +133,48 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
                 shutil.copy(server.log, Path(keep) / f"server-{sockdir.rsplit('-', 1)[-1]}.log")
         # its log lies in `sockdir`: read it before the directory goes
         assert server.process.returncode == 0, server.log.read_text()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def keyed_serving(store: Path, keys_root: Path, **settings: object) -> Iterator[RunningServer]:
+    """`serving` on tcp:// with the CURVE keys in `keys_root` (LLFABRIC_KEY_DIR for the block:
+    the readiness ping reads its client.key)."""
+    before = os.environ.get("LLFABRIC_KEY_DIR")
+    os.environ["LLFABRIC_KEY_DIR"] = str(keys_root)
+    try:
+        with serving(store, bind=f"tcp://127.0.0.1:{free_port()}", **settings) as running:
+            yield running
+    finally:
+        if before is None:
+            del os.environ["LLFABRIC_KEY_DIR"]
+        else:
+            os.environ["LLFABRIC_KEY_DIR"] = before
+
+
+@contextlib.contextmanager
+def small_disk(size: str = "48m") -> Iterator[Path]:
+    """A tmpfs of `size` of its own, where writes fail as on a full disk: only root can mount
+    one (skips otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    path = Path(tempfile.mkdtemp(prefix="llf-full-"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                              str(path)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        path.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        path.rmdir()
 
 
 def printing_cell(lines: int) -> str:
