@@ -297,8 +297,11 @@ class Cage:
 def kill_all(folder: Path) -> None:
     """SIGKILL every process in the cgroup `folder` and its children."""
     if (folder / "cgroup.kill").exists():
-        with contextlib.suppress(FileNotFoundError):
+        try:
             _write(folder / "cgroup.kill", "1")
+        except OSError as exc:  # removed meanwhile: ENODEV once its folder is gone
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
         return
     for _ in range(KILL_ROUNDS):  # a process may fork between a read and the kills
         pids = [pid for sub in (folder, *folder.glob("**/")) for pid in _procs(sub)]
