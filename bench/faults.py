@@ -284,13 +284,18 @@ def _children_on_kill(folder: Path, ledger: Ledger) -> None:
 
 # -- clients ---------------------------------------------------------------------------------
 
-def _clients_probe(test: Callable) -> Callable[[Path, Ledger], None]:
-    """A client test against a server set up as tests/integration/test_clients.py's."""
+def _server_probe(test: Callable, settings: dict) -> Callable[[Path, Ledger], None]:
+    """A test taking (server, client, folder), against a server with its module's `settings`."""
     def run(folder: Path, ledger: Ledger) -> None:
-        with _server(ledger, folder / "store", **test_clients.CLIENTS) as server, \
+        with _server(ledger, folder / "store", **settings) as server, \
                 server.client() as client:
             test(server, client, folder)
     return run
+
+
+def _clients_probe(test: Callable) -> Callable[[Path, Ledger], None]:
+    """A client test against a server set up as tests/integration/test_clients.py's."""
+    return _server_probe(test, test_clients.CLIENTS)
 
 
 probe("second-client", "a second client refused a running session leaves its cell alone")(
@@ -353,11 +358,7 @@ def _head_manifest(folder: Path, ledger: Ledger) -> None:
 
 def _faults_probe(test: Callable) -> Callable[[Path, Ledger], None]:
     """A store fault against a server set up as tests/integration/test_faults.py's."""
-    def run(folder: Path, ledger: Ledger) -> None:
-        with _server(ledger, folder / "store", **test_faults.FAULTS) as server, \
-                server.client() as client:
-            test(server, client, folder)
-    return run
+    return _server_probe(test, test_faults.FAULTS)
 
 
 probe("flipped-chunk", "a value whose chunk was flipped is refused as corrupt, and recomputing "
