@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = [
     "AddressRefused", "AlreadyExists", "AuditFailed", "BadKey", "CellStopped", "CheckpointError",
     "Client",
-    "Config", "ConfigError", "CudaError", "DiskFull", "EmbeddedServer", "EnvError", "FabricError",
+    "Config", "ConfigError", "CudaError", "Detached", "DiskFull", "EmbeddedServer", "EnvError",
+    "FabricError",
     "Forbidden", "FrameTooLarge", "HostLost", "InUse", "InvalidName", "KernelError", "LimitReached",
     "LoadFailed", "Manifest", "NoZygote", "NotReplayable", "NotWaiting", "NotebookError",
     "ParkFailed", "ProtocolError", "RemoteError",

@@ -31,7 +31,7 @@ class FakePool(Pool):
         self.faults = faults
 
     async def new_worker(self, needs: frozenset[str], family: frozenset[str] | None = None,
-                         env: object = None) -> WorkerHandle:
+                         env: object = None, user: str = "") -> WorkerHandle:
         worker = WorkerHandle(self, next(self._ids), None, source="fake")
         pid = os.posix_spawn(sys.executable, [sys.executable, str(FAKE), worker.endpoint,
                                               str(self.store_root), self.faults.pop(0)],

@@ -294,6 +294,12 @@ class Cage:
             remove(path)
 
 
+def _tree(folder: Path) -> list[Path]:
+    """`folder` and every cgroup below it, parents first; one removed while it is walked
+    (a worker's cage going away) is skipped, not an error."""
+    return [Path(top) for top, _, _ in os.walk(folder)]
+
+
 def kill_all(folder: Path) -> None:
     """SIGKILL every process in the cgroup `folder` and its children."""
     if (folder / "cgroup.kill").exists():
@@ -304,7 +310,7 @@ def kill_all(folder: Path) -> None:
                 raise
         return
     for _ in range(KILL_ROUNDS):  # a process may fork between a read and the kills
-        pids = [pid for sub in (folder, *folder.glob("**/")) for pid in _procs(sub)]
+        pids = [pid for sub in _tree(folder) for pid in _procs(sub)]
         if not pids:
             return
         for pid in pids:
@@ -315,7 +321,7 @@ def kill_all(folder: Path) -> None:
 def remove(folder: Path) -> None:
     """Remove the cgroup `folder` (and its children) once its killed processes are gone; one
     that will not go is logged and left (a later server's sweep, or the warden, takes it)."""
-    for sub in sorted(folder.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+    for sub in reversed(_tree(folder)):  # children before their parents
         for _ in range(KILL_ROUNDS):
             try:
                 sub.rmdir()
@@ -334,6 +340,6 @@ def remove(folder: Path) -> None:
 
 def sweep(root: Path) -> None:
     """Kill everything under the cgroup `root` and remove it."""
-    for sub in (root, *root.glob("**/")):
+    for sub in _tree(root):
         kill_all(sub)
     remove(root)
