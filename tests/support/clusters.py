@@ -14,6 +14,14 @@ from fabric.client import Client
 NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory": 80 << 20}
 
 
+def _node(**extra: object) -> dict[str, object]:
+    """A node's arguments, its agents' ports chosen here: a raylet told to find them itself waits
+    a fixed 15 s for its agents to write them down, which a loaded machine's slow Python start
+    overruns (the raylet then aborts)."""
+    return {**NODE, **extra, "metrics_agent_port": free_port(),
+            "runtime_env_agent_port": free_port(), "dashboard_agent_listen_port": free_port()}
+
+
 @contextlib.contextmanager
 def ray_cluster(env: dict[str, str] | None = None,
                 nodes: tuple[dict[str, str], ...] = ({}, {}), head_gpus: int = 0
@@ -30,10 +38,10 @@ def ray_cluster(env: dict[str, str] | None = None,
             os.environ.clear()
             os.environ.update(env)
         base = dict(os.environ)
-        cluster = Cluster(initialize_head=True, head_node_args={**NODE, "num_gpus": head_gpus})
+        cluster = Cluster(initialize_head=True, head_node_args=_node(num_gpus=head_gpus))
         for extra in nodes:
             os.environ.update(extra)
-            cluster.add_node(**NODE)
+            cluster.add_node(**_node())
             os.environ.clear()
             os.environ.update(base)
         cluster.wait_for_nodes()
