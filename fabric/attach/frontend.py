@@ -299,8 +299,13 @@ class Frontend:
             comm.send({"error": exc.message, "version": version})
             return
         data = {"checked_out": reply.get("checked_out"), "version": reply.get("version")}
+        warnings = []
         if differ := reply.get("packages_differ"):
-            data["warning"] = describe_differences(differ, reply.get("env"))
+            warnings.append(describe_differences(differ, reply.get("env")))
+        if closed := self.attachment.checked_out():
+            warnings.append(closed)
+        if warnings:
+            data["warning"] = "\n".join(warnings)
         comm.send(data)
 
     def _send_versions(self, client: Client) -> None:
