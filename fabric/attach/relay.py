@@ -143,7 +143,8 @@ class Attachment:
         reopened meanwhile (its own tab closed): it shows them and follows the cell."""
         count = self.shell.execution_count  # the number the kernel announced for this cell
         parent = self.kernel.get_parent("shell") or {}
-        self.frontend.cell_started(cell_id, (parent.get("header") or {}).get("msg_id"), count)
+        self.frontend.cell_started(cell_id, (parent.get("header") or {}).get("msg_id"), count,
+                                   source)
         result: ExecutionResult | None = None
         try:
             with self.busy.running(parent):
