@@ -172,6 +172,27 @@ def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
             .wait_for(timeout=30_000)
 
 
+def test_a_checkout_closes_the_widgets_of_the_state_before_it(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with _notebook(server, page, tmp_path, request,
+                   "import ipywidgets as w\ns = w.IntSlider()\ns", "y = 1") as lab:
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        slider = cells.nth(0).locator(".widget-slider")
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # version 1
+        slider.wait_for(timeout=60_000)
+        page.keyboard.press("Shift+Enter")  # version 2
+        assert _wait_until(lambda: (_session_status(server, lab.session) or {})
+                           .get("version") == 2)
+        page.locator(".jp-SideBar [data-id=llfabric-history]").click()
+        page.locator("[data-llfabric=history] [data-version='1']").click()
+        # no slider left showing a value the session does not have, and the user is told
+        page.locator(".Toastify__toast").filter(
+            has_text="the widgets shown by cell [1] held the values from before the checkout") \
+            .wait_for(timeout=30_000)
+        slider.wait_for(state="detached", timeout=10_000)
+
+
 def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, page,
                                                        tmp_path: Path,
                                                        request: pytest.FixtureRequest) -> None:
