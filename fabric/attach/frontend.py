@@ -13,17 +13,18 @@ notifications, one per topic, never in a cell's outputs.
 `warning` where N's packages differ from its environment's now) or `{"error": text}`, then the
 versions again. `llfabric.running`: opened by a frontend as it connects to the kernel (a notebook
 reopened after its tab closed, say), it is answered `{"running": null}`, or, while a cell runs,
-`{"running": {"cell_id", "msg_id", "execution_count", "outputs", "next", "dropped"}}`: the cell's
-id in the notebook, its execute request's msg_id, and what the kernel has published for it so far
-(`outputs`: `{"msg_type", "content", "seq"}`, the last `KEEP_BYTES` of them; `dropped`: earlier
-ones were left out), so that the frontend shows them, then appends the cell's live IOPub
-messages, which carry their `seq` in the message metadata (`llfabric_seq`) from `next` on. When
-the cell ends, `{"done": {"msg_id", "execution_count", "status"}}`: a frontend that did not send
-the request gets neither its execute_reply nor, from the kernel's start, its `execute_input`.
-A frontend that opens it with `{"saved": last_modified}` (its notebook file's, ISO 8601) is also
-answered `"unsaved"`: the cells that ended since, each `{"cell_id", "execution_count", "source",
-"outputs", "after"}` (`after`: the cell that ended before it), which a notebook reloaded before
-it was saved does not have in its file (`EndedCells`).
+`{"running": {"cell_id", "msg_id", "execution_count", "outputs", "next", "dropped", "source",
+"after"}}`: the cell's id in the notebook (with its source, and `after`, the cell that ended
+before it started, for a notebook that lacks it), its execute request's msg_id, and what the
+kernel has published for it so far (`outputs`: `{"msg_type", "content", "seq"}`, the last
+`KEEP_BYTES` of them; `dropped`: earlier ones were left out), so that the frontend shows them,
+then appends the cell's live IOPub messages, which carry their `seq` in the message metadata
+(`llfabric_seq`) from `next` on. When the cell ends, `{"done": {"msg_id", "execution_count",
+"status"}}`: a frontend that did not send the request gets neither its execute_reply nor, from
+the kernel's start, its `execute_input`. A frontend that opens it with `{"saved":
+last_modified}` (its notebook file's, ISO 8601) is also answered `"unsaved"`: the cells that
+ended since, each `{"cell_id", "execution_count", "source", "outputs", "after"}`, which a
+notebook reloaded before it was saved does not have in its file (`EndedCells`).
 
 All go through a thread with its own client of the server, so a slow answer never holds up the
 kernel's shell, and a burst of keystrokes queued behind a running cell becomes one draft. The
@@ -90,14 +91,14 @@ class RunningCell:
     once it has ended, what a notebook reloaded before it was saved shows again."""
 
     def __init__(self, cell_id: str | None, msg_id: str | None, execution_count: int,
-                 keep: int = KEEP_BYTES, source: str = "") -> None:
+                 keep: int = KEEP_BYTES, source: str = "", after: str | None = None) -> None:
         self.cell_id = cell_id
         self.msg_id = msg_id
         self.execution_count = execution_count
         self.keep = keep
         self.source = source
+        self.after = after  # the cell that ended before it started (`EndedCells.last`)
         self.ended: float | None = None  # when it ended (the epoch's seconds)
-        self.after: str | None = None  # the cell that ended before it
         self.outputs: deque[tuple[int, str, dict, int]] = deque()  # seq, type, content, size
         self.size = 0
         self.next = 0  # the seq of the next output
@@ -139,12 +140,17 @@ class EndedCells:
         self.keep = keep
         self.cells: deque[RunningCell] = deque()
 
+    def last(self, cell_id: str | None) -> str | None:
+        """The cell that `cell_id`, starting now, comes after: the last to end (a cell run
+        again at once keeps its place)."""
+        if not self.cells:
+            return None
+        last = self.cells[-1]
+        return last.after if last.cell_id == cell_id else last.cell_id
+
     def add(self, cell: RunningCell) -> None:
         if cell.cell_id is None:  # not a notebook's cell: nowhere to show it again
             return
-        last = self.cells[-1] if self.cells else None
-        if last is not None:  # a cell run again at once keeps its place
-            cell.after = last.after if last.cell_id == cell.cell_id else last.cell_id
         self.cells = deque(c for c in self.cells if c.cell_id != cell.cell_id)
         self.cells.append(cell)
         while sum(c.size for c in self.cells) > self.keep:
@@ -233,7 +239,8 @@ class Frontend:
     def cell_started(self, cell_id: str | None, msg_id: str | None, execution_count: int,
                      source: str = "") -> None:
         with self._lock:
-            self.running = RunningCell(cell_id, msg_id, execution_count, source=source)
+            self.running = RunningCell(cell_id, msg_id, execution_count, source=source,
+                                       after=self.ended.last(cell_id))
 
     def record(self, msg_type: str, content: dict) -> int | None:
         """Keep what the running cell publishes; its seq (None: not an output of a cell)."""

@@ -28,24 +28,20 @@ interface IOutputMessage {
   content: any;
 }
 
+// The running cell; `after`: the cell that ended before it started.
 interface IRunning {
   cell_id: string | null;
   msg_id: string | null;
   execution_count: number;
+  source: string;
+  after: string | null;
   next: number;
   dropped: boolean;
   outputs: IOutputMessage[];
 }
 
-// A cell that ended after the notebook was saved; `after`: the cell that ended before it.
-interface IEnded {
-  cell_id: string;
-  execution_count: number;
-  source: string;
-  after: string | null;
-  dropped: boolean;
-  outputs: IOutputMessage[];
-}
+// A cell that ended after the notebook was saved.
+type IEnded = Omit<IRunning, 'msg_id' | 'next'>;
 
 interface IDone {
   msg_id: string | null;
@@ -109,11 +105,12 @@ export class RunningCellFollower {
     data: { running?: IRunning | null; unsaved?: IEnded[]; done?: IDone },
     subshell: string | null
   ): void {
+    const inserted: number[] = []; // prompts of the cells the notebook lacked
     if (data.unsaved) {
-      this._restore(data.unsaved);
+      this._restore(data.unsaved, inserted);
     }
     if (data.running !== undefined) {
-      if (this._start(data.running)) {
+      if (this._start(data.running, inserted)) {
         this._deleteSubshell(subshell); // the rest comes on IOPub
       } else {
         this._close(subshell);
@@ -121,11 +118,24 @@ export class RunningCellFollower {
     } else if (data.done && data.done.msg_id === this._msgId) {
       this._finish(data.done.execution_count);
     }
+    if (inserted.length > 0) {
+      const one = inserted.length === 1;
+      Notification.info(
+        `llfabric: cell${one ? '' : 's'} ${inserted.map(n => `[${n}]`).join(', ')}, run ` +
+          `since the notebook was last saved, ${one ? 'was' : 'were'} not in its file: ` +
+          `back with ${one ? 'its' : 'their'} outputs (save to keep ${one ? 'it' : 'them'})`,
+        { autoClose: 10000 }
+      );
+    }
   }
 
-  // Follows the running cell; false where there is none to follow.
-  private _start(running: IRunning | null): boolean {
-    const model = running ? this._cell(running.cell_id) : null;
+  // Follows the running cell (put back where the notebook lacks it); false where there is none
+  // to follow.
+  private _start(running: IRunning | null, inserted: number[]): boolean {
+    let model = running ? this._cell(running.cell_id) : null;
+    if (running !== null && model === null) {
+      model = this._insert(running, running.execution_count, inserted);
+    }
     // a cell this JupyterLab runs itself (another view of the notebook) shows its outputs already
     if (running === null || model === null || model.executionState === 'running') {
       return false;
@@ -158,32 +168,15 @@ export class RunningCellFollower {
   }
 
   // The cells that ended since the notebook's file was saved, as they ran (source, outputs,
-  // count); one the notebook lacks goes after the cell that ended before it, else last, and a
-  // notification names those: the notebook has cells its file lacks.
-  private _restore(unsaved: IEnded[]): void {
-    const notebook = this.panel.content.model;
-    if (!notebook) {
-      return;
-    }
-    const inserted: number[] = [];
+  // count).
+  private _restore(unsaved: IEnded[], inserted: number[]): void {
     for (const ended of unsaved) {
       let model = this._cell(ended.cell_id);
       if (model?.executionCount === ended.execution_count) {
         continue; // shown already (another view of the notebook)
       }
       if (model === null) {
-        if (this._index(ended.cell_id) !== null) {
-          continue; // no longer a code cell
-        }
-        const after = this._index(ended.after);
-        notebook.sharedModel.insertCell(after === null ? notebook.cells.length : after + 1, {
-          cell_type: 'code',
-          id: ended.cell_id,
-          source: ended.source,
-          metadata: {}
-        });
-        model = this._cell(ended.cell_id);
-        inserted.push(ended.execution_count);
+        model = this._insert(ended, ended.execution_count, inserted);
       } else if (model.sharedModel.getSource() !== ended.source) {
         model.sharedModel.setSource(ended.source);
       }
@@ -192,15 +185,28 @@ export class RunningCellFollower {
         model.executionCount = ended.execution_count;
       }
     }
-    if (inserted.length > 0) {
-      const one = inserted.length === 1;
-      Notification.info(
-        `llfabric: cell${one ? '' : 's'} ${inserted.map(n => `[${n}]`).join(', ')}, run ` +
-          `since the notebook was last saved, ${one ? 'was' : 'were'} not in its file: ` +
-          `back with ${one ? 'its' : 'their'} outputs (save to keep ${one ? 'it' : 'them'})`,
-        { autoClose: 10000 }
-      );
+  }
+
+  // A code cell for `cell`, which the notebook lacks, after the cell that ended before it (else
+  // last); null where its id is a cell's of another type now.
+  private _insert(
+    cell: { cell_id: string | null; source: string; after: string | null },
+    count: number,
+    inserted: number[]
+  ): ICodeCellModel | null {
+    const notebook = this.panel.content.model;
+    if (!notebook || !cell.cell_id || this._index(cell.cell_id) !== null) {
+      return null;
     }
+    const after = this._index(cell.after);
+    notebook.sharedModel.insertCell(after === null ? notebook.cells.length : after + 1, {
+      cell_type: 'code',
+      id: cell.cell_id,
+      source: cell.source,
+      metadata: {}
+    });
+    inserted.push(count);
+    return this._cell(cell.cell_id);
   }
 
   private _index(id: string | null): number | null {

@@ -46,18 +46,21 @@ def test_a_clear_output_leaves_only_what_follows_it() -> None:
     assert running.snapshot()["outputs"][-1]["msg_type"] == "clear_output"
 
 
-def _ended(cell_id: str | None, count: int, at: float, text: str = "") -> RunningCell:
-    cell = RunningCell(cell_id, f"msg-{count}", count, source=f"cell {count}")
+def _ended(ended: EndedCells, cell_id: str | None, count: int, at: float,
+           text: str = "") -> None:
+    """A cell started and ended at `at`, as `Frontend` records it."""
+    cell = RunningCell(cell_id, f"msg-{count}", count, source=f"cell {count}",
+                       after=ended.last(cell_id))
     cell.record("stream", _stream(text or f"{count}\n"))
     cell.ended = at
-    return cell
+    ended.add(cell)
 
 
 def test_the_cells_that_ended_after_a_save_each_as_it_last_ran_and_where() -> None:
     ended = EndedCells()
-    for cell in (_ended("a", 1, 10.0), _ended("b", 2, 20.0), _ended(None, 3, 25.0),
-                 _ended("c", 4, 30.0), _ended("b", 5, 40.0), _ended("b", 6, 50.0)):
-        ended.add(cell)
+    for cell_id, count, at in (("a", 1, 10.0), ("b", 2, 20.0), (None, 3, 25.0), ("c", 4, 30.0),
+                               ("b", 5, 40.0), ("b", 6, 50.0)):
+        _ended(ended, cell_id, count, at)
     since = ended.since(15.0)  # the notebook was saved at 15
     assert [(c["cell_id"], c["execution_count"], c["after"]) for c in since] == \
         [("c", 4, "b"), ("b", 6, "c")]  # run again at once, b keeps the place it had
@@ -68,7 +71,7 @@ def test_the_cells_that_ended_after_a_save_each_as_it_last_ran_and_where() -> No
 def test_past_the_bound_the_earliest_cells_go() -> None:
     ended = EndedCells(keep=1000)
     for count in range(20):
-        ended.add(_ended(f"c{count}", count, float(count), "x" * 200))
+        _ended(ended, f"c{count}", count, float(count), "x" * 200)
     kept = [c["cell_id"] for c in ended.since(0.0)]
     assert 0 < len(kept) < 20 and kept[-1] == "c19"
 
