@@ -41,7 +41,8 @@ class Answers:
         self.kernel = attachment.kernel
         self._own_history: HistoryManager | None = None
         self._kernel_history: HistoryManager | None = None
-        self._comms: set[str] = set()  # ids of the comms the session's worker opened
+        # the comms the session's worker opened: id, the prompt of the cell that opened it
+        self._comms: dict[str, int | None] = {}
         self._handlers: dict[str, Any] = {}  # the kernel's own, for its own comms
 
     def install(self) -> None:
@@ -139,9 +140,19 @@ class Answers:
         """A comm message of the worker's, on its way to the frontend."""
         comm_id = content.get("comm_id")
         if msg_type == "comm_open" and isinstance(comm_id, str):
-            self._comms.add(comm_id)
+            running = self.attachment.frontend.running  # None: a callback's, between cells
+            self._comms[comm_id] = None if running is None else running.execution_count
         elif msg_type == "comm_close":
-            self._comms.discard(comm_id)
+            self._comms.pop(comm_id, None)
+
+    def close_comms(self) -> list[int]:
+        """Close the worker's comms in the frontend (its widgets disappear), as after a checkout:
+        no worker holds them any more, and they show the state before it. The prompts of the
+        cells whose outputs showed them."""
+        comms, self._comms = self._comms, {}
+        for comm_id in comms:
+            self.attachment.publish("comm_close", {"comm_id": comm_id, "data": {}})
+        return sorted({count for count in comms.values() if count is not None})
 
     def _comm_handler(self, own: Any) -> Any:
         def handle(stream: Any, ident: Any, msg: dict) -> Any:
@@ -150,7 +161,7 @@ class Answers:
                 return own(stream, ident, msg)  # one of the kernel's (the draft comm)
             kind = msg["header"]["msg_type"]
             if kind == "comm_close":
-                self._comms.discard(comm_id)
+                self._comms.pop(comm_id, None)
             self._forward(kind, msg)
             return None
 

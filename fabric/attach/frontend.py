@@ -13,13 +13,18 @@ notifications, one per topic, never in a cell's outputs.
 `warning` where N's packages differ from its environment's now) or `{"error": text}`, then the
 versions again. `llfabric.running`: opened by a frontend as it connects to the kernel (a notebook
 reopened after its tab closed, say), it is answered `{"running": null}`, or, while a cell runs,
-`{"running": {"cell_id", "msg_id", "execution_count", "outputs", "next", "dropped"}}`: the cell's
-id in the notebook, its execute request's msg_id, and what the kernel has published for it so far
-(`outputs`: `{"msg_type", "content", "seq"}`, the last `KEEP_BYTES` of them; `dropped`: earlier
-ones were left out), so that the frontend shows them, then appends the cell's live IOPub
-messages, which carry their `seq` in the message metadata (`llfabric_seq`) from `next` on. When
-the cell ends, `{"done": {"msg_id", "execution_count", "status"}}`: a frontend that did not send
-the request gets neither its execute_reply nor, from the kernel's start, its `execute_input`.
+`{"running": {"cell_id", "msg_id", "execution_count", "outputs", "next", "dropped", "source",
+"after"}}`: the cell's id in the notebook (with its source, and `after`, the cell that ended
+before it started, for a notebook that lacks it), its execute request's msg_id, and what the
+kernel has published for it so far (`outputs`: `{"msg_type", "content", "seq"}`, the last
+`KEEP_BYTES` of them; `dropped`: earlier ones were left out), so that the frontend shows them,
+then appends the cell's live IOPub messages, which carry their `seq` in the message metadata
+(`llfabric_seq`) from `next` on. When the cell ends, `{"done": {"msg_id", "execution_count",
+"status"}}`: a frontend that did not send the request gets neither its execute_reply nor, from
+the kernel's start, its `execute_input`. A frontend that opens it with `{"saved":
+last_modified}` (its notebook file's, ISO 8601) is also answered `"unsaved"`: the cells that
+ended since, each `{"cell_id", "execution_count", "source", "outputs", "after"}`, which a
+notebook reloaded before it was saved does not have in its file (`EndedCells`).
 
 All go through a thread with its own client of the server, so a slow answer never holds up the
 kernel's shell, and a burst of keystrokes queued behind a running cell becomes one draft. The
@@ -36,6 +41,7 @@ import logging
 import threading
 import time
 from collections import deque
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..client import Client
@@ -81,14 +87,18 @@ def summary(status: ServerStatus, session: str) -> dict:
 
 
 class RunningCell:
-    """The cell the kernel runs: where it is in the notebook, its request, its outputs so far."""
+    """The cell the kernel runs: where it is in the notebook, its request, its outputs so far;
+    once it has ended, what a notebook reloaded before it was saved shows again."""
 
     def __init__(self, cell_id: str | None, msg_id: str | None, execution_count: int,
-                 keep: int = KEEP_BYTES) -> None:
+                 keep: int = KEEP_BYTES, source: str = "", after: str | None = None) -> None:
         self.cell_id = cell_id
         self.msg_id = msg_id
         self.execution_count = execution_count
         self.keep = keep
+        self.source = source
+        self.after = after  # the cell that ended before it started (`EndedCells.last`)
+        self.ended: float | None = None  # when it ended (the epoch's seconds)
         self.outputs: deque[tuple[int, str, dict, int]] = deque()  # seq, type, content, size
         self.size = 0
         self.next = 0  # the seq of the next output
@@ -116,9 +126,51 @@ class RunningCell:
     def snapshot(self) -> dict:
         return {"cell_id": self.cell_id, "msg_id": self.msg_id,
                 "execution_count": self.execution_count, "next": self.next,
-                "dropped": self.dropped,
+                "dropped": self.dropped, "source": self.source, "after": self.after,
                 "outputs": [{"seq": seq, "msg_type": msg_type, "content": content}
                             for seq, msg_type, content, _ in self.outputs]}
+
+
+class EndedCells:
+    """The cells the kernel ran, the latest run of each, within `keep` bytes of outputs: those
+    that ended after the notebook was last saved are not in its file, and a notebook reloaded
+    (or reopened) shows them again rather than losing them."""
+
+    def __init__(self, keep: int = KEEP_BYTES) -> None:
+        self.keep = keep
+        self.cells: deque[RunningCell] = deque()
+
+    def last(self, cell_id: str | None) -> str | None:
+        """The cell that `cell_id`, starting now, comes after: the last to end (a cell run
+        again at once keeps its place)."""
+        if not self.cells:
+            return None
+        last = self.cells[-1]
+        return last.after if last.cell_id == cell_id else last.cell_id
+
+    def add(self, cell: RunningCell) -> None:
+        if cell.cell_id is None:  # not a notebook's cell: nowhere to show it again
+            return
+        self.cells = deque(c for c in self.cells if c.cell_id != cell.cell_id)
+        self.cells.append(cell)
+        while sum(c.size for c in self.cells) > self.keep:
+            self.cells.popleft()
+
+    def since(self, saved: float) -> list[dict]:
+        """The cells that ended after `saved`, in the order they ended."""
+        return [c.snapshot() for c in self.cells if c.ended is not None and c.ended > saved]
+
+
+def saved_time(value: object) -> float | None:
+    """A notebook file's last_modified as the frontend has it (ISO 8601), in the epoch's
+    seconds; None if it is no such time."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 class Frontend:
@@ -130,6 +182,7 @@ class Frontend:
         self.history_comms: list[Any] = []  # open history comms
         self.running_comms: list[Any] = []  # open running-cell comms
         self.running: RunningCell | None = None  # the cell the kernel runs now
+        self.ended = EndedCells()
         self._history_due = False  # the history comms are sent the versions at the next wake
         self._checkouts: list[tuple[Any, int | str]] = []  # asked for, not yet done
         self._draft: tuple[int, str] | None = None  # the newest revision not yet sent
@@ -183,9 +236,11 @@ class Frontend:
             self._nudge()
 
     # the running cell (its outputs come from the kernel's main thread, the comm on a subshell's)
-    def cell_started(self, cell_id: str | None, msg_id: str | None, execution_count: int) -> None:
+    def cell_started(self, cell_id: str | None, msg_id: str | None, execution_count: int,
+                     source: str = "") -> None:
         with self._lock:
-            self.running = RunningCell(cell_id, msg_id, execution_count)
+            self.running = RunningCell(cell_id, msg_id, execution_count, source=source,
+                                       after=self.ended.last(cell_id))
 
     def record(self, msg_type: str, content: dict) -> int | None:
         """Keep what the running cell publishes; its seq (None: not an output of a cell)."""
@@ -198,6 +253,9 @@ class Frontend:
         with self._lock:
             running, self.running = self.running, None
             comms, self.running_comms = self.running_comms, []  # each followed this cell
+            if running is not None:
+                running.execution_count, running.ended = execution_count, time.time()
+                self.ended.add(running)
         if running is None:
             return
         done = {"msg_id": running.msg_id, "cell_id": running.cell_id,
@@ -206,13 +264,17 @@ class Frontend:
             comm.send({"done": done})
 
     def _open_running(self, comm: Any, message: dict) -> None:
+        saved = saved_time((message.get("content", {}).get("data") or {}).get("saved"))
         with self._lock:
             running = None if self.running is None else self.running.snapshot()
             if running is not None:
                 self.running_comms.append(comm)
+            answer: dict = {"running": running}
+            if saved is not None:
+                answer["unsaved"] = self.ended.since(saved)
         comm.on_close(lambda msg: self.running_comms.remove(comm)
                       if comm in self.running_comms else None)
-        comm.send({"running": running})
+        comm.send(answer)
 
     def _open_draft(self, comm: Any, message: dict) -> None:
         def on_message(msg: dict) -> None:
@@ -299,8 +361,13 @@ class Frontend:
             comm.send({"error": exc.message, "version": version})
             return
         data = {"checked_out": reply.get("checked_out"), "version": reply.get("version")}
+        warnings = []
         if differ := reply.get("packages_differ"):
-            data["warning"] = describe_differences(differ, reply.get("env"))
+            warnings.append(describe_differences(differ, reply.get("env")))
+        if closed := self.attachment.checked_out():
+            warnings.append(closed)
+        if warnings:
+            data["warning"] = "\n".join(warnings)
         comm.send(data)
 
     def _send_versions(self, client: Client) -> None:

@@ -91,8 +91,11 @@ class FabricMagics(Magics):
             reply = self._call("checkout", version=int(words[0]) if words[0].isdigit()
                                else words[0])
             if reply is not None:  # prompt numbers go on, as after any cell
-                print(f"llfabric: session {current(self.shell).session} is back at version "
+                attachment = current(self.shell)
+                print(f"llfabric: session {attachment.session} is back at version "
                       f"{reply['checked_out']}")
+                if closed := attachment.checked_out():
+                    print(f"llfabric: {closed}", file=sys.stderr)
                 if differ := reply.get("packages_differ"):
                     print(describe_differences(differ, reply.get("env")), file=sys.stderr)
         elif command == "tag" and len(words) in (1, 2):

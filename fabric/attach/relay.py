@@ -123,6 +123,18 @@ class Attachment:
     def call(self, op: str, **fields: Any) -> dict:
         return self.client.call(op, session=self.session, **fields)
 
+    def checked_out(self) -> str | None:
+        """After a checkout: the widgets the frontend shows belong to a worker no longer the
+        session's, with the values from before it; they are closed rather than left to show
+        values the session no longer has. What to tell the user, if any were."""
+        cells = self.answers.close_comms()
+        if not cells:
+            return None
+        plural = "s" if len(cells) > 1 else ""
+        prompts = ", ".join(f"[{count}]" for count in cells)
+        return (f"the widgets shown by cell{plural} {prompts} held the values from before the "
+                f"checkout and are closed; run the cell{plural} again for live ones")
+
     # cells
     def run(self, source: str, cell_id: str | None = None) -> ExecutionResult:
         """Run one cell on the fabric, publishing its outputs; the result ipykernel replies with.
@@ -131,7 +143,8 @@ class Attachment:
         reopened meanwhile (its own tab closed): it shows them and follows the cell."""
         count = self.shell.execution_count  # the number the kernel announced for this cell
         parent = self.kernel.get_parent("shell") or {}
-        self.frontend.cell_started(cell_id, (parent.get("header") or {}).get("msg_id"), count)
+        self.frontend.cell_started(cell_id, (parent.get("header") or {}).get("msg_id"), count,
+                                   source)
         result: ExecutionResult | None = None
         try:
             with self.busy.running(parent):

@@ -4,6 +4,9 @@
 // requests it sent, so a cell sent by a tab gone shows nothing by itself: the kernel keeps what
 // the running cell published, and tells it on the `llfabric.running` comm
 // (fabric/attach/frontend.py); its live outputs carry their `llfabric_seq` in their metadata.
+// The same comm gives the cells that ended after the notebook's file was saved, which a reloaded
+// notebook lacks (or shows as they were before): they come back as they ran, unsaved.
+import { Notification } from '@jupyterlab/apputils';
 import { ICodeCellModel } from '@jupyterlab/cells';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
@@ -25,14 +28,20 @@ interface IOutputMessage {
   content: any;
 }
 
+// The running cell; `after`: the cell that ended before it started.
 interface IRunning {
   cell_id: string | null;
   msg_id: string | null;
   execution_count: number;
+  source: string;
+  after: string | null;
   next: number;
   dropped: boolean;
   outputs: IOutputMessage[];
 }
+
+// A cell that ended after the notebook was saved.
+type IEnded = Omit<IRunning, 'msg_id' | 'next'>;
 
 interface IDone {
   msg_id: string | null;
@@ -81,7 +90,8 @@ export class RunningCellFollower {
       this._deleteSubshell(subshell);
       this.dispose(); // a kernel that is not attached has no such comm
     };
-    void sendOnSubshell(kernel, comm, subshell, 'comm_open');
+    const saved = this.panel.context.contentsModel?.last_modified;
+    void sendOnSubshell(kernel, comm, subshell, 'comm_open', saved ? { saved } : {});
   }
 
   private _deleteSubshell(subshell: string | null): void {
@@ -92,11 +102,15 @@ export class RunningCellFollower {
   }
 
   private _onCommMessage(
-    data: { running?: IRunning | null; done?: IDone },
+    data: { running?: IRunning | null; unsaved?: IEnded[]; done?: IDone },
     subshell: string | null
   ): void {
+    const inserted: number[] = []; // prompts of the cells the notebook lacked
+    if (data.unsaved) {
+      this._restore(data.unsaved, inserted);
+    }
     if (data.running !== undefined) {
-      if (this._start(data.running)) {
+      if (this._start(data.running, inserted)) {
         this._deleteSubshell(subshell); // the rest comes on IOPub
       } else {
         this._close(subshell);
@@ -104,11 +118,24 @@ export class RunningCellFollower {
     } else if (data.done && data.done.msg_id === this._msgId) {
       this._finish(data.done.execution_count);
     }
+    if (inserted.length > 0) {
+      const one = inserted.length === 1;
+      Notification.info(
+        `llfabric: cell${one ? '' : 's'} ${inserted.map(n => `[${n}]`).join(', ')}, run ` +
+          `since the notebook was last saved, ${one ? 'was' : 'were'} not in its file: ` +
+          `back with ${one ? 'its' : 'their'} outputs (save to keep ${one ? 'it' : 'them'})`,
+        { autoClose: 10000 }
+      );
+    }
   }
 
-  // Follows the running cell; false where there is none to follow.
-  private _start(running: IRunning | null): boolean {
-    const model = running ? this._cell(running.cell_id) : null;
+  // Follows the running cell (put back where the notebook lacks it); false where there is none
+  // to follow.
+  private _start(running: IRunning | null, inserted: number[]): boolean {
+    let model = running ? this._cell(running.cell_id) : null;
+    if (running !== null && model === null) {
+      model = this._insert(running, running.execution_count, inserted);
+    }
     // a cell this JupyterLab runs itself (another view of the notebook) shows its outputs already
     if (running === null || model === null || model.executionState === 'running') {
       return false;
@@ -116,17 +143,7 @@ export class RunningCellFollower {
     this._model = model;
     this._msgId = running.msg_id;
     this._next = running.next;
-    model.outputs.clear();
-    if (running.dropped) {
-      model.outputs.add({
-        output_type: 'stream',
-        name: 'stderr',
-        text: 'llfabric: earlier outputs of this cell were dropped (they were too long)\n'
-      });
-    }
-    for (const output of running.outputs) {
-      this._apply(output.msg_type, output.content);
-    }
+    this._writer = show(model, running);
     model.executionState = 'running';
     const buffered = this._buffered;
     this._buffered = [];
@@ -148,6 +165,58 @@ export class RunningCellFollower {
       this._deleteSubshell(subshell);
     }
     this.dispose();
+  }
+
+  // The cells that ended since the notebook's file was saved, as they ran (source, outputs,
+  // count).
+  private _restore(unsaved: IEnded[], inserted: number[]): void {
+    for (const ended of unsaved) {
+      let model = this._cell(ended.cell_id);
+      if (model?.executionCount === ended.execution_count) {
+        continue; // shown already (another view of the notebook)
+      }
+      if (model === null) {
+        model = this._insert(ended, ended.execution_count, inserted);
+      } else if (model.sharedModel.getSource() !== ended.source) {
+        model.sharedModel.setSource(ended.source);
+      }
+      if (model !== null) {
+        show(model, ended);
+        model.executionCount = ended.execution_count;
+      }
+    }
+  }
+
+  // A code cell for `cell`, which the notebook lacks, after the cell that ended before it (else
+  // last); null where its id is a cell's of another type now.
+  private _insert(
+    cell: { cell_id: string | null; source: string; after: string | null },
+    count: number,
+    inserted: number[]
+  ): ICodeCellModel | null {
+    const notebook = this.panel.content.model;
+    if (!notebook || !cell.cell_id || this._index(cell.cell_id) !== null) {
+      return null;
+    }
+    const after = this._index(cell.after);
+    notebook.sharedModel.insertCell(after === null ? notebook.cells.length : after + 1, {
+      cell_type: 'code',
+      id: cell.cell_id,
+      source: cell.source,
+      metadata: {}
+    });
+    inserted.push(count);
+    return this._cell(cell.cell_id);
+  }
+
+  private _index(id: string | null): number | null {
+    const cells = this.panel.content.model?.cells;
+    for (let i = 0; id && cells && i < cells.length; i++) {
+      if (cells.get(i).id === id) {
+        return i;
+      }
+    }
+    return null;
   }
 
   private _cell(id: string | null): ICodeCellModel | null {
@@ -187,12 +256,59 @@ export class RunningCellFollower {
       return; // not the cell's own, or shown already
     }
     this._next = seq + 1;
-    this._apply(msg.header.msg_type, msg.content);
+    this._writer?.write(msg.header.msg_type, msg.content);
   }
 
-  private _apply(msgType: string, content: any): void {
-    const outputs = this._model?.outputs;
-    if (!outputs || !OUTPUT_TYPES.has(msgType)) {
+  private _finish(count: number | null): void {
+    const model = this._model;
+    if (model !== null) {
+      if (count !== null) {
+        model.executionCount = count;
+      }
+      model.executionState = 'idle';
+    }
+    this._close(null); // its subshell is gone; the main shell is free again
+  }
+
+  private _disposed = false;
+  private _subshellDeleted = false;
+  private _comm: Kernel.IComm | null = null;
+  private _model: ICodeCellModel | null = null;
+  private _writer: OutputWriter | null = null;
+  private _msgId: string | null = null;
+  private _next = 0;
+  private _buffered: KernelMessage.IIOPubMessage[] = [];
+}
+
+// Shows in `model` what a cell published (`cell.outputs`), in place of what it showed; the
+// writer for what it publishes next.
+function show(
+  model: ICodeCellModel,
+  cell: { dropped: boolean; outputs: IOutputMessage[] }
+): OutputWriter {
+  model.outputs.clear();
+  if (cell.dropped) {
+    model.outputs.add({
+      output_type: 'stream',
+      name: 'stderr',
+      text: 'llfabric: earlier outputs of this cell were dropped (they were too long)\n'
+    });
+  }
+  const writer = new OutputWriter(model.outputs);
+  for (const output of cell.outputs) {
+    writer.write(output.msg_type, output.content);
+  }
+  return writer;
+}
+
+// A cell's IOPub output messages into its outputs, as JupyterLab's output area takes them: a
+// clear_output at once or at the next output, a display's updates in place.
+class OutputWriter {
+  constructor(private outputs: ICodeCellModel['outputs']) {}
+
+  write(msgType: string, content: any): void {
+    const outputs = this.outputs;
+    if (!OUTPUT_TYPES.has(msgType)) {
       return;
     }
     const displayId: string | undefined = content.transient?.display_id;
@@ -222,24 +338,6 @@ export class RunningCellFollower {
     }
   }
 
-  private _finish(count: number | null): void {
-    const model = this._model;
-    if (model !== null) {
-      if (count !== null) {
-        model.executionCount = count;
-      }
-      model.executionState = 'idle';
-    }
-    this._close(null); // its subshell is gone; the main shell is free again
-  }
-
-  private _disposed = false;
-  private _subshellDeleted = false;
-  private _comm: Kernel.IComm | null = null;
-  private _model: ICodeCellModel | null = null;
-  private _msgId: string | null = null;
-  private _next = 0;
-  private _buffered: KernelMessage.IIOPubMessage[] = [];
   private _displays = new Map<string, number[]>(); // display_id: its outputs' indices
   private _clearNext = false;
 }

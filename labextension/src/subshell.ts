@@ -54,17 +54,18 @@ export function deleteSubshell(kernel: Kernel.IKernelConnection, subshell: strin
   }
 }
 
-// Sends `comm`'s comm_open or comm_close on `subshell` (null: the main shell); resolves once
-// the kernel has handled it.
+// Sends `comm`'s comm_open (with `data`) or comm_close on `subshell` (null: the main shell);
+// resolves once the kernel has handled it.
 export async function sendOnSubshell(
   kernel: Kernel.IKernelConnection,
   comm: Kernel.IComm,
   subshell: string | null,
-  msgType: 'comm_open' | 'comm_close'
+  msgType: 'comm_open' | 'comm_close',
+  data: object = {}
 ): Promise<void> {
   const content =
     msgType === 'comm_open'
-      ? { comm_id: comm.commId, target_name: comm.targetName, data: {} }
+      ? { comm_id: comm.commId, target_name: comm.targetName, data }
       : { comm_id: comm.commId, data: {} };
   const message = KernelMessage.createMessage({
     msgType,

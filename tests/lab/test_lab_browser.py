@@ -172,6 +172,27 @@ def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
             .wait_for(timeout=30_000)
 
 
+def test_a_checkout_closes_the_widgets_of_the_state_before_it(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with _notebook(server, page, tmp_path, request,
+                   "import ipywidgets as w\ns = w.IntSlider()\ns", "y = 1") as lab:
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        slider = cells.nth(0).locator(".widget-slider")
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # version 1
+        slider.wait_for(timeout=60_000)
+        page.keyboard.press("Shift+Enter")  # version 2
+        assert _wait_until(lambda: (_session_status(server, lab.session) or {})
+                           .get("version") == 2)
+        page.locator(".jp-SideBar [data-id=llfabric-history]").click()
+        page.locator("[data-llfabric=history] [data-version='1']").click()
+        # no slider left showing a value the session does not have, and the user is told
+        page.locator(".Toastify__toast").filter(
+            has_text="the widgets shown by cell [1] held the values from before the checkout") \
+            .wait_for(timeout=30_000)
+        slider.wait_for(state="detached", timeout=10_000)
+
+
 def test_typing_while_a_cell_runs_drafts_on_a_subshell(server: RunningServer, page,
                                                        tmp_path: Path,
                                                        request: pytest.FixtureRequest) -> None:
@@ -244,6 +265,44 @@ def test_a_cell_keeps_running_across_a_closed_tab_and_its_outputs_come_back(
             [f"line {i}" for i in range(20)]
         assert [line for line in shown.splitlines() if "progress" in line] == \
             ["'progress 19'"]  # the display, updated in place
+
+
+def test_cells_run_since_the_last_save_come_back_after_a_reload(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    waiting = "import os, time; w = [time.sleep(0.05) for _ in iter(lambda: os.path.exists(" \
+              "'go'), True)]; print('went')"
+    with _notebook(server, page, tmp_path, request, "x = 1", "y = 2") as lab:
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # [1], in the file
+        cells.nth(0).locator(".jp-InputPrompt").filter(has_text="[1]").wait_for(timeout=60_000)
+        for source in ("print('unsaved', x + 1)", waiting):  # new cells above `y = 2`
+            page.keyboard.press("Escape")
+            page.keyboard.press("a")
+            page.keyboard.press("Enter")
+            page.keyboard.type(source)
+            page.keyboard.press("Shift+Enter")  # [2], then [3], which waits
+        cells.nth(1).locator(".jp-OutputArea-output").filter(has_text="unsaved 2") \
+            .wait_for(timeout=60_000)
+        assert _wait_until(lambda: _session_status(server, lab.session)["running"])
+        page.reload()
+        page.locator("[data-llfabric=status]").filter(has_text=lab.session) \
+            .wait_for(timeout=90_000)
+        # back where they were, with their sources and outputs; the file's cells as they ran
+        cells.nth(1).locator(".jp-OutputArea-output").filter(has_text="unsaved 2") \
+            .wait_for(timeout=30_000)
+        assert "print('unsaved', x + 1)" in cells.nth(1).locator(".cm-content").inner_text()
+        cells.nth(2).locator(".jp-InputPrompt").filter(has_text="[*]").wait_for(timeout=10_000)
+        (tmp_path / "go").touch()
+        cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="went") \
+            .wait_for(timeout=30_000)
+        cells.nth(2).locator(".jp-InputPrompt").filter(has_text="[3]").wait_for(timeout=10_000)
+        assert [cells.nth(at).locator(".jp-InputPrompt").inner_text().strip()
+                for at in range(4)] == ["[1]:", "[2]:", "[3]:", "[ ]:"]
+        toasts = page.locator(".Toastify__toast").filter(has_text="llfabric")
+        toasts.filter(has_text="cells [2], [3], run since the notebook was last saved, were "
+                               "not in its file").wait_for(timeout=10_000)
+        assert toasts.count() == 1, toasts.all_inner_texts()  # [1] is in it: nothing to say
 
 
 def test_the_status_item_follows_the_lease_and_counts_restart_at_one_after_a_restart(
