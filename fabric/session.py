@@ -181,6 +181,10 @@ class Session:
                                           parent_id)
         return {"delivered": delivered}
 
+    async def debug(self, request: dict) -> dict:
+        """A frontend's debug adapter request (`pool.debugging`); its response."""
+        return await self.agent.debugger.request(request)
+
     def catalog(self) -> catalog.Catalog:
         """The head's catalog, read once per version; one that cannot be read is empty."""
         blob = self.manifest.catalog

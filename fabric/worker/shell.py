@@ -12,20 +12,18 @@ import contextlib
 import io
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import xxhash
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 
-from . import env
+from . import cellfiles, env
 
 Sink = Callable[..., None]
 
@@ -135,9 +133,9 @@ class OutStream(io.TextIOBase):
 
 class _Compiler(CachingCompiler):
     def get_code_name(self, raw_code: str, transformed_code: str, number: int) -> str:
-        # A path, as Jupyter kernels name cells: warnings then read as users know them.
-        digest = xxhash.xxh64_hexdigest(raw_code.encode())
-        return f"{tempfile.gettempdir()}/llfabric_{os.getpid()}/{digest}.py"
+        # A path, as Jupyter kernels name cells: warnings then read as users know them, and a
+        # debugger's breakpoints in the cell name it (`cellfiles`).
+        return cellfiles.path(raw_code)
 
 
 class ZMQInteractiveShell(InteractiveShell):
