@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerDied
 from ..worker import cellfiles
+from ..worker.bookkeeping import is_bookkeeping
 from ..worker.messages import Debug, Debugging, Notice
 
 if TYPE_CHECKING:
@@ -96,7 +97,13 @@ class Debugger:
         if link is None:
             return response(message, error=f"{command}: no cell of the session is running "
                             "under the debugger")
-        return await link.call(message)
+        answer = await link.call(message)
+        if command == "variables" and isinstance(answer.get("body"), dict):
+            # the cell's values, without IPython's (In, Out, exit...), as a kernel shows them
+            variables = answer["body"].get("variables") or []
+            answer["body"]["variables"] = [v for v in variables if isinstance(v, dict)
+                                           and not is_bookkeeping(str(v.get("name")))]
+        return answer
 
     def _answer(self, command: str, arguments: dict, message: dict,
                 link: Link | None) -> dict | None:
@@ -179,6 +186,7 @@ class Debugger:
             try:
                 if reply.error is not None:
                     raise ConnectionError(reply.error)
+                worker.debugged = True
                 self.link = await asyncio.wait_for(
                     Link.open(reply.port, events, self.breakpoints, self.exceptions),
                     START_TIMEOUT)

@@ -24,15 +24,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 
 from . import cellfiles, env
+from .bookkeeping import is_bookkeeping
 
 Sink = Callable[..., None]
-
-# IPython's and the interpreter's bookkeeping in the user namespace: never session state.
-HIDDEN = frozenset({"In", "Out", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii",
-                    "get_ipython", "exit", "quit", "open", "__builtin__", "__builtins__",
-                    "__name__", "__doc__", "__package__", "__loader__", "__spec__",
-                    "__warningregistry__"})  # the warnings module keeps its "once" memory here
-
 
 def _jsonable(bundle: dict) -> dict:
     """MIME bundles travel as JSON-able data: binary payloads become base64 text, as in nbformat."""
@@ -184,13 +178,7 @@ class ZMQInteractiveShell(InteractiveShell):
 
     def user_variables(self) -> list[str]:
         """The names of the session's state now in the namespace."""
-        return [n for n in self.user_ns if n not in HIDDEN and not _is_history_name(n)]
-
-
-def _is_history_name(name: str) -> bool:
-    # _5, _i5, _ii, _iii: IPython's output and input history
-    return name.startswith("_") and (name[1:].isdigit() or (name[1:2] == "i" and (
-        name[2:].isdigit() or name[2:] in ("", "i", "ii"))))
+        return [n for n in self.user_ns if not is_bookkeeping(n)]
 
 
 def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:

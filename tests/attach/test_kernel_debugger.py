@@ -139,7 +139,7 @@ def test_a_breakpoint_stops_the_cell_in_its_worker_and_shows_its_variables(
     assert not debug(kernel, "debugInfo")["body"]["isStarted"]
     reply, outputs = kernel.execute(CELL)
     assert reply["status"] == "ok"
-    assert [m["content"]["text"] for m in outputs if m["msg_type"] == "stream"] == ["b is 42\n"]
+    assert text_of(outputs) == "b is 42\n"
 
 
 def test_an_interrupt_ends_a_cell_stopped_at_a_breakpoint(kernel: Kernel) -> None:
