@@ -141,8 +141,6 @@ class Debugger:
             case "setExceptionBreakpoints":
                 self.exceptions = arguments
                 return None if link is not None else response(message, {"breakpoints": []})
-            case "inspectVariables":  # the session's values are in no process between cells
-                return response(message, {"variables": []})
             case "richInspectVariables" | "copyToGlobals" | "modules":
                 return response(message, error=f"{command} is not served by llfabric")
             case "source" if link is None:

@@ -133,6 +133,10 @@ def test_a_breakpoint_stops_the_cell_in_its_worker_and_shows_its_variables(
         assert finished(kernel, msg_id)["status"] == "ok"
     reply, outputs = kernel.execute("print(b)")  # what the debugged cell bound is committed
     assert text_of(outputs) == "42\n"
+    # between cells the variables panel lists the session's values, as a plain kernel's does
+    listed = {v["name"]: (v["value"], v["type"])
+              for v in debug(kernel, "inspectVariables")["body"]["variables"]}
+    assert listed["a"] == ("41", "int") and listed["b"] == ("42", "int")
 
     # disconnecting (the debugger switched off) forgets the breakpoints: the cell runs through
     debug(kernel, "disconnect", restart=False, terminateDebuggee=False)
@@ -171,3 +175,19 @@ def test_stop_ends_a_cell_stopped_at_a_breakpoint(kernel: Kernel, server: Runnin
     debug(kernel, "continue", threadId=0)
     assert finished(kernel, msg_id)["status"] == "ok"
     debug(kernel, "disconnect")
+
+
+@pytest.mark.parametrize("content, why", [
+    ({"type": "request", "seq": 1, "command": 5}, "a command and arguments"),
+    ({"type": "request", "seq": 1, "command": "dumpCell", "arguments": {"code": 1}}, "code"),
+    ({"type": "request", "seq": 1, "command": "setBreakpoints", "arguments": {}}, "source"),
+    ({"type": "request", "seq": 1, "command": "stackTrace", "arguments": {"threadId": 1}},
+     "no cell of the session is running"),
+])
+def test_a_debug_request_it_cannot_serve_is_answered_as_failed(kernel: Kernel,
+                                                               server: RunningServer,
+                                                               content: dict, why: str) -> None:
+    with server.client() as client:
+        answer = client.call("debug", session=kernel.session, content=content)["content"]
+    assert not answer["success"] and why in answer["message"]
+    assert answer["request_seq"] == 1
