@@ -172,15 +172,11 @@ class Debugger:
         debugger and set it up as the frontend did. A worker that cannot debug runs the cell
         all the same; the frontend is told why it does not stop."""
         if not self.started:
+            if worker.debugged:  # debugged before: its cells run untraced from now on
+                await self._ask(worker, Debug(trace=False), events)
             return
         async with self._turn:
-            await worker.send(Debug())
-            reply = await worker.recv(timeout=START_TIMEOUT)
-            while isinstance(reply, Notice):
-                events.notice(reply.topic, reply.text)
-                reply = await worker.recv(timeout=START_TIMEOUT)
-            if not isinstance(reply, Debugging):
-                raise WorkerDied(f"worker {worker.pid} answered debug with {reply.op!r}")
+            reply = await self._ask(worker, Debug(), events)
             try:
                 if reply.error is not None:
                     raise ConnectionError(reply.error)
@@ -191,6 +187,17 @@ class Debugger:
             except (OSError, TimeoutError) as exc:
                 events.notice("debugger", f"the cell runs without the debugger: its worker's "
                               f"debugger did not start ({exc})")
+
+    @staticmethod
+    async def _ask(worker: WorkerHandle, message: Debug, events: Events) -> Debugging:
+        await worker.send(message)
+        reply = await worker.recv(timeout=START_TIMEOUT)
+        while isinstance(reply, Notice):
+            events.notice(reply.topic, reply.text)
+            reply = await worker.recv(timeout=START_TIMEOUT)
+        if not isinstance(reply, Debugging):
+            raise WorkerDied(f"worker {worker.pid} answered debug with {reply.op!r}")
+        return reply
 
     async def leave(self) -> None:
         """After the cell: disconnect from its worker's debugger (the worker may go on

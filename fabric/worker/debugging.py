@@ -3,7 +3,7 @@ protocol on a port of 127.0.0.1, whose client is the server (`pool.debugging`).
 
 It starts on the first cell run while the session's frontend debugs, and stays for the worker's
 life (debugpy starts once per process); between cells no client is connected, and a worker that
-is no longer debugged runs its cells as any other, traced but without breakpoints.
+is no longer debugged runs its cells untraced.
 """
 
 from __future__ import annotations
@@ -35,6 +35,15 @@ def start(shell: ZMQInteractiveShell) -> int:
         transforms = shell.input_transformer_manager.cleanup_transforms
         if leading_empty_lines in transforms:
             transforms.remove(leading_empty_lines)
-    else:  # an interrupt raised in the debugger's trace function ended the thread's tracing
+    else:  # untraced since (`stop`), or an interrupt in the debugger's trace function ended it
         debugpy.trace_this_thread(True)
     return _port
+
+
+def stop() -> None:
+    """Run cells untraced (the debugger serves on, for a frontend that debugs again): a
+    traced cell runs slower, even without breakpoints."""
+    if _port is not None:
+        import debugpy
+
+        debugpy.trace_this_thread(False)

@@ -194,10 +194,11 @@ class Unpark(Message):
 @dataclass(frozen=True)
 class Debug(Message):
     """Before a cell, while the session's frontend debugs: serve the debug adapter protocol
-    (debugpy, started once per worker) on a local port, for the server to connect to.
-    Answered by `Debugging`."""
+    (debugpy, started once per worker) on a local port, for the server to connect to; with
+    `trace` false, once it no longer debugs: run cells untraced. Answered by `Debugging`."""
 
     op: ClassVar[str] = "debug"
+    trace: bool = True
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,9 @@ class Worker:
 
     def debug(self, message: Debug) -> Debugging:
         try:
+            if not message.trace:
+                debugging.stop()
+                return Debugging()
             port = debugging.start(self.shell)
         except Exception as exc:  # the server tells the frontend why it cannot debug
             return Debugging(error=f"{type(exc).__name__}: {exc}")

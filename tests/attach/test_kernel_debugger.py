@@ -25,7 +25,7 @@ _seq = itertools.count(1)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with serving(tmp_path_factory.mktemp("store")) as running:
+    with serving(tmp_path_factory.mktemp("store"), keep_warm=600) as running:
         yield running
 
 
@@ -100,6 +100,13 @@ def stopped_value(kernel: Kernel, name: str) -> tuple[dict, str]:
     raise AssertionError(f"{name} is in no scope of the stopped frame")
 
 
+def worker_tracing(kernel: Kernel) -> tuple[str, bool]:
+    """The worker that runs the next cell, and whether it traces the cell (for a debugger)."""
+    pid, on = text_of(kernel.execute(
+        "import os, sys\nprint(os.getpid(), sys.gettrace() is not None)")[1]).split()
+    return pid, on == "True"
+
+
 def test_a_breakpoint_stops_the_cell_in_its_worker_and_shows_its_variables(
         kernel: Kernel) -> None:
     kernel.execute("x = 1")  # the session opens, and a worker kept for the next cell
@@ -138,12 +145,16 @@ def test_a_breakpoint_stops_the_cell_in_its_worker_and_shows_its_variables(
               for v in debug(kernel, "inspectVariables")["body"]["variables"]}
     assert listed["a"] == ("41", "int") and listed["b"] == ("42", "int")
 
+    traced, on = worker_tracing(kernel)
+    assert on
     # disconnecting (the debugger switched off) forgets the breakpoints: the cell runs through
     debug(kernel, "disconnect", restart=False, terminateDebuggee=False)
     assert not debug(kernel, "debugInfo")["body"]["isStarted"]
     reply, outputs = kernel.execute(CELL)
     assert reply["status"] == "ok"
     assert text_of(outputs) == "b is 42\n"
+    # and the worker that was debugged runs cells untraced again, at full speed
+    assert worker_tracing(kernel) == (traced, False)
 
 
 def test_an_interrupt_ends_a_cell_stopped_at_a_breakpoint(kernel: Kernel) -> None:

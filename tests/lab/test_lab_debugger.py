@@ -22,6 +22,9 @@ def test_a_breakpoint_stops_the_cell_and_the_variables_panel_reads_it(
         bug.click()  # the debugger, for this notebook
         page.locator(".jp-DebuggerBugButton[aria-pressed=true]").wait_for(timeout=60_000)
         page.locator("[data-id=jp-debugger-sidebar]").click()  # its panels
+        # the debugger's session is this notebook's (it takes breakpoints from then on)
+        page.locator(".jp-DebuggerSidebar").filter(has_text="work.ipynb").wait_for(
+            timeout=60_000)
         cell = page.locator(".jp-Notebook .jp-Cell").nth(0)
         # a breakpoint on line 2 (the gutter's first element is its spacer)
         cell.locator(".cm-breakpoint-gutter .cm-gutterElement").nth(2).dispatch_event(
