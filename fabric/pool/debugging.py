@@ -40,16 +40,20 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT = 30.0  # seconds a request to a worker's debugger waits for its response
 START_TIMEOUT = 30.0  # seconds a worker takes to start its debugger and take the connection
 FRAME_LIMIT = 64 * 2**20  # bytes of one message from a worker's debugger, at most
-# The frontend's debug session, as it started it; a cell's connection is started alike.
+# What the session's debugger serves: debugpy's, but for what lives beyond one cell's connection
+# and is not kept for the next (function breakpoints, the modules list)
 CAPABILITIES = {
     "supportsConfigurationDoneRequest": True, "supportsConditionalBreakpoints": True,
-    "supportsHitConditionalBreakpoints": True, "supportsEvaluateForHovers": True,
-    "supportsSetVariable": True, "supportsExceptionInfoRequest": True,
-    "supportsLogPoints": True, "supportsDelayedStackTraceLoading": True,
-    "supportsValueFormattingOptions": True, "supportsTerminateRequest": False,
+    "supportsHitConditionalBreakpoints": True, "supportsLogPoints": True,
+    "supportsEvaluateForHovers": True, "supportsSetVariable": True,
+    "supportsSetExpression": True, "supportsCompletionsRequest": True,
+    "supportsExceptionInfoRequest": True, "supportsExceptionOptions": True,
+    "supportsDelayedStackTraceLoading": True, "supportsValueFormattingOptions": True,
+    "supportsStepInTargetsRequest": True, "supportsGotoTargetsRequest": True,
     "exceptionBreakpointFilters": [
         {"filter": "raised", "label": "Raised Exceptions", "default": False},
         {"filter": "uncaught", "label": "Uncaught Exceptions", "default": True},
+        {"filter": "userUnhandled", "label": "User Uncaught Exceptions", "default": False},
     ],
 }
 # llfabric's own frames (the worker's runtime) are not the user's code to step through

@@ -28,6 +28,7 @@ from .bookkeeping import is_bookkeeping
 
 Sink = Callable[..., None]
 
+
 def _jsonable(bundle: dict) -> dict:
     """MIME bundles travel as JSON-able data: binary payloads become base64 text, as in nbformat."""
     return {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v

@@ -188,6 +188,22 @@ def test_stop_ends_a_cell_stopped_at_a_breakpoint(kernel: Kernel, server: Runnin
     debug(kernel, "disconnect")
 
 
+def test_an_exception_filter_stops_the_cell_where_it_raises(kernel: Kernel) -> None:
+    cell = "try:\n    1 / 0\nexcept ZeroDivisionError:\n    caught = True\n"
+    start_debugging(kernel, cell, 4)
+    debug(kernel, "setBreakpoints", source={"path": cellfiles.path(cell)}, breakpoints=[])
+    debug(kernel, "setExceptionBreakpoints", filters=["raised"])
+    msg_id = kernel.client.execute(cell)
+    stopped = debug_event(kernel, "stopped")["body"]
+    assert stopped["reason"] == "exception"
+    thread = stopped["threadId"]
+    assert debug(kernel, "exceptionInfo", threadId=thread)["body"]["exceptionId"].endswith(
+        "ZeroDivisionError")
+    debug(kernel, "continue", threadId=thread)
+    assert finished(kernel, msg_id)["status"] == "ok"
+    debug(kernel, "disconnect")
+
+
 @pytest.mark.parametrize("content, why", [
     ({"type": "request", "seq": 1, "command": 5}, "a command and arguments"),
     ({"type": "request", "seq": 1, "command": "dumpCell", "arguments": {"code": 1}}, "code"),
