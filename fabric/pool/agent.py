@@ -116,7 +116,7 @@ class HostAgent:
         self.lost_why = ""  # why they cannot be recomputed
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
         self.env: Env | None = None  # the environment its workers import from; None: the server's
-        self.debugger = Debugger(name)  # a frontend's debug session, across the cells' workers
+        self.debugger = Debugger()  # a frontend's debug session, across the cells' workers
         self._background: set[asyncio.Task] = set()
 
     # readying a worker

@@ -76,8 +76,7 @@ def response(request: dict, body: dict | None = None, error: str | None = None) 
 class Debugger:
     """The debug session of one notebook session's frontend."""
 
-    def __init__(self, session: str) -> None:
-        self.session = session
+    def __init__(self) -> None:
         self.started = False  # the frontend attached, and has not disconnected since
         self.breakpoints: dict[str, dict] = {}  # source path -> its setBreakpoints arguments
         self.exceptions: dict | None = None  # the setExceptionBreakpoints arguments
