@@ -13,8 +13,8 @@ The server answers each request with zero or more ``event`` frames and exactly o
 carrying the request's ``msg_id``. The events of an ``execute``: `Output` (an nbformat output),
 `Comm` (a comm message), `Queued` (the cell waits for a lease), `Leased` (it got one),
 `InputRequest` (the cell called input() or getpass(); answered by an `Answer` of the same
-session, only when the execute said ``stdin``) and `Notice` (what llfabric says about itself,
-never a cell output; see `fabric.notices`).
+session, only when the execute said ``stdin``), `DebugEvent` (see `Debug`) and `Notice` (what
+llfabric says about itself, never a cell output; see `fabric.notices`).
 
 While a client's cell runs, the server probes it with `Heartbeat` frames (no msg_id) and ZMTP
 pings. A cell whose client is gone or silent runs on for the server's ``detached_grace`` seconds
@@ -265,6 +265,18 @@ class CommMessage(Request):
 
 
 @dataclass(frozen=True)
+class Debug(Request):
+    """A frontend's debugger request (a Jupyter `debug_request`'s content: a debug adapter
+    protocol request), served for the session's cells (`pool.debugging`); the reply's
+    ``content`` is the `debug_reply`'s. While a cell runs under the debugger, its execute's
+    `DebugEvent`s are the debugger's events."""
+
+    op = "debug"
+    session: str
+    content: dict
+
+
+@dataclass(frozen=True)
 class History(Request):
     """The session's cells, oldest first: `[execution_count, source]` of each version that ran
     one, across kernel restarts; open or not."""
@@ -340,7 +352,8 @@ class Ping(Request):
 
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
     Open, Draft, Execute, Follow, Interrupt, Stop, Answer, Checkout, Close, Tag, Remove, Complete,
-    Inspect, CommMessage, History, Versions, Status, Ping, Holds, Drain, Emigrate, Immigrate)}
+    Inspect, CommMessage, Debug, History, Versions, Status, Ping, Holds, Drain, Emigrate,
+    Immigrate)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 
@@ -448,8 +461,17 @@ class Notice(Event):
     time: float
 
 
+@dataclass(frozen=True)
+class DebugEvent(Event):
+    """An event of the debugger of the running cell's worker (a Jupyter `debug_event`'s
+    content: a debug adapter protocol event), such as its stop at a breakpoint."""
+
+    event = "debug"
+    content: dict
+
+
 EVENTS: dict[str, type[Event]] = {cls.event: cls for cls in (
-    Output, Comm, Queued, Leased, InputRequest, Notice)}
+    Output, Comm, Queued, Leased, InputRequest, Notice, DebugEvent)}
 
 
 @dataclass(frozen=True)

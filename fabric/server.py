@@ -64,6 +64,7 @@ from .messages import (
     Close,
     CommMessage,
     Complete,
+    Debug,
     Draft,
     Drain,
     Emigrate,
@@ -485,6 +486,11 @@ class Server:
                     raise ProtocolError(f"a frontend's comm message is comm_msg or comm_close, "
                                         f"not {kind!r}", op=request.op)
                 return await session.comm(kind, content, buffers or [], emit, parent_id)
+            case Debug(content=content):
+                if self.separate:  # a worker's debugger listens on a port any local user reaches
+                    raise Forbidden("the debugger is not served with users = \"separate\"",
+                                    session=request.session)
+                return {"content": await session.debug(content)}
             case Interrupt():
                 return {"interrupted": session.interrupt()}
             case Stop():

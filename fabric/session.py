@@ -19,7 +19,7 @@ from . import notices
 from .closure import CellPlan, Closure, closure, plan
 from .envs import Env, differences
 from .errors import SessionBusy, StoreError
-from .pool import Leases, Pool
+from .pool import Leases, Pool, debugging
 from .pool.agent import HostAgent
 from .pool.cells import Account, Cell, Done, Emit, Events, Head
 from .pool.lifecycle import CoolImage, Keeper, Life
@@ -180,6 +180,15 @@ class Session:
                                           Head(self.head, self.manifest), self._events(emit),
                                           parent_id)
         return {"delivered": delivered}
+
+    async def debug(self, request: dict) -> dict:
+        """A frontend's debug adapter request (`pool.debugging`); its response. The variables
+        panel's list of the session's values comes from the head's catalog: between cells,
+        they are in no process."""
+        if request.get("command") == "inspectVariables":
+            values = catalog.variables(await asyncio.to_thread(self.catalog))
+            return debugging.response(request, {"variables": values})
+        return await self.agent.debugger.request(request)
 
     def catalog(self) -> catalog.Catalog:
         """The head's catalog, read once per version; one that cannot be read is empty."""

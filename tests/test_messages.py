@@ -14,6 +14,8 @@ from fabric.messages import (
     Comm,
     CommMessage,
     Complete,
+    Debug,
+    DebugEvent,
     Draft,
     Drain,
     Emigrate,
@@ -53,6 +55,8 @@ EVERY_REQUEST = [
     Versions("s"), Follow("s"), Stop("s"), Status(), Ping(), Holds("s"), Holds("s", "x + 1"),
     Drain("host-a"), Drain("host-a", undo=True), Emigrate("s", "ann", "/run/llfabric-x"),
     Immigrate("s", "ann", {"files": [["pages-1.img", ["a" * 32]]], "init": False}),
+    Debug("s", {"type": "request", "seq": 1, "command": "stackTrace",
+                "arguments": {"threadId": 1}}),
 ]
 EVERY_EVENT = [
     Output({"output_type": "stream", "name": "stdout", "text": "hi\n"}), Queued(2, 1),
@@ -60,6 +64,7 @@ EVERY_EVENT = [
     Notice("pinned", "g cannot be saved", 1.0),
     Comm("comm_open", {"comm_id": "c", "target_name": "jupyter.widget", "data": {}}, {},
          [b"\x00\x01"]),
+    DebugEvent({"type": "event", "seq": 3, "event": "stopped", "body": {"threadId": 1}}),
 ]
 
 

@@ -64,6 +64,7 @@ def attach(shell: InteractiveShell, address: str | None = None, session: str | N
     shell.should_run_async = lambda *args, **kwargs: False  # the relay blocks, as a sync cell
     attachment.answers.install()
     attachment.busy.install()
+    attachment.debugging.install()
     _listen_for_drafts(attachment)
     restart.install(attachment)  # Restart Kernel empties the session
     atexit.register(attachment.close)  # a kernel shut down retires its session's workers
@@ -92,6 +93,7 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
     atexit.unregister(attachment.close)
     attachment.answers.uninstall()
     attachment.busy.uninstall()
+    attachment.debugging.uninstall()
     attachment.close(forget)
     return True
 

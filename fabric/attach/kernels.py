@@ -27,7 +27,7 @@ def kernelspec(address: str | None = None, env: str | None = None) -> dict:
                  "--ext=fabric.attach"],
         "display_name": DISPLAY_NAME if env is None else f"{DISPLAY_NAME[:-1]}, {env})",
         "language": "python",
-        "metadata": {"debugger": False},
+        "metadata": {"debugger": True},  # JupyterLab's debugger, on the session's workers
     }
     settings = {"LLFABRIC_BIND": address, ENV_VARIABLE: env}
     if any(settings.values()):

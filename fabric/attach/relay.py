@@ -34,11 +34,22 @@ from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, Intera
 
 from ..client import PATIENCE, Client, Events, listening
 from ..errors import FabricError, RemoteError, Unreachable
-from ..messages import Answer, Comm, InputRequest, Interrupt, Notice, Output, Queued, Reply
+from ..messages import (
+    Answer,
+    Comm,
+    DebugEvent,
+    InputRequest,
+    Interrupt,
+    Notice,
+    Output,
+    Queued,
+    Reply,
+)
 from ..output_limit import Budget
 from ..status import SessionStatus
 from .answers import Answers
 from .busy import Busy
+from .debugging import Debugging
 from .frontend import Frontend
 from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
@@ -85,6 +96,7 @@ class Attachment:
         self.answers = Answers(self)
         self.frontend = Frontend(self)  # the comms of a JupyterLab extension
         self.busy = Busy(self.kernel)  # the kernel's status while a cell runs
+        self.debugging = Debugging(self)  # the frontend's debugger, on the session's workers
 
     def close(self, forget: bool = True) -> None:
         """Detach; with `forget`, the server also retires the session's workers (the store
@@ -256,6 +268,8 @@ class Attachment:
                                 self._publish_output(kept, result)
                         case Comm():
                             self.publish_event(message)
+                        case DebugEvent(content=content):  # for the frontend's debugger
+                            self.kernel._publish_debug_event(content)
                         case Queued(ahead=ahead):
                             self._log(f"waiting for an execution slot, {ahead} cells of other "
                                       "sessions ahead", "queued")

@@ -51,6 +51,7 @@ from ..worker.messages import (
     Run,
 )
 from .cells import Cell, Commit, Events, Head, Ran
+from .debugging import Debugger
 from .leases import Lease, Leases
 from .lifecycle import CoolImage, Keeper, Life, Stage
 from .pool import Pool, WorkerHandle
@@ -115,6 +116,7 @@ class HostAgent:
         self.lost_why = ""  # why they cannot be recomputed
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
         self.env: Env | None = None  # the environment its workers import from; None: the server's
+        self.debugger = Debugger()  # a frontend's debug session, across the cells' workers
         self._background: set[asyncio.Task] = set()
 
     # readying a worker
@@ -496,6 +498,7 @@ class HostAgent:
                 life.loading += await self._send_load(
                     worker, replace(life.deferred.pop(0), device=lease.device), events)
             reached = cell.plan.reached
+            await self.debugger.join(worker, events)
             await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
                                   lease.threads,
                                   reached=None if reached is None else sorted(reached),
@@ -522,6 +525,7 @@ class HostAgent:
         finally:
             self.running = None
             running.end()
+            await self.debugger.leave()
             ended = time.monotonic()
             if not lingers:
                 self.leases.release(lease)

@@ -4,7 +4,8 @@
                                                     \\-----> RETIRED
     KEPT --idle `keep_warm` s, or memory pressure--> RETIRED (the store holds all it had)
     KEPT and pinned (it alone holds values that could not be saved)
-         --idle `cool_after` s, or memory pressure--> COOL (CRIU-dumped to disk, memory freed)
+         --idle `cool_after` s, or memory pressure--> COOL (CRIU-dumped to disk, memory freed);
+         one that ran a debugger stays KEPT (CRIU cannot dump its debugger's connections)
     COOL --demand (a draft or a cell)--> KEPT (restored), or RETIRED if the dump or restore
          failed: ParkFailed, and the session goes on from the store
 
@@ -304,8 +305,11 @@ class Keeper:
         self._changed.set()
 
     def _idle(self, life: Life) -> float | None:
-        idle = self.pool.cool_after if life.unsaved else self.pool.keep_warm
-        return idle or None
+        if not life.unsaved:
+            return self.pool.keep_warm or None
+        worker = life.worker()
+        # a worker that ran a debugger cannot be dumped: it stays warm, holding what it alone has
+        return None if worker is not None and worker.debugged else self.pool.cool_after or None
 
     async def _run(self) -> None:
         while self.kept:

@@ -195,6 +195,7 @@ class WorkerHandle:
         self.parked = False  # its CUDA state is checkpointed off the GPU
         self.moved: Parked | None = None  # what it moved off the GPU itself, while parked
         self.device: str | None = None  # the GPU its CUDA state is on, or was parked from
+        self.debugged = False  # it runs a debugger (`debugging`), whose connections CRIU refuses
         self.path = path or pool.socket_dir / f"w{ident}.sock"
         self.socket = pool.context.socket(zmq.PAIR)
         self.socket.linger = 0

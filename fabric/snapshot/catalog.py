@@ -341,3 +341,19 @@ def inspect(catalog: Catalog, code: str, cursor: int) -> dict:
                      entry["doc"]))
     text = "\n".join(f"{label + ':':<16}{value}" for label, value in rows)
     return {"status": "ok", "found": True, "data": {"text/plain": text}, "metadata": {}}
+
+
+def variables(catalog: Catalog) -> list[dict]:
+    """The session's values as a debugger's variables panel lists them (the Jupyter debug
+    protocol's `inspectVariables`): each name, its type, and its short repr where one was
+    kept."""
+    rows = []
+    for name in sorted(catalog["names"]):
+        entry = catalog["names"][name]
+        value = entry.get("repr")
+        if value is None and "shape" in entry:
+            value = f"{entry['type']} of shape {tuple(entry['shape'])}, {entry.get('dtype')}"
+        rows.append({"name": name, "value": value if value is not None else
+                     f"<{entry.get('type', 'object')}>", "type": entry.get("type", ""),
+                     "evaluateName": name, "variablesReference": 0})
+    return rows

@@ -15,6 +15,7 @@ its restore. `Sleep` -> `Sleeping` takes a worker to a dump (cool tier); on waki
 `Hello` again, as it does when it first connects.
 A cell's comms send `CommOut`s among its outputs. `Complete`, `Inspect` and `CommIn`, between
 cells, are answered by `Answered` (a `CommIn` after its callbacks' `Output`s and `CommOut`s).
+`Debug` -> `Debugging`, before a cell, opens the worker to a debugger (`worker.debugging`).
 `Exit` ends it.
 """
 
@@ -191,6 +192,16 @@ class Unpark(Message):
 
 
 @dataclass(frozen=True)
+class Debug(Message):
+    """Before a cell, while the session's frontend debugs: serve the debug adapter protocol
+    (debugpy, started once per worker) on a local port, for the server to connect to; with
+    `trace` false, once it no longer debugs: run cells untraced. Answered by `Debugging`."""
+
+    op: ClassVar[str] = "debug"
+    trace: bool = True
+
+
+@dataclass(frozen=True)
 class Exit(Message):
     op: ClassVar[str] = "exit"
 
@@ -321,6 +332,16 @@ class Parked(Message):
 
 
 @dataclass(frozen=True)
+class Debugging(Message):
+    """The port on 127.0.0.1 where the worker's debug adapter takes a client, or why it has
+    none (`error`)."""
+
+    op: ClassVar[str] = "debugging"
+    port: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Sleeping(Message):
     op: ClassVar[str] = "sleeping"
     pid: int
@@ -335,9 +356,10 @@ class Refused(Message):
 
 
 TO_WORKER = {m.op: m for m in (Become, Rehome, Load, Run, Settle, InputReply, Complete, Inspect,
-                               CommIn, Park, Unpark, Sleep, Exit)}
+                               CommIn, Park, Unpark, Sleep, Debug, Exit)}
 FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, CommOut,
-                                 Notice, Input, Done, Settled, Parked, Sleeping, Refused)}
+                                 Notice, Input, Done, Settled, Parked, Debugging, Sleeping,
+                                 Refused)}
 
 
 def decode(wire: dict, ops: dict[str, type[Message]]) -> Message:

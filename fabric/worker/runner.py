@@ -4,10 +4,12 @@ Messages from the server: ``become`` (on a host serving several users, a fresh w
 first: run as the session's user from now on), ``load`` (groups, imports and ambient state to
 put in the namespace), ``run`` (a cell; with ``replay``, a cell run again to rebuild what could
 not be saved: nothing is saved after it), ``settle`` (after a replay: make the namespace the
-head's, see `settle`), ``sleep`` (close the socket and wait to be dumped; see `wake`), ``exit``.
+head's, see `settle`), ``debug`` (serve a debugger, see `debugging`), ``sleep`` (close the
+socket and wait to be dumped; see `wake`), ``exit``.
 The worker answers ``hello`` once connected, ``loaded`` after a become or a load, ``output``
 frames while a cell runs, ``started`` when user code starts, ``saving`` when it has ended and
-``done`` after it has saved the state the cell may have changed; ``sleeping`` before it sleeps
+``done`` after it has saved the state the cell may have changed; ``debugging`` (its debug
+port) after a debug; ``sleeping`` before it sleeps
 and ``hello`` again once woken on its new endpoint. What llfabric itself has to say (a long
 save's progress) goes in ``notice`` frames (``topic``, ``text``), never in the cell's outputs.
 A cell's input() or getpass() sends ``input`` and waits for the server's ``input_reply``
@@ -43,7 +45,7 @@ from ..snapshot import ambient, catalog, codec
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
-from . import comms, deadline, env, forked, introspect, lazy, parking, threads, wake
+from . import comms, deadline, debugging, env, forked, introspect, lazy, parking, threads, wake
 from .account import become
 from .fdcapture import FdCapture
 from .messages import (
@@ -52,6 +54,8 @@ from .messages import (
     Become,
     CommIn,
     Complete,
+    Debug,
+    Debugging,
     Done,
     Exit,
     Hello,
@@ -187,7 +191,7 @@ class Worker:
         handlers = {Become: self.become, Rehome: self.rehome, Load: self.load, Run: self.run,
                     Settle: self.settle, Park: self.park, Unpark: self.unpark,
                     Sleep: self.sleep, Complete: self.complete,
-                    Inspect: self.inspect, CommIn: self.comm}
+                    Inspect: self.inspect, CommIn: self.comm, Debug: self.debug}
         while True:
             try:
                 message = self.channel.recv()
@@ -216,6 +220,17 @@ class Worker:
             return Parked(seconds=self.storages.resume())
         except Exception as exc:
             return Parked(error=f"{type(exc).__name__}: {exc}")
+
+    def debug(self, message: Debug) -> Debugging:
+        try:
+            if not message.trace:
+                debugging.stop()
+                return Debugging()
+            port = debugging.start(self.shell)
+        except Exception as exc:  # the server tells the frontend why it cannot debug
+            return Debugging(error=f"{type(exc).__name__}: {exc}")
+        self.base_environ.update(debugging.ENVIRON)  # llfabric's, never saved as the session's
+        return Debugging(port)
 
     def complete(self, message: Complete) -> Answered:
         return Answered(self._answer(introspect.complete, message.code, message.cursor))

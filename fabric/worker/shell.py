@@ -12,28 +12,21 @@ import contextlib
 import io
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import xxhash
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 
-from . import env
+from . import cellfiles, env
+from .bookkeeping import is_bookkeeping
 
 Sink = Callable[..., None]
-
-# IPython's and the interpreter's bookkeeping in the user namespace: never session state.
-HIDDEN = frozenset({"In", "Out", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii",
-                    "get_ipython", "exit", "quit", "open", "__builtin__", "__builtins__",
-                    "__name__", "__doc__", "__package__", "__loader__", "__spec__",
-                    "__warningregistry__"})  # the warnings module keeps its "once" memory here
 
 
 def _jsonable(bundle: dict) -> dict:
@@ -135,9 +128,9 @@ class OutStream(io.TextIOBase):
 
 class _Compiler(CachingCompiler):
     def get_code_name(self, raw_code: str, transformed_code: str, number: int) -> str:
-        # A path, as Jupyter kernels name cells: warnings then read as users know them.
-        digest = xxhash.xxh64_hexdigest(raw_code.encode())
-        return f"{tempfile.gettempdir()}/llfabric_{os.getpid()}/{digest}.py"
+        # A path, as Jupyter kernels name cells: warnings then read as users know them, and a
+        # debugger's breakpoints in the cell name it (`cellfiles`).
+        return cellfiles.path(raw_code)
 
 
 class ZMQInteractiveShell(InteractiveShell):
@@ -186,13 +179,7 @@ class ZMQInteractiveShell(InteractiveShell):
 
     def user_variables(self) -> list[str]:
         """The names of the session's state now in the namespace."""
-        return [n for n in self.user_ns if n not in HIDDEN and not _is_history_name(n)]
-
-
-def _is_history_name(name: str) -> bool:
-    # _5, _i5, _ii, _iii: IPython's output and input history
-    return name.startswith("_") and (name[1:].isdigit() or (name[1:2] == "i" and (
-        name[2:].isdigit() or name[2:] in ("", "i", "ii"))))
+        return [n for n in self.user_ns if not is_bookkeeping(n)]
 
 
 def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:

@@ -176,3 +176,22 @@ def test_a_restored_worker_does_not_outlive_a_server_killed_outright(tmp_path: P
         finally:
             if server.alive:
                 server.stop()
+
+
+def test_a_worker_that_ran_the_debugger_stays_warm_rather_than_cool(tmp_path: Path) -> None:
+    # CRIU cannot dump a debugger's connections: a pinned worker that ran one keeps what it
+    # alone holds warm, while one that did not cools in the same time
+    with serving(tmp_path / "store", linger=0, cool_after=1, worker_source="zygote") as server, \
+            server.client() as client:
+        debugged, plain = open_session(client, tmp_path), open_session(client, tmp_path)
+        for command in ("initialize", "attach"):  # a frontend's debugger, as JupyterLab starts it
+            reply = client.call("debug", session=debugged, content={
+                "type": "request", "seq": 1, "command": command, "arguments": {}})
+            assert reply["content"]["success"]
+        cell = "g = (i for i in range(10))\nnext(g)"
+        assert execute(client, debugged, cell)[0]["unsaved"] == ["g"]
+        assert execute(client, plain, cell)[0]["unsaved"] == ["g"]
+        _wait_tier(client, plain, "cool")
+        assert _session_status(client, debugged)["tier"] == "warm"
+        reply, outputs = execute(client, debugged, "next(g)")
+        assert (text(outputs), reply["path"]) == ("1\n", "pinned")

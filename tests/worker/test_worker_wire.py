@@ -15,6 +15,8 @@ from fabric.worker.messages import (
     CommIn,
     CommOut,
     Complete,
+    Debug,
+    Debugging,
     Done,
     Exit,
     Hello,
@@ -60,6 +62,7 @@ SAMPLES = [
     Settled(diverged=["a"], dropped=["g"]), Sleeping(7), Refused("bad"),
     Parked(1 << 33, 1 << 20, 0.4), Parked(left=5, fallback="a CUDA graph"), Parked(error="E: e"),
     Done("ok", payload=[{"source": "page", "data": {"text/plain": "zip"}, "start": 0}]),
+    Debug(), Debug(trace=False), Debugging(45123), Debugging(error="ModuleNotFoundError: debugpy"),
 ]
 
 
