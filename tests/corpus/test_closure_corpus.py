@@ -90,16 +90,16 @@ def test_every_cell_runs_the_same_on_its_closure(nb_path: Path, tmp_path: Path,
     assert not problems, "\n".join(problems)
 
 
-# The verified differential above runs each cell twice and leaves the long notebooks and most of
-# this project's corpus to `make test-deep`; the lookups alone cost one run of the notebook, so
-# CI checks them on every notebook of corpus/ too (the long shared ones: LLFABRIC_CORPUS=full).
-UNVERIFIED_IN_CI = [pytest.param(p, id=nb_id(p)) for p in NOTEBOOKS
-                    if nb_id(p) in LONG or (p in OWN_NOTEBOOKS and nb_id(p) not in OWN_DEFAULT)]
+# The verified differential above checks lookups too, on CI's notebooks; the lookups alone cost
+# one run of a notebook, and `make test-deep` checks them on every other one of corpus/ (the long
+# shared ones: LLFABRIC_CORPUS=full).
+UNVERIFIED = [pytest.param(p, id=nb_id(p), marks=pytest.mark.deep) for p in NOTEBOOKS
+              if nb_id(p) in LONG or (p in OWN_NOTEBOOKS and nb_id(p) not in OWN_DEFAULT)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S)
-@pytest.mark.parametrize("nb_path", UNVERIFIED_IN_CI)
+@pytest.mark.parametrize("nb_path", UNVERIFIED)
 def test_no_cell_looks_up_a_name_outside_its_closure(nb_path: Path, tmp_path: Path) -> None:
     skip_unless_full(nb_path, LONG)
     cells = audit_notebook(nb_path, tmp_path, env=notebook_env(), timeout=TIMEOUT_S - 60,

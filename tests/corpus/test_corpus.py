@@ -80,9 +80,20 @@ LONG = {
 FULL_CORPUS = os.environ.get("LLFABRIC_CORPUS") == "full"
 
 
-# This project's own corpus runs whole under the deep marker (`make test-deep`) and with
-# LLFABRIC_CORPUS=full; CI's default selection runs OWN_DEFAULT, one notebook or two of each kind
-# (about two and a half minutes for the three differentials on 2 cores).
+# The differentials run in CI on one notebook or two of each kind (about ten minutes for all of
+# them on 2 cores), the rest under the deep marker (`make test-deep`), the long ones too with
+# LLFABRIC_CORPUS=full.
+SHARED_DEFAULT = {
+    "LLMs-from-scratch/ch02_dataloader-intuition",  # a tokenizer, a torch Dataset and DataLoader
+    "LLMs-from-scratch/ch07_correlation-analysis",  # json records into pandas, correlations
+    "PythonDataScienceHandbook/02.08-Sorting",  # numpy sorting and partitioning
+    "PythonDataScienceHandbook/03.05-Hierarchical-Indexing",  # pandas MultiIndex
+    "PythonDataScienceHandbook/04.12-Three-Dimensional-Plotting",  # matplotlib 3D axes
+    "PythonDataScienceHandbook/05.04-Feature-Engineering",  # scikit-learn transformers
+    "micrograd/trace_graph",  # classes defined in cells, a graphviz drawing
+    "nanoGPT/scaling_laws",  # numpy fits, a plot
+    "nn-zero-to-hero/micrograd_lecture_first_half_roughly",  # objects linked over cells
+}
 OWN_DEFAULT = {
     "PythonDataScienceHandbook/03.03-Operations-in-Pandas",  # pandas index alignment
     "PythonDataScienceHandbook/04.05-Histograms-and-Binnings",  # matplotlib figures
@@ -95,11 +106,11 @@ OWN_DEFAULT = {
     "pydata-book/ch02",  # builtins and numpy, errors raised on purpose
     "scipy-2018-sklearn/13.Cross_Validation",  # scikit-learn cross-validation
 }
+DEFAULT = SHARED_DEFAULT | OWN_DEFAULT
 
 
 def _marks(nb_path: Path) -> list[pytest.MarkDecorator]:
-    deep = nb_path in OWN_NOTEBOOKS and nb_id(nb_path) not in OWN_DEFAULT
-    return [pytest.mark.deep] if deep else []
+    return [] if nb_id(nb_path) in DEFAULT else [pytest.mark.deep]
 
 
 NOTEBOOK_PARAMS = [pytest.param(p, id=nb_id(p), marks=_marks(p)) for p in NOTEBOOKS]
@@ -142,6 +153,7 @@ def test_left_out_notebooks_are_in_the_corpus() -> None:
     ids = {nb_id(p) for p in NOTEBOOKS}
     assert ids >= LONG
     assert {nb_id(p) for p in OWN_NOTEBOOKS} >= OWN_DEFAULT
+    assert {nb_id(p) for p in SHARED_NOTEBOOKS} >= SHARED_DEFAULT
     assert set(PLAIN_ERRORS_ALLOWED) <= ids
 
 

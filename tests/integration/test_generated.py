@@ -34,7 +34,7 @@ from notebook_compare import compare, notebook_env
 from fabric.client import Client
 from fabric.errors import FabricError
 
-CI_EXAMPLES = int(os.environ.get("LLFABRIC_GENERATED_EXAMPLES", "30"))
+CI_EXAMPLES = int(os.environ.get("LLFABRIC_GENERATED_EXAMPLES", "20"))
 DEEP_EXAMPLES = int(os.environ.get("LLFABRIC_DEEP_EXAMPLES", "3000"))
 
 EDIT_DRAFT = "print(a, b, c)"  # what an "edit" drafts: another cell, reading every name
