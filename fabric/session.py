@@ -1,7 +1,8 @@
 """One notebook session on this server: the order of its requests, and its head version.
 
 The store holds the session; this object caches the head manifest, runs one cell at a time
-(a checkout only between cells) and commits each cell's save as the session's next version.
+(a checkout only between cells) and commits each cell's save as the session's next version (a
+cell that changed nothing makes none: its prompt number is kept here, for the next cell's).
 What a host does for a cell (a worker readied while the user edits, the run under a lease, the
 worker kept or retired after it, values that could not be saved rebuilt from their lineage) is
 its host agent's (`pool.agent`), handed plain data: the cell, the head, and where events go.
@@ -41,6 +42,8 @@ class Session:
         self.head = store.head(name)
         self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
                          else Manifest(session=name))
+        self.unversioned: int | None = None  # the prompt of a cell after the head, if one ran
+        self.started: str | None = None  # how its latest cell started (`cells.how_started`)
         self.lock = asyncio.Lock()
         self.opened = time.time()
         # when the running cell began (its save may reuse blobs retention releases meanwhile)
@@ -87,7 +90,7 @@ class Session:
         head = self.store.head(self.name)
         manifest = head_manifest(self.store, self.name, head)
         if head != self.head:
-            self.manifest, self.head = manifest, head
+            self.manifest, self.head, self.unversioned = manifest, head, None
         return Head(self.head, self.manifest)
 
     def checkout(self, version: int | str) -> dict:
@@ -134,7 +137,7 @@ class Session:
             cell = plan(source)
             cl = closure(cell, self.manifest)
             if count is None or count < 1:
-                count = int(self.manifest.cell.get("execution_count", 0)) + 1
+                count = self.execution_count + 1
             self._told = []
             self.running_since = time.time()
             try:
@@ -144,20 +147,31 @@ class Session:
                                            lambda done: self._commit(done, cell, count))
             finally:
                 self.running_since = None
+            self.started = ran.start
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
                     "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
-                    "path": ran.path, "source": ran.source, "closure": self._describe(cl),
-                    "timings": ran.timings, "payload": ran.payload, "unneeded": ran.unneeded}
+                    "path": ran.path, "start": ran.start, "source": ran.source,
+                    "closure": self._describe(cl), "timings": ran.timings,
+                    "payload": ran.payload, "unneeded": ran.unneeded}
 
     def _commit(self, done: Done, cell: CellPlan, count: int) -> Head:
         """Fold the worker's save into a new version (`snapshot.commit`); the head moves to it."""
         if done.saved is None:
             raise StoreError("the worker ran the cell but sent no save report")
+        before = self.head
         self.head, self.manifest = commit(
             self.store, self.name, self.head, done.saved,
             CellRecord(cell.source, count, done.status, done.run, cell.modules,
                        self._env_record()), self.admit)
+        self.unversioned = count if self.head == before else None
         return Head(self.head, self.manifest)
+
+    @property
+    def execution_count(self) -> int:
+        """The prompt number of the session's latest cell, versioned or not."""
+        if self.unversioned is not None:
+            return self.unversioned
+        return int(self.manifest.cell.get("execution_count", 0))
 
     # completion and inspection: the live worker's answer, else the head's catalog's
     async def complete(self, source: str, cursor: int) -> dict:
@@ -224,8 +238,8 @@ class Session:
 
     def status(self) -> dict:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
-                "execution_count": int(self.manifest.cell.get("execution_count", 0)),
-                "opened": self.opened, "gpus": self.gpus,
+                "execution_count": self.execution_count,
+                "opened": self.opened, "gpus": self.gpus, "started": self.started,
                 "env": self.env.name if self.env is not None else None,
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),
