@@ -55,7 +55,8 @@ export class CellStarts {
       }
       if (this._shown && started !== undefined) {
         prompt.dataset.llfabricStart = started.start;
-        prompt.title = `[${started.execution_count}] started ${started.start}: ${MEANING[started.start]}`;
+        const meaning = MEANING[started.start];
+        prompt.title = `[${started.execution_count}] started ${started.start}: ${meaning}`;
       } else if (prompt.dataset.llfabricStart !== undefined) {
         delete prompt.dataset.llfabricStart;
         prompt.removeAttribute('title');
