@@ -471,10 +471,13 @@ class Worker:
     def _save_ambient(self) -> str:
         """The blob of the ambient state now: the one restored or last saved where no part of
         it changed (equal states may pickle apart as a whole: pickle memoizes by identity), so
-        that a cell that changed nothing leaves the session's version as it was."""
+        that a cell that changed nothing leaves the session's version as it was; written again
+        where this host's disk lacks it (read from a peer's copy, or saved on another host
+        before the worker moved)."""
         self.ambient = ambient.capture(self.ambient, self.base_environ)
         parts = _pickled_parts(self.ambient)
-        if self.ambient_saved is None or self.ambient_saved[1] != parts:
+        saved = self.ambient_saved
+        if saved is None or saved[1] != parts or not self.store.has(saved[0]):
             self.ambient_saved = (self.store.put(pickle.dumps(self.ambient)), parts)
         return self.ambient_saved[0]
 
