@@ -2,7 +2,8 @@
 
 The store holds the session; this object caches the head manifest, runs one cell at a time
 (a checkout only between cells) and commits each cell's save as the session's next version (a
-cell that changed nothing makes none: its prompt number is kept here, for the next cell's).
+cell that changed nothing makes none: it is kept here, for the next cell's prompt number and the
+kernel's history).
 What a host does for a cell (a worker readied while the user edits, the run under a lease, the
 worker kept or retired after it, values that could not be saved rebuilt from their lineage) is
 its host agent's (`pool.agent`), handed plain data: the cell, the head, and where events go.
@@ -29,6 +30,8 @@ from .snapshot.commit import CellRecord, commit, head_manifest
 
 log = logging.getLogger(__name__)
 
+UNVERSIONED_KEPT = 1000  # of the cells that made no version, those the kernel's history shows
+
 
 class Session:
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
@@ -42,7 +45,8 @@ class Session:
         self.head = store.head(name)
         self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
                          else Manifest(session=name))
-        self.unversioned: int | None = None  # the prompt of a cell after the head, if one ran
+        # the latest cells that made no version: the head each ran on, its prompt, its source
+        self.unversioned: deque[tuple[str | None, int, str]] = deque(maxlen=UNVERSIONED_KEPT)
         self.started: str | None = None  # how its latest cell started (`cells.how_started`)
         self.lock = asyncio.Lock()
         self.opened = time.time()
@@ -90,7 +94,7 @@ class Session:
         head = self.store.head(self.name)
         manifest = head_manifest(self.store, self.name, head)
         if head != self.head:
-            self.manifest, self.head, self.unversioned = manifest, head, None
+            self.manifest, self.head = manifest, head
         return Head(self.head, self.manifest)
 
     def checkout(self, version: int | str) -> dict:
@@ -163,14 +167,23 @@ class Session:
             self.store, self.name, self.head, done.saved,
             CellRecord(cell.source, count, done.status, done.run, cell.modules,
                        self._env_record()), self.admit)
-        self.unversioned = count if self.head == before else None
+        if self.head == before:
+            self.unversioned.append((before, count, cell.source))
         return Head(self.head, self.manifest)
+
+    def history(self) -> list[tuple[int, str]]:
+        """The session's cells, oldest first (`history.cells`), with those that made no version
+        since it opened here, each after the version it ran on."""
+        after: dict[str | None, list[tuple[int, str]]] = {}
+        for base, count, source in self.unversioned:
+            after.setdefault(base, []).append((count, source))
+        return history.cells(self.store, self.name, after)
 
     @property
     def execution_count(self) -> int:
         """The prompt number of the session's latest cell, versioned or not."""
-        if self.unversioned is not None:
-            return self.unversioned
+        if self.unversioned and self.unversioned[-1][0] == self.head:
+            return self.unversioned[-1][1]
         return int(self.manifest.cell.get("execution_count", 0))
 
     # completion and inspection: the live worker's answer, else the head's catalog's

@@ -9,11 +9,12 @@ from helpers import execute, open_session, serving, text
 
 from fabric.client import Client
 
+FIRST = "import numpy as np\nx = np.arange(3)"
 READERS = ("print(x)", "x", "1 + 1", "x.sum()", "y = 1\ndel y\nlen(x)", "print(undefined)")
 
 
 def _changes_nothing(client: Client, session: str) -> None:
-    first, _ = execute(client, session, "import numpy as np\nx = np.arange(3)")
+    first, _ = execute(client, session, FIRST)
     assert first["status"] == "ok"
     for source in READERS:
         reply, outputs = execute(client, session, source)
@@ -21,6 +22,9 @@ def _changes_nothing(client: Client, session: str) -> None:
         assert text(outputs), source  # its outputs are shown all the same
     counts = [v["execution_count"] for v in client.versions(session)]
     assert counts == [1]  # newest first: only the cell that made `np` and `x`
+    # the kernel's history (a restarted kernel reads it) has them all, in their order
+    assert client.call("history", session=session)["cells"] == \
+        [[n, source] for n, source in enumerate([FIRST, *READERS], 1)]
     status = client.status().session(session)
     assert status is not None and status.version == first["version"]
     assert status.execution_count == 1 + len(READERS)  # the prompt of the latest cell
