@@ -30,7 +30,7 @@ native: $(INIT)
 LABEXT   := labextension/dist/package.json
 LABSHARE := $(VENV)/share/jupyter/labextensions/llfabric-lab
 $(LABEXT): labextension/package.json labextension/package-lock.json labextension/tsconfig.json \
-		$(wildcard labextension/src/*.ts) $(STAMP)
+		$(wildcard labextension/src/*.ts) $(wildcard labextension/schema/*.json) $(STAMP)
 	cd labextension && npm ci --no-audit --no-fund && npx tsc && node_modules/.bin/build-labextension \
 		--core-path "$$(../$(PY) -c 'import jupyterlab, os; print(os.path.dirname(jupyterlab.__file__))')/staging" .
 	mkdir -p $(dir $(LABSHARE)) && ln -sfn $(CURDIR)/labextension/dist $(LABSHARE)

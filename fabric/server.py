@@ -649,7 +649,9 @@ class Server:
             if stored in self.sessions:  # opened, no cell committed yet
                 return {"cells": []}
             raise UnknownSession(f"no session {name!r} in the store", session=name)
-        return {"cells": [list(cell) for cell in history.cells(store, stored)]}
+        session = self.sessions.get(stored)  # open here: with its cells that made no version
+        cells = session.history() if session is not None else history.cells(store, stored)
+        return {"cells": [list(cell) for cell in cells]}
 
     def _versions(self, user: str, name: str) -> dict:
         stored, store = self._store_name(user, name), self._store_of(user)

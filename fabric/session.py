@@ -1,7 +1,9 @@
 """One notebook session on this server: the order of its requests, and its head version.
 
 The store holds the session; this object caches the head manifest, runs one cell at a time
-(a checkout only between cells) and commits each cell's save as the session's next version.
+(a checkout only between cells) and commits each cell's save as the session's next version (a
+cell that changed nothing makes none: it is kept here, for the next cell's prompt number and the
+kernel's history).
 What a host does for a cell (a worker readied while the user edits, the run under a lease, the
 worker kept or retired after it, values that could not be saved rebuilt from their lineage) is
 its host agent's (`pool.agent`), handed plain data: the cell, the head, and where events go.
@@ -28,6 +30,8 @@ from .snapshot.commit import CellRecord, commit, head_manifest
 
 log = logging.getLogger(__name__)
 
+UNVERSIONED_KEPT = 1000  # of the cells that made no version, those the kernel's history shows
+
 
 class Session:
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
@@ -41,6 +45,9 @@ class Session:
         self.head = store.head(name)
         self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
                          else Manifest(session=name))
+        # the latest cells that made no version: the head each ran on, its prompt, its source
+        self.unversioned: deque[tuple[str | None, int, str]] = deque(maxlen=UNVERSIONED_KEPT)
+        self.started: str | None = None  # how its latest cell started (`cells.how_started`)
         self.lock = asyncio.Lock()
         self.opened = time.time()
         # when the running cell began (its save may reuse blobs retention releases meanwhile)
@@ -134,7 +141,7 @@ class Session:
             cell = plan(source)
             cl = closure(cell, self.manifest)
             if count is None or count < 1:
-                count = int(self.manifest.cell.get("execution_count", 0)) + 1
+                count = self.execution_count + 1
             self._told = []
             self.running_since = time.time()
             try:
@@ -144,20 +151,40 @@ class Session:
                                            lambda done: self._commit(done, cell, count))
             finally:
                 self.running_since = None
+            self.started = ran.start
             return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
                     "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
-                    "path": ran.path, "source": ran.source, "closure": self._describe(cl),
-                    "timings": ran.timings, "payload": ran.payload, "unneeded": ran.unneeded}
+                    "path": ran.path, "start": ran.start, "source": ran.source,
+                    "closure": self._describe(cl), "timings": ran.timings,
+                    "payload": ran.payload, "unneeded": ran.unneeded}
 
     def _commit(self, done: Done, cell: CellPlan, count: int) -> Head:
         """Fold the worker's save into a new version (`snapshot.commit`); the head moves to it."""
         if done.saved is None:
             raise StoreError("the worker ran the cell but sent no save report")
+        before = self.head
         self.head, self.manifest = commit(
             self.store, self.name, self.head, done.saved,
             CellRecord(cell.source, count, done.status, done.run, cell.modules,
                        self._env_record()), self.admit)
+        if self.head == before:
+            self.unversioned.append((before, count, cell.source))
         return Head(self.head, self.manifest)
+
+    def history(self) -> list[tuple[int, str]]:
+        """The session's cells, oldest first (`history.cells`), with those that made no version
+        since it opened here, each after the version it ran on."""
+        after: dict[str | None, list[tuple[int, str]]] = {}
+        for base, count, source in self.unversioned:
+            after.setdefault(base, []).append((count, source))
+        return history.cells(self.store, self.name, after)
+
+    @property
+    def execution_count(self) -> int:
+        """The prompt number of the session's latest cell, versioned or not."""
+        if self.unversioned and self.unversioned[-1][0] == self.head:
+            return self.unversioned[-1][1]
+        return int(self.manifest.cell.get("execution_count", 0))
 
     # completion and inspection: the live worker's answer, else the head's catalog's
     async def complete(self, source: str, cursor: int) -> dict:
@@ -233,8 +260,8 @@ class Session:
 
     def status(self) -> dict:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
-                "execution_count": int(self.manifest.cell.get("execution_count", 0)),
-                "opened": self.opened, "gpus": self.gpus,
+                "execution_count": self.execution_count,
+                "opened": self.opened, "gpus": self.gpus, "started": self.started,
                 "env": self.env.name if self.env is not None else None,
                 "variables": len(self.manifest.variables()),
                 "bytes": sum(g.size for g in self.manifest.groups),

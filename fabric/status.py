@@ -68,6 +68,8 @@ class SessionStatus(_Wire):
     # (it runs on for the server's detached_grace); None: followed, or no cell runs
     detached: float | None = None
     host: str | None = None  # the cluster's host it is open on; None: a single host's
+    # how its latest cell started: prepared, warm, cold or restored; None: none ran yet
+    started: str | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:

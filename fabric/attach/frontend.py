@@ -5,7 +5,9 @@ as the user types; the latest revision is forwarded to the server's draft op, ol
 dropped. `llfabric.status`: the kernel sends the session's status (`summary`) when the comm
 opens, after each cell, every few seconds (tiers change between cells), and the tool's notices
 as `{"notice": text, "topic": topic}` (`fabric.notices`), which the frontend shows as
-notifications, one per topic, never in a cell's outputs.
+notifications, one per topic, never in a cell's outputs, and, as each cell ends, how it started
+as `{"started": {"cell_id", "execution_count", "start"}}` (prepared, warm, cold or restored,
+`pool.cells.how_started`), which the frontend may show beside the cell's prompt.
 `llfabric.history`: the kernel sends the session's versions (`Client.versions`) as
 `{"versions": [...], "version": head}` when the comm opens, after each cell and when asked
 (`{"op": "list"}`); `{"op": "checkout", "version": N}` checks version N out, as
@@ -227,6 +229,13 @@ class Frontend:
         for comm in list(self.comms):
             comm.send({"notice": text, "topic": topic})
         self.update()
+
+    def started(self, cell_id: str | None, execution_count: int, start: object) -> None:
+        """Tell the frontend how the notebook's cell `cell_id` started."""
+        if cell_id and isinstance(start, str):
+            for comm in list(self.comms):
+                comm.send({"started": {"cell_id": cell_id, "execution_count": execution_count,
+                                       "start": start}})
 
     def update(self) -> None:
         """Send the status and the versions soon (after a cell, say)."""

@@ -177,8 +177,16 @@ def load_ipython_extension(shell: object) -> None:
     shell.register_magics(FabricMagics)
 
 
+# how a cell started (`pool.cells.how_started`), as the cell's indicator in JupyterLab says it
+STARTS = {"prepared": "on a worker readied while it was edited",
+          "warm": "on the worker kept from the cell before",
+          "restored": "on a worker brought back from disk",
+          "cold": "on a worker started for it"}
+
+
 def describe(status: ServerStatus, session: str) -> str:
-    """`%llfabric status`: the session's tier, lease time, savings against pinning, bytes."""
+    """`%llfabric status`: where the session's worker is (its tier) and how its latest cell
+    started, the host's slots, lease time, savings against pinning, bytes."""
     mine = status.session(session)
     if mine is None:
         return f"llfabric: the server at {status.address} has no session {session!r} open"
@@ -187,10 +195,12 @@ def describe(status: ServerStatus, session: str) -> str:
     pinned = max(time.time() - mine.opened, held)
     saved = (pinned - held) / 3600
     share = f" ({100 * (pinned - held) / pinned:.0f}%)" if pinned > 0 else ""
+    started = f"; its latest cell started {mine.started} ({STARTS[mine.started]})" \
+        if mine.started in STARTS else ""
     lines = [
         f"llfabric session {session} on {status.address}: version {mine.version}",
-        f"tier: {leases.kind} ({leases.slots} slots, {leases.held} held, "
-        f"{leases.queued} queued)",
+        f"worker: {mine.tier}{started}",
+        f"slots: {leases.slots} {leases.kind} ({leases.held} held, {leases.queued} queued)",
         f"lease time so far: {held:.1f} s of {pinned:.0f} s open; "
         f"{leases.kind}-hours saved vs pinned: {saved:.4f}{share}",
         f"stored: {mine.bytes} bytes in {mine.variables} variables",

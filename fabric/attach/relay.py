@@ -191,6 +191,7 @@ class Attachment:
         count = int(reply.get("execution_count", count))
         self._numbered(result, count)
         self.answers.record(count, source)
+        self.frontend.started(cell_id, count, reply.get("start"))
         self._relay_payloads(reply.get("payload"))
         if reply.get("status") == "error" and result.error_in_exec is None:
             result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")

@@ -50,7 +50,7 @@ from ..worker.messages import (
     Rehome,
     Run,
 )
-from .cells import Cell, Commit, Events, Head, Ran
+from .cells import Cell, Commit, Events, Head, Ran, how_started
 from .debugging import Debugger
 from .leases import Lease, Leases
 from .lifecycle import CoolImage, Keeper, Life, Stage
@@ -553,7 +553,7 @@ class HostAgent:
             "lease_held": ended - taken,  # with the linger before it, if it took one
             "lazy_load": done.lazy,
             "replicate": committed - replicating + spread,
-        }, done.payload, done.unneeded), kept
+        }, how_started(path, life.restored), done.payload, done.unneeded), kept
 
     async def _spread(self, head: Head, events: Events) -> None:
         """Keep the new version on the other hosts a cluster without a remote tier asks for."""

@@ -47,8 +47,19 @@ class Ran:
     path: str  # the worker it ran on: draft, warm, pinned or cold, +load, +replay
     source: str  # where that worker came from: zygote, template, cool or cold
     timings: dict[str, float]
+    start: str  # how it started, in the user's words (`how_started`)
     payload: list[dict] = field(default_factory=list)  # for the kernel's execute reply
     unneeded: list[str] = field(default_factory=list)  # only a branch not taken needed them
+
+
+def how_started(path: str, restored: bool) -> str:
+    """How a cell started, in the words its user reads (`%llfabric status`, a cell's indicator
+    in JupyterLab): on a worker `prepared` for it while it was edited, one `warm` from the cell
+    before, one `restored` from its image on disk (a cool worker), or a `cold` one made for it.
+    `path`: the worker it ran on (`Ran.path`); `restored`: that worker was cool."""
+    if restored:
+        return "restored"
+    return {"draft": "prepared", "cold": "cold"}.get(path.partition("+")[0], "warm")
 
 
 class Events:

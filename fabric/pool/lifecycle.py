@@ -129,6 +129,7 @@ class Life:
     touched: float = field(default_factory=time.monotonic)  # its last draft: idle since then
     ready_at: float | None = None
     cooled: CoolImage | None = None
+    restored: bool = False  # its worker was cool, brought back from its image for a cell
     demand: asyncio.Event | None = None  # set: a cool worker is wanted back
     replay: lineage.Replay | None = None  # to run under its first cell's lease, before it
     lease: Lease | None = None  # kept after its cell with the worker on it (see `leases`)
@@ -252,7 +253,7 @@ class Life:
                     criu.remove(image.images)
             self.started, self.ready_at = time.monotonic(), None  # its prepare: the restore
             worker = await thaw(self.pool, image)
-            self.stage, self.ready_at = Stage.KEPT, time.monotonic()
+            self.stage, self.ready_at, self.restored = Stage.KEPT, time.monotonic(), True
             return worker
 
         self.stage, self.demand = Stage.COOL, demand

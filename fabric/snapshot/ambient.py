@@ -36,9 +36,10 @@ def capture(previous: Mapping[str, Any], base_environ: Mapping[str, str]) -> dic
     state["random"] = random.getstate()
     state["environ"] = _environ_changes(base_environ)
     state["path"] = list(sys.path)
-    state["warnings"] = [(action, message, _class_name(category), module, line)
-                         for action, message, category, module, line in warnings.filters
-                         if category.__module__ != "__main__"]  # a notebook class: not by name
+    state["warnings"] = _with_pending([(action, message, _class_name(category), module, line)
+                                       for action, message, category, module, line
+                                       in warnings.filters
+                                       if category.__module__ != "__main__"])  # not by name
     for module, (read, _) in _MODULE_PARTS.items():
         if (loaded := sys.modules.get(module)) is not None:
             state[module] = read(loaded)
@@ -112,26 +113,42 @@ def _class_name(category: type) -> str:
     return f"{category.__module__}:{category.__qualname__}"
 
 
+# Restored filters for a warning class of a module not imported yet, with their places among
+# the filters: a capture before that import carries them where they were.
+_pending_filters: list[tuple[int, tuple]] = []
+
+
 def _restore_warnings(filters: list[tuple]) -> None:
     """The filters in order; one for a warning class of a module not imported yet is added
     when that module is imported (first, as the newest filter)."""
     restored = []
-    for action, message, name, module, line in filters:
+    _pending_filters.clear()
+    for place, entry in enumerate(filters):
+        action, message, name, module, line = entry
         owner, _, qualname = name.partition(":")
         if owner in sys.modules:
             restored.append((action, message, _resolve(sys.modules[owner], qualname), module,
                              line))
         else:
-            _when_imported(owner, lambda m, f=(action, message, qualname, module, line):
-                           _add_filter(m, *f))
+            _pending_filters.append((place, entry))
+            _when_imported(owner, lambda m, e=entry: _add_filter(m, e))
     warnings.filters[:] = restored
     warnings._filters_mutated()  # drop the per-module "already warned" caches
 
 
-def _add_filter(owner: Any, action: str, message: Any, qualname: str, module: Any,
-                line: int) -> None:
-    warnings.filters.insert(0, (action, message, _resolve(owner, qualname), module, line))
+def _add_filter(owner: Any, entry: tuple) -> None:
+    action, message, name, module, line = entry
+    _pending_filters[:] = [p for p in _pending_filters if p[1] is not entry]
+    warnings.filters.insert(0, (action, message, _resolve(owner, name.partition(":")[2]),
+                                module, line))
     warnings._filters_mutated()
+
+
+def _with_pending(filters: list[tuple]) -> list[tuple]:
+    """`filters` with the restored ones still waiting for their module, in their places."""
+    for place, entry in _pending_filters:
+        filters.insert(place, entry)
+    return filters
 
 
 def _resolve(owner: Any, qualname: str) -> Any:

@@ -5,6 +5,11 @@ receipt (`worker.messages`), then here: one that names a blob the store does not
 nothing (a head must never point at missing data), and no version is built on a head whose
 manifest is damaged. The head moves by compare-and-set: a commit on a head that moved meanwhile
 is refused.
+
+A cell that changes nothing (no variable, import or ambient state added, changed or deleted:
+`print(x)`, `x`) makes no version: the head stays, and retention keeps its slots for the versions
+that hold work. A session holding values that could not be saved gets a version for each cell
+all the same: their lineage, which rebuilds them, is its versions' cells.
 """
 
 from __future__ import annotations
@@ -69,9 +74,10 @@ class CellRecord:
 
 
 def commit(store: Store, session: str, head: str | None, report: Report, cell: CellRecord,
-           admit: Callable[[Manifest], None] | None = None) -> tuple[str, Manifest]:
+           admit: Callable[[Manifest], None] | None = None) -> tuple[str | None, Manifest]:
     """Commit what `cell` left, as its worker's save `report` says, on `head`; `admit` may
-    refuse the version (it raises). The new head's id and manifest."""
+    refuse the version (it raises). The new head's id and manifest: `head`'s own where the cell
+    changed nothing."""
     owned = set(report.owned) - set(report.kept)  # kept: stay as committed
     new_groups = [Group(blob, tuple(names), size, blob in report.devices)
                   for blob, names, size in report.groups]
@@ -100,12 +106,20 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
               "run": cell.run},
         env=cell.env,
     )
+    if _same_state(parent, manifest) and not report.unsaved and not parent.cell.get("unsaved"):
+        return head, parent
     manifest = dataclasses.replace(manifest, catalog=_catalog(store, parent, manifest, report))
     if admit is not None:
         admit(manifest)
     ident = store.put_manifest(manifest.encode())
     store.set_head(session, ident, head)  # refused if the head moved
     return ident, manifest
+
+
+def _same_state(parent: Manifest, manifest: Manifest) -> bool:
+    """Whether `manifest` holds what `parent` does: every field but its cell's record."""
+    return dataclasses.replace(manifest, version=parent.version, parent=parent.parent,
+                               cell=parent.cell, catalog=parent.catalog) == parent
 
 
 def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report) -> str | None:

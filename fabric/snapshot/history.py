@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,10 +126,18 @@ def _whole(store: Store, manifest: Manifest) -> bool:
         return False
 
 
-def cells(store: Store, session: str) -> list[tuple[int, str]]:
-    """The session's cells, oldest first: (execution count, source); checkouts ran none."""
-    return [(int(m.cell.get("execution_count", 0)), str(m.cell.get("source") or ""))
-            for _, m in reversed(log(store, session)) if "checkout" not in m.cell]
+def cells(store: Store, session: str,
+          after: Mapping[str | None, list[tuple[int, str]]] | None = None,
+          ) -> list[tuple[int, str]]:
+    """The session's cells, oldest first: (execution count, source); checkouts ran none.
+    `after`: cells that made no version, by the version (its id) they ran on."""
+    after = after or {}
+    ran = list(after.get(None, []))
+    for ident, m in reversed(log(store, session)):
+        if "checkout" not in m.cell:
+            ran.append((int(m.cell.get("execution_count", 0)), str(m.cell.get("source") or "")))
+        ran.extend(after.get(ident, []))
+    return ran
 
 
 CHANGED_NAMES = 20  # names listed per kind of change in `describe`; the rest are counted

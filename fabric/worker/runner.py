@@ -143,6 +143,8 @@ class Worker:
         self.unloadable: dict[str, tuple[str, str]] = {}
         self.became = False  # runs as its session's user (`become`)
         self.ambient: dict[str, Any] = {}  # the ambient state restored, carried where unread
+        # the blob of the ambient state restored or last saved, and its parts pickled
+        self.ambient_saved: tuple[str, dict[str, bytes]] | None = None
         self.base_environ = dict(os.environ)
         self.threads = threads.Threads()
         self.storages = parking.Storages()  # what a park moved off the GPU
@@ -263,7 +265,7 @@ class Worker:
             if not self.restored_ambient:  # first: its cwd and sys.path find the modules below
                 ambient.reseed()  # then the session's state, where it has one, overrides it
                 if message.ambient:
-                    self.ambient = pickle.loads(self.store.get(message.ambient))
+                    self.ambient = self._read_ambient(message.ambient)
                     for problem in ambient.restore(self.ambient):
                         self._notice("ambient", problem)
                     env.front()  # the session's saved sys.path may predate its environment
@@ -435,7 +437,7 @@ class Worker:
                 del ns[name]
             self.owned.update(self.shell.user_variables())
             if message.ambient:  # the head's RNG states, whatever the replay drew
-                self.ambient = pickle.loads(self.store.get(message.ambient))
+                self.ambient = self._read_ambient(message.ambient)
                 ambient.restore(self.ambient)
         except Exception as exc:
             return Settled(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
@@ -471,13 +473,32 @@ class Worker:
             described = catalog.EMPTY
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
-                     ambient=self.store.put(pickle.dumps(self._capture_ambient())),
+                     ambient=self._save_ambient(),
                      owned=sorted(self.owned), unsaved=unsaved, bounded=saved.bounded,
                      hooks=hooks, described=described, devices=saved.devices)
 
-    def _capture_ambient(self) -> dict[str, Any]:
+    def _read_ambient(self, blob: str) -> dict[str, Any]:
+        """The ambient state stored as `blob`; the next save compares with it."""
+        state = pickle.loads(self.store.get(blob))
+        self.ambient_saved = (blob, _pickled_parts(state))
+        return state
+
+    def _save_ambient(self) -> str:
+        """The blob of the ambient state now: the one restored or last saved where no part of
+        it changed (equal states may pickle apart as a whole: pickle memoizes by identity), so
+        that a cell that changed nothing leaves the session's version as it was; written again
+        where this host's disk lacks it (read from a peer's copy, or saved on another host
+        before the worker moved)."""
         self.ambient = ambient.capture(self.ambient, self.base_environ)
-        return self.ambient
+        parts = _pickled_parts(self.ambient)
+        saved = self.ambient_saved
+        if saved is None or saved[1] != parts or not self.store.has(saved[0]):
+            self.ambient_saved = (self.store.put(pickle.dumps(self.ambient)), parts)
+        return self.ambient_saved[0]
+
+
+def _pickled_parts(state: dict[str, Any]) -> dict[str, bytes]:
+    return {key: pickle.dumps(part) for key, part in state.items()}
 
 
 def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:

@@ -1,6 +1,9 @@
 // The History side panel: the current notebook's session, its versions newest first (the cell's
-// prompt number and first line, when, size, what it changed), and a click on one checks it out,
-// as `%llfabric checkout N` does. Version 0, the empty state, is the last entry.
+// prompt number, as the notebook shows it, and first line, when, then size, what it changed and
+// the version number), and a click on one checks it out, as `%llfabric checkout N` does. Only a
+// cell that changed the session's state makes a version. A checkout of version 0 is a restart
+// (Restart Kernel empties the session), after which prompt numbers start again at 1. Version 0,
+// the empty state, is the last entry.
 import { historyIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 import { IHistory, IVersion, Link } from './link';
@@ -17,8 +20,10 @@ const STYLE = `
 .llfabric-History-version:hover { background: var(--jp-layout-color2); }
 .llfabric-History-version.llfabric-mod-head { border-left: 3px solid var(--jp-brand-color1);
   cursor: default; }
-.llfabric-History-cell { font-family: var(--jp-code-font-family); white-space: nowrap;
+.llfabric-History-cell { display: flex; gap: 8px; }
+.llfabric-History-source { flex: 1; font-family: var(--jp-code-font-family); white-space: nowrap;
   overflow: hidden; text-overflow: ellipsis; }
+.llfabric-History-time { color: var(--jp-ui-font-color2); }
 .llfabric-History-meta, .llfabric-History-what { color: var(--jp-ui-font-color2);
   font-size: var(--jp-ui-font-size0); }
 `;
@@ -94,35 +99,56 @@ function note(text: string): HTMLElement {
   return div;
 }
 
-function item(version: number, head: boolean, lines: string[], title: string): HTMLElement {
+// One entry: its cell (`source`, when it ran: `time`), then `lines` of detail.
+function item(
+  version: number,
+  head: boolean,
+  source: string,
+  time: string,
+  lines: string[],
+  title: string
+): HTMLElement {
   const li = document.createElement('li');
   li.className = 'llfabric-History-version' + (head ? ' llfabric-mod-head' : '');
   li.dataset.version = String(version);
   li.dataset.head = String(head);
   li.title = head ? `version ${version}: the session's state now` : title;
-  ['llfabric-History-cell', 'llfabric-History-meta', 'llfabric-History-what'].forEach(
-    (name, i) => {
-      if (lines[i]) {
-        const div = document.createElement('div');
-        div.className = name;
-        div.textContent = lines[i];
-        li.append(div);
-      }
+  const cell = div('llfabric-History-cell', [div('llfabric-History-source', source)]);
+  if (time) {
+    cell.append(div('llfabric-History-time', time));
+  }
+  li.append(cell);
+  ['llfabric-History-meta', 'llfabric-History-what'].forEach((name, i) => {
+    if (lines[i]) {
+      li.append(div(name, lines[i]));
     }
-  );
+  });
   return li;
+}
+
+function div(className: string, content: string | HTMLElement[]): HTMLElement {
+  const element = document.createElement('div');
+  element.className = className;
+  if (typeof content === 'string') {
+    element.textContent = content;
+  } else {
+    element.append(...content);
+  }
+  return element;
 }
 
 function row(v: IVersion, head: boolean): HTMLElement {
   const cell =
-    v.checkout !== null && v.checkout !== undefined
-      ? `checkout of version ${v.checkout}`
-      : `[${v.execution_count}] ${v.first_line}${v.lines > 1 ? ' …' : ''}`;
+    v.checkout === null || v.checkout === undefined
+      ? `[${v.execution_count}] ${v.first_line}${v.lines > 1 ? ' …' : ''}`
+      : v.checkout === 0
+        ? 'restart'
+        : `checkout of version ${v.checkout}`;
   const when = new Date(v.time * 1000).toLocaleTimeString();
   const size = v.size === null ? 'thinned' : bytes(v.size);
   const tags = v.tags.length ? ` · ${v.tags.join(', ')}` : '';
   const failed = v.status && v.status !== 'ok' ? ` · ${v.status}` : '';
-  const meta = `v${v.version} · ${when} · ${size} · ${v.variables} variable${v.variables === 1 ? '' : 's'}${failed}${tags}`;
+  const meta = `${size} · ${v.variables} variable${v.variables === 1 ? '' : 's'}${failed}${tags} · version ${v.version}`;
   const changes = [
     ...v.added.map(n => `+${n}`),
     ...v.changed.map(n => `~${n}`),
@@ -132,14 +158,16 @@ function row(v: IVersion, head: boolean): HTMLElement {
     (changes.length ? changes.join(' ') : 'no variable changed') +
     (v.more ? ` (+${v.more} more)` : '') +
     (v.unsaved.length ? ` · unsaved: ${v.unsaved.join(', ')}` : '');
-  return item(v.version, head, [cell, meta, what], `check out version ${v.version}`);
+  return item(v.version, head, cell, when, [meta, what], `check out version ${v.version}`);
 }
 
 function empty(head: boolean): HTMLElement {
   return item(
     0,
     head,
-    ['the empty state', 'v0 · before the first cell (as after Restart Kernel)'],
+    'the empty state',
+    '',
+    ['before the first cell (as after Restart Kernel) · version 0'],
     'check out version 0: no variables, as a new kernel'
   );
 }

@@ -7,6 +7,7 @@ import { NotebookPanel } from '@jupyterlab/notebook';
 import { CommsOverSubshells, Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import { RunningCellFollower } from './running';
+import { CellStarts, IStarted } from './starts';
 import { createSubshell, deleteSubshell, sendOnSubshell } from './subshell';
 
 export const DRAFT_TARGET = 'llfabric.draft';
@@ -88,6 +89,9 @@ export class Link {
   get status(): IStatus | null {
     return this._status;
   }
+
+  // How its cells started, beside their prompts where the setting shows them.
+  readonly starts = new CellStarts(this.panel);
 
   get changed(): ISignal<this, IStatus | null> {
     return this._changed;
@@ -184,7 +188,15 @@ export class Link {
     });
   }
 
-  private _onStatusMessage(data: { status?: IStatus; notice?: string; topic?: string }): void {
+  private _onStatusMessage(data: {
+    status?: IStatus;
+    notice?: string;
+    topic?: string;
+    started?: IStarted;
+  }): void {
+    if (data.started) {
+      this.starts.record(data.started);
+    }
     if (data.status) {
       this._setStatus(data.status);
       this._keepIdentity();

@@ -74,9 +74,13 @@ def test_the_status_comm_tells_the_session_and_its_changes(kernel: Kernel,
     assert first["session"] == session and first["version"] == 0
     assert first["lease"] == "released" and first["tier"] == "cold"
     assert first["kind"] in ("gpu", "cpu") and first["saved_hours"] >= 0
-    reply, outputs = kernel.execute("x = 1")
+    reply, outputs = kernel.execute("x = 1", cell_id="first")
     assert reply["status"] == "ok"
     assert [m for m in outputs if m["msg_type"] != "comm_msg"] == []  # the cell shows nothing
+    # how the notebook's cell started, for its prompt
+    assert [m["content"]["data"]["started"] for m in outputs
+            if "started" in m["content"].get("data", {})] == \
+        [{"cell_id": "first", "execution_count": 1, "start": "cold"}]
     after = _comm_data(kernel, comm, lambda d: d.get("status", {}).get("version") == 1)
     assert after["status"]["lease"] == "released"
 

@@ -1,9 +1,10 @@
-"""One state, whichever path: the versions a session commits do not depend on where its cells
+"""One state, whichever path: the state a session commits does not depend on where its cells
 ran. The same cell sequences run on the session's kept worker (warm), on a fresh worker per cell
 loaded with its closure (fresh), on a template copy per cell (template) and on a pinned worker
-resumed from disk before the cell that deletes or rebinds (cool); every committed version's
-variables (names, groups, value fingerprints) and every cell's outputs must equal the fresh
-run's. Real servers, workers and CRIU.
+resumed from disk before the cell that deletes or rebinds (cool); the state after every cell
+(its variables' names, groups and value fingerprints, its imports: the version it committed, or
+the one before where it changed nothing) and every cell's outputs must equal the fresh run's.
+Real servers, workers and CRIU.
 """
 
 from __future__ import annotations
@@ -64,8 +65,15 @@ def committed(store: Path, session: str) -> list[dict]:
             groups.add(frozenset(group.names))
             variables |= fingerprints(values, list(group.names))
         versions.append({"variables": variables, "groups": groups,
-                         "imports": manifest.imports, "status": manifest.cell.get("status")})
+                         "imports": manifest.imports, "status": manifest.cell.get("status"),
+                         "cell": int(manifest.cell.get("execution_count", 0))})
     return versions
+
+
+def after_each(versions: list[dict], cells: range) -> list[dict]:
+    """The state after each cell numbered in `cells`: the newest version committed by then."""
+    return [{key: state[key] for key in ("variables", "groups", "imports")}
+            for state in ([v for v in versions if v["cell"] <= n][-1] for n in cells)]
 
 
 def _wait_cool(client: Client, session: str) -> None:
@@ -78,7 +86,7 @@ def _wait_cool(client: Client, session: str) -> None:
 
 def run_sequences(path: str, tmp_path: Path) -> dict[str, tuple[list[str], list[dict]]]:
     """Each sequence in its own session on a server set up for `path`: the outputs of its cells
-    and its committed versions (on the cool path, without the pinning cell's)."""
+    and the state after each (on the cool path, without the pinning cell's)."""
     store, results = tmp_path / path, {}
     with serving(store, **PATHS[path]) as server, server.client() as client:
         for name, (cells, _) in SEQUENCES.items():
@@ -91,12 +99,12 @@ def run_sequences(path: str, tmp_path: Path) -> dict[str, tuple[list[str], list[
                 if path == "cool" and i > 0:
                     assert reply["path"] == "pinned", reply
                 outputs.append(text(out))
-            versions = committed(store, session)
+            versions, first = committed(store, session), 1
             if path == "cool":  # the pinning cell's version and output stand apart
-                outputs, versions = outputs[1:], versions[1:]
+                outputs, versions, first = outputs[1:], versions[1:], 2
                 for version in versions:
                     assert "pinned" not in version["variables"]
-            results[name] = (outputs, versions)
+            results[name] = (outputs, after_each(versions, range(first, first + len(cells))))
     return results
 
 
@@ -118,7 +126,8 @@ def test_every_path_commits_what_fresh_workers_commit(path: str, fresh: dict,
         outputs, versions = results[name]
         assert outputs == fresh[name][0], name
         for number, (got, want) in enumerate(zip(versions, fresh[name][1], strict=True), 1):
-            assert got == want, f"{name}: version {number} differs on the {path} path"
+            assert got == want, f"{name}: the state after cell {number} differs on the " \
+                f"{path} path"
 
 
 def test_a_del_stays_deleted_through_llfabric_run_and_a_restart(tmp_path: Path) -> None:

@@ -142,7 +142,7 @@ def test_typing_drafts_and_the_status_item_shows_the_session(server: RunningServ
 def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
         server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     with _notebook(server, page, tmp_path, request,
-                   "x = 1", "x = 2\ny = x * 10", "print('x is', x)") as lab:
+                   "x = 1", "x = 2\ny = x * 10", "z = x\nprint('x is', x)") as lab:
         session = lab.session
         cells = page.locator(".jp-Notebook .jp-Cell")
         for at in (0, 1):  # versions 1 and 2
@@ -168,7 +168,7 @@ def test_a_checkout_from_the_history_panel_changes_what_the_next_cell_sees(
         cells.nth(2).locator(".jp-OutputArea-output").filter(has_text="x is 1") \
             .wait_for(timeout=60_000)
         # the cell after the checkout is in the list, refreshed without asking
-        panel.locator("[data-version='4']").filter(has_text="print('x is', x)") \
+        panel.locator("[data-version='4']").filter(has_text="z = x") \
             .wait_for(timeout=30_000)
 
 
@@ -383,3 +383,87 @@ def test_a_cell_that_runs_and_prints_is_not_drafted_again(
         cell.locator(".jp-OutputArea-output").filter(has_text="at 20").wait_for(timeout=60_000)
         status = _session_status(server, lab.session)
         assert status["running"] and not status["prepared"], status  # nothing typed
+
+
+def _run_each(page, cells, count: int) -> None:
+    """Run the first `count` cells in turn, each once the one before has its prompt number."""
+    cells.nth(0).locator(".cm-content").click()
+    for at in range(count):
+        page.keyboard.press("Shift+Enter")
+        cells.nth(at).locator(".jp-InputPrompt").filter(has_text=f"[{at + 1}]") \
+            .wait_for(timeout=60_000)
+
+
+def test_history_rows_are_the_cells_that_changed_state_by_their_prompts_and_times(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    sources = ["x = 1", "x", "%%local\n1 + 1", "print(x)", "x = 2", "x = 3"]
+    with _notebook(server, page, tmp_path, request, *sources) as lab:
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        _run_each(page, cells, len(sources))
+        # a version each for the three cells that changed `x`; none for those that read it
+        assert _session_status(server, lab.session)["version"] == 3
+        page.locator(".jp-SideBar [data-id=llfabric-history]").click()
+        panel = page.locator("[data-llfabric=history]")
+        panel.filter(has_text=f"session {lab.session} · version 3").wait_for(timeout=30_000)
+        rows = panel.locator(".llfabric-History-source")
+        # newest first, each by the prompt its cell shows in the notebook
+        assert rows.all_inner_texts() == ["[6] x = 3", "[5] x = 2", "[1] x = 1",
+                                          "the empty state"]
+        for version in (1, 2, 3):
+            row = panel.locator(f"[data-version='{version}']")
+            assert row.locator(".llfabric-History-time").inner_text()[:1].isdigit()
+            assert row.locator(".llfabric-History-meta").inner_text() \
+                .endswith(f"version {version}")  # the version number: secondary
+        # Restart Kernel: numbers start again at 1, after a row that says so
+        page.locator(".lm-MenuBar-itemLabel").filter(has_text="Kernel").click()
+        page.locator(".lm-Menu-itemLabel").filter(has_text="Restart Kernel…").first.click()
+        page.locator(".jp-Dialog-button").filter(has_text="Restart").click()
+        assert _wait_until(lambda: (_session_status(server, lab.session) or {})
+                           .get("version") == 4)
+        page.locator("[data-llfabric=status]").filter(has_text=lab.session) \
+            .wait_for(timeout=60_000)
+        cells.nth(0).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # `x = 1` again, as [1]
+        panel.filter(has_text=f"session {lab.session} · version 5").wait_for(timeout=60_000)
+        assert rows.all_inner_texts() == ["[1] x = 1", "restart", "[6] x = 3",
+                                          "[5] x = 2", "[1] x = 1", "the empty state"]
+        page.screenshot(path=str(tmp_path / "history.png"))  # for the record
+
+
+def _toggle_cell_starts(page) -> None:
+    """The extension's setting, as the command palette's "Show How Cells Started on llfabric"
+    turns it on or off."""
+    page.keyboard.press("Control+Shift+c")
+    page.locator(".lm-CommandPalette-input").fill("Show How Cells Started")
+    page.locator(".lm-CommandPalette-item").filter(has_text="Show How Cells Started").first \
+        .click()
+
+
+def test_a_cell_shows_how_it_started_beside_its_prompt_once_turned_on(
+        server: RunningServer, page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with _notebook(server, page, tmp_path, request, "x = 41", "", "%llfabric status") as lab:
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        prompts = [cells.nth(at).locator(".jp-InputPrompt") for at in range(3)]
+        _run_each(page, cells, 1)  # on a worker started for it
+        assert prompts[0].get_attribute("data-llfabric-start") is None  # off by default
+        _toggle_cell_starts(page)
+        page.locator(".jp-InputPrompt[data-llfabric-start=cold]").wait_for(timeout=30_000)
+        cells.nth(1).locator(".cm-content").click()
+        page.keyboard.type("x + 1", delay=80)
+        assert _wait_until(lambda: _session_status(server, lab.session)["prepared"])
+        page.keyboard.press("Shift+Enter")  # on the worker the draft readied
+        cells.nth(1).locator(".jp-OutputArea-output").filter(has_text="42") \
+            .wait_for(timeout=60_000)
+        page.locator(".jp-InputPrompt[data-llfabric-start=prepared]").wait_for(timeout=30_000)
+        assert [p.get_attribute("data-llfabric-start") for p in prompts[:2]] == \
+            ["cold", "prepared"]
+        shown = prompts[1].evaluate("p => getComputedStyle(p, '::after').content")
+        assert shown == '"prepared"' and "readied while it was edited" in \
+            prompts[1].get_attribute("title")
+        page.screenshot(path=str(tmp_path / "cell-starts.png"))  # for the record
+        page.keyboard.press("Shift+Enter")  # %llfabric status: the same word
+        cells.nth(2).locator(".jp-OutputArea-output") \
+            .filter(has_text="its latest cell started prepared").wait_for(timeout=60_000)
+        _toggle_cell_starts(page)  # off again
+        assert _wait_until(lambda: page.locator(".jp-InputPrompt[data-llfabric-start]")
+                           .count() == 0)

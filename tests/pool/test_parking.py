@@ -59,19 +59,20 @@ def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
         sent = time.monotonic()
         reply, outputs = execute(client, session, "print(next(g), next(g), kept)")
         waited = time.monotonic() - sent
-        assert (reply["status"], reply["path"], reply["source"]) == (
-            "ok", "pinned", "cool"), outputs
+        assert (reply["status"], reply["path"], reply["source"], reply["start"]) == (
+            "ok", "pinned", "cool", "restored"), outputs
         assert text(outputs) == "1 2 committed\n"
         # the restore readies its worker, and is part of the wait, read on the server's clock
         # (the restored worker's runs in a time namespace of its own)
         timings = reply["timings"]
         assert 0 < timings["prepare"] <= timings["visible_delay"] < waited, timings
 
-        # Cooled again, and woken by a draft this time: the cell finds it warm.
+        # Cooled again, and woken by a draft this time: the cell finds it back on the host.
         _wait_tier(client, session, "cool")
         client.call("draft", session=session, source="next(g)")
         reply, outputs = execute(client, session, "next(g)")
         assert text(outputs) == "3\n" and reply["source"] == "cool"
+        assert reply["start"] == "restored"  # from disk, while the cell was edited
 
 
 def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) -> None:
