@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,8 +47,12 @@ class Kernel:
     @classmethod
     def start(cls, specs: KernelSpecManager, env: dict[str, str], cwd: Path,
               kernel_name: str = KERNEL_NAME, log: Path | None = None) -> Kernel:
-        """Start a kernel; with `log`, its stderr (the kernel's log) goes to that file."""
-        manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=specs)
+        """Start a kernel; with `log`, its stderr (the kernel's log) goes to that file. Its
+        channels are Unix sockets of its own: TCP ports chosen free by the client can be taken
+        by another process before the kernel binds them, on a busy machine."""
+        sockets = tempfile.mkdtemp(prefix="llfk-")
+        manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=specs,
+                                transport="ipc", ip=os.path.join(sockets, "k"))
         if log is None:
             manager.start_kernel(env=env, cwd=str(cwd))
         else:
@@ -64,6 +70,7 @@ class Kernel:
     def stop(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+        shutil.rmtree(os.path.dirname(self.manager.ip), ignore_errors=True)
 
     def execute(self, code: str, *, cell_id: str | None = None,
                 answer: Callable[[dict], str] | None = None,
