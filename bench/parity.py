@@ -61,22 +61,24 @@ def work(n):
 with open("child_script.py", "w") as f:
     f.write("import numpy\\nprint(sum(i * i % 7 for i in range(10**6)), numpy.ones(3).sum())\\n")
 """
-CHILDREN = [  # each cell's first line names it in the table
+# Each cell's first line names it in the table; each takes a second or more plain, as --min asks,
+# so that a child's start and exit, not the timer's jitter, are what a ratio shows.
+CHILDREN = [
     "# DataLoader workers, fork\nfor xb, yb in DataLoader(ds, batch_size=64, shuffle=True, "
     "num_workers=4):\n    step(xb, yb)",
     "# DataLoader workers, spawn\nfor xb, yb in DataLoader(ds, batch_size=256, shuffle=True, "
     "num_workers=2,\n                         multiprocessing_context='spawn'):\n    step(xb, yb)",
     "# multiprocessing.Pool\nwith multiprocessing.Pool(4) as pool:\n"
-    "    total = sum(pool.map(work, [1_000_000] * 8))",
+    "    total = sum(pool.map(work, [4_000_000] * 8))",
     "# ProcessPoolExecutor\nwith ProcessPoolExecutor(4) as executor:\n"
-    "    total = sum(executor.map(work, [1_000_000] * 8))",
+    "    total = sum(executor.map(work, [4_000_000] * 8))",
     "# joblib.Parallel (loky)\n"
     "total = sum(joblib.Parallel(n_jobs=4)(joblib.delayed(work)(1_000_000) for _ in range(8)))\n"
     "get_reusable_executor().shutdown(wait=True)",
-    "# subprocess.run of a script\nfor _ in range(3):\n"
+    "# subprocess.run of a script\nfor _ in range(8):\n"
     "    subprocess.run([sys.executable, 'child_script.py'], check=True, capture_output=True)",
     "# os.fork\npids = []\nfor _ in range(4):\n    if (pid := os.fork()) == 0:\n"
-    "        work(2_000_000); os._exit(0)\n    pids.append(pid)\n"
+    "        work(8_000_000); os._exit(0)\n    pids.append(pid)\n"
     "for pid in pids:\n    os.waitpid(pid, 0)",
 ]
 
