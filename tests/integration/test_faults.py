@@ -109,8 +109,9 @@ def test_stop_ends_the_running_cell_and_a_reopen_loses_nothing(server, client,
     execute(client, name, "z = 3")
     assert text(execute(client, name, "print(x, z, 'y' in dir())")[1]) == "1 3 False\n"
     versions = history.log(Store(server.store), name)
-    # `x = 1` and `z = 3`: the stopped cell committed nothing, the reading one changed nothing
-    assert [m.version for _, m in versions] == [2, 1]
+    # the stopped cell committed nothing: no version names `y`, and the head holds x and z
+    assert all("y" not in g.names for _, m in versions for g in m.groups)
+    assert {n for g in versions[0][1].groups for n in g.names} == {"x", "z"}
 
 
 def test_a_commit_on_a_head_moved_meanwhile_is_refused(server, client, tmp_path) -> None:
