@@ -46,7 +46,7 @@ from fabric.errors import FabricError
 from fabric.pool import Pool, criu, gpus
 from fabric.pool.cuda import CudaError, Driver, State, find_driver
 from fabric.pool.parking import resume, suspend
-from fabric.worker.messages import Done, Run
+from fabric.worker.messages import Done, RunCell
 
 GIB = 1 << 30
 PROBE_WAIT = 30.0  # seconds the checkpoint API has to answer the probe
@@ -211,7 +211,7 @@ async def fork_starts(n: int) -> list[float]:
             for _ in range(n):
                 start = time.perf_counter()
                 worker = await pool.new_worker(frozenset({"torch"}))
-                await worker.send(Run(FIRST_TENSOR, 1))
+                await worker.send(RunCell(FIRST_TENSOR, 1))
                 while not isinstance(done := await worker.recv(timeout=120), Done):
                     pass
                 times.append(time.perf_counter() - start)

@@ -39,16 +39,16 @@ from ..worker.account import Account
 from ..worker.messages import (
     Answered,
     Become,
+    CellOutput,
     CommIn,
     CommOut,
-    Complete,
-    Inspect,
+    CompleteCode,
+    InspectName,
     Load,
     Loaded,
-    Notice,
-    Output,
     Rehome,
-    Run,
+    RunCell,
+    WorkerNotice,
 )
 from .cells import Cell, Commit, Events, Head, Ran, how_started
 from .debugging import Debugger
@@ -222,7 +222,7 @@ class HostAgent:
                               + [message.ambient or ""])
         await worker.send(message)
         reply = await worker.recv()
-        while isinstance(reply, Notice):  # a long load's progress, before any cell runs
+        while isinstance(reply, WorkerNotice):  # a long load's progress, before any cell runs
             events.notice(reply.topic, reply.text)
             reply = await worker.recv()
         if not isinstance(reply, Loaded):
@@ -298,13 +298,13 @@ class HostAgent:
     # between cells: questions, and a frontend's comm messages
     async def complete(self, source: str, cursor: int, head: Head) -> dict | None:
         """The live worker's `complete_reply` content (see `_ask`)."""
-        return await self._ask(Complete(source, cursor), head)
+        return await self._ask(CompleteCode(source, cursor), head)
 
     async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> dict | None:
         """The live worker's `inspect_reply` content (see `_ask`)."""
-        return await self._ask(Inspect(source, cursor, detail), head)
+        return await self._ask(InspectName(source, cursor, detail), head)
 
-    async def _ask(self, question: Complete | Inspect, head: Head) -> dict | None:
+    async def _ask(self, question: CompleteCode | InspectName, head: Head) -> dict | None:
         """The answer of the session's live worker to a completion or an inspection, without a
         lease; None when no worker can answer now: none is live, it runs a cell, it is being
         readied, woken or asked already, its CUDA state is parked (its CUDA calls would block),
@@ -334,7 +334,7 @@ class HostAgent:
             return None
         return life
 
-    async def _put(self, life: Life, message: Complete | Inspect | CommIn, wait: float,
+    async def _put(self, life: Life, message: CompleteCode | InspectName | CommIn, wait: float,
                    events: Events | None = None) -> dict | None:
         """`message` to `life`'s worker once what was sent before is done; its answer's
         content, or None if it has none within `wait` seconds or is parked. What it says
@@ -347,13 +347,13 @@ class HostAgent:
                 return
             await worker.send(message)
             while not isinstance(reply := await worker.recv(timeout=ASK_LIMIT), Answered):
-                if isinstance(reply, Output):
+                if isinstance(reply, CellOutput):
                     if events is not None:
                         events(reply.output)
                 elif isinstance(reply, CommOut):
                     if events is not None:
                         events(reply.event(), "comm")
-                elif isinstance(reply, Notice):
+                elif isinstance(reply, WorkerNotice):
                     log.info("session %s: %s", self.name, reply.text)
                 else:
                     raise WorkerDied(f"worker {worker.pid} answered {message.op!r} with "
@@ -499,11 +499,11 @@ class HostAgent:
                     worker, replace(life.deferred.pop(0), device=lease.device), events)
             reached = cell.plan.reached
             await self.debugger.join(worker, events)
-            await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
-                                  lease.threads,
-                                  reached=None if reached is None else sorted(reached),
-                                  save_limit=float(self.pool.save_limit),
-                                  parent_id=cell.parent_id))
+            await worker.send(RunCell(cell.plan.source, cell.execution_count, lease.device,
+                                      lease.threads,
+                                      reached=None if reached is None else sorted(reached),
+                                      save_limit=float(self.pool.save_limit),
+                                      parent_id=cell.parent_id))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WorkerDied
 from ..worker import cellfiles
 from ..worker.bookkeeping import is_bookkeeping
-from ..worker.messages import Debug, Debugging, Notice
+from ..worker.messages import DebugCells, DebugPort, WorkerNotice
 
 if TYPE_CHECKING:
     from .cells import Events
@@ -176,10 +176,10 @@ class Debugger:
         all the same; the frontend is told why it does not stop."""
         if not self.started:
             if worker.debugged:  # debugged before: its cells run untraced from now on
-                await self._ask(worker, Debug(trace=False), events)
+                await self._ask(worker, DebugCells(trace=False), events)
             return
         async with self._turn:
-            reply = await self._ask(worker, Debug(), events)
+            reply = await self._ask(worker, DebugCells(), events)
             try:
                 if reply.error is not None:
                     raise ConnectionError(reply.error)
@@ -192,13 +192,13 @@ class Debugger:
                               f"debugger did not start ({exc})")
 
     @staticmethod
-    async def _ask(worker: WorkerHandle, message: Debug, events: Events) -> Debugging:
+    async def _ask(worker: WorkerHandle, message: DebugCells, events: Events) -> DebugPort:
         await worker.send(message)
         reply = await worker.recv(timeout=START_TIMEOUT)
-        while isinstance(reply, Notice):
+        while isinstance(reply, WorkerNotice):
             events.notice(reply.topic, reply.text)
             reply = await worker.recv(timeout=START_TIMEOUT)
-        if not isinstance(reply, Debugging):
+        if not isinstance(reply, DebugPort):
             raise WorkerDied(f"worker {worker.pid} answered debug with {reply.op!r}")
         return reply
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import LoadFailed, WorkerDied
 from ..snapshot import lineage
-from ..worker.messages import Done, Input, InputReply, Output, Run, Settle, Settled
+from ..worker.messages import AskInput, CellOutput, Done, InputReply, RunCell, Settle, Settled
 
 if TYPE_CHECKING:
     from .cells import Events, Head
@@ -46,15 +46,15 @@ async def _rerun(worker: WorkerHandle, replay: lineage.Replay, device: str | Non
         count = int(cell.get("execution_count") or 0)
         events.notice("progress", f"recomputing {', '.join(replay.names)}: re-running cell "
                       f"{count}")  # the client sees the cell is not stuck
-        await worker.send(Run(str(cell.get("source", "")), count, device, threads, replay=True))
+        await worker.send(RunCell(str(cell.get("source", "")), count, device, threads, replay=True))
         while not isinstance(message := await worker.recv(), Done):
-            if isinstance(message, Output):
+            if isinstance(message, CellOutput):
                 printed.append(_text(message.output))
                 if time.monotonic() - shown > 1:
                     events.notice("progress", f"recomputing {', '.join(replay.names)}: cell "
                                   f"{count} runs again")
                     shown = time.monotonic()
-            elif isinstance(message, Input):
+            elif isinstance(message, AskInput):
                 await worker.send(InputReply(error="a replayed cell asks no one"))
         if message.status != cell.get("status", "ok"):
             return (f"cell {count} ended with {message.ename or 'an error'} this time, not as "
