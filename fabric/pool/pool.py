@@ -132,7 +132,7 @@ class ZygoteHandle:
             os.kill(self.pid, signal.SIGKILL)
 
     async def request(self, message: control.ForkWorker | control.ForkZygote,
-                      ) -> tuple[control.Message, list[int]]:
+                      ) -> tuple[control.ZygoteMessage, list[int]]:
         """The zygote's answer to `message` and the descriptors it carries; a refusal, or an
         answer of another kind, is a ZygoteProtocolError."""
         if self.ctrl.fileno() < 0:
@@ -143,7 +143,7 @@ class ZygoteHandle:
         control.send(self.ctrl, dataclasses.replace(message, req=req))
         self.last_used = time.monotonic()
         answer, fds = await self._within(future)
-        if isinstance(answer, control.Refused):
+        if isinstance(answer, control.ZygoteRefused):
             raise ZygoteProtocolError(f"zygote {self.pid} refused {message.op}: {answer.error}",
                                       pid=self.pid, op=message.op)
         if not isinstance(answer, message.answer):
