@@ -1,11 +1,11 @@
-"""The host agent: everything one host does for a session's cells.
+"""A session's workers: everything one host does for a session's cells.
 
-A `Session` (ordering, its head) hands the agent plain data: a cell (its source and closure) and
-the head it runs on; the agent readies a worker for it (`draft`), runs it under a lease, lets the
-session commit what it saved, then parks the worker for the next cell or retires it (`run`),
-telling the client what happens as events. A worker kept for the next cell first lingers on its
-lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when the
-time is up, another session's cell waits for slots, or the worker is discarded, it lets go
+A `Session` (ordering, its head) hands its `SessionWorkers` plain data: a cell (its source and
+closure) and the head it runs on; that readies a worker for it (`draft`), runs it under a lease,
+lets the session commit what it saved, then parks the worker for the next cell or retires it
+(`run`), telling the client what happens as events. A worker kept for the next cell first lingers
+on its lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when
+the time is up, another session's cell waits for slots, or the worker is discarded, it lets go
 (parked, then the lease given back; at once if discarded). On one host the session calls it
 directly; in a cluster each host has one, behind the same interface.
 
@@ -98,7 +98,7 @@ def _split(cl: Closure, groups: list[Group], at_once: bool) -> tuple[list[Group]
     return [g for g in groups if g not in later], lazy
 
 
-class HostAgent:
+class SessionWorkers:
     """One session's worker on this host, from its draft to its last cell."""
 
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,

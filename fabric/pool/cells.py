@@ -1,5 +1,6 @@
-"""What a session hands its host agent, and what it gets back, as plain data: the cell and the
-head it runs on, where its events go, how it ran. The seam a cluster cuts at: these cross hosts."""
+"""What a session hands its workers on a host (`agent.SessionWorkers`), and what it gets back, as
+plain data: the cell and the head it runs on, where its events go, how it ran. The seam a cluster
+cuts at: these cross hosts."""
 
 from __future__ import annotations
 
