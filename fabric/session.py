@@ -23,7 +23,7 @@ from .envs import Env, differences
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool, debugging
 from .pool.agent import SessionWorkers
-from .pool.cells import Account, Cell, Done, Emit, Events, Head
+from .pool.cells import Account, CellJob, Done, Emit, Events, Head
 from .pool.lifecycle import CoolImage, Keeper, Life
 from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
@@ -146,8 +146,8 @@ class Session:
             self._told = []
             self.running_since = time.time()
             try:
-                ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus,
-                                                parent_id),
+                ran = await self.agent.run(CellJob(cell, cl, count, stdin, received, self.gpus,
+                                                   parent_id),
                                            head, self._events(emit),
                                            lambda done: self._commit(done, cell, count))
             finally:

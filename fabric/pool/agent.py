@@ -50,7 +50,7 @@ from ..worker.messages import (
     RunCell,
     WorkerNotice,
 )
-from .cells import Cell, Commit, Events, Head, Ran, how_started
+from .cells import CellJob, Commit, Events, Head, Ran, how_started
 from .debugging import Debugger
 from .leases import Lease, Leases
 from .lifecycle import CoolImage, Keeper, Life, Stage
@@ -366,7 +366,7 @@ class SessionWorkers:
         return answer.result() if answer.done() else None
 
     # running a cell
-    async def run(self, cell: Cell, head: Head, events: Events, commit: Commit) -> Ran:
+    async def run(self, cell: CellJob, head: Head, events: Events, commit: Commit) -> Ran:
         """Run `cell` on the readied worker (or a fresh one) under a lease; `commit` folds its
         save into the session's next version, then the worker is kept or retired."""
         self.busy, self.interrupted = True, False
@@ -433,7 +433,7 @@ class SessionWorkers:
         if lease is not None:
             self.leases.release(lease)
 
-    async def _run_on(self, life: Life, path: str, cell: Cell, head: Head, events: Events,
+    async def _run_on(self, life: Life, path: str, cell: CellJob, head: Head, events: Events,
                       commit: Commit, lease: Lease | None = None) -> Ran:
         """Run the cell on `life`'s worker, on `lease` if it lingered for it, else on one it
         waits for; retire the worker after it unless it is kept."""
@@ -455,7 +455,7 @@ class SessionWorkers:
                 self._spawn(worker.close())
 
     async def _run(self, worker: WorkerHandle, life: Life, lease: Lease | None,
-                   replay: lineage.Replay | None, path: str, cell: Cell, head: Head,
+                   replay: lineage.Replay | None, path: str, cell: CellJob, head: Head,
                    events: Events, commit: Commit) -> tuple[Ran, bool]:
         """Run the cell under a lease (`lease`, lingering for it, else one it waits for) and
         commit; True with the result if the worker is kept."""

@@ -28,7 +28,9 @@ class Head:
 
 
 @dataclass(frozen=True)
-class Cell:
+class CellJob:
+    """A cell for the session's workers to run: its plan and closure, and how to run it."""
+
     plan: CellPlan  # its source, analysed
     closure: Closure
     execution_count: int
