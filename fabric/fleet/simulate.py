@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from .costs import Costs
 from .fleet import Fleet, Request
 from .policies import SessionState, make
-from .sessions import Session
+from .sessions import ModelledSession
 
 OPEN, EXECUTE, END, BOOTED, RECLAIM, CLOSE, RELEASE, LINGERED = range(8)
 TICK_S = 300.0  # the autoscaler's scale-in check and the hosts-over-time sample
@@ -42,7 +42,7 @@ class Outcome:
     leases: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # traced sessions
 
 
-def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
+def simulate(sessions: list[ModelledSession], policy_name: str, costs: Costs, *,
              fleet: Fleet | None = None, traced: frozenset[int] = frozenset(),
              progress: Callable[[float], None] | None = None) -> Outcome:
     """Run every session under the policy `policy_name`; `progress` is told the simulated
