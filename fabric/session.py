@@ -23,7 +23,7 @@ from .envs import Env, differences
 from .errors import SessionBusy, StoreError
 from .pool import Leases, Pool, debugging
 from .pool.agent import SessionWorkers
-from .pool.cells import Account, CellJob, Done, Emit, Events, Head
+from .pool.cells import Account, CellJob, Done, Emit, EventSink, Head
 from .pool.lifecycle import CoolImage, Keeper, Life
 from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
@@ -81,8 +81,8 @@ class Session:
         """The worker readied for the session's next cell, if any."""
         return self.agent.prepared
 
-    def _events(self, emit: Emit | None) -> Events:
-        return Events(self.name, emit, self._record)
+    def _events(self, emit: Emit | None) -> EventSink:
+        return EventSink(self.name, emit, self._record)
 
     def _record(self, item: dict) -> None:
         self.notices.append(item)

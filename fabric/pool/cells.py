@@ -65,7 +65,7 @@ def how_started(path: str, restored: bool) -> str:
     return {"draft": "prepared", "cold": "cold"}.get(path.partition("+")[0], "warm")
 
 
-class Events:
+class EventSink:
     """Where a request's events go: to its client (`emit`; None for a draft) and, for notices,
     to the session's record (`record`)."""
 

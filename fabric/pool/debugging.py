@@ -32,7 +32,7 @@ from ..worker.bookkeeping import is_bookkeeping
 from ..worker.messages import DebugCells, DebugPort, WorkerNotice
 
 if TYPE_CHECKING:
-    from .cells import Events
+    from .cells import EventSink
     from .pool import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class Debugger:
         return response(message, error="source unavailable")
 
     # a cell's connection
-    async def join(self, worker: WorkerHandle, events: Events) -> None:
+    async def join(self, worker: WorkerHandle, events: EventSink) -> None:
         """Before a cell runs on `worker` while the frontend debugs: connect to the worker's
         debugger and set it up as the frontend did. A worker that cannot debug runs the cell
         all the same; the frontend is told why it does not stop."""
@@ -192,7 +192,7 @@ class Debugger:
                               f"debugger did not start ({exc})")
 
     @staticmethod
-    async def _ask(worker: WorkerHandle, message: DebugCells, events: Events) -> DebugPort:
+    async def _ask(worker: WorkerHandle, message: DebugCells, events: EventSink) -> DebugPort:
         await worker.send(message)
         reply = await worker.recv(timeout=START_TIMEOUT)
         while isinstance(reply, WorkerNotice):
@@ -218,7 +218,7 @@ class Link:
     responses); events go to the cell's events, but for the connection's own."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 events: Events) -> None:
+                 events: EventSink) -> None:
         self.reader, self.writer, self.events = reader, writer, events
         self.stopped: set[int] = set()  # the threads stopped now
         self.paths: list[str] = []  # the sources given breakpoints
@@ -228,7 +228,7 @@ class Link:
         self._reading = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def open(cls, port: int, events: Events, breakpoints: dict[str, dict],
+    async def open(cls, port: int, events: EventSink, breakpoints: dict[str, dict],
                    exceptions: dict | None) -> Link:
         """Connect and configure: the frontend's breakpoints and exception filters."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=FRAME_LIMIT)

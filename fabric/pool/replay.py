@@ -17,7 +17,7 @@ from ..snapshot import lineage
 from ..worker.messages import AskInput, CellOutput, Done, InputReply, RunCell, Settle, Settled
 
 if TYPE_CHECKING:
-    from .cells import Events, Head
+    from .cells import EventSink, Head
     from .pool import WorkerHandle
 
 REPLAY_SHOWN = 500  # characters of a replay's outputs its notice repeats
@@ -39,7 +39,7 @@ def _text(output: dict) -> str:
 
 
 async def _rerun(worker: WorkerHandle, replay: lineage.Replay, device: str | None,
-                 threads: int, events: Events, printed: list[str]) -> str:
+                 threads: int, events: EventSink, printed: list[str]) -> str:
     """Run the chain again; why it did not go as the first time, or ''."""
     shown = time.monotonic()
     for cell in replay.cells:
@@ -63,7 +63,7 @@ async def _rerun(worker: WorkerHandle, replay: lineage.Replay, device: str | Non
 
 
 async def recompute(worker: WorkerHandle, replay: lineage.Replay, head: Head, holds: set[str],
-                    device: str | None, threads: int, events: Events) -> Recomputed:
+                    device: str | None, threads: int, events: EventSink) -> Recomputed:
     """Rebuild what `replay` is for on `worker`, then settle it on `head`: every name of
     `holds` is then the head's."""
     began, printed = time.monotonic(), []

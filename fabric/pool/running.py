@@ -27,7 +27,7 @@ from ..worker.messages import (
 )
 
 if TYPE_CHECKING:
-    from .cells import Events
+    from .cells import EventSink
     from .pool import WorkerHandle
 
 STOPS = {  # why the server stopped a running cell, as the user is told
@@ -42,7 +42,7 @@ STOPS = {  # why the server stopped a running cell, as the user is told
 
 
 class Running:
-    def __init__(self, session: str, worker: WorkerHandle, events: Events, stdin: bool,
+    def __init__(self, session: str, worker: WorkerHandle, events: EventSink, stdin: bool,
                  grace: float) -> None:
         self.session, self.worker, self.events = session, worker, events
         self.stdin = stdin  # the client answers input requests
