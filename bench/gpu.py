@@ -44,7 +44,7 @@ import psutil
 
 from fabric.errors import FabricError
 from fabric.pool import Pool, criu, gpus
-from fabric.pool.cuda import CudaError, Driver, State, find_driver
+from fabric.pool.cuda import CudaError, Driver, ProcessState, find_driver
 from fabric.pool.parking import resume, suspend
 from fabric.worker.messages import Done, RunCell
 
@@ -117,7 +117,7 @@ def checkpoint_probe(driver: Driver) -> str | None:
             return str(answer["error"])
         if "state" not in answer:
             return f"cuCheckpointProcessGetState gave no answer within {PROBE_WAIT:.0f} s"
-        if answer["state"] is not State.RUNNING:
+        if answer["state"] is not ProcessState.RUNNING:
             return f"cuCheckpointProcessGetState says {answer['state']} for a running process"
         return None
     finally:
