@@ -80,7 +80,7 @@ class Debugger:
         self.started = False  # the frontend attached, and has not disconnected since
         self.breakpoints: dict[str, dict] = {}  # source path -> its setBreakpoints arguments
         self.exceptions: dict | None = None  # the setExceptionBreakpoints arguments
-        self.link: Link | None = None  # to the running cell's worker, while it runs
+        self.link: DebugConnection | None = None  # to the running cell's worker, while it runs
         self._turn = asyncio.Lock()  # a request waits while a cell's worker is connected
 
     async def request(self, message: dict) -> dict:
@@ -109,7 +109,7 @@ class Debugger:
         return answer
 
     def _answer(self, command: str, arguments: dict, message: dict,
-                link: Link | None) -> dict | None:
+                link: DebugConnection | None) -> dict | None:
         """What the session answers itself (None: the running cell's debugger answers), and
         what it keeps of the frontend's set-up."""
         match command:
@@ -150,7 +150,7 @@ class Debugger:
                 return self._source(message, arguments)
         return None
 
-    def _info(self, link: Link | None) -> dict:
+    def _info(self, link: DebugConnection | None) -> dict:
         return {"isStarted": self.started, "hashMethod": "Murmur2", "hashSeed": cellfiles.SEED,
                 "tmpFilePrefix": cellfiles.prefix(), "tmpFileSuffix": cellfiles.SUFFIX,
                 "breakpoints": [{"source": path, "breakpoints": arguments["breakpoints"]}
@@ -185,7 +185,7 @@ class Debugger:
                     raise ConnectionError(reply.error)
                 worker.debugged = True
                 self.link = await asyncio.wait_for(
-                    Link.open(reply.port, events, self.breakpoints, self.exceptions),
+                    DebugConnection.open(reply.port, events, self.breakpoints, self.exceptions),
                     START_TIMEOUT)
             except (OSError, TimeoutError) as exc:
                 events.notice("debugger", f"the cell runs without the debugger: its worker's "
@@ -211,7 +211,7 @@ class Debugger:
             await link.close()
 
 
-class Link:
+class DebugConnection:
     """One connection to a worker's debug adapter, for the length of one cell.
 
     Requests are numbered on this connection (the frontend's numbers are put back in their
@@ -229,7 +229,7 @@ class Link:
 
     @classmethod
     async def open(cls, port: int, events: EventSink, breakpoints: dict[str, dict],
-                   exceptions: dict | None) -> Link:
+                   exceptions: dict | None) -> DebugConnection:
         """Connect and configure: the frontend's breakpoints and exception filters."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=FRAME_LIMIT)
         link = cls(reader, writer, events)
