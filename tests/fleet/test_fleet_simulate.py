@@ -8,7 +8,7 @@ import pytest
 from fleet_traces import random_rows, write_trace
 
 from fabric.fleet import NAMES, Costs, SessionModel, read_trace
-from fabric.fleet.fleet import Fleet, Request
+from fabric.fleet.fleet import Fleet, GangRequest
 from fabric.fleet.results import quantile
 from fabric.fleet.sessions import ModelledCell, ModelledSession, build_sessions
 from fabric.fleet.simulate import simulate
@@ -125,7 +125,7 @@ def test_gangs_are_never_split_nor_a_host_overfilled() -> None:
     fleet = Fleet(boot_s=0.0, spare_gpus=0)
     placed: list[tuple[int, int]] = []
     for gpus in (4, 8, 4, 1, 8, 1, 1, 1, 1, 4):
-        fleet.ask(Request(gpus, 0.0, (), lambda host, now, g=gpus: placed.append((host, g))))
+        fleet.ask(GangRequest(gpus, 0.0, (), lambda host, now, g=gpus: placed.append((host, g))))
         fleet.booted()  # hosts come up at once here (boot_s 0)
     used: dict[int, int] = {}
     for host, gpus in placed:
