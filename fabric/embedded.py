@@ -14,7 +14,9 @@ from .config import Config
 from .errors import Unreachable
 from .private import open_private, private_dir
 
-START_TIMEOUT = 120.0
+# seconds a live server may take to answer: one that dies ends the wait at once, so this bounds a
+# hang, and a loaded host's first imports (a zygote's torch, a door's hosts) can take minutes
+START_TIMEOUT = 300.0
 
 
 class EmbeddedServer:

@@ -34,7 +34,7 @@ from .peers import PEER, write_peers
 log = logging.getLogger(__name__)
 
 SLOTS = "llfabric_slots"  # a node's CPU slots, where it has no GPUs
-START_TIMEOUT = 120.0  # seconds a host's server may take to listen (its first zygote imports)
+START_TIMEOUT = 300.0  # seconds a live host's server may take to listen (its first zygote imports)
 
 # A child that dies with the process that started it: set before the server's own code runs.
 _LAUNCH = ("import ctypes, os, signal, sys\n"

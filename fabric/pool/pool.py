@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 Key = tuple[str, frozenset[str]]  # (environment's site-packages or "", import family)
 BASE: Key = ("", frozenset())
 
-START_TIMEOUT = 120.0  # a zygote importing torch on a loaded 2-core host takes seconds
+START_TIMEOUT = 300.0  # a zygote importing torch on a loaded 2-core host takes minutes
 HELLO_TIMEOUT = 30.0
 
 

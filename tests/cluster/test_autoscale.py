@@ -108,7 +108,7 @@ def hosts(client: Client) -> list[dict]:
 def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
         autoscaling: RunningServer, tmp_path: Path) -> None:
     with autoscaling.client(timeout=120) as client:
-        assert len(hosts(client)) == 1  # the head alone
+        wait_until(lambda: len(hosts(client)) == 1, "the head's host alive")  # the head alone
         for name in ("busy", "waiting"):
             client.call("open", session=name, cwd=str(tmp_path))
         head = hosts(client)[0]["name"]
