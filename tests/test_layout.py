@@ -12,8 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FABRIC = ROOT / "fabric"
-# Modules every part may use: the wire framing, its typed fields, errors, what notices are.
-FOUNDATION = {"errors", "protocol", "notices", "typed"}
+# Modules every part may use: the wire framing, its typed fields, errors, what notices are,
+# who owns a background task.
+FOUNDATION = {"errors", "protocol", "notices", "typed", "tasks"}
 # What a worker may import of fabric: it runs cells and saves them, nothing more.
 WORKER_MAY = {"worker", "snapshot", "closure"} | FOUNDATION
 
