@@ -12,8 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FABRIC = ROOT / "fabric"
-# Modules every part may use: the wire framing, its typed fields, errors, what notices are.
-FOUNDATION = {"errors", "protocol", "notices", "typed"}
+# Modules every part may use: the wire framing, its typed fields, errors, what notices are,
+# who owns a background task.
+FOUNDATION = {"errors", "protocol", "notices", "typed", "tasks"}
 # What a worker may import of fabric: it runs cells and saves them, nothing more.
 WORKER_MAY = {"worker", "snapshot", "closure"} | FOUNDATION
 
@@ -50,6 +51,20 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
+def _modules(package: Path) -> dict[str, set[str]]:
+    """module -> the other modules of `package` it imports, also under TYPE_CHECKING or inside a
+    function; a name taken from the package itself counts as its `__init__`'s."""
+    name = ".".join(package.relative_to(ROOT).parts)
+    modules = {name if p.stem == "__init__" else f"{name}.{p.stem}": p
+               for p in package.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        imported = {m if m in modules else name for m in _imports(path)
+                    if m in modules or m.rpartition(".")[0] == name}
+        graph[module] = imported - {module}
+    return graph
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of `graph`, as its parts in order, or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -72,6 +87,14 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_fabric_parts_import_one_another_without_a_cycle() -> None:
     assert _cycle(_graph()) is None, f"import cycle: {' -> '.join(_cycle(_graph()) or [])}"
+
+
+def test_the_attached_kernel_modules_import_one_another_without_a_cycle() -> None:
+    """Within fabric/attach, no import points back up, not even one made only for the type
+    checker or inside a function."""
+    graph = _modules(FABRIC / "attach")
+    assert "fabric.attach.relay" in graph["fabric.attach.attaching"]  # the imports are read
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
 def test_the_cycle_finder_finds_one() -> None:

@@ -11,22 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING
+from typing import Any, NotRequired, TypedDict, cast
 
 from ..client import Client
 from ..errors import FabricError
-
-if TYPE_CHECKING:
-    from .relay import Attachment
+from .attached import Attached
 
 TIMEOUT = 40.0  # seconds a debug request waits for the server (its worker's debugger: 30)
+
+
+class DebugResponse(TypedDict):
+    """A debug adapter protocol response: a kernel's `debug_reply` content."""
+
+    type: str
+    seq: int
+    request_seq: int
+    command: str | None
+    success: bool
+    message: NotRequired[str]
+    body: NotRequired[dict[str, Any]]
 
 
 class Debugging:
     """The kernel's debug requests, for one attachment; `install` takes the kernel's handler,
     `uninstall` gives it back."""
 
-    def __init__(self, attachment: Attachment) -> None:
+    def __init__(self, attachment: Attached) -> None:
         self.attachment = attachment
         self._client: Client | None = None
         self._lock = threading.Lock()  # the client is used by one request at a time
@@ -41,7 +51,7 @@ class Debugging:
                 self._client.close()
                 self._client = None
 
-    async def request(self, content: dict) -> dict:
+    async def request(self, content: dict) -> DebugResponse:
         """The `debug_reply` content answering `content`, a debug adapter request."""
         try:
             return await asyncio.to_thread(self._call, content)
@@ -50,7 +60,7 @@ class Debugging:
                     "command": content.get("command"), "success": False,
                     "message": f"llfabric: {exc.message}", "body": {}}
 
-    def _call(self, content: dict) -> dict:
+    def _call(self, content: dict) -> DebugResponse:
         with self._lock:
             if self._client is None:
                 self._client = Client(self.attachment.address, timeout=TIMEOUT)
@@ -59,4 +69,4 @@ class Debugging:
         answer = reply.get("content")
         if not isinstance(answer, dict):
             raise FabricError("the server's debug reply has no response")
-        return answer
+        return cast(DebugResponse, answer)  # the worker's debugpy's, as it answered

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -35,6 +34,7 @@ from ..errors import (
     WorkerDied,
 )
 from ..snapshot import Group, Manifest, Store, history, lineage
+from ..tasks import Background
 from ..worker.account import Account
 from ..worker.messages import (
     Answered,
@@ -117,7 +117,7 @@ class SessionWorkers:
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
         self.env: Env | None = None  # the environment its workers import from; None: the server's
         self.debugger = Debugger()  # a frontend's debug session, across the cells' workers
-        self._background: set[asyncio.Task] = set()
+        self._lingering = Background(f"session {name}")  # kept workers' lingers on leases
 
     # readying a worker
     def draft(self, cl: Closure, head: Head, events: EventSink) -> None:
@@ -260,18 +260,12 @@ class SessionWorkers:
         life, self.prepared = self.prepared, None
         self._discard(life)
 
-    def _spawn(self, coro: Coroutine) -> None:
-        """Run clean-up in the background, holding a reference so it is not collected."""
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     def _discard(self, life: Life | None) -> None:
         if life is not None and life.lease is not None:  # the worker ends: nothing to park
             lease, life.lease = life.lease, None
             self.leases.release(lease)
         if life is not None and (closing := life.retire()) is not None:
-            self._spawn(closing)
+            self.keeper.close_later(closing)
         self.keeper.changed()
 
     def _replace(self, life: Life | None, cl: Closure, head: Head, events: EventSink,
@@ -452,7 +446,7 @@ class SessionWorkers:
             return ran
         finally:
             if not kept:
-                self._spawn(worker.close())
+                self.keeper.close_later(worker.close())
 
     async def _run(self, worker: WorkerHandle, life: Life, lease: Lease | None,
                    replay: lineage.Replay | None, path: str, cell: CellJob, head: Head,
@@ -616,17 +610,17 @@ class SessionWorkers:
             self.keeper.keep(life)
             return
         life.lease = lease
-        self._spawn(self._linger(life, worker, self.leases.start_lingering(lease)))
+        self._lingering.start(self._linger(life, worker, self.leases.start_lingering(lease)),
+                              "letting a kept worker's lease go")
 
     async def _linger(self, life: Life, worker: WorkerHandle, wanted: asyncio.Event) -> None:
         """Let go of `life`'s lease after the linger, as soon as it is `wanted` (a cell waits
         for slots) or its worker dies, unless its next cell took it or it was discarded
         meanwhile."""
-        waiting = asyncio.ensure_future(wanted.wait())
-        try:
+        async with asyncio.TaskGroup() as group:
+            waiting = group.create_task(wanted.wait())
             await asyncio.wait({waiting, worker.died}, timeout=self.leases.linger,
                                return_when=asyncio.FIRST_COMPLETED)
-        finally:
             waiting.cancel()
         self._let_go(life)
 
@@ -707,7 +701,8 @@ class SessionWorkers:
     async def close(self) -> None:
         self.stop("close")
         life, self.prepared = self.prepared, None
-        self._discard(life)
+        self._discard(life)  # its lease is given back: no linger is left to end
+        await self._lingering.close()
 
     # what it holds
     def _current(self) -> Life | None:

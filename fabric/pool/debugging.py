@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerDied
+from ..tasks import Background
 from ..worker import cellfiles
 from ..worker.bookkeeping import is_bookkeeping
 from ..worker.messages import DebugCells, DebugPort, WorkerNotice
@@ -225,7 +226,8 @@ class DebugConnection:
         self.initialized = asyncio.Event()
         self._seq = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
-        self._reading = asyncio.ensure_future(self._read())
+        self._tasks = Background("a cell's debugger connection")  # ended by `close`
+        self._reading = self._tasks.start(self._read(), "reading its messages")
 
     @classmethod
     async def open(cls, port: int, events: EventSink, breakpoints: dict[str, dict],
@@ -238,10 +240,11 @@ class DebugConnection:
                 "clientID": "llfabric", "adapterID": "python", "pathFormat": "path",
                 "linesStartAt1": True, "columnsStartAt1": True}))
             # the adapter answers attach only once configured, after its `initialized` event
-            attached = asyncio.ensure_future(link.request("attach", ATTACH))
-            initialized = asyncio.ensure_future(link.initialized.wait())
-            await asyncio.wait({attached, initialized}, return_when=asyncio.FIRST_COMPLETED)
-            initialized.cancel()
+            attached = link._tasks.start(link.request("attach", ATTACH))
+            async with asyncio.TaskGroup() as group:
+                initialized = group.create_task(link.initialized.wait())
+                await asyncio.wait({attached, initialized}, return_when=asyncio.FIRST_COMPLETED)
+                initialized.cancel()
             for arguments in breakpoints.values():
                 await link._check(link.request("setBreakpoints", arguments))
                 link.paths.append(arguments["source"]["path"])
@@ -344,9 +347,7 @@ class DebugConnection:
                                  "arguments": {"restart": False, "terminateDebuggee": False}},
                                 timeout=5.0)
         self.writer.close()
-        self._reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OSError):
-            await self._reading
+        await self._tasks.close()  # the reader, and an attach request still waiting
         with contextlib.suppress(OSError):
             await self.writer.wait_closed()
         self._resumed()

@@ -48,6 +48,7 @@ from ..errors import (
     WorkerDied,
     ZygoteProtocolError,
 )
+from ..tasks import Background
 from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, decode
 from . import criu, cuda, parking, rundir
@@ -234,14 +235,16 @@ class WorkerHandle:
             raise WorkerDied(f"worker {self.pid} sent a malformed message ({exc.message})",
                              pid=self.pid) from exc
 
-    async def _unless_dead(self, operation: Awaitable, timeout: float | None) -> Any:
-        """`operation`'s result, or WorkerDied if the worker exits or `timeout` passes first."""
-        task = asyncio.ensure_future(operation)
-        done, _ = await asyncio.wait({task, self.died}, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
+    async def _unless_dead(self, operation: asyncio.Future, timeout: float | None) -> Any:
+        """`operation`'s result (a socket's send or recv), or WorkerDied if the worker exits or
+        `timeout` passes first; it is cancelled unless it ended."""
+        try:
+            done, _ = await asyncio.wait({operation, self.died}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            operation.cancel()  # no-op once it is done
+        if operation in done:
+            return operation.result()
         if self.died.done():
             raise WorkerDied(self.death_reason(), pid=self.pid)
         raise WorkerDied(f"worker {self.pid} did not answer in {timeout} s", pid=self.pid)
@@ -350,9 +353,11 @@ class Pool:
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
         self._base_proc: subprocess.Popen | None = None
+        # what runs beside its callers: builds, rebuilds, the base zygote's restart, and each
+        # worker's making and loading (`lifecycle.Life`); `stop` ends them
+        self.tasks = Background("pool")
         self._building: dict[Key, asyncio.Task] = {}
         self._reviving: asyncio.Task | None = None  # the restart of a dead base zygote
-        self._background: set[asyncio.Task] = set()  # zygotes rebuilt after a change
 
     async def start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -395,7 +400,7 @@ class Pool:
                 return zygote
         key = (site, needs if family is None else family | needs)
         if key not in self._building:
-            self._building[key] = asyncio.ensure_future(self._build(key))
+            self._building[key] = self.tasks.start(self._build(key))
         return await asyncio.shield(self._building[key])
 
     async def _build(self, key: Key) -> ZygoteHandle:
@@ -445,22 +450,10 @@ class Pool:
             self._evict()
             log.info("environment %s changed: its zygotes and templates are rebuilt", env.name)
             for family in families:
-                self._spawn(self.zygote_for(family, None, site))
+                self.tasks.start(self.zygote_for(family, None, site), "a zygote rebuild")
             for family in images:
                 self.templates.build_soon(family, site)
         return generation
-
-    def _spawn(self, build: Awaitable) -> None:
-        """Build in the background; a failure is logged, the next worker builds it again."""
-        task = asyncio.ensure_future(build)
-        self._background.add(task)
-
-        def done(task: asyncio.Task) -> None:
-            self._background.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                log.warning("a zygote rebuild failed: %s", task.exception())
-
-        task.add_done_callback(done)
 
     def _evict(self) -> None:
         """Drop least recently used families while there are more than `max_zygotes` or they
@@ -636,13 +629,11 @@ class Pool:
         if not zygote.modules and zygote.pid == self._base_proc.pid and (
                 self._reviving is None or self._reviving.done()):
             log.warning("the base zygote %d died; restarting it", zygote.pid)
-            self._reviving = asyncio.ensure_future(self._revive_base())
+            self._reviving = self.tasks.start(self._revive_base(),
+                                               "restarting the base zygote")
 
     async def stop(self) -> None:
-        if self._reviving is not None:
-            self._reviving.cancel()
-        for task in self._background:
-            task.cancel()
+        await self.tasks.close()
         for worker in list(self.workers.values()):
             if worker.pid and not worker.died.done():
                 with contextlib.suppress(ProcessLookupError):  # reaped, not yet told
