@@ -5,7 +5,7 @@ STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
 INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-load test-fast test-corpus-full test-deep lint criu native sysdeps clean device-bundle \
+.PHONY: demo test test-load test-fast test-corpus-full test-deep lint typecheck criu native sysdeps clean device-bundle \
 	labextension
 
 $(STAMP): pyproject.toml requirements-dev.txt
@@ -46,7 +46,11 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(CRIU) $(INIT) $(LABEXT) sysdeps lint
+# pyright as pyproject's [tool.pyright] sets it; any error fails the target.
+typecheck: $(STAMP)
+	$(VENV)/bin/pyright
+
+test: $(STAMP) $(CRIU) $(INIT) $(LABEXT) sysdeps lint typecheck
 	$(VENV)/bin/pytest -m "not gpu and not deep" -q
 
 # The same suite beside a CPU hog on every core: what a loaded CI machine does to it.

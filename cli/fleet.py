@@ -27,11 +27,12 @@ class _Bars:
     def __call__(self, label: str, now: float, horizon: float) -> None:
         from tqdm import tqdm
 
-        if label != self.label:
+        bar = self.bar
+        if label != self.label or bar is None:
             self.close()
             self.label = label
-            self.bar = tqdm(total=round(horizon / 3600), desc=label, unit="h simulated")
-        self.bar.update(round(now / 3600) - self.bar.n)
+            bar = self.bar = tqdm(total=round(horizon / 3600), desc=label, unit="h simulated")
+        bar.update(round(now / 3600) - bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

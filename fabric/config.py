@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,7 +161,7 @@ def _convert(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(path: Path | None = None, env: dict[str, str] | None = None) -> Config:
+def load(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Defaults, overlaid with the config file (if any) and ``LLFABRIC_*`` variables."""
     env = os.environ if env is None else env
     path = path or (Path(env["LLFABRIC_CONFIG"]) if "LLFABRIC_CONFIG" in env else None)

@@ -129,3 +129,73 @@ def test_a_worker_imports_nothing_of_the_server_side() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout.split()
     assert loaded and {_part(m) for m in loaded} <= WORKER_MAY, loaded
+
+
+# Files whose public functions still return a bare dict while their replies become typed (the
+# host's typed face and its clients); each leaves this list once it is typed.
+BARE_DICT_PENDING = {
+    "fabric/messages.py": "a Reply still carries its fields as a dict",
+    "fabric/server.py": "its handlers' replies, typed with the messages",
+    "fabric/front.py": "its handlers' replies, typed with the messages",
+    "fabric/session.py": "its replies, typed with the messages",
+    "fabric/client.py": "returns the server's replies, typed with the messages",
+    "fabric/cluster/host.py": "the cluster's host replies, typed with the messages",
+    "fabric/cluster/link.py": "the door's link replies, typed with the messages",
+    "fabric/cluster/members.py": "the cluster's host replies, typed with the messages",
+    "fabric/snapshot/catalog.py": "its completion and inspection replies, typed with the messages",
+    "fabric/attach/answers.py": "reads the server's replies, typed with the messages",
+    "fabric/attach/debugging.py": "reads the server's replies, typed with the messages",
+    "fabric/attach/frontend.py": "reads the server's replies, typed with the messages",
+    "fabric/attach/kernels.py": "reads the server's replies, typed with the messages",
+    "fabric/attach/relay.py": "reads the server's replies, typed with the messages",
+}
+
+
+def _bare_dict(hint: ast.expr) -> bool:
+    """Whether a return annotation says only `dict` (or `dict | None`): nothing of what it holds."""
+    if isinstance(hint, ast.Constant) and isinstance(hint.value, str):
+        hint = ast.parse(hint.value, mode="eval").body
+    if isinstance(hint, ast.Name):
+        return hint.id in ("dict", "Dict")
+    if isinstance(hint, ast.BinOp) and isinstance(hint.op, ast.BitOr):
+        sides = (hint.left, hint.right)
+        return any(_bare_dict(s) for s in sides) \
+            and any(isinstance(s, ast.Constant) and s.value is None for s in sides)
+    return False
+
+
+def _returning_bare_dicts(source: str) -> list[str]:
+    """The public functions of a module and of its classes annotated to return a bare dict."""
+    found = []
+
+    def visit(body: list[ast.stmt], owner: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{owner}{node.name}.")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
+                    and not node.name.startswith("_") and node.returns is not None \
+                    and _bare_dict(node.returns):
+                found.append(f"{owner}{node.name}")
+
+    visit(ast.parse(source).body, "")
+    return found
+
+
+def test_no_public_function_returns_a_bare_dict() -> None:
+    """A reply, a status or a figure says what it holds: a dataclass, a TypedDict, or a dict of
+    like items (`dict[str, int]`); a map that travels as it is names its alias (`Wire`)."""
+    bare = {str(path.relative_to(ROOT)): found for path in sorted(FABRIC.rglob("*.py"))
+            if (found := _returning_bare_dicts(path.read_text()))}
+    assert {p: f for p, f in bare.items() if p not in BARE_DICT_PENDING} == {}
+
+
+def test_the_bare_dict_finder_finds_them() -> None:
+    source = ("def a() -> dict: ...\n"
+              "def b() -> dict | None: ...\n"
+              "def c() -> 'dict': ...\n"
+              "class K:\n    async def d(self) -> None | dict: ...\n"
+              "    def _e(self) -> dict: ...\n"
+              "def f() -> dict[str, int]: ...\n"
+              "def g() -> list[dict]: ...\n"
+              "def h(): ...\n")
+    assert _returning_bare_dicts(source) == ["a", "b", "c", "K.d"]

@@ -229,8 +229,9 @@ class LLFabric(Policy):
         self.linger_s = costs.linger_s
 
     def prefer(self, state: SessionState) -> tuple[int, ...]:
-        alive = state.host is not None and self.fleet.hosts[state.host].alive
-        return (state.host,) if alive else ()
+        if state.host is not None and self.fleet.hosts[state.host].alive:
+            return (state.host,)
+        return ()
 
     def start(self, state: SessionState, cell: ModelledCell, host: int, wait_s: float
               ) -> tuple[float, str]:
@@ -243,7 +244,8 @@ class LLFabric(Policy):
         local = state.host == host
         prepare = costs.fresh_s(costs.load_gbps if local else self._peer_gbps())
         hidden = cell.think_s + wait_s  # a draft runs on while it waits
-        if not drafted_here:  # drafted again elsewhere once its host's GPUs were given away
+        if previous is not None and not drafted_here:
+            # drafted again elsewhere once its host's GPUs were given away
             hidden = min(hidden, self.fleet.now - previous.taken_at)
         fresh = max(0.0, prepare - hidden) + costs.staged_s
         warm = local and cell.think_s <= self.keep_warm_s

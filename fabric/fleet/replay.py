@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import nbformat
 
@@ -34,7 +35,7 @@ from fabric.messages import Reply
 
 from .costs import Costs
 from .fleet import Fleet
-from .results import figures
+from .results import Json, figures
 from .sessions import ModelledCell, ModelledSession
 from .simulate import simulate
 
@@ -125,6 +126,7 @@ def _session(address: str, index: int, planned: Plan, workdir: Path,
                                         0, 0, 0))
                     continue
                 ended = time.monotonic()
+                assert reply is not None, "an execute ends with its reply or raises"
                 t = reply["timings"]
                 out.append(LiveCell(index, kind, think, reply["status"], reply["path"],
                                     t["visible_delay"] + waited, t["queue"] + waited,
@@ -162,7 +164,20 @@ def run_live(plans: list[Plan], slots: int,
         return cells, spans, leased, time.monotonic() - started
 
 
-def summary(cells: list[LiveCell], spans: dict, leased: dict, pinned: bool) -> dict:
+class LiveFigures(TypedDict):
+    """A live run's figures, in the simulator's terms."""
+
+    cells: int
+    ok: int
+    slot_seconds_held: float
+    slot_seconds_busy: float
+    share_under_100ms: float
+    delay_p50_s: float
+    delay_max_s: float
+    paths: dict[str, int]  # how many cells started each way
+
+
+def summary(cells: list[LiveCell], spans: dict, leased: dict, pinned: bool) -> LiveFigures:
     """The live run's figures, in the simulator's terms."""
     delays = sorted(c.visible_delay for c in cells)
     ok = [c for c in cells if c.status == "ok"]
@@ -197,9 +212,9 @@ def simulated(cells: list[LiveCell], plans: list[Plan], slots: int) -> dict[str,
     return out
 
 
-def replay(plans: list[Plan], slots: int) -> dict:
+def replay(plans: list[Plan], slots: int) -> Json:
     """Live under llfabric, live pinned, and simulated: every figure, and every live cell."""
-    result: dict = {"slots": slots, "sessions": len(plans),
+    result: Json = {"slots": slots, "sessions": len(plans),
                     "notebooks": sorted({str(p.notebook) for p in plans})}
     live_cells = {}
     for mode, pinned in (("llfabric", False), ("pinned", True)):

@@ -14,12 +14,13 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TypedDict
 
 from fabric.errors import TraceError
 
 from .costs import INPUTS, Costs
 from .policies import NAMES
-from .results import compare, figures
+from .results import Json, compare, figures
 from .sessions import ModelledSession, SessionModel, build_sessions, workload_sessions
 from .simulate import simulate
 from .trace import Training, read_trace
@@ -56,7 +57,7 @@ def _write(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> Json:
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -83,6 +84,16 @@ def _run_policies(sessions: list[ModelledSession], costs: Costs, names: Iterable
         yield name, figures(simulate(sessions, name, costs, traced=traced, progress=tell))
 
 
+class TraceInfo(TypedDict):
+    """The file a run's sessions are made from, as its run.json describes it."""
+
+    path: str
+    kind: str  # workload or trace
+    sha256: str
+    trainings: int
+    hours: float
+
+
 class Source:
     """What the sessions are made from: a training trace (CSV) or a session-level workload
     (NotebookOS's workload-template JSON), read and checked once."""
@@ -106,7 +117,7 @@ class Source:
         start = min(t.submit_min for t in self.trainings)
         return (max(t.submit_min + t.duration_min for t in self.trainings) - start) / 60
 
-    def describe(self) -> dict:
+    def describe(self) -> TraceInfo:
         return {"path": str(self.path), "kind": "workload" if self.workload else "trace",
                 "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest(),
                 "trainings": len(self.trainings), "hours": self.hours}

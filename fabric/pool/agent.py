@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from ..closure import Closure, closure, plan
 from ..errors import (
@@ -33,6 +33,7 @@ from ..errors import (
     UnknownEnv,
     WorkerDied,
 )
+from ..protocol import Wire
 from ..snapshot import Group, Manifest, Store, history, lineage
 from ..tasks import Background
 from ..worker.account import Account
@@ -67,6 +68,18 @@ Lazy = tuple[tuple[Group, frozenset[str]], ...]  # loaded when a branch needs th
 
 ASK_WAIT = 2.0  # seconds a question waits for a worker's answer before the catalog answers it
 ASK_LIMIT = 30.0  # a worker silent this long on a question is out of step: it is retired
+
+
+class WorkerTier(TypedDict):
+    """Where a session's state lives now, and its worker: its part of the session's status."""
+
+    running: bool
+    pinned: bool  # a worker kept alive for values that cannot be saved
+    worker: int | None
+    prepared: bool
+    tier: str  # hot, warm, cool or cold
+    memory: int  # bytes that tier holds
+    lease_seconds: float
 
 
 def _union(closures: list[Closure]) -> Closure:
@@ -239,7 +252,7 @@ class SessionWorkers:
         if elsewhere and (wanted := [b for b in blobs if b]):
             await asyncio.to_thread(self.store.fetch, wanted)
 
-    def _usable(self, life: Life | None, head: Head) -> bool:
+    def _usable(self, life: Life | None, head: Head) -> TypeGuard[Life]:
         if life is None or not life.usable(head.id):
             return False
         worker = life.worker()
@@ -285,20 +298,20 @@ class SessionWorkers:
             self.lost_why = exc.message
         return self._prepare(cl, head, events, replay, at_once)
 
-    def _wake(self, life: Life | None) -> bool:
+    def _wake(self, life: Life | None) -> TypeGuard[Life]:
         """Ask for a cool worker back, if `life` is one."""
         return life is not None and life.wake()
 
     # between cells: questions, and a frontend's comm messages
-    async def complete(self, source: str, cursor: int, head: Head) -> dict | None:
+    async def complete(self, source: str, cursor: int, head: Head) -> Wire | None:
         """The live worker's `complete_reply` content (see `_ask`)."""
         return await self._ask(CompleteCode(source, cursor), head)
 
-    async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> dict | None:
+    async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> Wire | None:
         """The live worker's `inspect_reply` content (see `_ask`)."""
         return await self._ask(InspectName(source, cursor, detail), head)
 
-    async def _ask(self, question: CompleteCode | InspectName, head: Head) -> dict | None:
+    async def _ask(self, question: CompleteCode | InspectName, head: Head) -> Wire | None:
         """The answer of the session's live worker to a completion or an inspection, without a
         lease; None when no worker can answer now: none is live, it runs a cell, it is being
         readied, woken or asked already, its CUDA state is parked (its CUDA calls would block),
@@ -551,6 +564,7 @@ class SessionWorkers:
 
     async def _spread(self, head: Head, events: EventSink) -> None:
         """Keep the new version on the other hosts a cluster without a remote tier asks for."""
+        assert head.id is not None, "a commit makes a version"
         short = await asyncio.to_thread(self.store.spread, self.name, head.id)
         if short:
             events.notice("copies", (
@@ -558,7 +572,7 @@ class SessionWorkers:
                 f"{self.store.copies} hosts asked for (`copies`): too few answered; a lost host "
                 "may take it with it"))
 
-    def answer(self, value: str | None, error: str | None) -> dict:
+    def answer(self, value: str | None, error: str | None) -> dict[str, bool]:
         """The client's answer to the running cell's input request."""
         if self.running is None:
             raise NotWaiting(f"no cell of session {self.name} is waiting for input",
@@ -718,20 +732,20 @@ class SessionWorkers:
         worker = life.worker() if life is not None else None
         return worker.pid if worker is not None else None
 
-    def status(self, head: Head) -> dict:
+    def status(self, head: Head) -> WorkerTier:
         """hot (running a cell), warm (a live worker kept), cool (on disk) or cold (store only),
         the bytes that tier holds, and the worker."""
         life = self._current()
-        tier: dict = {"tier": "cold", "memory": 0}
+        tier, memory = "cold", 0
         if self.running is not None:
-            tier = {"tier": "hot", "memory": self.pool.memory(self.running.worker)}
+            tier, memory = "hot", self.pool.memory(self.running.worker)
         elif life is not None and life.cooled is not None:
-            tier = {"tier": "cool", "memory": life.cooled.size}
+            tier, memory = "cool", life.cooled.size
         elif life is not None and (worker := life.worker()) is not None:
-            tier = {"tier": "warm", "memory": self.pool.memory(worker)}
+            tier, memory = "warm", self.pool.memory(worker)
         return {"running": self.running is not None,
                 "pinned": bool(life and life.unsaved and self._usable(life, head)),
                 "worker": self.worker_pid(),
                 "prepared": life is not None,
-                **tier,
+                "tier": tier, "memory": memory,
                 "lease_seconds": self.leases.seconds_of(self.name)}

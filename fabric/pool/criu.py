@@ -97,11 +97,13 @@ def _call(verb: str, images: Path, log_name: str, **opts: object):
         if binary is None:
             raise CheckpointError("no criu binary", images=str(images))
         criu.use_binary(str(binary))
-        criu.opts.images_dir_fd = fd
-        criu.opts.log_file = log_name
-        criu.opts.log_level = 4
+        options = criu.opts
+        assert options is not None, "pycriu's constructor makes them"
+        options.images_dir_fd = fd
+        options.log_file = log_name
+        options.log_level = 4
         for key, value in opts.items():
-            setattr(criu.opts, key, value)
+            setattr(options, key, value)
         try:
             return getattr(criu, verb)()
         except pycriu.CRIUException as exc:

@@ -60,11 +60,13 @@ CAPABILITIES = {
 # llfabric's own frames (the worker's runtime) are not the user's code to step through
 ATTACH = {"justMyCode": True, "subProcess": False,
           "rules": [{"path": str(Path(__file__).resolve().parents[1]), "include": False}]}
+DapMessage = dict[str, Any]  # one Debug Adapter Protocol message, as its JSON reads
 HANDSHAKE_EVENTS = frozenset({"initialized", "process", "output", "debugpySockets",
                               "debugpyWaitingForServer"})  # of the connection, not the cell
 
 
-def response(request: dict, body: dict | None = None, error: str | None = None) -> dict:
+def response(request: DapMessage, body: dict | None = None,
+             error: str | None = None) -> DapMessage:
     """The response to `request`: `body`, or its failure (`error`)."""
     reply: dict[str, Any] = {"type": "response", "seq": 0, "request_seq": request.get("seq", 0),
                              "command": request.get("command"), "success": error is None,
@@ -84,7 +86,7 @@ class Debugger:
         self.link: DebugConnection | None = None  # to the running cell's worker, while it runs
         self._turn = asyncio.Lock()  # a request waits while a cell's worker is connected
 
-    async def request(self, message: dict) -> dict:
+    async def request(self, message: DapMessage) -> DapMessage:
         """The response to a frontend's request."""
         command, arguments = message.get("command"), message.get("arguments") or {}
         if not isinstance(command, str) or not isinstance(arguments, dict):
@@ -257,18 +259,18 @@ class DebugConnection:
             raise
         return link
 
-    async def request(self, command: str, arguments: dict | None = None) -> dict:
+    async def request(self, command: str, arguments: dict | None = None) -> DapMessage:
         return await self.call({"seq": 0, "type": "request", "command": command,
                                 "arguments": arguments or {}})
 
     @staticmethod
-    async def _check(pending: Any) -> dict:
+    async def _check(pending: Any) -> DapMessage:
         answer = await pending
         if not answer.get("success"):
             raise ConnectionError(f"{answer.get('command')}: {answer.get('message')}")
         return answer
 
-    async def call(self, message: dict, timeout: float = CALL_TIMEOUT) -> dict:
+    async def call(self, message: DapMessage, timeout: float = CALL_TIMEOUT) -> DapMessage:
         """The worker debugger's response to `message` (renumbered on this connection)."""
         seq = next(self._seq)
         waiting = self._waiting[seq] = asyncio.get_running_loop().create_future()
@@ -288,7 +290,7 @@ class DebugConnection:
             while True:
                 message = await self._frame()
                 if message.get("type") == "response":
-                    waiting = self._waiting.get(message.get("request_seq"))
+                    waiting = self._waiting.get(message.get("request_seq", 0))
                     if waiting is not None and not waiting.done():
                         waiting.set_result(message)
                 elif message.get("type") == "event":

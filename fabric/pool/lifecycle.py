@@ -263,8 +263,8 @@ class Life:
 
     def _failed(self, task: asyncio.Future) -> None:
         if task.cancelled() or task.exception() is not None:
-            if not task.cancelled():  # its session finds no worker: say why
-                exc = task.exception()
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None:  # its session finds no worker: say why
                 tail = getattr(exc.__cause__, "fields", {}).get("log", "")
                 log.warning("a kept worker is lost: %s%s", exc, f"\n{tail}" if tail else "")
             self.stage = Stage.RETIRED

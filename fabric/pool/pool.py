@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import psutil
 import zmq
@@ -53,7 +53,7 @@ from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, decode
 from . import criu, cuda, parking, rundir
 from .contain import Containment
-from .templates import Template, Templates, worker_of
+from .templates import Template, TemplateMap, Templates, worker_of
 
 if TYPE_CHECKING:
     from ..envs import Env
@@ -108,7 +108,9 @@ class ZygoteHandle:
                 self.ready.set_result(message)
         elif isinstance(message, control.Exited):
             self.pool.child_exited(message.pid, message.status)
-        elif (future := self._pending.pop(message.req, None)) is not None and not future.done():
+        elif isinstance(message, control.ANSWERS) and message.req is not None \
+                and (future := self._pending.pop(message.req, None)) is not None \
+                and not future.done():
             future.set_result((message, fds))
         else:  # a request whose waiter gave up, or a refusal of a message without a req
             log.warning("zygote %d: %s answers no waiting request", self.pid, message)
@@ -133,7 +135,7 @@ class ZygoteHandle:
             os.kill(self.pid, signal.SIGKILL)
 
     async def request(self, message: control.ForkWorker | control.ForkZygote,
-                      ) -> tuple[control.ZygoteMessage, list[int]]:
+                      ) -> tuple[control.Forked | control.ZygoteForked, list[int]]:
         """The zygote's answer to `message` and the descriptors it carries; a refusal, or an
         answer of another kind, is a ZygoteProtocolError."""
         if self.ctrl.fileno() < 0:
@@ -379,12 +381,13 @@ class Pool:
             await asyncio.sleep(delay)
             try:
                 await self.start()
-                log.info("base zygote restarted as %d", self._base_proc.pid)
+                log.info("base zygote restarted as %d", self.zygotes[BASE].pid)
                 return
             except (FabricError, OSError, TimeoutError) as exc:
                 if (base := self.zygotes.pop(BASE, None)) is not None:
                     base.stop()
-                self._base_proc.kill()
+                if self._base_proc is not None:
+                    self._base_proc.kill()
                 delay = min(max(delay * 2, 1.0), 60.0)
                 log.warning("the base zygote did not start (%s); retrying in %.0f s", exc, delay)
 
@@ -626,8 +629,8 @@ class Pool:
         for worker in list(self.workers.values()):
             if worker.zygote is zygote and not worker.died.done():
                 worker.died.set_result(None)  # it died with its zygote (PDEATHSIG)
-        if not zygote.modules and zygote.pid == self._base_proc.pid and (
-                self._reviving is None or self._reviving.done()):
+        base = self._base_proc is not None and zygote.pid == self._base_proc.pid
+        if base and not zygote.modules and (self._reviving is None or self._reviving.done()):
             log.warning("the base zygote %d died; restarting it", zygote.pid)
             self._reviving = self.tasks.start(self._revive_base(),
                                                "restarting the base zygote")
@@ -652,7 +655,7 @@ class Pool:
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         os.close(self._held)
 
-    def status(self) -> dict:
+    def status(self) -> PoolMap:
         return {
             "zygotes": [{"pid": z.pid, "modules": sorted(f), "env": site, "ready": z.ready.done(),
                          "memory": _unique_memory(z.pid)}
@@ -665,6 +668,32 @@ class Pool:
             "worker_source": self.worker_source,
             "templates": self.templates.status(),
         }
+
+
+class ZygoteMap(TypedDict):
+    pid: int
+    modules: list[str]
+    env: str  # the site-packages of the environment it entered; "": the server's
+    ready: bool
+    memory: int  # bytes only it holds
+
+
+class WorkerMap(TypedDict):
+    pid: int
+    source: str
+    zygote: int | None
+    parked: bool  # its CUDA state is off the GPU
+    moved: int  # bytes the worker moved into host memory itself, while parked
+    fallback: str | None  # why it moved none
+
+
+class PoolMap(TypedDict):
+    """The pool's processes, as `status` reports them."""
+
+    zygotes: list[ZygoteMap]
+    workers: list[WorkerMap]
+    worker_source: str
+    templates: list[TemplateMap]
 
 
 def choose_source(configured: str, gpu: bool) -> str:

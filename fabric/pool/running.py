@@ -95,7 +95,7 @@ class Running:
             self._answer = None
         return None if answer is None else InputReply(**answer)
 
-    def answer(self, value: str | None, error: str | None) -> dict:
+    def answer(self, value: str | None, error: str | None) -> dict[str, bool]:
         """The client's answer to the cell's input request."""
         if self._answer is None or self._answer.done():
             raise NotWaiting(f"no cell of session {self.session} is waiting for input",

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from ..tasks import Background
 from ..worker import control, wake
@@ -30,6 +31,19 @@ from . import criu
 log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 300.0
+
+
+class TemplateMap(TypedDict):
+    """A template as `status` reports it."""
+
+    modules: list[str]
+    env: str
+    state: str  # building, ready or failed
+    error: str
+    bytes: int
+    built_in: float  # seconds
+    restores: int
+    failed_imports: dict[str, str]
 
 
 @dataclass
@@ -48,7 +62,7 @@ class Template:
         return sum(p.stat().st_size for p in self.images.glob("*.img")) if self.images.exists() \
             else 0
 
-    def status(self) -> dict:
+    def status(self) -> TemplateMap:
         return {"modules": sorted(self.modules), "env": self.site, "state": self.state,
                 "error": self.error,
                 "bytes": self.size, "built_in": self.built_in, "restores": self.restores,
@@ -166,7 +180,7 @@ class Templates:
         for template in self.by_family.values():
             criu.remove(template.images)
 
-    def status(self) -> list[dict]:
+    def status(self) -> list[TemplateMap]:
         return [t.status() for t in self.by_family.values()]
 
 

@@ -31,6 +31,7 @@ import msgpack
 
 from .. import typed
 from ..errors import ZygoteProtocolError
+from ..protocol import Wire
 
 PACKET = 1 << 20  # largest control packet
 MAX_FDS = 4  # descriptors read with a packet; more are a refusal, never a leak
@@ -43,7 +44,7 @@ class ZygoteMessage:
     op: ClassVar[str]
     fds: ClassVar[int] = 0  # descriptors that travel with the message
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Wire:
         return {"op": self.op, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
     @classmethod
@@ -102,7 +103,7 @@ class Exited(ZygoteMessage):
 @dataclass(frozen=True)
 class ForkWorker(ZygoteMessage):
     op: ClassVar[str] = "fork_worker"
-    answer: ClassVar[type[ZygoteMessage]] = Forked
+    answer: ClassVar[type[Forked]] = Forked
     endpoint: str
     store: str
     req: int = 0  # set by the server as it sends the request
@@ -111,7 +112,7 @@ class ForkWorker(ZygoteMessage):
 @dataclass(frozen=True)
 class ForkZygote(ZygoteMessage):
     op: ClassVar[str] = "fork_zygote"
-    answer: ClassVar[type[ZygoteMessage]] = ZygoteForked
+    answer: ClassVar[type[ZygoteForked]] = ZygoteForked
     modules: list[str]  # what the new zygote imports, beyond its parent's
     site: str = ""  # an environment's site-packages it enters first (`env.enter`); "": none
     req: int = 0
@@ -119,12 +120,15 @@ class ForkZygote(ZygoteMessage):
 
 M = TypeVar("M", bound=ZygoteMessage)
 
-TO_ZYGOTE: tuple[type[ZygoteMessage], ...] = (ForkWorker, ForkZygote)
-TO_SERVER: tuple[type[ZygoteMessage], ...] = (Forked, ZygoteForked, ZygoteRefused, Ready, Exited)
+TO_ZYGOTE = (ForkWorker, ForkZygote)
+TO_SERVER = (Forked, ZygoteForked, ZygoteRefused, Ready, Exited)
+ANSWERS = (Forked, ZygoteForked, ZygoteRefused)  # what answers a request, by its req
 
 
 def send(ctrl: socket.socket, message: ZygoteMessage, fds: Sequence[int] = ()) -> None:
-    data = msgpack.packb(message.to_wire(), use_bin_type=True)
+    # msgpack is untyped, and pyright reads a None into packb's result (see protocol.pack)
+    data: bytes = msgpack.packb(  # pyright: ignore[reportAssignmentType]
+        message.to_wire(), use_bin_type=True)
     if fds:
         socket.send_fds(ctrl, [data], list(fds))
     else:

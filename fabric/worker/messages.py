@@ -22,11 +22,13 @@ between cells, are answered by `Answered` (a `CommIn` after its callbacks' `Cell
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .. import typed
 from ..errors import ProtocolError
+from ..protocol import Wire
 from ..snapshot.commit import Report
 from .account import Account
 
@@ -40,7 +42,7 @@ class WorkerMessage:
 
     op: ClassVar[str]
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Wire:
         return {"op": self.op, **_plain(self)}
 
     @classmethod
@@ -364,9 +366,10 @@ FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, CellO
                                  Sleeping, Refused)}
 
 
-def decode(wire: dict, ops: dict[str, type[WorkerMessage]]) -> WorkerMessage:
+def decode(wire: dict, ops: Mapping[str, type[WorkerMessage]]) -> WorkerMessage:
     """The message of `ops` (TO_WORKER or FROM_WORKER) that `wire` holds."""
-    kind = ops.get(wire.get("op"))  # type: ignore[arg-type]
+    op = wire.get("op")
+    kind = ops.get(op) if isinstance(op, str) else None
     if kind is None:
         raise ProtocolError(f"unknown worker message {wire.get('op')!r}")
     return kind.from_wire(wire)

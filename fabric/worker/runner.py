@@ -371,6 +371,7 @@ class Worker:
         # An interrupt now stops the save (user code runs in it: a value's `__reduce__`, its
         # `__repr__`): what is not written yet stays unsaved, held by this worker.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        assert result is not None, "run_cell returns its result or raises"
         error = result.error_in_exec or result.error_before_exec
         saved = failed = None
         try:
@@ -493,8 +494,8 @@ class Worker:
         parts = _pickled_parts(self.ambient)
         saved = self.ambient_saved
         if saved is None or saved[1] != parts or not self.store.has(saved[0]):
-            self.ambient_saved = (self.store.put(pickle.dumps(self.ambient)), parts)
-        return self.ambient_saved[0]
+            saved = self.ambient_saved = (self.store.put(pickle.dumps(self.ambient)), parts)
+        return saved[0]
 
 
 def _pickled_parts(state: dict[str, Any]) -> dict[str, bytes]:

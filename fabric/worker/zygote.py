@@ -88,8 +88,9 @@ class Zygote:
                 try:
                     received = control.receive(self.ctrl, control.TO_ZYGOTE)
                 except ZygoteProtocolError as exc:  # the server's mistake: answered, not dropped
-                    control.send(self.ctrl, control.ZygoteRefused(req=exc.fields.get("req"),
-                                                                  error=exc.message))
+                    req = exc.fields.get("req")
+                    control.send(self.ctrl, control.ZygoteRefused(
+                        req=req if isinstance(req, int) else None, error=exc.message))
                     continue
                 if received is None:
                     os._exit(0)  # the server went away
