@@ -86,7 +86,7 @@ class StatusSummary(TypedDict):
     saved_share: NotRequired[float]
 
 
-class CellOutput(TypedDict):
+class PublishedOutput(TypedDict):
     """One output the kernel published for a cell, in the order of `seq`."""
 
     seq: int
@@ -104,7 +104,7 @@ class CellSnapshot(TypedDict):
     dropped: bool
     source: str
     after: str | None
-    outputs: list[CellOutput]
+    outputs: list[PublishedOutput]
 
 
 def summary(status: ServerStatus, session: str) -> StatusSummary:
