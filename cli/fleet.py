@@ -9,13 +9,15 @@ import click
 
 from fabric.fleet.policies import NAMES as POLICY_NAMES
 
+from .common import DEMO_NOTEBOOK
+
 TRACE = (Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
          / "sensei_june_60sec.csv")
 _ROOT = Path(__file__).resolve().parent.parent
 # small notebooks of the corpus: torch modules, numpy basics, plain Python
 DEFAULT_NOTEBOOKS = [_ROOT / "corpus" / "d2l-pytorch" / "ch07_Custom_Layers.ipynb",
                      _ROOT / "corpus" / "pydata-book" / "ch02.ipynb",
-                     _ROOT / "examples" / "train_tiny_mlp.ipynb"]
+                     DEMO_NOTEBOOK]
 
 
 class _Bars:
