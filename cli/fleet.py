@@ -92,7 +92,8 @@ def report(run_dir: Path) -> None:
 @click.option("--notebook", "notebooks", multiple=True,
               type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Notebooks whose cells the sessions run, in turn (default: three small ones).")
-@click.option("--sessions", type=int, default=8, show_default=True)
+@click.option("--sessions", type=int, default=8, show_default=True,
+              help="Sessions replayed at once, their cells from the notebooks in turn.")
 @click.option("--slots", type=int, default=2, show_default=True, help="The server's slots.")
 @click.option("--compress", type=float, default=60.0, show_default=True,
               help="The trace's think times and bursts are divided by this.")
@@ -101,7 +102,8 @@ def report(run_dir: Path) -> None:
 @click.option("--max-burst", type=float, default=3.0, show_default=True,
               help="Longest training burst, in seconds after compression.")
 @click.option("--trace", type=click.Path(path_type=Path, dir_okay=False), default=TRACE,
-              show_default=True)
+              show_default=True, help="Training trace (Tiresias job-list CSV) whose think times "
+              "and bursts the sessions follow.")
 def replay(out: Path, notebooks: tuple[Path, ...], sessions: int, slots: int, compress: float,
            max_think: float, max_burst: float, trace: Path) -> None:
     """Run notebook sessions live on a local server, then pinned, and simulate the same
