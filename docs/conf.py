@@ -25,5 +25,7 @@ nitpicky = True
 
 html_theme = "pydata_sphinx_theme"
 html_title = "llfabric"
-html_theme_options = {"navigation_with_keys": False, "show_toc_level": 2}
+html_theme_options = {"navigation_with_keys": False, "show_toc_level": 2,
+                      # the generated tables take the page's whole width
+                      "secondary_sidebar_items": {"reference/*": []}}
 html_static_path: list[str] = []

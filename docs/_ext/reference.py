@@ -84,19 +84,22 @@ def _set(key: str, value: str | None) -> None:
 
 
 def rst(text: str) -> str:
-    """Comment text as reStructuredText: `code` literal, everything else plain."""
-    parts = text.split("`")
+    """Comment or docstring text (Markdown-like: `code` or ``code``) as reStructuredText."""
+    parts = " ".join(text.split()).replace("``", "`").split("`")
     out = []
     for index, part in enumerate(parts):
-        if index % 2:
-            out.append(f"``{part}``" if part else "")
-        else:
+        if index % 2 == 0:
             out.append(re.sub(r"([\\*_|<>\[\]])", r"\\\1", part))
+        elif part:
+            before = "\\ " if out and out[-1][-1:].isalnum() else ""
+            after = "\\ " if index + 1 < len(parts) and parts[index + 1][:1].isalnum() else ""
+            out.append(f"{before}``{part}``{after}")
     return "".join(out)
 
 
 def list_table(header: list[str], rows: list[list[str]], widths: str) -> list[str]:
-    lines = [".. list-table::", "   :header-rows: 1", f"   :widths: {widths}", ""]
+    lines = [".. list-table::", "   :header-rows: 1", f"   :widths: {widths}",
+             "   :width: 100%", ""]
     for row in [header, *rows]:
         for index, cell in enumerate(row):
             lines.append(f"   {'* -' if index == 0 else '  -'} {cell or '..'}")
@@ -115,8 +118,11 @@ class _Generated(SphinxDirective):
         raise NotImplementedError
 
     def run(self) -> list[nodes.Node]:
+        # the pages are MyST Markdown, which parses a directive's content as Markdown: the
+        # generated reStructuredText goes through its eval-rst directive
+        lines = ["````{eval-rst}", *self.lines(), "````"]
         container = nodes.container()
-        self.state.nested_parse(StringList(self.lines(), source=self.get_source_info()[0]),
+        self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]),
                                 self.content_offset, container)
         return container.children
 
@@ -127,11 +133,11 @@ class Settings(_Generated):
 
         self.env.note_dependency(str(ROOT / "fabric" / "config.py"))
         meanings = field_comments(Config)
-        rows = [[f"``{f.name}``", f"``LLFABRIC_{f.name.upper()}``", f"``{f.type}``",
+        rows = [[f"``{f.name}`` ``LLFABRIC_{f.name.upper()}``", f"``{f.type}``",
                  f"``{setting_default(f)}``", rst(meanings[f.name])]
                 for f in dataclasses.fields(Config)]
-        return list_table(["Key", "Environment", "Type", "Default", "Meaning"], rows,
-                          "14 20 6 16 44")
+        return list_table(["Key and variable", "Type", "Default", "Meaning"], rows,
+                          "22 8 18 52")
 
 
 class Protocol(_Generated):
@@ -142,9 +148,9 @@ class Protocol(_Generated):
         out: list[str] = []
         for title, table, key in (("Requests", messages.REQUESTS, "op"),
                                   ("Events", messages.EVENTS, "event")):
-            out += [title, "-" * len(title), ""]
+            out += [f".. rubric:: {title}", ""]
             for name, cls in table.items():
-                out += [f"``{name}``", "^" * (len(name) + 4), ""]
+                out += [f".. rubric:: ``{name}``", ""]
                 out += [f"``{key}: {name!r}`` (``fabric.messages.{cls.__name__}``). "
                         + rst(inspect.getdoc(cls) if cls.__doc__ else ""), ""]
                 out += self.fields(cls)
@@ -155,7 +161,8 @@ class Protocol(_Generated):
         hints = typing.get_type_hints(cls)
         meanings = field_comments(cls)
         rows = [[f"``{f.name}``", f"``{type_name(hints[f.name])}``",
-                 "required" if f.default is dataclasses.MISSING else f"``{f.default!r}``",
+                 "required" if f.default is dataclasses.MISSING else
+                 "optional" if f.default is None else f"``{f.default!r}``",
                  rst(meanings.get(f.name, ""))] for f in dataclasses.fields(cls)]
         if not rows:
             return ["No fields beyond its name.", ""]
@@ -198,7 +205,7 @@ class Metrics(_Generated):
                     for name, kind, labels, text in metrics_of(ROOT / source)]
             title = {"fabric/metrics.py": "A host's server",
                      "fabric/cluster/metrics.py": "A cluster's front door"}[source]
-            out += [title, "-" * len(title), "", f"Defined in ``{source}``.", ""]
+            out += [f".. rubric:: {title}", "", f"Defined in ``{source}``.", ""]
             out += [*list_table(["Metric", "Type", "Labels", "Meaning"], rows, "30 10 14 46"),
                     ""]
         return out
