@@ -76,7 +76,7 @@ test-fast: $(STAMP) $(INIT)
 test-deep: $(STAMP) $(CRIU) $(INIT) sysdeps
 	$(VENV)/bin/pytest -m deep -q
 
-# What the GPU test machine lacks, in one folder to send with a call there (README, "On a GPU").
+# What the GPU test machine lacks, in one folder to send with a call there (docs/user/gpus.md).
 BUNDLE := build/device-bundle
 $(BUNDLE)/MANIFEST: scripts/device-bundle.sh scripts/device-machine.txt pyproject.toml \
 		$(shell find fabric cli -name '*.py') $(CRIU) $(INIT) $(LABEXT)
