@@ -16,6 +16,7 @@ from fabric.errors import Unreachable
 
 # `llfabric demo`'s notebook, shipped inside the package (a wheel carries it too)
 DEMO_NOTEBOOK = Path(__file__).resolve().parent / "train_tiny_mlp.ipynb"
+DEMO_NEEDS = ("torch", "matplotlib")  # what it imports beyond llfabric's own dependencies
 
 
 def config(store: str | None = None, bind: str | None = None,

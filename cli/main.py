@@ -4,6 +4,7 @@ click error."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -35,7 +36,7 @@ from fabric.notebook import (
 )
 from fabric.protocol import as_session_name
 
-from .common import DEMO_NOTEBOOK, client_of, config
+from .common import DEMO_NEEDS, DEMO_NOTEBOOK, client_of, config
 from .env import env as env_group
 from .fleet import replay as replay_command
 from .fleet import report as report_command
@@ -249,6 +250,10 @@ def audit(notebook: Path, verify: bool, json_out: Path | None) -> None:
 def demo(think_time: float) -> None:
     """Run the PyTorch training notebook shipped with llfabric (it needs torch and
     matplotlib) on the embedded default server, in a scratch folder, with think time."""
+    missing = [name for name in DEMO_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:  # the embedded server's workers import from this Python
+        raise click.ClickException(f"the demo notebook needs {' and '.join(missing)}: "
+                                   f"pip install {' '.join(missing)}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llfabric-demo-") as workdir:
         ok = _run(DEMO_NOTEBOOK, None, None, think_time, None, Path(workdir), False, None)

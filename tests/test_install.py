@@ -119,3 +119,10 @@ def test_demo_runs_the_notebook_shipped_in_the_package(venv: Path) -> None:
     done = _llfabric(venv, "demo", "--think-time", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "test accuracy" in done.stdout and "demo finished" in done.stdout
+
+
+def test_demo_without_torch_says_what_to_install(tmp_path: Path) -> None:
+    hidden = "import sys; sys.modules['torch'] = None; from cli.main import main; main()"
+    done = _run([sys.executable, "-c", hidden, "demo"], cwd=tmp_path)
+    assert done.returncode == 1
+    assert "the demo notebook needs torch: pip install torch" in done.stderr
