@@ -34,7 +34,10 @@ GPU_LINGER = 60  # seconds a GPU host's lease lingers by default: what `llfabric
 
 @dataclass(frozen=True)
 class Config:
+    # the store: every session's committed state and its history of versions
     store: Path = field(default_factory=lambda: _data_home() / "llfabric")
+    # the server's socket (with bind empty) and lock; $XDG_RUNTIME_DIR/llfabric, else
+    # /tmp/llfabric-UID
     runtime_dir: Path = field(default_factory=_runtime_dir)
     bind: str = ""  # empty: ipc:// socket in runtime_dir
     slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
@@ -59,7 +62,7 @@ class Config:
     cool_after: int = 600  # seconds a pinned worker idles before it is dumped to disk
     # percent of host memory in use past which warm workers retire and pinned ones are dumped
     memory_pressure: int = 90
-    max_frame: int = 16 * 1024 * 1024
+    max_frame: int = 16 * 1024 * 1024  # bytes of one message a client may send the server
     # CURVE keys: the server's pair, the admitted clients' public keys, this client's key
     key_dir: Path = field(default_factory=lambda: _config_home() / "llfabric")
     user_sessions: int = 0  # sessions one user may have open at once; 0: no limit
