@@ -12,7 +12,7 @@ from pathlib import Path
 from .client import Client
 from .config import Config
 from .errors import Unreachable
-from .private import open_private, private_dir
+from .private import log_tail, open_private, private_dir
 
 # seconds a live server may take to answer: one that dies ends the wait at once, so this bounds a
 # hang, and a loaded host's first imports (a zygote's torch, a door's hosts) can take minutes
@@ -41,8 +41,8 @@ class EmbeddedServer:
             while not client.ping(timeout=0.5):
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise Unreachable(f"the embedded server did not start; see {log}",
-                                      address=self.config.address)
+                    raise Unreachable(f"the embedded server did not start; its log {log} ends: "
+                                      f"{log_tail(log)}", address=self.config.address)
 
     @property
     def log(self) -> Path:

@@ -14,7 +14,6 @@ else the server's own default (one per core).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -27,7 +26,7 @@ from pathlib import Path
 from ..auth import Keys
 from ..client import listening
 from ..errors import FabricError
-from ..private import private_dir
+from ..private import log_tail, private_dir
 from ..snapshot.tiers import write_atomic
 from .peers import PEER, write_peers
 
@@ -146,7 +145,7 @@ class HostAgent:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise FabricError(f"the llfabric server of host {self.name} did not start: "
-                                  f"{_tail(self.root / 'serve.log')}", host=self.name)
+                                  f"{log_tail(self.root / 'serve.log')}", host=self.name)
             time.sleep(0.1)
 
 
@@ -181,10 +180,3 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind((_node_ip(), 0))
         return probe.getsockname()[1]
-
-
-def _tail(path: Path, size: int = 2000) -> str:
-    with contextlib.suppress(OSError), path.open("rb") as file:
-        file.seek(max(0, path.stat().st_size - size))
-        return file.read().decode(errors="replace").strip()
-    return "(no log)"

@@ -87,6 +87,8 @@ def scrape(address: str) -> dict[str, float]:
             for sample in body.splitlines() if sample and not sample.startswith("#")}
 
 
-def host_of(client: Client, session: str) -> str:
-    """The host the front door has the session on."""
-    return next(s["host"] for s in client.call("status")["sessions"] if s["session"] == session)
+def host_of(client: Client, session: str) -> str | None:
+    """The host the front door has the session on; None while no host lists it (between two
+    hosts, as it moves)."""
+    return next((s["host"] for s in client.call("status")["sessions"]
+                 if s["session"] == session), None)
