@@ -9,6 +9,7 @@ validated field by field when read, since the store is input from outside.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 
@@ -43,10 +44,11 @@ class Manifest:
     ambient: str | None = None
     modules: tuple[str, ...] = ()  # modules the session's cells imported: its zygote family
     hooks: tuple[str, ...] = ()  # import hooks the notebook defined (`ambient.notebook_hooks`)
-    cell: dict = field(default_factory=dict)  # execution_count, status, source hash
+    # execution_count, status, source hash
+    cell: dict[str, Any] = field(default_factory=dict[str, Any])
     catalog: str | None = None  # the blob describing its names (`snapshot.catalog`)
     # the environment its cell ran in: {"name", "packages": {name: version}}; {}: the server's
-    env: dict = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict[str, Any])
 
     def variables(self) -> dict[str, Group]:
         return {name: g for g in self.groups for name in g.names}
