@@ -190,13 +190,15 @@ class Peers:
     def ask(self, peer: Peer, request: dict, timeout: float) -> tuple[dict, bytes | None]:
         """`request` asked of `peer` over this thread's socket to it: its reply and the frame
         after it, if any; StoreError if it does not answer in `timeout` seconds, or refuses."""
+        key = self._key
+        if key is None:  # the peers file is gone: so are its peers
+            raise StoreError(f"peer {peer.name} is no longer one", peer=peer.name)
         sockets = self._local.__dict__.setdefault("sockets", {})
         socket = sockets.get(peer.address)
         if socket is None:
             socket = sockets[peer.address] = _context().socket(zmq.DEALER)
             socket.linger = 0
-            auth.ClientKey(PEER, self._key.public, self._key.secret,
-                           peer.server_key).apply(socket)
+            auth.ClientKey(PEER, key.public, key.secret, peer.server_key).apply(socket)
             socket.connect(peer.address)
         socket.send(protocol.pack(request))
         if not socket.poll(int(timeout * 1000)):

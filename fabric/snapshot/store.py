@@ -35,13 +35,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
-import msgpack
+import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import xxhash
 
 from ..errors import ConfigError, DiskFull, StaleHead, StoreError
@@ -79,11 +79,34 @@ HEAD_BYTES = 4096
 INDEX_BYTES = 256 << 20
 
 Progress = Callable[[int, int], None]  # bytes done, bytes in all
+Chunked = tuple[int, list[str]]  # a large buffer of an object: its bytes, its chunks' ids
 T = TypeVar("T")
 
 
 def blob_id(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def _pack(value: object) -> bytes:
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))  # pyright: ignore[reportUnknownMemberType]
+
+
+def _unpack(data: bytes) -> object:
+    return cast(object, msgpack.unpackb(data, raw=False))  # pyright: ignore[reportUnknownMemberType]
+
+
+@dataclass(frozen=True)
+class ObjectIndex:
+    """An object's index, checked: its pickle stream, the chunk size it was cut with, and its
+    buffers: small ones inline, large ones in chunks."""
+
+    stream: bytes
+    chunk: int
+    buffers: list[bytes | Chunked]
+
+    @property
+    def large(self) -> list[Chunked]:
+        return [entry for entry in self.buffers if not isinstance(entry, bytes)]
 
 
 class _Reporter:
@@ -179,11 +202,12 @@ class Store:
         """Store `data` under its hash; return the hash. An intact copy is not rewritten.
         Not `remote`: kept off the durable far tiers (what only this host's peers read)."""
         ident = blob_id(data)
-        self._put(ident, data, remote)
+        self.store_blob(ident, data, remote)
         return ident
 
-    def _put(self, ident: str, data: Buffer, remote: bool = True) -> bool:
-        """False if an intact copy was on disk already."""
+    def store_blob(self, ident: str, data: Buffer, remote: bool = True) -> bool:
+        """`put` of `data` whose hash `ident` the caller computed; False if an intact copy was
+        on disk already."""
         if self._intact(ident, memoryview(data).nbytes):
             self.disk.touch(ident)
             return False
@@ -367,7 +391,7 @@ class Store:
                  for view in encoded.buffers if view.nbytes >= INLINE]  # flat byte views
         ids = iter(_hashes([part for cut in parts for part in cut]))
         chunks: list[tuple[str, memoryview]] = []
-        buffers: list = []
+        buffers: list[object] = []
         cuts = iter(parts)
         for view in encoded.buffers:
             if view.nbytes < INLINE:
@@ -376,8 +400,8 @@ class Store:
             cut = [(next(ids), part) for part in next(cuts)]
             chunks += cut
             buffers.append([view.nbytes, [ident for ident, _ in cut]])
-        index = _OBJECT + msgpack.packb(
-            {"stream": encoded.stream, "chunk": self.chunk, "buffers": buffers}, use_bin_type=True)
+        index = _OBJECT + _pack({"stream": encoded.stream, "chunk": self.chunk,
+                                 "buffers": buffers})
         return blob_id(index), index, chunks
 
     def put_object(self, encoded: Encoded, known: str | None = None,
@@ -401,27 +425,25 @@ class Store:
             raise exc
         return ident
 
-    def object_index(self, ident: str) -> tuple[bytes, int, list]:
-        """An object's pickle stream, chunk size and buffers, validated as input from outside."""
+    def object_index(self, ident: str) -> ObjectIndex:
+        """An object's index, validated as input from outside."""
         data = self.get(ident)
         try:
             if not data.startswith(_OBJECT):
                 raise ValueError("not an object index")
-            raw = msgpack.unpackb(data[len(_OBJECT):], raw=False)
-            stream, chunk, buffers = raw["stream"], raw["chunk"], raw["buffers"]
+            raw = _unpack(data[len(_OBJECT):])
+            if not isinstance(raw, dict):
+                raise ValueError("not a map")
+            fields = cast(dict[str, object], raw)
+            stream, chunk, buffers = fields["stream"], fields["chunk"], fields["buffers"]
             if not isinstance(stream, bytes) or not isinstance(buffers, list) or \
                     not isinstance(chunk, int) or chunk <= 0:
                 raise ValueError("bad fields")
-            for buf in buffers:
-                if isinstance(buf, bytes):
-                    continue
-                nbytes, ids = buf
-                if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(ids, list) or \
-                        len(ids) != -(-nbytes // chunk) or not all(map(valid_id, ids)):
-                    raise ValueError("bad buffer entry")
+            entries = [buf if isinstance(buf, bytes) else _chunked(buf, chunk)
+                       for buf in cast(list[object], buffers)]
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             raise StoreError(f"object {ident} is malformed: {exc}", blob=ident) from exc
-        return stream, chunk, buffers
+        return ObjectIndex(stream, chunk, entries)
 
     def get_object(self, ident: str, progress: Progress | None = None) -> Encoded:
         """Read an object into fresh writable buffers, every chunk verified."""
@@ -435,8 +457,8 @@ class Store:
         caller unpickles the current one, so neither the disk nor the threads wait between
         groups; a whole state loads as one stream of reads rather than one burst per group."""
         indexes = [self.object_index(ident) for ident in idents]
-        reporter = _Reporter(progress, sum(nbytes for _, _, entries in indexes
-                                           for nbytes, _ in _large(entries)))
+        reporter = _Reporter(progress, sum(nbytes for index in indexes
+                                           for nbytes, _ in index.large))
 
         def read(chunk: tuple[str, memoryview, Region | None, int]) -> None:
             ident, out, region, offset = chunk
@@ -444,7 +466,8 @@ class Store:
                 self._read_into(ident, out)
             reporter.add(out.nbytes)
 
-        pending: collections.deque[tuple[Encoded, list[Future], int]] = collections.deque()
+        pending: collections.deque[tuple[Encoded, list[Future[None]], int]] = \
+            collections.deque()
         ahead, following = 0, iter(indexes)
         with ThreadPoolExecutor(THREADS) as pool:
             try:
@@ -452,7 +475,7 @@ class Store:
                     while not pending or ahead < AHEAD:
                         if (index := next(following, None)) is None:
                             break
-                        encoded, reads = _allocated(*index)
+                        encoded, reads = _allocated(index)
                         size = sum(read[1].nbytes for read in reads)
                         pending.append((encoded, [pool.submit(read, r) for r in reads], size))
                         ahead += size
@@ -491,7 +514,7 @@ class Store:
     def object_chunks(self, ident: str) -> list[str]:
         chunks = self._chunks.get(ident)
         if chunks is None:
-            chunks = tuple(cid for _, ids in _large(self.object_index(ident)[2]) for cid in ids)
+            chunks = tuple(cid for _, ids in self.object_index(ident).large for cid in ids)
             self._chunks[ident] = chunks
         return list(chunks)
 
@@ -600,8 +623,9 @@ class Store:
     def adopt_head(self, session: str) -> str | None:
         """Take the session's head from the far tier that holds sessions' heads (a remote) as
         this disk's, and return it: hosts that share it take turns serving a session, and it
-        may have moved on elsewhere since this disk last saw it. Without one (or a head there):
-        the newest head this disk and its peers hold, if it has peers; else this disk's."""
+        may have moved on elsewhere since this disk last saw it; this disk's if it has none
+        there. Without such a tier: the newest head this disk and its peers hold, if it has
+        peers; else this disk's."""
         if not self._shared:
             return self._adopt_newest(session) if self._located else self.head(session)
         ident = self._shared[0].adopt(session)
@@ -616,6 +640,8 @@ class Store:
         """Take the names other hosts gave the session's versions (`set_index` puts them on
         the far tiers that hold sessions' heads, one file each), if there are any; the caller
         holds `locked(session)`."""
+        if not self._shared:
+            return
         tags = {t: i for tier in self._shared for t, i in tier.tags(session).items()}
         index = self.index(session)
         if tags and any(index.tags.get(t) != i for t, i in tags.items()):
@@ -683,7 +709,7 @@ class Store:
             self._write_head(session, manifest)
 
     @contextlib.contextmanager
-    def locked(self, session: str) -> Iterator[None]:
+    def locked(self, session: str) -> Generator[None, None, None]:
         """Hold the session's lock: its head and index change under it, in any process or
         thread (flock locks an open file, so two threads of one process exclude each other)."""
         path = self._head_path(session)
@@ -766,7 +792,7 @@ class Writes:
         self.store = store
         self._chunks = ThreadPoolExecutor(THREADS)
         self._indexes = ThreadPoolExecutor(1)  # its tasks wait on chunk writes: a pool apart
-        self._objects: dict[str, Future] = {}
+        self._objects: dict[str, Future[None]] = {}
 
     def add(self, ident: str, index: bytes, chunks: list[tuple[str, memoryview]],
             reporter: _Reporter) -> None:
@@ -775,7 +801,7 @@ class Writes:
         written: list[str] = []
 
         def put_chunk(chunk: tuple[str, memoryview]) -> None:
-            if self.store._put(*chunk):
+            if self.store.store_blob(*chunk):
                 written.append(chunk[0])
             reporter.add(chunk[1].nbytes)
 
@@ -786,7 +812,7 @@ class Writes:
             try:
                 for put in puts:
                     put.result()
-                self.store._put(ident, index)
+                self.store.store_blob(ident, index)
             except DiskFull:  # what it wrote is garbage no index names: freed now, not at gc
                 for chunk_id in written:
                     self.store.disk.remove(chunk_id)
@@ -819,31 +845,33 @@ class Index:
     (manifest id -> when their data was released; 0 once gc has freed it) and a retention
     policy of its own (last, hourly, daily), if any."""
 
-    tags: dict[str, str] = field(default_factory=dict)
-    thinned: dict[str, float] = field(default_factory=dict)
-    policy: dict[str, int] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict[str, str])
+    thinned: dict[str, float] = field(default_factory=dict[str, float])
+    policy: dict[str, int] = field(default_factory=dict[str, int])
 
     def encode(self) -> bytes:
-        return msgpack.packb({"tags": self.tags, "thinned": self.thinned,
-                              "policy": self.policy}, use_bin_type=True)
+        return _pack({"tags": self.tags, "thinned": self.thinned, "policy": self.policy})
 
     @classmethod
     def decode(cls, data: bytes) -> Index:
-        raw = msgpack.unpackb(data, raw=False)
+        raw = _unpack(data)
         if not isinstance(raw, dict):
             raise ValueError("not a map")
-        tags, thinned, policy = raw["tags"], raw["thinned"], raw["policy"]
+        fields = cast(dict[str, dict[object, object]], raw)
+        tags, thinned, policy = fields["tags"], fields["thinned"], fields["policy"]
         if not all(isinstance(k, str) and valid_id(v) for k, v in tags.items()):
             raise ValueError("bad tags")
         if not all(valid_id(k) and isinstance(v, int | float) for k, v in thinned.items()):
             raise ValueError("bad thinned versions")
         if not all(isinstance(k, str) and isinstance(v, int) for k, v in policy.items()):
             raise ValueError("bad policy")
-        return cls(dict(tags), {k: float(v) for k, v in thinned.items()}, dict(policy))
+        return cls(cast(dict[str, str], dict(tags)),
+                   {cast(str, k): float(cast(float, v)) for k, v in thinned.items()},
+                   cast(dict[str, int], dict(policy)))
 
 
 @contextlib.contextmanager
-def _flocked(path: Path) -> Iterator[None]:
+def _flocked(path: Path) -> Generator[None, None, None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -852,19 +880,26 @@ def _flocked(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _large(entries: list) -> list[tuple[int, list[str]]]:
-    """An object index's chunked buffers: (bytes, chunk ids); the others are inline bytes."""
-    return [entry for entry in entries if not isinstance(entry, bytes)]
+def _chunked(entry: object, chunk: int) -> Chunked:
+    """A large buffer's entry in an object index, checked: [bytes, [chunk id, ...]]."""
+    nbytes, ids = cast(list[object], entry)
+    if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(ids, list):
+        raise ValueError("bad buffer entry")
+    named = cast(list[object], ids)
+    if len(named) != -(-nbytes // chunk) or not all(map(valid_id, named)):
+        raise ValueError("bad buffer entry")
+    return nbytes, cast(list[str], named)
 
 
-def _allocated(stream: bytes, chunk: int, entries: list
+def _allocated(index: ObjectIndex
                ) -> tuple[Encoded, list[tuple[str, memoryview, Region | None, int]]]:
     """An object's buffers, small ones filled from its index, and the chunk reads that fill the
     large ones: (chunk id, the part of its buffer it fills, the region to map the chunk's file
     into where chunks can be mapped, and the part's offset in it)."""
+    chunk = index.chunk
     buffers: list[memoryview] = []
     reads: list[tuple[str, memoryview, Region | None, int]] = []
-    for entry in entries:
+    for entry in index.buffers:
         if isinstance(entry, bytes):
             buffers.append(memoryview(bytearray(entry)))
             continue
@@ -874,7 +909,7 @@ def _allocated(stream: bytes, chunk: int, entries: list
         buffers.append(view)
         reads += [(cid, view[i * chunk:(i + 1) * chunk], region, i * chunk)
                   for i, cid in enumerate(ids)]
-    return Encoded(stream, buffers), reads
+    return Encoded(index.stream, buffers), reads
 
 
 def _allocate(nbytes: int) -> memoryview:

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import xxhash
 
@@ -128,7 +128,7 @@ class Shared(Tier, Protocol):
         ...
 
 
-def valid_id(ident: object) -> bool:
+def valid_id(ident: object) -> TypeGuard[str]:
     """Whether `ident` is a blob's (or a manifest's) name: 32 lowercase hex digits."""
     return isinstance(ident, str) and len(ident) == 32 and \
         all(c in "0123456789abcdef" for c in ident)
