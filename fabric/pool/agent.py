@@ -35,7 +35,7 @@ from ..errors import (
     WorkerDied,
 )
 from ..snapshot import Group, Manifest, Store, history, lineage
-from ..snapshot.commit import replicate, spread, spreads
+from ..snapshot import commit as durable
 from ..worker.account import Account
 from ..worker.messages import (
     Answered,
@@ -509,7 +509,7 @@ class HostAgent:
                 raise RemoteError(done.failed)
             replicating = time.monotonic()
             if done.saved is not None and self.store.durable:  # durable there first
-                await asyncio.to_thread(replicate, self.store, done.saved)
+                await asyncio.to_thread(durable.replicate, self.store, done.saved)
             committed = time.monotonic()
             self.running = None  # the cell is over: no stop may kill it as it commits and parks
             head = await asyncio.to_thread(commit, done)  # the store's files: off the loop
@@ -532,7 +532,7 @@ class HostAgent:
             self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved,
                        lease if lingers else None)
         spreading = time.monotonic()
-        if saved is not None and spreads(self.store):  # off the lease, before its reply
+        if saved is not None and durable.spreads(self.store):  # off the lease, before its reply
             await self._spread(head, events)
         spread = time.monotonic() - spreading
         unsaved = unsaved if kept else []
@@ -556,7 +556,7 @@ class HostAgent:
 
     async def _spread(self, head: Head, events: Events) -> None:
         """Keep the new version on the other hosts a cluster without a remote tier asks for."""
-        kept = await asyncio.to_thread(spread, self.store, self.name, head.id)
+        kept = await asyncio.to_thread(durable.spread, self.store, self.name, head.id)
         if kept.short:
             events.notice("copies", (
                 f"version {head.manifest.version} is on {kept.held} of the {kept.copies} hosts "
