@@ -12,7 +12,7 @@ from .errors import ConfigError
 from .output_limit import OUTPUT_LIMIT
 
 if TYPE_CHECKING:
-    from .snapshot.retention import Policy
+    from .snapshot.retention import RetentionPolicy
 
 
 def _data_home() -> Path:
@@ -134,11 +134,12 @@ class Config:
         return self.bind or f"ipc://{self.runtime_dir / 'server.sock'}"
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> RetentionPolicy:
         """The retention policy: keep_versions, keep_hourly, keep_daily."""
-        from .snapshot.retention import Policy  # the store's code, loaded only by its users
+        # the store's code, loaded only by its users
+        from .snapshot.retention import RetentionPolicy
 
-        return Policy(self.keep_versions, self.keep_hourly, self.keep_daily)
+        return RetentionPolicy(self.keep_versions, self.keep_hourly, self.keep_daily)
 
     def with_overrides(self, **values: Any) -> Config:
         """Apply the non-None values (CLI flags), converting types as declared."""

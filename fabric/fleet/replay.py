@@ -35,7 +35,7 @@ from fabric.messages import Reply
 from .costs import Costs
 from .fleet import Fleet
 from .results import figures
-from .sessions import Cell, Session
+from .sessions import ModelledCell, ModelledSession
 from .simulate import simulate
 
 BURST = ("import time as _t\n_end = _t.perf_counter() + {s:.2f}\n"
@@ -69,7 +69,7 @@ class Plan:
     cells: tuple[tuple[float, str, str], ...]  # (think_s, kind, source)
 
 
-def plan(notebooks: list[Path], count: int, trace_sessions: list[Session], compress: float,
+def plan(notebooks: list[Path], count: int, trace_sessions: list[ModelledSession], compress: float,
          max_think: float, max_burst: float, burst_every: int, seed: int = 0) -> list[Plan]:
     """`count` sessions over `notebooks` in turn, think times and bursts drawn from the trace."""
     rng = random.Random(seed)
@@ -183,8 +183,8 @@ def simulated(cells: list[LiveCell], plans: list[Plan], slots: int) -> dict[str,
     sessions = []
     for index in range(len(plans)):
         mine = [c for c in cells if c.session == index]
-        sessions.append(Session(index, 0.0, tuple(Cell(c.think_s, c.run, 1, c.kind == "burst")
-                                                  for c in mine)))
+        sessions.append(ModelledSession(index, 0.0, tuple(
+            ModelledCell(c.think_s, c.run, 1, c.kind == "burst") for c in mine)))
     sessions = [s for s in sessions if s.cells]
     costs = Costs.default().with_inputs(**LOCAL)
     out = {}

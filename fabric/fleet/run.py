@@ -20,7 +20,7 @@ from fabric.errors import TraceError
 from .costs import INPUTS, Costs
 from .policies import NAMES
 from .results import compare, figures
-from .sessions import Session, SessionModel, build_sessions, workload_sessions
+from .sessions import ModelledSession, SessionModel, build_sessions, workload_sessions
 from .simulate import simulate
 from .trace import Training, read_trace
 from .workload import read_workload
@@ -68,13 +68,13 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def _traced(sessions: list[Session]) -> frozenset[int]:
+def _traced(sessions: list[ModelledSession]) -> frozenset[int]:
     """A few sessions with many cells, for the lease timelines."""
     busiest = sorted(sessions, key=lambda s: -len(s.cells))[:TRACED_SESSIONS]
     return frozenset(s.index for s in busiest)
 
 
-def _run_policies(sessions: list[Session], costs: Costs, names: Iterable[str], label: str,
+def _run_policies(sessions: list[ModelledSession], costs: Costs, names: Iterable[str], label: str,
                   progress: Progress | None, traced: frozenset[int] = frozenset()
                   ) -> Iterable[tuple[str, dict]]:
     horizon = max(s.start_s for s in sessions)
@@ -95,7 +95,7 @@ class Source:
         else:
             self.trainings = read_trace(self.path)
 
-    def build(self, model: SessionModel) -> list[Session]:
+    def build(self, model: SessionModel) -> list[ModelledSession]:
         if self.workload:
             return workload_sessions(self.sessions, model)
         return build_sessions(self.trainings, model)

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .costs import Costs
-from .fleet import Fleet, Request
+from .fleet import Fleet, GangRequest
 from .policies import SessionState, make
-from .sessions import Session
+from .sessions import ModelledSession
 
 OPEN, EXECUTE, END, BOOTED, RECLAIM, CLOSE, RELEASE, LINGERED = range(8)
 TICK_S = 300.0  # the autoscaler's scale-in check and the hosts-over-time sample
@@ -42,7 +42,7 @@ class Outcome:
     leases: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # traced sessions
 
 
-def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
+def simulate(sessions: list[ModelledSession], policy_name: str, costs: Costs, *,
              fleet: Fleet | None = None, traced: frozenset[int] = frozenset(),
              progress: Callable[[float], None] | None = None) -> Outcome:
     """Run every session under the policy `policy_name`; `progress` is told the simulated
@@ -103,7 +103,7 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
 
     def ask_gang(state: SessionState, time: float) -> None:
         state.asking = True
-        fleet.ask(Request(state.session.max_gpus, time, (), took(state)))
+        fleet.ask(GangRequest(state.session.max_gpus, time, (), took(state)))
 
     def release_gang(state: SessionState, time: float) -> None:
         fleet.release(state.holding, state.session.max_gpus)
@@ -140,11 +140,11 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
                 run_cell(state, state.kept[0], time, time)
             elif state.kept is not None:  # a worker parked off other GPUs than it asks for
                 let_go(state, time)
-                fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
-                                  placed(state, time)))
+                fleet.ask(GangRequest(policy.gang(state, cell), time, policy.prefer(state),
+                                      placed(state, time)))
             elif not policy.pinned:
-                fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
-                                  placed(state, time)))
+                fleet.ask(GangRequest(policy.gang(state, cell), time, policy.prefer(state),
+                                      placed(state, time)))
             elif state.holding is not None:
                 run_cell(state, state.holding, time, time)
             else:  # its gang is on the way, or was reclaimed

@@ -1,11 +1,11 @@
-"""The host agent: everything one host does for a session's cells.
+"""A session's workers: everything one host does for a session's cells.
 
-A `Session` (ordering, its head) hands the agent plain data: a cell (its source and closure) and
-the head it runs on; the agent readies a worker for it (`draft`), runs it under a lease, lets the
-session commit what it saved, then parks the worker for the next cell or retires it (`run`),
-telling the client what happens as events. A worker kept for the next cell first lingers on its
-lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when the
-time is up, another session's cell waits for slots, or the worker is discarded, it lets go
+A `Session` (ordering, its head) hands its `SessionWorkers` plain data: a cell (its source and
+closure) and the head it runs on; that readies a worker for it (`draft`), runs it under a lease,
+lets the session commit what it saved, then parks the worker for the next cell or retires it
+(`run`), telling the client what happens as events. A worker kept for the next cell first lingers
+on its lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when
+the time is up, another session's cell waits for slots, or the worker is discarded, it lets go
 (parked, then the lease given back; at once if discarded). On one host the session calls it
 directly; in a cluster each host has one, behind the same interface.
 
@@ -40,18 +40,18 @@ from ..worker.account import Account
 from ..worker.messages import (
     Answered,
     Become,
+    CellOutput,
     CommIn,
     CommOut,
-    Complete,
-    Inspect,
+    CompleteCode,
+    InspectName,
     Load,
     Loaded,
-    Notice,
-    Output,
     Rehome,
-    Run,
+    RunCell,
+    WorkerNotice,
 )
-from .cells import Cell, Commit, Events, Head, Ran, how_started
+from .cells import CellJob, Commit, EventSink, Head, Ran, how_started
 from .debugging import Debugger
 from .leases import Lease, Leases
 from .lifecycle import CoolImage, Keeper, Life, Stage
@@ -99,7 +99,7 @@ def _split(cl: Closure, groups: list[Group], at_once: bool) -> tuple[list[Group]
     return [g for g in groups if g not in later], lazy
 
 
-class HostAgent:
+class SessionWorkers:
     """One session's worker on this host, from its draft to its last cell."""
 
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
@@ -121,7 +121,7 @@ class HostAgent:
         self._background: set[asyncio.Task] = set()
 
     # readying a worker
-    def draft(self, cl: Closure, head: Head, events: Events) -> None:
+    def draft(self, cl: Closure, head: Head, events: EventSink) -> None:
         """Ready a worker for a cell of closure `cl` on `head`, while the user edits it."""
         self._wake(self.prepared)
         if self._usable(self.prepared, head):
@@ -129,7 +129,7 @@ class HostAgent:
         else:
             self.prepared = self._replace(self.prepared, cl, head, events, running=self.busy)
 
-    def _prepare(self, cl: Closure, head: Head, events: Events,
+    def _prepare(self, cl: Closure, head: Head, events: EventSink,
                  replay: lineage.Replay | None = None, at_once: bool = False) -> Life:
         """A fresh worker for `cl` (`at_once`: for a cell that runs next, see `_split`); with
         `replay`, loaded with the state its chain starts from (the cell's own closure is loaded
@@ -171,7 +171,7 @@ class HostAgent:
         life.holds.update(n for g in groups for n in g.names)
         life.holds.update(imports)
 
-    def _extend(self, life: Life, cl: Closure, events: Events, at_once: bool = False) -> bool:
+    def _extend(self, life: Life, cl: Closure, events: EventSink, at_once: bool = False) -> bool:
         """Chain a load of what `cl` needs beyond what `life` holds (`at_once`: for a cell
         that runs next, see `_split`); False if nothing lacks."""
         lacking = [g for g in cl.groups if not life.holds.issuperset(g.names)]
@@ -188,7 +188,7 @@ class HostAgent:
         return True
 
     async def _load_state(self, life: Life, worker: WorkerHandle, groups: list[Group],
-                          imports: dict[str, str], first: Manifest | None, events: Events,
+                          imports: dict[str, str], first: Manifest | None, events: EventSink,
                           defer: bool = False, starting: bool = False, lazy: Lazy = ()) -> None:
         """Load `groups` and `imports` (`first`: a worker's first load, see `_load`; `lazy`, see
         `_split`) now or, with `defer`, under the cell's lease. On a GPU host the groups holding
@@ -205,7 +205,7 @@ class HostAgent:
             (life.starting if starting else life.deferred).append(
                 _load(later, {}, None, self.cwd))
 
-    async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: Events,
+    async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: EventSink,
                     defer: bool = False) -> None:
         """Load now, or, on a parked worker (its CUDA calls would block until the lease unparks
         it) or with `defer`, under the cell's lease."""
@@ -215,7 +215,7 @@ class HostAgent:
         life.loading += await self._send_load(worker, message, events)
 
     async def _send_load(self, worker: WorkerHandle, message: Load | Become,
-                         events: Events) -> float:
+                         events: EventSink) -> float:
         """Send a load (or become) and wait for it; the seconds the worker spent loading. What
         this host's disk lacks of it comes from the remote tier first (workers never reach it)."""
         if isinstance(message, Load):
@@ -223,7 +223,7 @@ class HostAgent:
                               + [message.ambient or ""])
         await worker.send(message)
         reply = await worker.recv()
-        while isinstance(reply, Notice):  # a long load's progress, before any cell runs
+        while isinstance(reply, WorkerNotice):  # a long load's progress, before any cell runs
             events.notice(reply.topic, reply.text)
             reply = await worker.recv()
         if not isinstance(reply, Loaded):
@@ -274,7 +274,7 @@ class HostAgent:
             self._spawn(closing)
         self.keeper.changed()
 
-    def _replace(self, life: Life | None, cl: Closure, head: Head, events: Events,
+    def _replace(self, life: Life | None, cl: Closure, head: Head, events: EventSink,
                  running: bool = False, at_once: bool = False) -> Life:
         """A fresh worker in place of one that is stale or gone: what only a worker held at
         the head (it died, or this server restarted) is recomputed where that is safe, else the
@@ -298,13 +298,13 @@ class HostAgent:
     # between cells: questions, and a frontend's comm messages
     async def complete(self, source: str, cursor: int, head: Head) -> dict | None:
         """The live worker's `complete_reply` content (see `_ask`)."""
-        return await self._ask(Complete(source, cursor), head)
+        return await self._ask(CompleteCode(source, cursor), head)
 
     async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> dict | None:
         """The live worker's `inspect_reply` content (see `_ask`)."""
-        return await self._ask(Inspect(source, cursor, detail), head)
+        return await self._ask(InspectName(source, cursor, detail), head)
 
-    async def _ask(self, question: Complete | Inspect, head: Head) -> dict | None:
+    async def _ask(self, question: CompleteCode | InspectName, head: Head) -> dict | None:
         """The answer of the session's live worker to a completion or an inspection, without a
         lease; None when no worker can answer now: none is live, it runs a cell, it is being
         readied, woken or asked already, its CUDA state is parked (its CUDA calls would block),
@@ -316,7 +316,7 @@ class HostAgent:
         return await self._put(life, question, ASK_WAIT)
 
     async def comm(self, msg_type: str, content: dict, buffers: list[bytes], head: Head,
-                   events: Events, parent_id: str | None = None) -> bool:
+                   events: EventSink, parent_id: str | None = None) -> bool:
         """Hand a frontend's comm message to the live worker, which holds the comm, after what
         was sent to it before, without a lease; its callbacks' outputs and comm messages go to
         `events`. False when no worker can take it (none is live, or parked, or it runs a
@@ -334,8 +334,8 @@ class HostAgent:
             return None
         return life
 
-    async def _put(self, life: Life, message: Complete | Inspect | CommIn, wait: float,
-                   events: Events | None = None) -> dict | None:
+    async def _put(self, life: Life, message: CompleteCode | InspectName | CommIn, wait: float,
+                   events: EventSink | None = None) -> dict | None:
         """`message` to `life`'s worker once what was sent before is done; its answer's
         content, or None if it has none within `wait` seconds or is parked. What it says
         meanwhile (outputs, comm messages, notices) goes to `events`, if any."""
@@ -347,13 +347,13 @@ class HostAgent:
                 return
             await worker.send(message)
             while not isinstance(reply := await worker.recv(timeout=ASK_LIMIT), Answered):
-                if isinstance(reply, Output):
+                if isinstance(reply, CellOutput):
                     if events is not None:
                         events(reply.output)
                 elif isinstance(reply, CommOut):
                     if events is not None:
                         events(reply.event(), "comm")
-                elif isinstance(reply, Notice):
+                elif isinstance(reply, WorkerNotice):
                     log.info("session %s: %s", self.name, reply.text)
                 else:
                     raise WorkerDied(f"worker {worker.pid} answered {message.op!r} with "
@@ -366,7 +366,7 @@ class HostAgent:
         return answer.result() if answer.done() else None
 
     # running a cell
-    async def run(self, cell: Cell, head: Head, events: Events, commit: Commit) -> Ran:
+    async def run(self, cell: CellJob, head: Head, events: EventSink, commit: Commit) -> Ran:
         """Run `cell` on the readied worker (or a fresh one) under a lease; `commit` folds its
         save into the session's next version, then the worker is kept or retired."""
         self.busy, self.interrupted = True, False
@@ -404,7 +404,7 @@ class HostAgent:
         finally:
             self.busy = False
 
-    def _tell_lost(self, events: Events, head: Head) -> None:
+    def _tell_lost(self, events: EventSink, head: Head) -> None:
         """Tell the user, in the cell, of values only a lost worker held that cannot be
         recomputed."""
         if not self.lost:
@@ -433,7 +433,7 @@ class HostAgent:
         if lease is not None:
             self.leases.release(lease)
 
-    async def _run_on(self, life: Life, path: str, cell: Cell, head: Head, events: Events,
+    async def _run_on(self, life: Life, path: str, cell: CellJob, head: Head, events: EventSink,
                       commit: Commit, lease: Lease | None = None) -> Ran:
         """Run the cell on `life`'s worker, on `lease` if it lingered for it, else on one it
         waits for; retire the worker after it unless it is kept."""
@@ -455,8 +455,8 @@ class HostAgent:
                 self._spawn(worker.close())
 
     async def _run(self, worker: WorkerHandle, life: Life, lease: Lease | None,
-                   replay: lineage.Replay | None, path: str, cell: Cell, head: Head,
-                   events: Events, commit: Commit) -> tuple[Ran, bool]:
+                   replay: lineage.Replay | None, path: str, cell: CellJob, head: Head,
+                   events: EventSink, commit: Commit) -> tuple[Ran, bool]:
         """Run the cell under a lease (`lease`, lingering for it, else one it waits for) and
         commit; True with the result if the worker is kept."""
         queued = lease is None and self.leases.would_wait(self.name, cell.slots)
@@ -499,11 +499,11 @@ class HostAgent:
                     worker, replace(life.deferred.pop(0), device=lease.device), events)
             reached = cell.plan.reached
             await self.debugger.join(worker, events)
-            await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
-                                  lease.threads,
-                                  reached=None if reached is None else sorted(reached),
-                                  save_limit=float(self.pool.save_limit),
-                                  parent_id=cell.parent_id))
+            await worker.send(RunCell(cell.plan.source, cell.execution_count, lease.device,
+                                      lease.threads,
+                                      reached=None if reached is None else sorted(reached),
+                                      save_limit=float(self.pool.save_limit),
+                                      parent_id=cell.parent_id))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)
@@ -554,7 +554,7 @@ class HostAgent:
             "replicate": committed - replicating + spread,
         }, how_started(path, life.restored), done.payload, done.unneeded), kept
 
-    async def _spread(self, head: Head, events: Events) -> None:
+    async def _spread(self, head: Head, events: EventSink) -> None:
         """Keep the new version on the other hosts a cluster without a remote tier asks for."""
         kept = await asyncio.to_thread(durable.spread, self.store, self.name, head.id)
         if kept.short:
@@ -570,7 +570,7 @@ class HostAgent:
         return self.running.answer(value, error)
 
     # after a cell
-    async def _park(self, worker: WorkerHandle, unsaved: list[str], head: Head, events: Events,
+    async def _park(self, worker: WorkerHandle, unsaved: list[str], head: Head, events: EventSink,
                     device: str | None) -> bool:
         """Take the worker off the GPU before its lease ends if it is to be kept: warm for the
         next cell, or pinned because it alone holds `unsaved`. False: it is retired; if parking

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WorkerDied
 from ..worker import cellfiles
 from ..worker.bookkeeping import is_bookkeeping
-from ..worker.messages import Debug, Debugging, Notice
+from ..worker.messages import DebugCells, DebugPort, WorkerNotice
 
 if TYPE_CHECKING:
-    from .cells import Events
+    from .cells import EventSink
     from .pool import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Debugger:
         self.started = False  # the frontend attached, and has not disconnected since
         self.breakpoints: dict[str, dict] = {}  # source path -> its setBreakpoints arguments
         self.exceptions: dict | None = None  # the setExceptionBreakpoints arguments
-        self.link: Link | None = None  # to the running cell's worker, while it runs
+        self.link: DebugConnection | None = None  # to the running cell's worker, while it runs
         self._turn = asyncio.Lock()  # a request waits while a cell's worker is connected
 
     async def request(self, message: dict) -> dict:
@@ -109,7 +109,7 @@ class Debugger:
         return answer
 
     def _answer(self, command: str, arguments: dict, message: dict,
-                link: Link | None) -> dict | None:
+                link: DebugConnection | None) -> dict | None:
         """What the session answers itself (None: the running cell's debugger answers), and
         what it keeps of the frontend's set-up."""
         match command:
@@ -150,7 +150,7 @@ class Debugger:
                 return self._source(message, arguments)
         return None
 
-    def _info(self, link: Link | None) -> dict:
+    def _info(self, link: DebugConnection | None) -> dict:
         return {"isStarted": self.started, "hashMethod": "Murmur2", "hashSeed": cellfiles.SEED,
                 "tmpFilePrefix": cellfiles.prefix(), "tmpFileSuffix": cellfiles.SUFFIX,
                 "breakpoints": [{"source": path, "breakpoints": arguments["breakpoints"]}
@@ -170,35 +170,35 @@ class Debugger:
         return response(message, error="source unavailable")
 
     # a cell's connection
-    async def join(self, worker: WorkerHandle, events: Events) -> None:
+    async def join(self, worker: WorkerHandle, events: EventSink) -> None:
         """Before a cell runs on `worker` while the frontend debugs: connect to the worker's
         debugger and set it up as the frontend did. A worker that cannot debug runs the cell
         all the same; the frontend is told why it does not stop."""
         if not self.started:
             if worker.debugged:  # debugged before: its cells run untraced from now on
-                await self._ask(worker, Debug(trace=False), events)
+                await self._ask(worker, DebugCells(trace=False), events)
             return
         async with self._turn:
-            reply = await self._ask(worker, Debug(), events)
+            reply = await self._ask(worker, DebugCells(), events)
             try:
                 if reply.error is not None:
                     raise ConnectionError(reply.error)
                 worker.debugged = True
                 self.link = await asyncio.wait_for(
-                    Link.open(reply.port, events, self.breakpoints, self.exceptions),
+                    DebugConnection.open(reply.port, events, self.breakpoints, self.exceptions),
                     START_TIMEOUT)
             except (OSError, TimeoutError) as exc:
                 events.notice("debugger", f"the cell runs without the debugger: its worker's "
                               f"debugger did not start ({exc})")
 
     @staticmethod
-    async def _ask(worker: WorkerHandle, message: Debug, events: Events) -> Debugging:
+    async def _ask(worker: WorkerHandle, message: DebugCells, events: EventSink) -> DebugPort:
         await worker.send(message)
         reply = await worker.recv(timeout=START_TIMEOUT)
-        while isinstance(reply, Notice):
+        while isinstance(reply, WorkerNotice):
             events.notice(reply.topic, reply.text)
             reply = await worker.recv(timeout=START_TIMEOUT)
-        if not isinstance(reply, Debugging):
+        if not isinstance(reply, DebugPort):
             raise WorkerDied(f"worker {worker.pid} answered debug with {reply.op!r}")
         return reply
 
@@ -211,14 +211,14 @@ class Debugger:
             await link.close()
 
 
-class Link:
+class DebugConnection:
     """One connection to a worker's debug adapter, for the length of one cell.
 
     Requests are numbered on this connection (the frontend's numbers are put back in their
     responses); events go to the cell's events, but for the connection's own."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 events: Events) -> None:
+                 events: EventSink) -> None:
         self.reader, self.writer, self.events = reader, writer, events
         self.stopped: set[int] = set()  # the threads stopped now
         self.paths: list[str] = []  # the sources given breakpoints
@@ -228,8 +228,8 @@ class Link:
         self._reading = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def open(cls, port: int, events: Events, breakpoints: dict[str, dict],
-                   exceptions: dict | None) -> Link:
+    async def open(cls, port: int, events: EventSink, breakpoints: dict[str, dict],
+                   exceptions: dict | None) -> DebugConnection:
         """Connect and configure: the frontend's breakpoints and exception filters."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=FRAME_LIMIT)
         link = cls(reader, writer, events)

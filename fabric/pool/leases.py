@@ -147,8 +147,8 @@ class Leases:
         """A lingering lease taken by its session's next cell."""
         _stop_lingering(lease)
 
-    def _admissions(self, now: float, *extra: queueing.Request) -> list[int]:
-        queue = [queueing.Request(w.count, w.since, w.estimate) for w in self._waiters]
+    def _admissions(self, now: float, *extra: queueing.LeaseRequest) -> list[int]:
+        queue = [queueing.LeaseRequest(w.count, w.since, w.estimate) for w in self._waiters]
         held = [queueing.Holding(len(lease.slots), lease.ends) for lease in self.leases()]
         return queueing.admit(len(self._free), [*queue, *extra], held, now, self.patience)
 
@@ -193,7 +193,7 @@ class Leases:
     def would_wait(self, session: str, count: int = 1) -> bool:
         """Whether `count` slots asked for now would wait (the client tells the user why)."""
         now = time.monotonic()
-        asked = queueing.Request(count, now, queueing.estimate(self.recent.get(session, ())))
+        asked = queueing.LeaseRequest(count, now, queueing.estimate(self.recent.get(session, ())))
         return len(self._waiters) not in self._admissions(now, asked)
 
     @property

@@ -49,7 +49,7 @@ from ..errors import (
     ZygoteProtocolError,
 )
 from ..worker import control, wake
-from ..worker.messages import FROM_WORKER, Exit, Hello, Message, Parked, decode
+from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, decode
 from . import criu, cuda, parking, rundir
 from .contain import Containment
 from .templates import Template, Templates, worker_of
@@ -132,7 +132,7 @@ class ZygoteHandle:
             os.kill(self.pid, signal.SIGKILL)
 
     async def request(self, message: control.ForkWorker | control.ForkZygote,
-                      ) -> tuple[control.Message, list[int]]:
+                      ) -> tuple[control.ZygoteMessage, list[int]]:
         """The zygote's answer to `message` and the descriptors it carries; a refusal, or an
         answer of another kind, is a ZygoteProtocolError."""
         if self.ctrl.fileno() < 0:
@@ -143,7 +143,7 @@ class ZygoteHandle:
         control.send(self.ctrl, dataclasses.replace(message, req=req))
         self.last_used = time.monotonic()
         answer, fds = await self._within(future)
-        if isinstance(answer, control.Refused):
+        if isinstance(answer, control.ZygoteRefused):
             raise ZygoteProtocolError(f"zygote {self.pid} refused {message.op}: {answer.error}",
                                       pid=self.pid, op=message.op)
         if not isinstance(answer, message.answer):
@@ -218,12 +218,12 @@ class WorkerHandle:
             children = []
         return [self.process, *(child.pid for child in children)]
 
-    async def send(self, message: Message) -> None:
+    async def send(self, message: WorkerMessage) -> None:
         """Send to the worker; WorkerDied if it exits first (a PAIR socket whose peer is gone
         would hold the message forever)."""
         await self._unless_dead(self.socket.send(protocol.pack(message.to_wire())), None)
 
-    async def recv(self, timeout: float | None = None) -> Message:
+    async def recv(self, timeout: float | None = None) -> WorkerMessage:
         """The worker's next message; WorkerDied if it exits first, or sends one this wire does
         not have (it is killed: a worker out of step with the server cannot be trusted)."""
         frame = await self._unless_dead(self.socket.recv(), timeout)
