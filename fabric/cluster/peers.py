@@ -1,7 +1,7 @@
 """The peer tier's network: a cluster's hosts serve their stores to one another.
 
 Each host serves its store's blobs to its peers (`PeerServer`, a socket of its own beside the
-clients' one) and reaches theirs (`Peers`, a `Link` to each), for its store's peer tier
+clients' one) and reaches theirs (`Peers`, a `PeerLink` to each), for its store's peer tier
 (`fabric.snapshot.peers`), which decides what to read from which host. Only the cluster's
 peer key is admitted there: the front door makes it and gives it, with the list of peers, to
 every host (the `peers` file, which the host agent rewrites as hosts come and go). A blob comes
@@ -157,17 +157,17 @@ class PeerServer:
 
 
 class Peers:
-    """The other hosts, as the peer tier reaches them (`fabric.snapshot.peers.Hosts`): the
+    """The other hosts, as the peer tier reaches them (`fabric.snapshot.peers.PeerList`): the
     list comes from `path` (re-read when it changes)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._seen: float | None = None
-        self._links: list[Link] = []
+        self._links: list[PeerLink] = []
         self._key: auth.ClientKey | None = None
         self._local = threading.local()  # a socket per thread and peer: zmq's are not shared
 
-    def __call__(self) -> list[Link]:
+    def __call__(self) -> list[PeerLink]:
         self._load()
         return self._links
 
@@ -182,7 +182,7 @@ class Peers:
         data = json.loads(self.path.read_text())
         key = data["key"]
         self._key = auth.ClientKey(PEER, key["public"], key["secret"], "")
-        self._links = [Link(self, Peer(p["name"], p["address"], p["server_key"]))
+        self._links = [PeerLink(self, Peer(p["name"], p["address"], p["server_key"]))
                        for p in data["peers"]]
         self._seen = mtime
         self._local = threading.local()
@@ -213,8 +213,8 @@ class Peers:
         return reply, frames[1] if len(frames) > 1 else None
 
 
-class Link:
-    """One other host's store over its peer socket (`fabric.snapshot.peers.Host`)."""
+class PeerLink:
+    """One other host's store over its peer socket (`fabric.snapshot.peers.PeerStore`)."""
 
     def __init__(self, peers: Peers, peer: Peer) -> None:
         self.peers, self.peer = peers, peer

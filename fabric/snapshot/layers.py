@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .peers import Hosts, PeerTier
+from .peers import PeerList, PeerTier
 from .remote import RemoteTier
 from .tiers import DiskTier, MemoryTier, Role, Tier
 
@@ -31,7 +31,7 @@ class Place:
     owner: tuple[int, int] | None = None  # the user its blobs belong to (`DiskTier`)
     cache_bytes: int = CACHE_BYTES  # the memory tier's size
     remote: str = ""  # an fsspec URL (`RemoteTier`); empty: none
-    peers: Hosts | None = None  # a cluster's other hosts (`PeerTier`); None: none
+    peers: PeerList | None = None  # a cluster's other hosts (`PeerTier`); None: none
     copies: int = 1  # the hosts each commit is kept on where no durable tier holds it
 
 

@@ -4,9 +4,9 @@ What the store sees of its peers: which host holds which blob, read from the one
 manifests and heads they hold; and, without a remote tier, the hosts a commit is kept on
 (`keep`: each pulls what it lacks through its own peer tier and takes the version as its head of
 the session). How a host is reached (a socket, its keys, the list of hosts) is the cluster's
-(`fabric.cluster.peers`), which gives the tier its hosts as `Host`s. A blob comes whole and is
-checked against its name by the store, like any tier's: a peer that sends the wrong bytes is
-caught, never trusted.
+(`fabric.cluster.peers`), which gives the tier its hosts as `PeerStore`s. A blob comes whole
+and is checked against its name by the store, like any tier's: a peer that sends the wrong
+bytes is caught, never trusted.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Host(Protocol):
+class PeerStore(Protocol):
     """Another host's store, as the cluster reaches it; StoreError where it cannot answer."""
 
     @property
@@ -48,7 +48,7 @@ class Host(Protocol):
         ...
 
 
-Hosts = Callable[[], Sequence[Host]]  # the cluster's other hosts, as they are now
+PeerList = Callable[[], Sequence[PeerStore]]  # the cluster's other hosts, as they are now
 
 
 class PeerTier:
@@ -57,11 +57,11 @@ class PeerTier:
     name, role = "peer", Role.FAR
     durable = False  # a peer may go at any time: a commit never counts on one
 
-    def __init__(self, hosts: Hosts, copies: int = 1) -> None:
+    def __init__(self, hosts: PeerList, copies: int = 1) -> None:
         """`copies`: the hosts, this one included, each commit is kept on where no durable
         tier holds it (`fabric.snapshot.commit.spread`)."""
         self.hosts, self.copies = hosts, copies
-        self._where: dict[str, tuple[Host, int]] = {}  # blob -> where `locate` found it, size
+        self._where: dict[str, tuple[PeerStore, int]] = {}  # blob -> where `locate` found it, size
 
     def __str__(self) -> str:
         return "a peer host"
@@ -131,8 +131,8 @@ class PeerTier:
                 break
         return kept
 
-    def _answers(self, hosts: Sequence[Host], ask: Callable[[Host], T],
-                 what: str) -> Iterator[tuple[Host, T]]:
+    def _answers(self, hosts: Sequence[PeerStore], ask: Callable[[PeerStore], T],
+                 what: str) -> Iterator[tuple[PeerStore, T]]:
         """`ask` of each of `hosts` in turn: the answers of those that give one (one that
         cannot, `what` it was asked, is logged and passed over)."""
         for host in hosts:

@@ -49,7 +49,7 @@ from .codec import Encoded
 from .layers import CACHE_BYTES, ORDER, Place, build
 from .manifest import Manifest
 from .mapped import Region, mappable
-from .peers import Hosts
+from .peers import PeerList
 from .tiers import (
     Buffer,
     DiskTier,
@@ -150,7 +150,7 @@ class Store:
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
                  owner: tuple[int, int] | None = None, remote: str = "",
-                 peers: Hosts | None = None, copies: int = 1,
+                 peers: PeerList | None = None, copies: int = 1,
                  tiers: Sequence[str | Tier] = ORDER) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
