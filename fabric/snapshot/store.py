@@ -175,6 +175,11 @@ class Store:
         self.disk = disk
         self.near = [t for t in self.tiers if t.role is not Role.FAR]  # read in place
         self.far = [t for t in self.tiers if t.role is Role.FAR]  # copied onto the disk first
+        # the far tiers a commit's blobs go to before its head moves (`replicate`)
+        self.durable = [t for t in self.far if t.durable]
+        # those that hold sessions' heads (their authority, where there is one), and peers
+        self._shared = [t for t in self.far if isinstance(t, Shared)]
+        self._located = [t for t in self.far if isinstance(t, Located)]
         self.sourced: collections.Counter[str] = collections.Counter()  # bytes `fetch` copied
         self.sourced_seconds: collections.defaultdict[str, float] = \
             collections.defaultdict(float)  # and the seconds it took, by tier
@@ -251,20 +256,6 @@ class Store:
             if isinstance(tier, kind):
                 return tier
         raise StoreError(f"the store {self.root} has no {kind.__name__}")
-
-    @property
-    def durable(self) -> list[Tier]:
-        """The far tiers a commit's blobs go to before its head moves (`replicate`)."""
-        return [t for t in self.far if t.durable]
-
-    @property
-    def _shared(self) -> list[Shared]:
-        """The far tiers that hold sessions' heads: their authority, where there is one."""
-        return [t for t in self.far if isinstance(t, Shared)]
-
-    @property
-    def _located(self) -> list[Located]:
-        return [t for t in self.far if isinstance(t, Located)]
 
     # far tiers: blobs go to the durable ones at each commit, and come back when the disk lacks
     def replicate(self, idents: Iterable[str]) -> int:
