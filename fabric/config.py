@@ -116,6 +116,9 @@ class Config:
     # a cluster without a remote tier: the hosts, the committing one included, each commit is
     # kept on before its cell is reported done (a remote tier holds every commit itself)
     copies: int = 2
+    # the store's tiers, nearest first: reads are sourced in this order (`fabric.snapshot.layers`:
+    # a kind of its own, or module:factory); those left unconfigured (no remote, no peers) are out
+    tiers: str = "memory,disk,peer,remote"
     # many hosts: the Ray cluster to serve (an address, or auto); empty: this host alone
     ray: str = ""
     # sessions per slot a cluster's host takes before its cells queue cluster-wide; 0: 7

@@ -109,7 +109,7 @@ class Server:
         # a host serving several users opens the store's root to passing through (`users.part`)
         self.store = Store(private_dir(config.store, shared=self.separate), remote=config.remote,
                            peers=Peers(Path(config.peers)) if config.peers else None,
-                           copies=config.copies)
+                           copies=config.copies, tiers=config.tiers.split(","))
         self._parts: dict[str, Store] = {}  # each user's part of the store, when separate
         self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
@@ -420,7 +420,8 @@ class Server:
             account = self._account(user)
             remote = f"{self.config.remote.rstrip('/')}/users/{user}" if self.config.remote else ""
             self._parts[user] = Store(Path(account.store), key=self.store.key,
-                                      owner=(account.uid, account.gid), remote=remote)
+                                      owner=(account.uid, account.gid), remote=remote,
+                                      tiers=self.config.tiers.split(","))
         return self._parts[user]
 
     def _session(self, user: str, name: str) -> Session:

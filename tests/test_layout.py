@@ -199,3 +199,24 @@ def test_the_bare_dict_finder_finds_them() -> None:
               "def g() -> list[dict]: ...\n"
               "def h(): ...\n")
     assert _returning_bare_dicts(source) == ["a", "b", "c", "K.d"]
+
+
+def test_the_store_names_no_kind_of_tier_but_its_disk() -> None:
+    """Tiers plug in: the store is given them in order (`fabric.snapshot.layers`) and treats
+    each by its role and the protocols it meets, never by its kind."""
+    tree = ast.parse((FABRIC / "snapshot" / "store.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert not names & {"MemoryTier", "PeerTier", "RemoteTier"}
+
+
+def test_the_store_opens_no_socket_of_its_own() -> None:
+    """What the store sees of other hosts is a tier; how they are reached (sockets, keys, the
+    list of peers) is the cluster's, which gives the peer tier its hosts."""
+    for path in (FABRIC / "snapshot").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                    for a in n.names} | \
+            {(n.module or "").split(".")[0] for n in ast.walk(tree)
+             if isinstance(n, ast.ImportFrom) and not n.level}
+        assert not imported & {"zmq", "socket", "ray"}, path

@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..protocol import Wire
 from ..snapshot import Group, Manifest, Store, history, lineage
+from ..snapshot import commit as durable
 from ..tasks import Background
 from ..worker.account import Account
 from ..worker.messages import (
@@ -248,8 +249,7 @@ class SessionWorkers:
     async def _fetch(self, blobs: list[str]) -> None:
         """Copy `blobs` from a peer host or the remote tier where this host's disk lacks them
         (off the loop)."""
-        elsewhere = self.store.remote is not None or self.store.peers is not None
-        if elsewhere and (wanted := [b for b in blobs if b]):
+        if self.store.far and (wanted := [b for b in blobs if b]):
             await asyncio.to_thread(self.store.fetch, wanted)
 
     def _usable(self, life: Life | None, head: Head) -> TypeGuard[Life]:
@@ -515,9 +515,8 @@ class SessionWorkers:
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)
             replicating = time.monotonic()
-            if done.saved is not None and self.store.remote is not None:  # durable there first
-                await asyncio.to_thread(self.store.replicate, [
-                    *(blob for blob, _, _ in done.saved.groups), done.saved.ambient])
+            if done.saved is not None and self.store.durable:  # durable there first
+                await asyncio.to_thread(durable.replicate, self.store, done.saved)
             committed = time.monotonic()
             self.running = None  # the cell is over: no stop may kill it as it commits and parks
             head = await asyncio.to_thread(commit, done)  # the store's files: off the loop
@@ -540,7 +539,7 @@ class SessionWorkers:
             self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved,
                        lease if lingers else None)
         spreading = time.monotonic()
-        if saved is not None and self.store.spreads:  # off the lease, before its reply
+        if saved is not None and durable.spreads(self.store):  # off the lease, before its reply
             await self._spread(head, events)
         spread = time.monotonic() - spreading
         unsaved = unsaved if kept else []
@@ -565,12 +564,11 @@ class SessionWorkers:
     async def _spread(self, head: Head, events: EventSink) -> None:
         """Keep the new version on the other hosts a cluster without a remote tier asks for."""
         assert head.id is not None, "a commit makes a version"
-        short = await asyncio.to_thread(self.store.spread, self.name, head.id)
-        if short:
+        kept = await asyncio.to_thread(durable.spread, self.store, self.name, head.id)
+        if kept.short:
             events.notice("copies", (
-                f"version {head.manifest.version} is on {self.store.copies - short} of the "
-                f"{self.store.copies} hosts asked for (`copies`): too few answered; a lost host "
-                "may take it with it"))
+                f"version {head.manifest.version} is on {kept.held} of the {kept.copies} hosts "
+                "asked for (`copies`): too few answered; a lost host may take it with it"))
 
     def answer(self, value: str | None, error: str | None) -> dict[str, bool]:
         """The client's answer to the running cell's input request."""
