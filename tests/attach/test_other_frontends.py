@@ -43,9 +43,11 @@ def test_papermill_runs_a_parameterised_notebook(server: RunningServer, tmp_path
     nbformat.write(nb, str(tmp_path / "in.ipynb"))
     session = f"pm-{uuid.uuid4().hex[:10]}"
     done = subprocess.run(
+        # a loaded machine's kernel start can outlast papermill's own 60 s
         [sys.executable, "-m", "papermill", "in.ipynb", "out.ipynb", "-k", KERNEL_NAME,
-         "-p", "n", "4"], cwd=tmp_path, env=_env(server, tmp_path, session), capture_output=True,
-        text=True, timeout=300)
+         "-p", "n", "4", "--start-timeout", "240"],
+        cwd=tmp_path, env=_env(server, tmp_path, session), capture_output=True, text=True,
+        timeout=300)
     assert done.returncode == 0, done.stderr
     out = nbformat.read(str(tmp_path / "out.ipynb"), as_version=4)
     injected = [c for c in out.cells if "injected-parameters" in c.metadata.get("tags", [])]
@@ -60,7 +62,8 @@ def test_jupyter_console_runs_a_command_and_prints_its_output(server: RunningSer
                                                               tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "jupyter_console", "--kernel", KERNEL_NAME, "--simple-prompt",
-         "--ZMQTerminalInteractiveShell.confirm_exit=False"],
+         "--ZMQTerminalInteractiveShell.confirm_exit=False",
+         "--ZMQTerminalInteractiveShell.kernel_timeout=240"],  # not 60 s on a loaded machine
         input="print('answer', 6 * 7)\n", cwd=tmp_path,
         env=_env(server, tmp_path, f"jc-{uuid.uuid4().hex[:10]}"),
         capture_output=True, text=True, timeout=300)
