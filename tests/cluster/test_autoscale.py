@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusters import agent_ports
 from helpers import RunningServer, execute_in_thread, serving, text, wait_until
 
 from fabric.client import Client
@@ -35,9 +34,8 @@ WORKER = {"resources": {"CPU": 1, "llfabric_slots": 1}, "node_config": {},
 
 class FakeAutoscaling(ray_utils.AutoscalingCluster):
     """Ray's fake multi-node autoscaler, its configuration written here in full: Ray's wheel
-    leaves out the file the base class reads it from. Its raylets are told every agent port: one
-    left to learn one waits a fixed 15 s for its agent, which a loaded machine's slow Python start
-    overruns (the raylet then aborts)."""
+    leaves out the file the base class reads it from. Its raylets, the head's and the nodes' the
+    autoscaler starts, are told every agent port (`told_raylets`)."""
 
     def _generate_config(self, head_resources: dict, worker_node_types: dict,
                          autoscaler_v2: bool = False, **settings: object) -> dict:
@@ -61,16 +59,11 @@ class FakeAutoscaling(ray_utils.AutoscalingCluster):
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as config:
             json.dump(self._config, config)
         resources = dict(self._head_resources)
-        ports = agent_ports()
         subprocess.check_call(
             [sys.executable, told_raylets.__file__, "start", "--head",
              f"--autoscaling-config={config.name}",
              f"--num-cpus={resources.pop('CPU')}",
-             f"--object-store-memory={resources.pop('object_store_memory')}",
-             f"--dashboard-agent-grpc-port={ports['metrics_agent_port']}",
-             f"--metrics-export-port={ports['metrics_export_port']}",
-             f"--runtime-env-agent-port={ports['runtime_env_agent_port']}",
-             f"--dashboard-agent-listen-port={ports['dashboard_agent_listen_port']}"],
+             f"--object-store-memory={resources.pop('object_store_memory')}"],
             env={**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
                  # where the autoscaler finds the provider
                  "PYTHONPATH": os.pathsep.join(

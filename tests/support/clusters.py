@@ -14,20 +14,6 @@ from fabric.client import Client
 NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory": 80 << 20}
 
 
-def _node(**extra: object) -> dict[str, object]:
-    """A node's arguments, its agents' ports chosen here: a raylet told to find any of them itself
-    waits a fixed 15 s for its agents to write them down, which a loaded machine's slow Python
-    start overruns (the raylet then aborts)."""
-    return {**NODE, **extra, **agent_ports()}
-
-
-def agent_ports() -> dict[str, int]:
-    """Free ports for every agent port a raylet would otherwise wait for its agents to report."""
-    return {name: free_port() for name in ("metrics_agent_port", "metrics_export_port",
-                                           "runtime_env_agent_port",
-                                           "dashboard_agent_listen_port")}
-
-
 @contextlib.contextmanager
 def told_raylets() -> Iterator[None]:
     """Nodes started in this process meanwhile start a raylet told every agent port (see
@@ -58,10 +44,10 @@ def ray_cluster(env: dict[str, str] | None = None,
                 os.environ.clear()
                 os.environ.update(env)
             base = dict(os.environ)
-            cluster = Cluster(initialize_head=True, head_node_args=_node(num_gpus=head_gpus))
+            cluster = Cluster(initialize_head=True, head_node_args={**NODE, "num_gpus": head_gpus})
             for extra in nodes:
                 os.environ.update(extra)
-                cluster.add_node(**_node())
+                cluster.add_node(**NODE)
                 os.environ.clear()
                 os.environ.update(base)
             cluster.wait_for_nodes()

@@ -1,10 +1,12 @@
 """Raylets told every agent port, for test clusters on a loaded machine.
 
-Ray hands the dashboard agent its listen port but not the raylet, which waits a fixed 15 s for
-the agent to write it down and aborts when a loaded machine's slow Python start overruns that.
-`tell()` makes the raylets this process starts a stand-in that passes the port on from the
-agent's command line. This folder holds this module alone: Ray's own processes (the `ray start`
-that starts a head, the autoscaler that starts nodes) import it by PYTHONPATH.
+A raylet waits a fixed 15 s for each agent port it was not given (its agents choose and write
+them down), and aborts when a loaded machine's slow Python start overruns that; Ray never gives
+a raylet its dashboard agent's listen port, nor the autoscaler's nodes any. `tell()` makes the
+raylets this process starts a stand-in (`raylet_stand_in`) that chooses every such port and
+tells the raylet, its agents and its workers. This folder holds these two modules alone: Ray's
+own processes (the `ray start` that starts a head, the autoscaler that starts nodes) import
+them by PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -18,25 +20,19 @@ from pathlib import Path
 from ray._private import services
 from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
-STAND_IN = """#!/usr/bin/env bash
-for arg; do
-  if [[ $arg =~ ^--dashboard_agent_command=.*--listen-port=([0-9]+) ]]; then
-    exec {real} "$@" "--dashboard_agent_listen_port=${{BASH_REMATCH[1]}}"
-  fi
-done
-exec {real} "$@"
-"""
+STAND_IN = '#!/bin/sh\nexec "{python}" "{program}" "{real}" "$@"\n'
 REAL = services.RAYLET_EXECUTABLE
 
 
 def tell() -> None:
-    """Raylets this process starts from now on are told their agent's listen port."""
+    """Raylets this process starts from now on are told every agent port."""
     if services.RAYLET_EXECUTABLE != REAL:
         return
     folder = tempfile.mkdtemp(prefix="llf-raylet-")
     atexit.register(shutil.rmtree, folder, True)
     stand_in = Path(folder) / "raylet"
-    stand_in.write_text(STAND_IN.format(real=REAL))
+    program = Path(__file__).with_name("raylet_stand_in.py")
+    stand_in.write_text(STAND_IN.format(python=sys.executable, program=program, real=REAL))
     stand_in.chmod(0o755)
     services.RAYLET_EXECUTABLE = str(stand_in)
 
