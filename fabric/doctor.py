@@ -66,8 +66,9 @@ def clashing_distributions(path: Iterable[str] | None = None) -> list[str]:
     """The installed distributions other than llfabric that also put files in a top-level
     `fabric` package (Fabric, the SSH tool, is one): installed together, one overwrites the
     other's files. `path` is where to look (default sys.path)."""
-    found = set()
-    for dist in metadata.distributions(**({} if path is None else {"path": list(path)})):
+    found: set[str] = set()
+    dists = metadata.distributions() if path is None else metadata.distributions(path=list(path))
+    for dist in dists:
         name = dist.metadata["Name"] or ""
         if name.lower() == DISTRIBUTION:
             continue

@@ -333,7 +333,8 @@ def _has_value(cell: types.CellType) -> bool:
     return True
 
 
-def group_variables(namespace: dict, names: list[str], budget: int = DEFAULT_BUDGET) -> Grouping:
+def group_variables(namespace: dict[str, Any], names: list[str],
+                    budget: int = DEFAULT_BUDGET) -> Grouping:
     """Partition `names` (variables of `namespace`) into groups of variables that share objects."""
     walker = _Walker(namespace, budget)
     refs: dict[str, set[str]] = {}

@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import psutil
 import zmq
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from ..envs import Env
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Key = tuple[str, frozenset[str]]  # (environment's site-packages or "", import family)
 BASE: Key = ("", frozenset())
@@ -237,9 +238,10 @@ class WorkerHandle:
             raise WorkerDied(f"worker {self.pid} sent a malformed message ({exc.message})",
                              pid=self.pid) from exc
 
-    async def _unless_dead(self, operation: asyncio.Future, timeout: float | None) -> Any:
-        """`operation`'s result (a socket's send or recv), or WorkerDied if the worker exits or
+    async def _unless_dead(self, awaited: Awaitable[T], timeout: float | None) -> T:
+        """`awaited`'s result (a socket's send or recv), or WorkerDied if the worker exits or
         `timeout` passes first; it is cancelled unless it ended."""
+        operation = asyncio.ensure_future(awaited)  # the socket's own future, as it is
         try:
             done, _ = await asyncio.wait({operation, self.died}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)

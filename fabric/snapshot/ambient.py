@@ -20,10 +20,11 @@ import importlib.machinery
 import os
 import pickle
 import random
+import re
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 # Variables the fabric sets per worker: the lease, not the notebook, decides the device.
 _MANAGED_ENVIRON = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
@@ -38,7 +39,7 @@ def capture(previous: Mapping[str, Any], base_environ: Mapping[str, str]) -> dic
     state["path"] = list(sys.path)
     state["warnings"] = _with_pending([(action, message, _class_name(category), module, line)
                                        for action, message, category, module, line
-                                       in warnings.filters
+                                       in _live_filters()
                                        if category.__module__ != "__main__"])  # not by name
     for module, (read, _) in _MODULE_PARTS.items():
         if (loaded := sys.modules.get(module)) is not None:
@@ -50,7 +51,7 @@ def capture(previous: Mapping[str, Any], base_environ: Mapping[str, str]) -> dic
 
 def restore(state: Mapping[str, Any]) -> list[str]:
     """Put the ambient state back; what could not be, said for the user."""
-    problems = []
+    problems: list[str] = []
     if "cwd" in state:
         try:
             os.chdir(state["cwd"])
@@ -113,15 +114,33 @@ def _class_name(category: type) -> str:
     return f"{category.__module__}:{category.__qualname__}"
 
 
+# A `warnings` filter: action, message pattern, category, module pattern, line (0: any).
+_LiveFilter = tuple[str, re.Pattern[str] | None, type[Warning], re.Pattern[str] | None, int]
+# One as the state holds it, its category named ("module:qualname"): the class may be one of a
+# module not imported yet where it is restored.
+_Filter = tuple[str, re.Pattern[str] | None, str, re.Pattern[str] | None, int]
+
 # Restored filters for a warning class of a module not imported yet, with their places among
 # the filters: a capture before that import carries them where they were.
-_pending_filters: list[tuple[int, tuple]] = []
+_pending_filters: list[tuple[int, _Filter]] = []
 
 
-def _restore_warnings(filters: list[tuple]) -> None:
+def _live_filters() -> list[_LiveFilter]:
+    """`warnings.filters` itself, a list its stub calls a read-only Sequence (and whose
+    categories `filterwarnings` checks are classes)."""
+    return cast(list[_LiveFilter], warnings.filters)
+
+
+def _filters_mutated() -> None:
+    """Drop the per-module "already warned" caches, after `warnings.filters` changed."""
+    # private to `warnings`, so its stub leaves it out
+    warnings._filters_mutated()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+
+
+def _restore_warnings(filters: list[_Filter]) -> None:
     """The filters in order; one for a warning class of a module not imported yet is added
     when that module is imported (first, as the newest filter)."""
-    restored = []
+    restored: list[_LiveFilter] = []
     _pending_filters.clear()
     for place, entry in enumerate(filters):
         action, message, name, module, line = entry
@@ -132,19 +151,19 @@ def _restore_warnings(filters: list[tuple]) -> None:
         else:
             _pending_filters.append((place, entry))
             _when_imported(owner, lambda m, e=entry: _add_filter(m, e))
-    warnings.filters[:] = restored
-    warnings._filters_mutated()  # drop the per-module "already warned" caches
+    _live_filters()[:] = restored
+    _filters_mutated()
 
 
-def _add_filter(owner: Any, entry: tuple) -> None:
+def _add_filter(owner: Any, entry: _Filter) -> None:
     action, message, name, module, line = entry
     _pending_filters[:] = [p for p in _pending_filters if p[1] is not entry]
-    warnings.filters.insert(0, (action, message, _resolve(owner, name.partition(":")[2]),
-                                module, line))
-    warnings._filters_mutated()
+    _live_filters().insert(0, (action, message, _resolve(owner, name.partition(":")[2]),
+                               module, line))
+    _filters_mutated()
 
 
-def _with_pending(filters: list[tuple]) -> list[tuple]:
+def _with_pending(filters: list[_Filter]) -> list[_Filter]:
     """`filters` with the restored ones still waiting for their module, in their places."""
     for place, entry in _pending_filters:
         filters.insert(place, entry)
@@ -174,7 +193,7 @@ def _read_numpy(np: Any) -> dict[str, Any]:
     return {"random": (kind, keys.tobytes(), *rest), "print": printing}
 
 
-def _write_numpy(np: Any, part: tuple | Mapping[str, Any]) -> None:
+def _write_numpy(np: Any, part: tuple[Any, ...] | Mapping[str, Any]) -> None:
     if isinstance(part, tuple):  # as versions saved before print options were carried
         part = {"random": part}
     kind, keys, *rest = part["random"]
@@ -189,7 +208,7 @@ def _read_pandas(pd: Any) -> dict[str, Any]:
     """The options the notebook changed (`pd.set_option`, `pd.options.display...`) that pickle;
     a deprecated one is read without its warning."""
     registered = getattr(getattr(pd, "_config", None), "config", None)
-    changed = {}
+    changed: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for key, option in getattr(registered, "_registered_options", {}).items():
@@ -258,7 +277,7 @@ def _write_torch(torch: Any, part: Mapping[str, Any]) -> None:
             torch.cuda._lazy_call(lambda: _write_cuda_rng(torch, states))
 
 
-def _write_cuda_rng(torch: Any, states: list) -> None:
+def _write_cuda_rng(torch: Any, states: list[Any]) -> None:
     """Each visible GPU's generator, as many as there are states for (set directly: torch's
     setters would queue themselves again while CUDA initializes)."""
     for generator, state in zip(torch.cuda.default_generators, states, strict=False):

@@ -19,13 +19,12 @@ import keyword
 import re
 import reprlib
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sized
 from contextlib import AbstractContextManager
-from typing import Any
-
-import msgpack
+from typing import Any, Protocol, cast
 
 from ..errors import StoreError
+from .packing import UnpackError, pack, unpack
 
 FORMAT = 1
 MAX_NAMES = 2000  # names a catalog describes
@@ -38,6 +37,8 @@ LIMIT = 16 << 20  # a stored catalog past this is none `merge` wrote: refused un
 
 Entry = dict[str, Any]
 Catalog = dict[str, dict[str, Entry]]  # "names": name -> entry; "classes": class -> entry
+Content = dict[str, Any]  # a Jupyter reply's content
+Limit = Callable[[], AbstractContextManager[object]]  # a context that bounds the code it runs
 EMPTY: Catalog = {"names": {}, "classes": {}}
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = MAX_TEXT
@@ -64,33 +65,40 @@ def _kind(value: object) -> str:
 # a `__dir__` or `__getattr__` that never returns): they are read from the dicts of its class's
 # MRO and its own, found without the class's metaclass, and run only where the code is C (a
 # getset or member descriptor, as numpy's and torch's `shape` are) or a known library's.
-_MRO = type.__dict__["__mro__"].__get__
-_DICT = type.__dict__["__dict__"].__get__
+_MRO: Callable[[type], tuple[type, ...]] = type.__dict__["__mro__"].__get__
+_DICT: Callable[[type], Mapping[str, object]] = type.__dict__["__dict__"].__get__
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 _KNOWN = frozenset({"numpy", "pandas", "torch", "jax", "jaxlib", "xarray", "polars", "scipy",
                     "cupy", "tensorflow"})
 _MISSING = object()
+_SIZED: tuple[type[Sized], ...] = (list, tuple, set, frozenset, dict, str, bytes)
+
+
+class _Descriptor(Protocol):
+    def __get__(self, instance: object, owner: type, /) -> object: ...
 
 
 def _classes(value: object) -> tuple[type, ...]:
     """The classes whose dicts hold `value`'s attributes: its own MRO if it is a class."""
-    return _MRO(value) if issubclass(type(value), type) else _MRO(type(value))
+    return _MRO(cast(type, value)) if issubclass(type(value), type) else _MRO(type(value))
 
 
-def _own_dict(value: object) -> dict:
+def _own_dict(value: object) -> dict[str, object]:
     """`value.__dict__` where a C descriptor holds it, else {} (a property is never run)."""
     for cls in _MRO(type(value)):
         found = _DICT(cls).get("__dict__", _MISSING)
         if found is not _MISSING:
             if isinstance(found, _C_DESCRIPTORS):
-                own = found.__get__(value, type(value))
-                return own if isinstance(own, dict) else {}
+                own: object = found.__get__(value, type(value))
+                # an object's `__dict__`: its attributes by name
+                return cast(dict[str, object], own) if isinstance(own, dict) else {}
             return {}
     return {}
 
 
 def _fact(value: object, name: str) -> object:
     """`value.name` where reading it runs no code of the user's; None where it would."""
+    found: object = _MISSING
     for cls in _MRO(type(value)):
         found = _DICT(cls).get(name, _MISSING)
         if found is _MISSING:
@@ -98,7 +106,8 @@ def _fact(value: object, name: str) -> object:
         if not hasattr(type(found), "__get__"):
             break  # a plain value: the instance's own, if it has one, comes first
         if isinstance(found, _C_DESCRIPTORS) or _known(cls):
-            return found.__get__(value, type(value))
+            # a descriptor: its type has `__get__`, as checked above
+            return cast(_Descriptor, found).__get__(value, type(value))
         return None
     return _own_dict(value).get(name, None if found is _MISSING else found)
 
@@ -109,7 +118,7 @@ def _known(cls: type) -> bool:
 
 
 def describe_one(value: object, classes: dict[str, Entry],
-                 limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> Entry:
+                 limit: Limit = contextlib.nullcontext) -> Entry:
     """One value's entry. An instance's class (its attributes, methods and docstring) is
     described once in `classes`, for all its instances; the entry keeps what is its own. Its
     signature and repr, which run its code, are read within `limit()`, else left out."""
@@ -138,20 +147,19 @@ def describe_one(value: object, classes: dict[str, Entry],
     if entry["kind"] == "instance":
         shape, dtype = _fact(value, "shape"), _fact(value, "dtype")
     if isinstance(shape, tuple) and dtype is not None:
-        entry["shape"] = [int(n) for n in shape if isinstance(n, int)]
+        entry["shape"] = [int(n) for n in cast(tuple[object, ...], shape) if isinstance(n, int)]
         entry["dtype"] = str(dtype)
     elif entry["kind"] == "instance":  # arrays are told by shape and dtype, never printed here
         with contextlib.suppress(Exception), limit():  # a failing or endless repr: left out
             entry["repr"] = _short.repr(value)
-    for sized in (list, tuple, set, frozenset, dict, str, bytes):
+    for sized in _SIZED:
         if issubclass(kind, sized):  # the built-in length, never a subclass's `__len__`
-            entry["len"] = sized.__len__(value)
+            entry["len"] = sized.__len__(cast(Sized, value))  # an instance of `sized`
             break
     return entry
 
 
-def _attrs(value: object,
-           limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> list[str]:
+def _attrs(value: object, limit: Limit = contextlib.nullcontext) -> list[str]:
     """What `dir(value)` lists, public names first, bounded: read from the dicts, unless a
     known library's `__dir__` adds more (a DataFrame's columns), which runs within `limit()`."""
     names = set(_own_dict(value))
@@ -185,12 +193,14 @@ def _members(owner: object, instances: bool) -> dict[str, Entry]:
         if len(members) >= MAX_MEMBERS or name.startswith("_"):
             break  # public names come first
         try:
-            member = pyinspect.getattr_static(owner, name)
+            member: object = pyinspect.getattr_static(owner, name)
         except AttributeError:
             continue
         bound = instances and isinstance(member, types.FunctionType)
         if isinstance(member, (staticmethod, classmethod)):
-            member, bound = member.__func__, isinstance(member, classmethod)
+            # what it wraps (isinstance leaves the types of a wrapper's function unknown)
+            wrapper = cast("staticmethod[..., object] | classmethod[Any, ..., object]", member)
+            member, bound = wrapper.__func__, isinstance(member, classmethod)
         if not callable(member):
             continue
         entry: Entry = {"kind": "function", "type": type(member).__name__,
@@ -202,11 +212,12 @@ def _members(owner: object, instances: bool) -> dict[str, Entry]:
 
 
 def describe(namespace: dict[str, Any], names: list[str],
-             limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> Catalog:
+             limit: Limit = contextlib.nullcontext) -> Catalog:
     """The catalog of `names` in `namespace` (the first MAX_NAMES of them); what runs a value's
     code (its repr, its signature) runs within `limit()` (see `describe_one`), and a value that
     fails as it is read is described by its type alone."""
-    entries, classes = {}, {}
+    entries: dict[str, Entry] = {}
+    classes: dict[str, Entry] = {}
     for name in sorted(set(names))[:MAX_NAMES]:
         if name not in namespace:
             continue
@@ -228,7 +239,7 @@ def merge(parent: Catalog, fresh: Catalog, names: set[str]) -> Catalog:
     classes = {k: c for k, c in (parent.get("classes", {}) | fresh.get("classes", {})).items()
                if k in used}
     merged = {"names": entries, "classes": classes}
-    sizes = {(part, key): len(msgpack.packb(e, use_bin_type=True))
+    sizes = {(part, key): len(pack(e))
              for part, table in merged.items() for key, e in table.items()}
     total = sum(sizes.values())
     for part, key in sorted(sizes, key=sizes.__getitem__, reverse=True):
@@ -237,28 +248,35 @@ def merge(parent: Catalog, fresh: Catalog, names: set[str]) -> Catalog:
         slim = {k: v for k, v in merged[part][key].items() if k not in ("members", "doc")}
         slim["attrs"] = slim.get("attrs", [])[:100]
         merged[part][key] = slim
-        total += len(msgpack.packb(slim, use_bin_type=True)) - sizes[part, key]
+        total += len(pack(slim)) - sizes[part, key]
     return merged
 
 
 def encode(catalog: Catalog) -> bytes:
-    return msgpack.packb({"format": FORMAT, **catalog}, use_bin_type=True)
+    return pack({"format": FORMAT, **catalog})
 
 
 def decode(data: bytes) -> Catalog:
     """A catalog read from the store, checked as input from outside."""
     try:
-        raw = msgpack.unpackb(data, raw=False)
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raw = _map(unpack(data))
+        if raw is None or raw.get("format") != FORMAT:
             raise ValueError(f"not a catalog of format {FORMAT}")
         for part in ("names", "classes"):
-            table = raw[part]
-            if not isinstance(table, dict) or not all(
+            table = _map(raw[part])
+            if table is None or not all(
                     isinstance(k, str) and isinstance(v, dict) for k, v in table.items()):
                 raise ValueError(f"its {part} are not a map of entries")
-        return {"names": raw["names"], "classes": raw["classes"]}
-    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+        # maps of entries by name, as checked
+        return {"names": cast(dict[str, Entry], raw["names"]),
+                "classes": cast(dict[str, Entry], raw["classes"])}
+    except (KeyError, TypeError, ValueError, UnpackError) as exc:
         raise StoreError(f"malformed catalog: {exc}") from exc
+
+
+def _map(value: object) -> dict[object, object] | None:
+    """`value` if it is a map (of keys and values still to check), else None."""
+    return cast(dict[object, object], value) if isinstance(value, dict) else None
 
 
 def _entry(catalog: Catalog, name: str) -> Entry | None:
@@ -282,7 +300,7 @@ def _visible(name: str, prefix: str) -> bool:
     return name.startswith(prefix) and (prefix.startswith("_") or not name.startswith("_"))
 
 
-def complete(catalog: Catalog, code: str, cursor: int) -> dict:
+def complete(catalog: Catalog, code: str, cursor: int) -> Content:
     """A `complete_reply`'s content for `code` with the cursor at `cursor`."""
     cursor = max(0, min(cursor, len(code)))
     match = _DOTTED.search(code[:cursor])
@@ -290,7 +308,7 @@ def complete(catalog: Catalog, code: str, cursor: int) -> dict:
     start = cursor - len(prefix)
     before = code[:match.start()] if match else ""
     if match is None or before.endswith((".", "'", '"')):  # `3.`, `f().`, `d['k`: no name
-        found = []
+        found: list[tuple[str, Entry | None]] = []
     elif dot:
         entry = _entry(catalog, base) or {}
         members = entry.get("members", {})
@@ -322,7 +340,7 @@ def name_at(code: str, cursor: int) -> str:
     return ""
 
 
-def inspect(catalog: Catalog, code: str, cursor: int) -> dict:
+def inspect(catalog: Catalog, code: str, cursor: int) -> Content:
     """An `inspect_reply`'s content: the catalog's entry for the name at the cursor."""
     name = name_at(code, cursor)
     base, _, attr = name.rpartition(".")
@@ -343,11 +361,11 @@ def inspect(catalog: Catalog, code: str, cursor: int) -> dict:
     return {"status": "ok", "found": True, "data": {"text/plain": text}, "metadata": {}}
 
 
-def variables(catalog: Catalog) -> list[dict]:
+def variables(catalog: Catalog) -> list[dict[str, Any]]:
     """The session's values as a debugger's variables panel lists them (the Jupyter debug
     protocol's `inspectVariables`): each name, its type, and its short repr where one was
     kept."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in sorted(catalog["names"]):
         entry = catalog["names"][name]
         value = entry.get("repr")

@@ -27,11 +27,19 @@ import pickle
 import sys
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
-import cloudpickle
+import cloudpickle  # pyright: ignore[reportMissingTypeStubs]
 
-_loading_into: dict | None = None  # the namespace functions are rebound to during loads()
+from .staging import from_numpy
+
+# cloudpickle ships no types; its Pickler is pickle's, overriding `reducer_override`
+_CloudPickler = cast(type[pickle.Pickler], cloudpickle.Pickler)
+# the type of lru_cache's wrappers, which functools names only privately
+_LRU_CACHE_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
+_Reduced = tuple[Callable[..., Any], tuple[Any, ...]]  # a `__reduce__`'s: rebuild, arguments
+
+_loading_into: dict[str, Any] | None = None  # the namespace functions are rebound to during loads()
 
 
 def _make_function(code: types.CodeType, name: str, ncells: int) -> types.FunctionType:
@@ -41,7 +49,7 @@ def _make_function(code: types.CodeType, name: str, ncells: int) -> types.Functi
     return types.FunctionType(code, _loading_into, name, None, closure)
 
 
-def _set_function_state(fn: types.FunctionType, state: dict) -> types.FunctionType:
+def _set_function_state(fn: types.FunctionType, state: dict[str, Any]) -> types.FunctionType:
     for cell, value in zip(fn.__closure__ or (), state.pop("cells"), strict=True):
         if value is not _EMPTY:
             cell.cell_contents = value
@@ -78,7 +86,7 @@ class _Memory:
     def __init__(self, data: Any) -> None:
         self.data = data  # a uint8 numpy array over the block
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> _Reduced:
         # out of band: the stream holds only the buffer's place, the store holds its bytes
         return _loaded_memory, (pickle.PickleBuffer(self.data),)
 
@@ -95,7 +103,7 @@ class _DeviceMemory:
     def __init__(self, host: _Memory, device: int) -> None:
         self.host, self.device = host, device
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> _Reduced:
         return _device_storage, (self.host, self.device)
 
 
@@ -105,7 +113,8 @@ def _device_storage(host: Any, device: int) -> Any:
     return to_device(host, device)
 
 
-def _ndarray_on(memory: Any, dtype: Any, shape: tuple, strides: tuple, offset: int,
+def _ndarray_on(memory: Any, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...],
+                offset: int,
                 writeable: bool) -> Any:
     import numpy as np
 
@@ -135,13 +144,13 @@ def _host_bytes(tensor: Any, storage: Any) -> Any:
     return flat.numpy()
 
 
-def _rebuild_tensor(memory: Any, dtype: Any, offset: int, size: tuple, stride: tuple,
-                    requires_grad: bool, grad: Any) -> Any:
+def _rebuild_tensor(memory: Any, dtype: Any, offset: int, size: tuple[int, ...],
+                    stride: tuple[int, ...], requires_grad: bool, grad: Any) -> Any:
     import torch
 
     # a CUDA tensor's memory arrives as its device storage, a CPU tensor's as a uint8 array
     storage = memory if isinstance(memory, torch.UntypedStorage) else \
-        torch.from_numpy(memory).untyped_storage()
+        from_numpy(memory).untyped_storage()
     tensor = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
     if requires_grad:
         tensor.requires_grad_(True)
@@ -150,12 +159,13 @@ def _rebuild_tensor(memory: Any, dtype: Any, offset: int, size: tuple, stride: t
     return tensor
 
 
-def _closed_file(name: Any, mode: str, encoding: str | None) -> io.IOBase:
+def _closed_file(name: Any, mode: str, encoding: str | None) -> IO[Any]:
     """A closed file that reads as the one that was saved (`with open(...) as f` leaves one)."""
     mode = mode.replace("x", "w")
     file = open(os.devnull, mode, encoding=encoding if "b" not in mode else None)  # noqa: SIM115
-    raw = getattr(file, "buffer", file)
-    getattr(raw, "raw", raw).name = name
+    raw: Any = getattr(file, "buffer", file)  # a text file's layers: buffer, then raw
+    named: Any = getattr(raw, "raw", raw)
+    named.name = name
     file.close()
     return file
 
@@ -167,6 +177,10 @@ def _reduce_file(file: Any) -> Any:
                           getattr(file, "encoding", None))
 
 
+def _reduce_parameter(param: Any) -> _Reduced:
+    return _rebuild_parameter, (param.data, param.requires_grad, param.grad)
+
+
 def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any) -> Any:
     import torch
 
@@ -176,6 +190,12 @@ def _rebuild_parameter(data: Any, requires_grad: bool, grad: Any) -> Any:
     return param
 
 
+def _reduce_lru_cache(wrapper: Any) -> _Reduced:
+    """The wrapped function and the cache's parameters; the cache itself is not kept."""
+    params = wrapper.cache_parameters()
+    return _rebuild_lru_cache, (wrapper.__wrapped__, params["maxsize"], params["typed"])
+
+
 def _rebuild_lru_cache(wrapped: Any, maxsize: int | None, typed: bool) -> Any:
     return functools.lru_cache(maxsize=maxsize, typed=typed)(wrapped)
 
@@ -183,8 +203,8 @@ def _rebuild_lru_cache(wrapped: Any, maxsize: int | None, typed: bool) -> Any:
 _FILE_TYPES = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.FileIO)
 
 
-class _Pickler(cloudpickle.Pickler):
-    def __init__(self, file: io.BytesIO, namespace: dict) -> None:
+class _Pickler(_CloudPickler):
+    def __init__(self, file: io.BytesIO, namespace: dict[str, Any]) -> None:
         self.buffers: list[pickle.PickleBuffer] = []
         super().__init__(file, protocol=5, buffer_callback=self.buffers.append)
         self._namespace = namespace
@@ -231,26 +251,29 @@ class _Pickler(cloudpickle.Pickler):
                                  tuple(tensor.size()), tensor.stride(), tensor.requires_grad, grad)
 
     @property
+    def holds_device(self) -> bool:
+        """Whether what it pickled holds CUDA memory."""
+        return bool(self._device)
+
+    @property
     def _torch_strided(self) -> Any:
         return sys.modules["torch"].strided
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> Any:
         kind = type(obj)
         if kind is self._ndarray:
             return self._reduce_ndarray(obj)
         if kind is self._tensor:
             return self._reduce_tensor(obj)
         if kind is self._parameter:  # torch's own reduction drops .grad
-            return _rebuild_parameter, (obj.data, obj.requires_grad, obj.grad)
+            return _reduce_parameter(obj)
         if kind in _FILE_TYPES:
             return _reduce_file(obj)
-        if kind is functools._lru_cache_wrapper and getattr(obj, "__module__", "") == "__main__":
-            # pickled by reference otherwise, to a name the loading worker may not have yet;
-            # the cache itself is not kept
-            params = obj.cache_parameters()
-            return _rebuild_lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
+        if kind is _LRU_CACHE_WRAPPER and getattr(obj, "__module__", "") == "__main__":
+            # pickled by reference otherwise, to a name the loading worker may not have yet
+            return _reduce_lru_cache(obj)
         if isinstance(obj, types.FunctionType) and obj.__globals__ is self._namespace:
-            state = {
+            state: dict[str, Any] = {
                 "cells": [_cell_value(c) for c in obj.__closure__ or ()],
                 "dict": obj.__dict__,
                 "__defaults__": obj.__defaults__,
@@ -278,7 +301,7 @@ class Encoded(NamedTuple):
         return len(self.stream) + sum(b.nbytes for b in self.buffers)
 
 
-def dumps(values: dict[str, Any], namespace: dict) -> Encoded:
+def dumps(values: dict[str, Any], namespace: dict[str, Any]) -> Encoded:
     """Pickle a group's variables; functions of `namespace` are kept bound to it by name.
 
     The buffers are views of the live objects' memory, valid until the objects change.
@@ -286,10 +309,11 @@ def dumps(values: dict[str, Any], namespace: dict) -> Encoded:
     buf = io.BytesIO()
     pickler = _Pickler(buf, namespace)
     pickler.dump(values)
-    return Encoded(buf.getvalue(), [b.raw() for b in pickler.buffers], bool(pickler._device))
+    return Encoded(buf.getvalue(), [b.raw() for b in pickler.buffers], pickler.holds_device)
 
 
-def loads(data: Encoded | bytes, namespace: dict, buffers: Sequence[Any] = ()) -> dict[str, Any]:
+def loads(data: Encoded | bytes, namespace: dict[str, Any],
+          buffers: Sequence[Any] = ()) -> dict[str, Any]:
     """Unpickle a group; notebook functions come back bound to `namespace`."""
     global _loading_into
     if isinstance(data, Encoded):
@@ -301,4 +325,4 @@ def loads(data: Encoded | bytes, namespace: dict, buffers: Sequence[Any] = ()) -
         _loading_into = previous
     if not isinstance(values, dict):
         raise pickle.UnpicklingError("a group blob must hold a dict of variables")
-    return values
+    return cast(dict[str, Any], values)  # names to values, as `dumps` wrote it

@@ -18,21 +18,26 @@ import contextlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..closure.groups import group_variables
 from . import codec
 from .store import Progress, Store, Writes
 
+SavedGroup = tuple[str, list[str], int]  # object id, names, bytes
+
 
 @dataclass
 class Saved:
-    groups: list[list] = field(default_factory=list)  # [object id, names, bytes]
-    kept: list[str] = field(default_factory=list)  # names whose groups stay as committed
-    refs: dict[str, list[str]] = field(default_factory=dict)  # of the regrouped names only
-    packages: dict[str, list[str]] = field(default_factory=dict)  # likewise
-    unsaved: dict[str, str] = field(default_factory=dict)  # name -> why it could not be saved
+    groups: list[SavedGroup] = field(default_factory=list[SavedGroup])  # each group written
+    kept: list[str] = field(default_factory=list[str])  # names whose groups stay as committed
+    # of the regrouped names only
+    refs: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
+    packages: dict[str, list[str]] = field(default_factory=dict[str, list[str]])  # likewise
+    # name -> why it could not be saved
+    unsaved: dict[str, str] = field(default_factory=dict[str, str])
     bounded: bool = False
-    devices: list[str] = field(default_factory=list)  # objects of groups holding CUDA memory
+    devices: list[str] = field(default_factory=list[str])  # objects of groups holding CUDA memory
 
 
 class DeltaSaver:
@@ -48,7 +53,7 @@ class DeltaSaver:
         self.objects[frozenset(names)] = (blob, nbytes)
 
     def _closure(self, names: set[str]) -> set[str]:
-        todo, out = list(names), set()
+        todo, out = list(names), set[str]()
         while todo:
             name = todo.pop()
             if name not in out:
@@ -56,9 +61,10 @@ class DeltaSaver:
                 todo.extend(self.refs.get(name, ()))
         return out
 
-    def save(self, ns: dict, state: list[str], reached: Iterable[str] | None,
+    def save(self, ns: dict[str, Any], state: list[str], reached: Iterable[str] | None,
              progress: Progress | None = None,
-             limit: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> Saved:
+             limit: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+             ) -> Saved:
         """Save `state` (names in `ns`) after a cell that reached `reached` (None: anything),
         as its plan says (`closure.plan`). Each group is pickled within `limit()` (its objects'
         own code runs then), else left unsaved; a KeyboardInterrupt (the user stopped the save)
@@ -70,7 +76,7 @@ class DeltaSaver:
             touched = self._closure(touched)
             kept = [key for key in self.objects if key <= present and touched.isdisjoint(key)
                     and all(n in self.refs for n in key)]
-            keep = set().union(*kept)
+            keep = set[str]().union(*kept)
             rest = [n for n in state if n not in keep]
             grouping = group_variables(ns, rest)
             if not grouping.bounded:  # a bounded walk did not learn what code reads
@@ -121,8 +127,9 @@ class DeltaSaver:
         self.objects = {key: value for key, value in self.objects.items() if key in current
                         or (key <= present and key.isdisjoint(regrouped))}
 
-    def _put(self, ns: dict, names: list[str], saved: Saved, progress: Progress | None,
-             writes: Writes, limit: Callable[[], AbstractContextManager]) -> bool:
+    def _put(self, ns: dict[str, Any], names: list[str], saved: Saved,
+             progress: Progress | None, writes: Writes,
+             limit: Callable[[], AbstractContextManager[object]]) -> bool:
         """Save `names` as one group; on failure record why, per name."""
         key = frozenset(names)
         known = self.objects.get(key)
@@ -145,7 +152,7 @@ class DeltaSaver:
             saved.unsaved.pop(name, None)
             self.stuck.pop(name, None)
         self.objects[key] = (blob, encoded.nbytes)
-        saved.groups.append([blob, names, encoded.nbytes])
+        saved.groups.append((blob, names, encoded.nbytes))
         if encoded.device:
             saved.devices.append(blob)
         return True

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..closure.plan import plan
 from ..errors import StoreError
@@ -41,7 +42,7 @@ def log(store: Store, session: str, start: str | None = None) -> list[tuple[str,
     """The session's versions, newest first: (manifest id, manifest); from its head, or from
     version `start` back."""
     versions: list[tuple[str, Manifest]] = []
-    ident, seen = start or store.head(session), set()
+    ident, seen = start or store.head(session), set[str]()
     while ident is not None:
         if ident in seen:
             raise StoreError(f"session {session} has a cycle in its history", session=session)
@@ -55,7 +56,7 @@ def log(store: Store, session: str, start: str | None = None) -> list[tuple[str,
 def intact(store: Store, session: str) -> list[tuple[str, Manifest]]:
     """Every version of the session whose manifest still reads (hash and signature), newest
     first, found by reading every manifest: what is left when its head's history is not."""
-    found = []
+    found: list[tuple[str, Manifest]] = []
     for ident in store.manifests():
         with contextlib.suppress(StoreError):
             manifest = Manifest.decode(store.get_manifest(ident))
@@ -143,14 +144,14 @@ def cells(store: Store, session: str,
 CHANGED_NAMES = 20  # names listed per kind of change in `describe`; the rest are counted
 
 
-def describe(versions: list[tuple[str, Manifest]], index: Index) -> list[dict]:
+def describe(versions: list[tuple[str, Manifest]], index: Index) -> list[dict[str, Any]]:
     """The versions of `log` (newest first) as a history view shows them: prompt number, the
     cell's first line (or the version a checkout went back to), time, size (None: thinned by
     retention), names, and the variables and imports it added, changed or removed."""
     names: dict[str, list[str]] = {}
     for name, ident in index.tags.items():
         names.setdefault(ident, []).append(name)
-    described = []
+    described: list[dict[str, Any]] = []
     for at, (ident, m) in enumerate(versions):
         before = versions[at + 1][1] if at + 1 < len(versions) else Manifest(session=m.session)
         now, then = _bindings(m), _bindings(before)
@@ -174,10 +175,11 @@ def _bindings(manifest: Manifest) -> dict[str, str]:
     return bound
 
 
-def _changes(now: dict[str, str], then: dict[str, str]) -> dict:
+def _changes(now: dict[str, str], then: dict[str, str]) -> dict[str, list[str] | int]:
     changes = {"added": sorted(set(now) - set(then)), "removed": sorted(set(then) - set(now)),
                "changed": sorted(n for n in set(now) & set(then) if now[n] != then[n])}
-    listed = {kind: found[:CHANGED_NAMES] for kind, found in changes.items()}
+    listed: dict[str, list[str] | int] = {kind: found[:CHANGED_NAMES]
+                                           for kind, found in changes.items()}
     listed["more"] = sum(max(0, len(found) - CHANGED_NAMES) for found in changes.values())
     return listed
 
@@ -188,7 +190,7 @@ def lineage(store: Store, session: str, names: list[str]) -> list[int]:
     reached it. Re-running them in order recomputes it."""
     cells: set[int] = set()
     for name in names:
-        reached = []
+        reached: list[int] = []
         for _, manifest in log(store, session):
             cell = manifest.cell
             analysis = plan(str(cell.get("source") or "")).analysis
@@ -274,7 +276,7 @@ def remaining(versions: list[tuple[str, Manifest]], index: Index) -> str:
                      for i, m in versions if i not in index.thinned)
 
 
-def valid_tag(name: str) -> bool:
+def valid_tag(name: object) -> bool:
     """A tag is a name a version number cannot be: 1-64 letters, digits, '-', '_', '.', not
     all digits."""
     return isinstance(name, str) and 0 < len(name) <= 64 and not name.isdigit() and \
@@ -356,10 +358,10 @@ class Verified:
     manifests: int = 0
     blobs: int = 0
     bytes: int = 0
-    problems: list[str] = field(default_factory=list)
-    repaired: list[str] = field(default_factory=list)  # blobs rewritten from a good copy
-    restored: list[str] = field(default_factory=list)  # what repair did to heads and indexes
-    held: dict[str, int] = field(default_factory=dict)  # session -> bytes its history names
+    problems: list[str] = field(default_factory=list[str])
+    repaired: list[str] = field(default_factory=list[str])  # blobs rewritten from a good copy
+    restored: list[str] = field(default_factory=list[str])  # what repair did to heads, indexes
+    held: dict[str, int] = field(default_factory=dict[str, int])  # session -> bytes it names
 
 
 def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> Verified:
@@ -487,7 +489,7 @@ def _released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dic
     return released
 
 
-def _records(store: Store) -> list:
+def _records(store: Store) -> list[Path]:
     """The records of removed sessions (`remove`) gc has not freed yet; not one still being
     written (`write_atomic`'s temp file, which a concurrent remove renames into place)."""
     folder = store.root / "released"
@@ -543,7 +545,7 @@ class Collected:
     freed: int = 0
     kept: int = 0
     kept_bytes: int = 0
-    damaged: dict[str, str] = field(default_factory=dict)  # session -> why, kept whole
+    damaged: dict[str, str] = field(default_factory=dict[str, str])  # session -> why, kept whole
 
 
 def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = None
@@ -572,7 +574,7 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
     if result.damaged:
         _keep_damaged(store, set(result.damaged), live)
     released = _released(store, sessions, result.damaged)
-    stats = {}
+    stats: dict[Path, os.stat_result] = {}
     for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
         with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
             stats[path] = path.lstat()  # a link a user put there: itself

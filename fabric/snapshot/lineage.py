@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..closure.effects import unsafe
 from ..errors import NotReplayable
@@ -30,7 +31,8 @@ RANDOM = re.compile(r"rand|seed|shuffle|sample|choice|torch|numpy|np\.|tensorflo
 class Replay:
     names: list[str]  # the values it rebuilds
     start: Manifest  # the version the chain first ran on: it saved everything
-    cells: list[dict]  # the chain's cell records (source, status, execution_count), oldest first
+    # the chain's cell records (source, status, execution_count), oldest first
+    cells: list[dict[str, Any]]
 
     @property
     def seconds(self) -> float:
@@ -51,7 +53,8 @@ def plan(store: Store, head: Manifest) -> Replay | None:
     made, names = unsaved(store, head)
     if not names:
         return None
-    chain, current = [], made
+    chain: list[dict[str, Any]] = []
+    current = made
     while True:
         chain.append(current.cell)
         if len(chain) > MAX_CELLS:

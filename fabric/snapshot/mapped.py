@@ -41,6 +41,13 @@ def _load_libc() -> ctypes.CDLL | None:
 _libc = _load_libc()
 
 
+def _mapper() -> ctypes.CDLL:
+    """The C library whose mmap a `Region` maps with (only where `mappable` holds)."""
+    if _libc is None:
+        raise OSError("file mappings need Linux")
+    return _libc
+
+
 def mappable(chunk: int) -> bool:
     """Whether buffers cut in `chunk`-byte pieces can be mapped piece by piece."""
     return _libc is not None and chunk >= SMALLEST and chunk % PAGE == 0
@@ -67,12 +74,12 @@ class Region:
             if os.fstat(fd).st_size != size:
                 return False
             address, length = self.address + offset, -(-size // PAGE) * PAGE
-            if _libc.mmap(address, length, _PROT, mmap.MAP_PRIVATE | _MAP_FIXED, fd,
+            if _mapper().mmap(address, length, _PROT, mmap.MAP_PRIVATE | _MAP_FIXED, fd,
                           0) != address:
                 error = ctypes.get_errno()
                 self._anonymous(address, length)
                 raise OSError(error, f"cannot map {path}: {os.strerror(error)}")
-            _libc.madvise(address, length, _MADV_POPULATE_READ)  # else the hash faults them in
+            _mapper().madvise(address, length, _MADV_POPULATE_READ)  # else the hash faults them in
             return True
         finally:
             os.close(fd)
@@ -81,5 +88,5 @@ class Region:
     def _anonymous(address: int, length: int) -> None:
         """Put fresh memory back where a failed MAP_FIXED may have unmapped the range."""
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
-        if _libc.mmap(address, length, _PROT, flags, -1, 0) != address:
+        if _mapper().mmap(address, length, _PROT, flags, -1, 0) != address:
             raise MemoryError("cannot remap a load's buffer after a failed file mapping")

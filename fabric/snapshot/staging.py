@@ -10,16 +10,26 @@ groups that follow (`Store.get_objects`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 PIECE = 64 << 20  # bytes per staged copy: large enough for full DMA speed, two kept pinned
+
+
+def from_numpy(array: Any) -> torch.Tensor:
+    """A tensor over the numpy array `array`'s memory (torch's stub leaves the array untyped)."""
+    import torch
+
+    return torch.from_numpy(array)  # pyright: ignore[reportUnknownMemberType]
 
 
 def to_device(host: Any, device: int) -> Any:
     """A new storage on GPU `device` holding the bytes of the uint8 array `host`."""
     import torch
 
-    source = torch.from_numpy(host)
+    source = from_numpy(host)
     total = source.numel()
     out = torch.empty(total, dtype=torch.uint8, device=f"cuda:{device}")
     if total <= PIECE:  # one piece: nothing to overlap

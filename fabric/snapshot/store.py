@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar, cast
 
-import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import xxhash
 
 from ..errors import ConfigError, DiskFull, StaleHead, StoreError
@@ -49,6 +48,7 @@ from .codec import Encoded
 from .layers import CACHE_BYTES, ORDER, Place, build
 from .manifest import Manifest
 from .mapped import Region, mappable
+from .packing import UnpackError, pack, unpack
 from .peers import PeerList
 from .tiers import (
     Buffer,
@@ -85,14 +85,6 @@ T = TypeVar("T")
 
 def blob_id(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
-
-
-def _pack(value: object) -> bytes:
-    return cast(bytes, msgpack.packb(value, use_bin_type=True))  # pyright: ignore[reportUnknownMemberType]
-
-
-def _unpack(data: bytes) -> object:
-    return cast(object, msgpack.unpackb(data, raw=False))  # pyright: ignore[reportUnknownMemberType]
 
 
 @dataclass(frozen=True)
@@ -391,7 +383,7 @@ class Store:
             cut = [(next(ids), part) for part in next(cuts)]
             chunks += cut
             buffers.append([view.nbytes, [ident for ident, _ in cut]])
-        index = _OBJECT + _pack({"stream": encoded.stream, "chunk": self.chunk,
+        index = _OBJECT + pack({"stream": encoded.stream, "chunk": self.chunk,
                                  "buffers": buffers})
         return blob_id(index), index, chunks
 
@@ -422,7 +414,7 @@ class Store:
         try:
             if not data.startswith(_OBJECT):
                 raise ValueError("not an object index")
-            raw = _unpack(data[len(_OBJECT):])
+            raw = unpack(data[len(_OBJECT):])
             if not isinstance(raw, dict):
                 raise ValueError("not a map")
             fields = cast(dict[str, object], raw)
@@ -432,7 +424,7 @@ class Store:
                 raise ValueError("bad fields")
             entries = [buf if isinstance(buf, bytes) else _chunked(buf, chunk)
                        for buf in cast(list[object], buffers)]
-        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+        except (ValueError, TypeError, KeyError, UnpackError) as exc:
             raise StoreError(f"object {ident} is malformed: {exc}", blob=ident) from exc
         return ObjectIndex(stream, chunk, entries)
 
@@ -715,7 +707,7 @@ class Store:
             return Index()
         try:
             return Index.decode(data)
-        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+        except (ValueError, TypeError, KeyError, UnpackError) as exc:
             raise StoreError(f"session {session} has a malformed index: {exc}",
                              session=session) from exc
 
@@ -841,11 +833,11 @@ class Index:
     policy: dict[str, int] = field(default_factory=dict[str, int])
 
     def encode(self) -> bytes:
-        return _pack({"tags": self.tags, "thinned": self.thinned, "policy": self.policy})
+        return pack({"tags": self.tags, "thinned": self.thinned, "policy": self.policy})
 
     @classmethod
     def decode(cls, data: bytes) -> Index:
-        raw = _unpack(data)
+        raw = unpack(data)
         if not isinstance(raw, dict):
             raise ValueError("not a map")
         fields = cast(dict[str, dict[object, object]], raw)
