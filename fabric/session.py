@@ -189,14 +189,15 @@ class Session:
 
     # completion and inspection: the live worker's answer, else the head's catalog's
     async def complete(self, source: str, cursor: int) -> dict:
-        answer = await self.agent.complete(source, cursor, Head(self.head, self.manifest))
+        answer = await self.agent.questions.complete(source, cursor,
+                                                     Head(self.head, self.manifest))
         if answer is not None and answer.get("matches"):
             return answer
         return catalog.complete(await asyncio.to_thread(self.catalog), source, cursor)
 
     async def inspect(self, source: str, cursor: int, detail: int) -> dict:
-        answer = await self.agent.inspect(source, cursor, 1 if detail else 0,
-                                          Head(self.head, self.manifest))
+        answer = await self.agent.questions.inspect(source, cursor, 1 if detail else 0,
+                                                    Head(self.head, self.manifest))
         if answer is not None and answer.get("found"):
             return answer
         return catalog.inspect(await asyncio.to_thread(self.catalog), source, cursor)
@@ -204,9 +205,9 @@ class Session:
     async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit,
                    parent_id: str | None = None) -> dict:
         """A frontend's message to a comm of the session's live worker (a widget moved)."""
-        delivered = await self.agent.comm(msg_type, content, buffers,
-                                          Head(self.head, self.manifest), self._events(emit),
-                                          parent_id)
+        delivered = await self.agent.questions.comm(msg_type, content, buffers,
+                                                    Head(self.head, self.manifest),
+                                                    self._events(emit), parent_id)
         return {"delivered": delivered}
 
     async def debug(self, request: dict) -> dict:

@@ -179,8 +179,8 @@ class _Scope:
         return True
 
 
-class _Visitor(ast.NodeVisitor):
-    """Resolves every name use to its scope, and follows which session names are surely bound.
+class _Tracker(ast.NodeVisitor):
+    """The scopes, bindings and loads found so far, and which session names are surely bound.
 
     `bound` is the set of names that top-level code has unconditionally bound at the current
     point of execution (a frozenset, replaced rather than mutated, so each use keeps a snapshot).
@@ -245,7 +245,17 @@ class _Visitor(ast.NodeVisitor):
         for statement in statements:
             self.visit(statement)
 
-    # statements, in the order Python evaluates their parts
+    def _mark_builtin(self, name: str, bare: bool) -> None:
+        if name in _DYNAMIC_ANYWHERE or name == "__main__":
+            self._whole(name)
+        elif bare and name in _DYNAMIC_BARE and not self.scope.function_like:
+            self._whole(f"{name}()")  # locals()/vars()/dir() at module level list the session
+
+
+class _Statements(_Tracker):
+    """Statements, visited in the order Python evaluates their parts: control flow decides
+    which names are surely bound after each."""
+
     def visit_Assign(self, node: ast.Assign) -> None:
         self.visit(node.value)
         self.block(node.targets)
@@ -325,13 +335,10 @@ class _Visitor(ast.NodeVisitor):
     def visit_Delete(self, node: ast.Delete) -> None:
         self.block(node.targets)
 
-    def _mark_builtin(self, name: str, bare: bool) -> None:
-        if name in _DYNAMIC_ANYWHERE or name == "__main__":
-            self._whole(name)
-        elif bare and name in _DYNAMIC_BARE and not self.scope.function_like:
-            self._whole(f"{name}()")  # locals()/vars()/dir() at module level list the session
 
-    # names
+class _Names(_Tracker):
+    """Bindings, declarations and definitions: which scope each name belongs to."""
+
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Store):
             self._bind(node.id)
@@ -444,7 +451,10 @@ class _Visitor(ast.NodeVisitor):
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
-    # what defeats static analysis
+
+class _Dynamic(_Tracker):
+    """What defeats static analysis (the whole namespace reached), and code run from strings."""
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in _NAMESPACE_ATTRS:
             self._whole(ast.unparse(node))
@@ -496,6 +506,10 @@ class _Visitor(ast.NodeVisitor):
             self._inline(code)
         for text in strings[1:-1] if code is not None else strings:
             self.reads.update(_IDENT.findall(text))  # `%%capture out` options, `!ls $d`
+
+
+class _Visitor(_Statements, _Names, _Dynamic):
+    """Resolves every name use to its scope, and follows which session names are surely bound."""
 
 
 def _names_main(node: ast.AST) -> bool:

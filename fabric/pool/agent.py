@@ -26,37 +26,29 @@ from typing import TYPE_CHECKING, TypedDict, TypeGuard
 from ..closure import Closure, closure, plan
 from ..errors import (
     CellStopped,
-    LoadFailed,
     NotWaiting,
     ParkFailed,
     RemoteError,
     UnknownEnv,
     WorkerDied,
 )
-from ..protocol import Wire
-from ..snapshot import Group, Manifest, Store, history, lineage
+from ..snapshot import Group, Store, history, lineage
 from ..snapshot import commit as durable
-from ..tasks import Background
 from ..worker.account import Account
 from ..worker.messages import (
-    Answered,
     Become,
-    CellOutput,
-    CommIn,
-    CommOut,
-    CompleteCode,
-    InspectName,
-    Load,
     Loaded,
     Rehome,
     RunCell,
-    WorkerNotice,
 )
 from .cells import CellJob, Commit, EventSink, Head, Ran, how_started
 from .debugging import Debugger
 from .leases import Lease, Leases
 from .lifecycle import CoolImage, Keeper, Life, Stage
+from .lingering import Lingering
+from .loading import Lazy, StateLoader
 from .pool import Pool, WorkerHandle
+from .questions import Questions
 from .replay import recompute
 from .running import Running
 
@@ -64,11 +56,6 @@ if TYPE_CHECKING:
     from ..envs import Env
 
 log = logging.getLogger(__name__)
-
-Lazy = tuple[tuple[Group, frozenset[str]], ...]  # loaded when a branch needs them (`_split`)
-
-ASK_WAIT = 2.0  # seconds a question waits for a worker's answer before the catalog answers it
-ASK_LIMIT = 30.0  # a worker silent this long on a question is out of step: it is retired
 
 
 class WorkerTier(TypedDict):
@@ -92,16 +79,10 @@ def _union(closures: list[Closure]) -> Closure:
                    any(c.whole for c in closures), all(c.exact for c in closures))
 
 
-def _load(groups: list[Group] | tuple[Group, ...], imports: dict[str, str],
-          first: Manifest | None, cwd: str, lazy: Lazy = ()) -> Load:
-    """The load of `groups` and `imports`, and of the `lazy` groups when a branch of the next
-    cell needs them; the `first` of a worker sets its directory and the ambient state of that
-    version."""
-    wire = [(g.blob, list(g.names)) for g in groups]
-    later = [(g.blob, list(g.names), sorted(reads)) for g, reads in lazy]
-    if first is None:
-        return Load(wire, imports, lazy=later)
-    return Load(wire, imports, cwd=cwd, ambient=first.ambient, lazy=later)
+def _hold(life: Life, groups: list[Group], imports: dict[str, str]) -> None:
+    """Record that `life`'s worker holds (or will, once loaded) `groups` and `imports`."""
+    life.holds.update(n for g in groups for n in g.names)
+    life.holds.update(imports)
 
 
 def _split(cl: Closure, groups: list[Group], at_once: bool) -> tuple[list[Group], Lazy]:
@@ -131,7 +112,9 @@ class SessionWorkers:
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
         self.env: Env | None = None  # the environment its workers import from; None: the server's
         self.debugger = Debugger()  # a frontend's debug session, across the cells' workers
-        self._lingering = Background(f"session {name}")  # kept workers' lingers on leases
+        self.loader = StateLoader(name, cwd, store, leases)
+        self.lingering = Lingering(name, pool, leases, keeper)  # kept workers' leases
+        self.questions = Questions(name, keeper, self._between_cells)
 
     # readying a worker
     def draft(self, cl: Closure, head: Head, events: EventSink) -> None:
@@ -160,9 +143,9 @@ class SessionWorkers:
                                                 self.user)
             try:
                 if self.account is not None:  # never deferred: before anything of the session
-                    await self._send_load(worker, Become(self.account), events)
-                await self._load_state(life, worker, groups, needs.imports, start, events,
-                                       starting=replay is not None, lazy=lazy)
+                    await self.loader.send(worker, Become(self.account), events)
+                await self.loader.load_state(life, worker, groups, needs.imports, start, events,
+                                             starting=replay is not None, lazy=lazy)
             except BaseException:
                 await worker.close()
                 raise
@@ -170,7 +153,7 @@ class SessionWorkers:
             return worker
 
         life = Life.start(self.pool, head.id, make)
-        self._holds(life, list(needs.groups), needs.imports)
+        _hold(life, list(needs.groups), needs.imports)
         if replay is not None:  # what its cells bind, and what it is for, come from the replay
             life.replay = replay
             life.holds.update(n for c in replay.cells
@@ -178,11 +161,6 @@ class SessionWorkers:
             life.holds.update(replay.names)
             self._extend(life, cl, events)
         return life
-
-    @staticmethod
-    def _holds(life: Life, groups: list[Group], imports: dict[str, str]) -> None:
-        life.holds.update(n for g in groups for n in g.names)
-        life.holds.update(imports)
 
     def _extend(self, life: Life, cl: Closure, events: EventSink, at_once: bool = False) -> bool:
         """Chain a load of what `cl` needs beyond what `life` holds (`at_once`: for a cell
@@ -194,63 +172,11 @@ class SessionWorkers:
         # a worker still to replay loads the head's state after it, see `replay.recompute`
         defer = life.replay is not None
         groups, lazy = _split(cl, lacking, at_once and not defer)
-        life.chain(lambda worker: self._load_state(life, worker, groups, imports, None, events,
-                                                   defer, lazy=lazy))
-        self._holds(life, lacking, imports)
+        life.chain(lambda worker: self.loader.load_state(life, worker, groups, imports, None,
+                                                         events, defer, lazy=lazy))
+        _hold(life, lacking, imports)
         self.keeper.changed()
         return True
-
-    async def _load_state(self, life: Life, worker: WorkerHandle, groups: list[Group],
-                          imports: dict[str, str], first: Manifest | None, events: EventSink,
-                          defer: bool = False, starting: bool = False, lazy: Lazy = ()) -> None:
-        """Load `groups` and `imports` (`first`: a worker's first load, see `_load`; `lazy`, see
-        `_split`) now or, with `defer`, under the cell's lease. On a GPU host the groups holding
-        CUDA memory wait for the lease: unpickled before it, they would make a CUDA context on a
-        GPU no lease grants, whichever one CUDA picked (a lazy one loads in the cell, under it).
-        `starting`: the state a replay starts from, whose held-back groups load before the
-        replay."""
-        later = [g for g in groups if g.device] if self.leases.kind == "gpu" else []
-        now = [g for g in groups if g not in later]
-        if now or imports or lazy or first is not None:
-            await self._load(life, worker, _load(now, imports, first, self.cwd, lazy), events,
-                             defer)
-        if later:
-            (life.starting if starting else life.deferred).append(
-                _load(later, {}, None, self.cwd))
-
-    async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: EventSink,
-                    defer: bool = False) -> None:
-        """Load now, or, on a parked worker (its CUDA calls would block until the lease unparks
-        it) or with `defer`, under the cell's lease."""
-        if worker.parked or defer:
-            life.deferred.append(message)
-            return
-        life.loading += await self._send_load(worker, message, events)
-
-    async def _send_load(self, worker: WorkerHandle, message: Load | Become,
-                         events: EventSink) -> float:
-        """Send a load (or become) and wait for it; the seconds the worker spent loading. What
-        this host's disk lacks of it comes from the remote tier first (workers never reach it)."""
-        if isinstance(message, Load):
-            await self._fetch([b for b, _ in message.groups] + [b for b, _, _ in message.lazy]
-                              + [message.ambient or ""])
-        await worker.send(message)
-        reply = await worker.recv()
-        while isinstance(reply, WorkerNotice):  # a long load's progress, before any cell runs
-            events.notice(reply.topic, reply.text)
-            reply = await worker.recv()
-        if not isinstance(reply, Loaded):
-            raise WorkerDied(f"worker {worker.pid} answered a load with {reply.op!r}")
-        if reply.error:
-            raise LoadFailed(f"could not load the session's state: {reply.error}",
-                             session=self.name, traceback=reply.traceback)
-        return reply.seconds
-
-    async def _fetch(self, blobs: list[str]) -> None:
-        """Copy `blobs` from a peer host or the remote tier where this host's disk lacks them
-        (off the loop)."""
-        if self.store.far and (wanted := [b for b in blobs if b]):
-            await asyncio.to_thread(self.store.fetch, wanted)
 
     def _usable(self, life: Life | None, head: Head) -> TypeGuard[Life]:
         if life is None or not life.usable(head.id):
@@ -302,37 +228,7 @@ class SessionWorkers:
         """Ask for a cool worker back, if `life` is one."""
         return life is not None and life.wake()
 
-    # between cells: questions, and a frontend's comm messages
-    async def complete(self, source: str, cursor: int, head: Head) -> Wire | None:
-        """The live worker's `complete_reply` content (see `_ask`)."""
-        return await self._ask(CompleteCode(source, cursor), head)
-
-    async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> Wire | None:
-        """The live worker's `inspect_reply` content (see `_ask`)."""
-        return await self._ask(InspectName(source, cursor, detail), head)
-
-    async def _ask(self, question: CompleteCode | InspectName, head: Head) -> Wire | None:
-        """The answer of the session's live worker to a completion or an inspection, without a
-        lease; None when no worker can answer now: none is live, it runs a cell, it is being
-        readied, woken or asked already, its CUDA state is parked (its CUDA calls would block),
-        or it takes longer than ASK_WAIT (it answers on meanwhile, before anything else is sent
-        to it)."""
-        life = self._between_cells(head)
-        if life is None or not life.task.done():
-            return None
-        return await self._put(life, question, ASK_WAIT)
-
-    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], head: Head,
-                   events: EventSink, parent_id: str | None = None) -> bool:
-        """Hand a frontend's comm message to the live worker, which holds the comm, after what
-        was sent to it before, without a lease; its callbacks' outputs and comm messages go to
-        `events`. False when no worker can take it (none is live, or parked, or it runs a
-        cell) or its comm refused it."""
-        life = self._between_cells(head)
-        message = CommIn(msg_type, content, buffers, parent_id)
-        answer = None if life is None else await self._put(life, message, ASK_LIMIT, events)
-        return answer is not None and answer.get("status") == "ok"
-
+    # between cells: the worker `questions` asks
     def _between_cells(self, head: Head) -> Life | None:
         """The session's live worker, if no cell runs and it holds the head's state."""
         life = self._current()
@@ -340,37 +236,6 @@ class SessionWorkers:
                 or life.stage not in (Stage.READY, Stage.KEPT):
             return None
         return life
-
-    async def _put(self, life: Life, message: CompleteCode | InspectName | CommIn, wait: float,
-                   events: EventSink | None = None) -> dict | None:
-        """`message` to `life`'s worker once what was sent before is done; its answer's
-        content, or None if it has none within `wait` seconds or is parked. What it says
-        meanwhile (outputs, comm messages, notices) goes to `events`, if any."""
-        answer: asyncio.Future = asyncio.get_running_loop().create_future()
-
-        async def step(worker: WorkerHandle) -> None:
-            if worker.parked:
-                answer.set_result(None)
-                return
-            await worker.send(message)
-            while not isinstance(reply := await worker.recv(timeout=ASK_LIMIT), Answered):
-                if isinstance(reply, CellOutput):
-                    if events is not None:
-                        events(reply.output)
-                elif isinstance(reply, CommOut):
-                    if events is not None:
-                        events(reply.event(), "comm")
-                elif isinstance(reply, WorkerNotice):
-                    log.info("session %s: %s", self.name, reply.text)
-                else:
-                    raise WorkerDied(f"worker {worker.pid} answered {message.op!r} with "
-                                     f"{reply.op!r}")
-            answer.set_result(reply.content)
-
-        life.chain(step, prepares=False)
-        self.keeper.changed()
-        await asyncio.wait({answer, life.task}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        return answer.result() if answer.done() else None
 
     # running a cell
     async def run(self, cell: CellJob, head: Head, events: EventSink, commit: Commit) -> Ran:
@@ -384,7 +249,7 @@ class SessionWorkers:
                     await asyncio.shield(life.task)
                 except ParkFailed as exc:  # unusable now: the cold path below tells
                     log.warning("session %s: %s", self.name, exc.message)
-            lease = self._take_lingering(life, cell.slots)
+            lease = self.lingering.take(life, cell.slots)
             try:
                 if life is not None and self._usable(life, head):
                     path = "pinned" if life.unsaved else "lingered" if lease else \
@@ -396,7 +261,7 @@ class SessionWorkers:
                     path = "cold"
                 self._tell_lost(events, head)
             except BaseException:
-                self._give_back(lease)
+                self.lingering.give_back(lease)
                 raise
             try:
                 return await self._run_on(life, path, cell, head, events, commit, lease)
@@ -423,23 +288,6 @@ class SessionWorkers:
             f"{history.recompute_hint(self.store, self.name, self.lost)}{why}"), lost=True)
         self.lost, self.lost_why, self.lost_at = [], "", head.id
 
-    def _take_lingering(self, life: Life | None, slots: int) -> Lease | None:
-        """The lease `life`'s worker lingers on, for a cell of `slots` slots; None if it has
-        none, or one of another size, which it lets go of (`_let_go`)."""
-        if life is None or life.lease is None:
-            return None
-        if len(life.lease.slots) != slots:
-            self._let_go(life)
-            return None
-        lease, life.lease = life.lease, None
-        self.leases.resume(lease)
-        return lease
-
-    def _give_back(self, lease: Lease | None) -> None:
-        """Release a lingering lease taken for a cell that failed before it ran on it."""
-        if lease is not None:
-            self.leases.release(lease)
-
     async def _run_on(self, life: Life, path: str, cell: CellJob, head: Head, events: EventSink,
                       commit: Commit, lease: Lease | None = None) -> Ran:
         """Run the cell on `life`'s worker, on `lease` if it lingered for it, else on one it
@@ -449,7 +297,7 @@ class SessionWorkers:
         try:
             worker = await life.task
         except BaseException:
-            self._give_back(lease)
+            self.lingering.give_back(lease)
             raise
         life.claim()
         kept = False
@@ -490,19 +338,19 @@ class SessionWorkers:
                 raise WorkerDied(f"the kept worker could not be put back on the GPU "
                                  f"({exc.message})") from exc
             for message in life.starting:  # under the lease, before the replay it is for
-                life.loading += await self._send_load(
+                life.loading += await self.loader.send(
                     worker, replace(message, device=lease.device), events)
             life.starting.clear()
             if replay is not None:  # it settles on the head's groups afterwards
-                await self._fetch([*(g.blob for g in head.manifest.groups),
-                                   head.manifest.ambient or ""])
+                await self.loader.fetch([*(g.blob for g in head.manifest.groups),
+                                         head.manifest.ambient or ""])
                 result = await recompute(worker, replay, head, life.holds, lease.device,
                                          lease.threads, events)
                 if result.lost:
                     self.lost_at = head.id
                 life.unsaved = result.rebuilt  # told of already: not again as pinned
             while life.deferred:  # under the lease, back on the GPU (and after a replay)
-                life.loading += await self._send_load(
+                life.loading += await self.loader.send(
                     worker, replace(life.deferred.pop(0), device=lease.device), events)
             reached = cell.plan.reached
             await self.debugger.join(worker, events)
@@ -621,43 +469,7 @@ class SessionWorkers:
         if lease is None:
             self.keeper.keep(life)
             return
-        life.lease = lease
-        self._lingering.start(self._linger(life, worker, self.leases.start_lingering(lease)),
-                              "letting a kept worker's lease go")
-
-    async def _linger(self, life: Life, worker: WorkerHandle, wanted: asyncio.Event) -> None:
-        """Let go of `life`'s lease after the linger, as soon as it is `wanted` (a cell waits
-        for slots) or its worker dies, unless its next cell took it or it was discarded
-        meanwhile."""
-        async with asyncio.TaskGroup() as group:
-            waiting = group.create_task(wanted.wait())
-            await asyncio.wait({waiting, worker.died}, timeout=self.leases.linger,
-                               return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-        self._let_go(life)
-
-    def _let_go(self, life: Life) -> None:
-        """Park `life`'s worker off the lease it lingers on, then give the lease back (after
-        what was chained on the worker before); a worker that cannot be parked is retired."""
-        lease, life.lease = life.lease, None
-        if lease is None:
-            return
-
-        async def park(worker: WorkerHandle) -> None:
-            try:
-                await self.pool.park(worker, lease.device)
-            except ParkFailed as exc:
-                log.warning("session %s: retiring its kept worker: %s", self.name, exc.message)
-                raise
-
-        def parked(task: asyncio.Future) -> None:
-            self.leases.release(lease)
-            if not task.cancelled():
-                task.exception()  # a failed park was told: the next cell finds no worker
-
-        life.chain(park, prepares=False)
-        life.task.add_done_callback(parked)
-        self.keeper.keep(life)
+        self.lingering.start(life, worker, lease)
 
     # moving to another host
     async def hand_over(self, wake_dir: str, head: Head) -> tuple[CoolImage, Life] | None:
@@ -667,7 +479,7 @@ class SessionWorkers:
         life = self._current()
         if life is None or not life.unsaved or not self._usable(life, head):
             return None
-        self._let_go(life)  # parked before it is dumped
+        self.lingering.let_go(life)  # parked before it is dumped
         self.prepared = None
         self.keeper.changed()
         return await life.hand_over(wake_dir), life
@@ -714,7 +526,7 @@ class SessionWorkers:
         self.stop("close")
         life, self.prepared = self.prepared, None
         self._discard(life)  # its lease is given back: no linger is left to end
-        await self._lingering.close()
+        await self.lingering.close()
 
     # what it holds
     def _current(self) -> Life | None:

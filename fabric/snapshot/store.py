@@ -136,28 +136,24 @@ def load_key(path: Path) -> bytes:
     return key
 
 
-class Store:
-    """Blobs, objects, signed manifests and session heads, behind a memory cache."""
+class BlobStore:
+    """Blobs and the objects chunked into them, in this store's tiers nearest first, behind a
+    memory cache: all a worker sees of the store."""
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
-                 key: bytes | None = None, signs: bool = True,
                  owner: tuple[int, int] | None = None, remote: str = "",
                  peers: PeerList | None = None, copies: int = 1,
                  tiers: Sequence[str | Tier] = ORDER) -> None:
-        """`key`: the signing key of the store this one is a user's part of (else the root's
-        own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
-        reads the key (user code could read it from the worker's memory). `owner`: the (uid,
-        gid) of that user, whose blobs folder the server writes in as them (`DiskTier`).
-        `tiers`: where its blobs live, nearest first, by kind or as tier objects
-        (`fabric.snapshot.layers`): `remote`, an fsspec URL where manifests, heads and
-        (`replicate`) blobs are kept too, and read from (`fetch`) when this disk lacks them
-        (`RemoteTier`); `peers`, a cluster's other hosts, read from before the remote
-        (`PeerTier`); `copies`, the hosts, this one included, each commit is kept on where no
-        durable tier holds it (`fabric.snapshot.commit.spread`)."""
+        """`owner`: the (uid, gid) of the user whose part of a store this is, whose blobs folder
+        the server writes in as them (`DiskTier`). `tiers`: where its blobs live, nearest
+        first, by kind or as tier objects (`fabric.snapshot.layers`): `remote`, an fsspec URL
+        where manifests, heads and (`replicate`) blobs are kept too, and read from (`fetch`)
+        when this disk lacks them (`RemoteTier`); `peers`, a cluster's other hosts, read from
+        before the remote (`PeerTier`); `copies`, the hosts, this one included, each commit is
+        kept on where no durable tier holds it (`fabric.snapshot.commit.spread`)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
-        for sub in ("blobs", "manifests", "sessions"):
-            (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.root / "blobs").mkdir(mode=0o700, parents=True, exist_ok=True)
         self.tiers = build(tiers, Place(self.root / "blobs", owner, cache_bytes, remote, peers,
                                         copies))
         disk = next(t for t in self.tiers if t.role is Role.LOCAL)
@@ -169,25 +165,13 @@ class Store:
         self.far = [t for t in self.tiers if t.role is Role.FAR]  # copied onto the disk first
         # the far tiers a commit's blobs go to before its head moves (`replicate`)
         self.durable = [t for t in self.far if t.durable]
-        # those that hold sessions' heads (their authority, where there is one), and peers
-        self._shared = [t for t in self.far if isinstance(t, Shared)]
-        self._located = [t for t in self.far if isinstance(t, Located)]
         self.sourced: collections.Counter[str] = collections.Counter()  # bytes `fetch` copied
         self.sourced_seconds: collections.defaultdict[str, float] = \
             collections.defaultdict(float)  # and the seconds it took, by tier
         self.replicated = 0  # bytes `replicate` copied to durable far tiers
-        self._key = (key or load_key(self.root / "key")) if signs else None
         # object id -> the chunks its index names: an id names one content, so this never goes
         # stale; gc, which asks for every live object's on each pass, reads each index once
         self._chunks: dict[str, tuple[str, ...]] = {}
-
-    @property
-    def key(self) -> bytes:
-        """The signing key, for the users' parts of this store (`fabric.users`)."""
-        if self._key is None:
-            raise StoreError("this view of the store holds no signing key: only the server "
-                             "signs manifests")
-        return self._key
 
     # blobs
     def _checked(self, ident: str) -> str:
@@ -505,6 +489,36 @@ class Store:
         """Drop what is remembered of a blob gc removed."""
         self._chunks.pop(ident, None)
 
+
+class Store(BlobStore):
+    """The blob store with what names its contents: manifests signed with the store's key, and
+    each session's head, tags and index."""
+
+    def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
+                 key: bytes | None = None, signs: bool = True,
+                 owner: tuple[int, int] | None = None, remote: str = "",
+                 peers: PeerList | None = None, copies: int = 1,
+                 tiers: Sequence[str | Tier] = ORDER) -> None:
+        """`key`: the signing key of the store this one is a user's part of (else the root's
+        own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
+        reads the key (user code could read it from the worker's memory). The rest: see
+        `BlobStore`."""
+        super().__init__(root, cache_bytes, chunk, owner, remote, peers, copies, tiers)
+        for sub in ("manifests", "sessions"):
+            (self.root / sub).mkdir(mode=0o700, exist_ok=True)
+        # the far tiers that hold sessions' heads (their authority, where there is one), and peers
+        self._shared = [t for t in self.far if isinstance(t, Shared)]
+        self._located = [t for t in self.far if isinstance(t, Located)]
+        self._key = (key or load_key(self.root / "key")) if signs else None
+
+    @property
+    def key(self) -> bytes:
+        """The signing key, for the users' parts of this store (`fabric.users`)."""
+        if self._key is None:
+            raise StoreError("this view of the store holds no signing key: only the server "
+                             "signs manifests")
+        return self._key
+
     # manifests
     def _sign(self, body: bytes) -> bytes:
         return hmac.new(self.key, body, hashlib.sha256).digest()
@@ -771,7 +785,7 @@ class Writes:
     are written while the caller pickles the next group (I/O, fsync and hashing release the
     interpreter), and its index once its chunks are durable."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: BlobStore) -> None:
         self.store = store
         self._chunks = ThreadPoolExecutor(THREADS)
         self._indexes = ThreadPoolExecutor(1)  # its tasks wait on chunk writes: a pool apart
