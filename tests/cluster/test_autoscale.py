@@ -75,10 +75,10 @@ class FakeAutoscaling(ray_utils.AutoscalingCluster):
 def autoscaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     cluster = FakeAutoscaling(
         head_resources={"CPU": 1, "object_store_memory": 80 << 20},
-        # a node is taken back once idle for 15 s: long enough for its host agent to be placed
-        # (from then on it holds the node's slot, and the node is busy until the door releases
-        # the host), while a shorter limit races the agent's start
-        worker_node_types={"slot": WORKER}, idle_timeout_minutes=0.25)
+        # a node is taken back once idle for a minute: long enough for its host actor to be
+        # placed (from then on it holds the node's slot, and the node is busy until the door
+        # releases the host) while a loaded machine starts the actor's Ray worker; 15 s was not
+        worker_node_types={"slot": WORKER}, idle_timeout_minutes=1.0)
     bin_dir = str(Path(sys.executable).parent)  # where `ray` is, which the cluster runs
     if bin_dir not in os.environ["PATH"].split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
@@ -122,4 +122,4 @@ def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
         client.call("close", session="waiting")
         # released by the door, then its node taken back by the autoscaler
         wait_until(lambda: len(client.call("status")["hosts"]) == 1, "the node given back",
-                   timeout=120)
+                   timeout=300)
