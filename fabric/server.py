@@ -70,6 +70,7 @@ from .messages import (
     Emigrate,
     Execute,
     Follow,
+    Followed,
     History,
     Holds,
     Immigrate,
@@ -79,7 +80,6 @@ from .messages import (
     Output,
     Ping,
     Remove,
-    Reply,
     Request,
     Status,
     Stop,
@@ -94,6 +94,7 @@ from .private import private_dir
 from .session import Session
 from .snapshot import Manifest, Store, history
 from .snapshot.commit import head_manifest
+from .status import REPLIES
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,7 @@ class Server:
             if isinstance(request, Follow):
                 if self._follow(user, request.session, identity, msg_id):
                     return  # the cell's frames come as it runs
-                self.front.send(identity, Reply({"followed": False}).to_wire(msg_id))
+                self.front.send(identity, Followed(False).to_wire(msg_id))
                 return
 
             def emit(payload: dict, event: str = "output") -> None:
@@ -340,7 +341,8 @@ class Server:
             if run is not None:
                 run.admitted = self.front.admission(frames[1], user)
             try:
-                final = Reply(await self._dispatch(user, request, emit)).to_wire(msg_id)
+                answer = REPLIES[request.op]
+                final = answer.from_wire(await self._dispatch(user, request, emit)).to_wire(msg_id)
             except Exception as exc:  # the client hears of it; the server keeps serving
                 if isinstance(exc, FabricError) and isinstance(request, Execute):
                     log.info("session %s: the cell did not commit: %s", request.session,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..client import Client
 from ..errors import FabricError
+from ..messages import Debug, Debugged
 
 if TYPE_CHECKING:
     from .relay import Attachment
@@ -54,9 +55,5 @@ class Debugging:
         with self._lock:
             if self._client is None:
                 self._client = Client(self.attachment.address, timeout=TIMEOUT)
-            reply = self._client.call("debug", session=self.attachment.session,
-                                      content=content, timeout=TIMEOUT)
-        answer = reply.get("content")
-        if not isinstance(answer, dict):
-            raise FabricError("the server's debug reply has no response")
-        return answer
+            return self._client.ask(Debug(self.attachment.session, content), Debugged,
+                                    TIMEOUT).content

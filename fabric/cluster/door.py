@@ -50,6 +50,7 @@ from ..front import Front, failure, msg_id_of
 from ..messages import (
     Close,
     Drain,
+    Drained,
     Emigrate,
     Error,
     Execute,
@@ -57,15 +58,16 @@ from ..messages import (
     Immigrate,
     Open,
     Ping,
+    Pong,
     Queued,
     Remove,
-    Reply,
     Request,
     Status,
 )
 from ..metrics import serve as serve_metrics
 from ..private import private_dir
 from ..snapshot.store import load_key
+from ..status import ServerStatus
 from .host import host_name
 from .link import Link
 from .members import RayMembers
@@ -213,14 +215,14 @@ class Door:
         msg_id = message["msg_id"]
         match request:
             case Ping():
-                return Reply({"pong": True, "pid": os.getpid(), "user": user}).to_wire(msg_id)
+                return Pong(True, os.getpid(), user).to_wire(msg_id)
             case Status():
-                return Reply(await self._status(identity, user)).to_wire(msg_id)
+                return ServerStatus.from_wire(await self._status(identity, user)).to_wire(msg_id)
             case Drain(host=name, undo=undo):
                 if user != self.owner:
                     raise Forbidden(f"only {self.owner}, who runs the cluster, drains hosts",
                                     user=user)
-                return Reply(await self._drain(name, undo)).to_wire(msg_id)
+                return Drained.from_wire(await self._drain(name, undo)).to_wire(msg_id)
             case Remove():
                 return await self._everywhere(identity, user, request, message)
         key = (user, request.session)

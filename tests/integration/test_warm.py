@@ -25,7 +25,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def _status(client: Client, session: str) -> dict:
-    return next(s for s in client.call("status")["sessions"] if s["session"] == session)
+    return next(s for s in client.status().sessions if s.session == session)
 
 
 def _wait_cold(client: Client, session: str) -> None:

@@ -101,7 +101,7 @@ def test_processes_a_cell_started_are_parked_and_resumed_with_its_worker(tmp_pat
 
 def _wait_session(client: Client, session: str, check) -> None:
     deadline = time.monotonic() + 60
-    while not check(next(s for s in client.call("status")["sessions"]
+    while not check(next(s for s in client.status().sessions
                          if s["session"] == session)):
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -266,8 +266,8 @@ def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_pat
         pid = server.sessions[session].prepared.task.result().process
         assert driver.states[pid] is State.CHECKPOINTED  # off the GPU before the lease ended
         # asked first to move its own storages: it has none (no torch), so the driver took all
-        (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == pid]
-        assert (worker["parked"], worker["moved"], worker["fallback"]) == (True, 0, None)
+        (worker,) = [w for w in client.status().workers if w.pid == pid]
+        assert (worker.parked, worker.moved, worker.fallback) == (True, 0, None)
         reply, outputs = execute(client, session, "print(x + 1)")
         assert (reply["path"], text(outputs)) == ("warm", "42\n")
         steps = [step for step, p in driver.calls if p == pid and step != "state"]
@@ -337,7 +337,7 @@ def _execute_when_queued(client: Client, address: str, session: str, source: str
     waiting = threading.Thread(target=run)
     waiting.start()
     deadline = time.monotonic() + 30
-    while client.call("status")["leases"]["queued"] == 0:
+    while client.status().leases.queued == 0:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     release.touch()

@@ -24,7 +24,7 @@ def _needs_criu() -> None:
 
 
 def _session_status(client, session: str) -> dict:
-    return next(s for s in client.call("status")["sessions"] if s["session"] == session)
+    return next(s for s in client.status().sessions if s.session == session)
 
 
 def _wait_tier(client, session: str, tier: str) -> dict:
@@ -45,7 +45,7 @@ def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
             execute(client, session, "pass")
             deadline = time.monotonic() + 60
             while not any(t["state"] == "ready"
-                          for t in client.call("status")["templates"]):
+                          for t in client.status().templates):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         reply, outputs = execute(client, session,
@@ -188,7 +188,7 @@ def test_a_worker_that_ran_the_debugger_stays_warm_rather_than_cool(tmp_path: Pa
         for command in ("initialize", "attach"):  # a frontend's debugger, as JupyterLab starts it
             reply = client.call("debug", session=debugged, content={
                 "type": "request", "seq": 1, "command": command, "arguments": {}})
-            assert reply["content"]["success"]
+            assert reply.content["success"]
         cell = "g = (i for i in range(10))\nnext(g)"
         assert execute(client, debugged, cell)[0]["unsaved"] == ["g"]
         assert execute(client, plain, cell)[0]["unsaved"] == ["g"]

@@ -69,4 +69,4 @@ def scrape(address: str) -> dict[str, float]:
 
 def host_of(client: Client, session: str) -> str:
     """The host the front door has the session on."""
-    return next(s["host"] for s in client.call("status")["sessions"] if s["session"] == session)
+    return next(s.host for s in client.status().sessions if s.session == session)
