@@ -31,7 +31,6 @@ from .auth import ClientKey, Keys
 from .errors import BadKey, FabricError, Forbidden, FrameTooLarge, Unreachable
 from .messages import (
     Answer,
-    Answered,
     CheckedOut,
     Checkout,
     Close,
@@ -41,6 +40,7 @@ from .messages import (
     Event,
     Execute,
     Follow,
+    InputAnswered,
     Interrupt,
     Interrupted,
     Open,
@@ -278,8 +278,8 @@ class Client:
         return self.ask(Stop(session), Stopped, timeout).stopped
 
     def answer(self, session: str, value: str | None = None,
-               error: str | None = None) -> Answered:
-        return self.ask(Answer(session, value, error), Answered)
+               error: str | None = None) -> InputAnswered:
+        return self.ask(Answer(session, value, error), InputAnswered)
 
     def checkout(self, session: str, version: int | str) -> CheckedOut:
         return self.ask(Checkout(session, version), CheckedOut)

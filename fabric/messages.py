@@ -601,7 +601,7 @@ class Stopped(Reply):
 
 
 @dataclass(frozen=True)
-class Answered(Reply):
+class InputAnswered(Reply):
     answered: bool
 
 

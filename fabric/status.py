@@ -189,7 +189,7 @@ REPLIES: dict[str, type[Reply]] = {cls.op: reply for cls, reply in (
     (messages.Open, SessionStatus), (messages.Draft, messages.ClosureSummary),
     (messages.Execute, messages.Executed), (messages.Follow, messages.Followed),
     (messages.Interrupt, messages.Interrupted), (messages.Stop, messages.Stopped),
-    (messages.Answer, messages.Answered), (messages.Checkout, messages.CheckedOut),
+    (messages.Answer, messages.InputAnswered), (messages.Checkout, messages.CheckedOut),
     (messages.Close, messages.Closed), (messages.Tag, messages.Tagged),
     (messages.Remove, messages.Removed), (messages.Complete, messages.Completion),
     (messages.Inspect, messages.Inspection), (messages.CommMessage, messages.Delivered),

@@ -80,7 +80,10 @@ def test_the_cycle_finder_finds_one() -> None:
 
 
 @pytest.mark.parametrize(("part", "below"), [
-    ("session", {"pool", "envs", "snapshot", "closure"}),
+    ("session", {"pool", "envs", "snapshot", "closure", "messages"}),
+    # a host: its sessions and what they run on; never the server in front of it, or a cluster
+    ("host", {"session", "following", "pool", "envs", "snapshot", "closure", "messages",
+              "status", "metrics", "config", "auth", "users", "private"}),
     ("pool", {"envs", "snapshot", "closure", "worker"}),
     ("envs", {"worker"}),
     ("snapshot", {"closure"}),
