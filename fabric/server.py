@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -45,7 +47,6 @@ class Server:
         self.front = Front(config, lambda: self.host.metrics.auth_failures.inc())
         self.host = LocalHost(config, self.front.send,
                               Peers(Path(config.peers)) if config.peers else None)
-        self._tasks: set[asyncio.Task] = set()
         self._stop = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
@@ -67,17 +68,8 @@ class Server:
                     ready.set()
                 if peers is not None:
                     peers.start()
-                loops = [self._receive(), self.host.runs.watch(self.front.connected),
-                         self.host.upkeep.serve()]
-                running = [asyncio.ensure_future(loop) for loop in loops]
-                for task in running:
-                    task.add_done_callback(_ended)
-                await self._stop.wait()
-                for task in running:
-                    task.cancel()
+                await self._serving()
             finally:
-                for task in list(self._tasks):
-                    task.cancel()
                 if metrics is not None:
                     metrics.shutdown()
                     metrics.server_close()
@@ -88,12 +80,23 @@ class Server:
     def stop(self) -> None:
         self._stop.set()
 
-    async def _receive(self) -> None:
+    async def _serving(self) -> None:
+        """Receive requests and run the host's loops until the server is stopped. One task
+        group owns every task, each request's too: a stop cancels them all and waits for them
+        to end, before the host shuts down."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(_logged(self._receive(tasks)))
+                tasks.create_task(_logged(self.host.runs.watch(self.front.connected)))
+                tasks.create_task(_logged(self.host.upkeep.serve()))
+                await self._stop.wait()
+                raise _Stopped
+        except* _Stopped:
+            pass
+
+    async def _receive(self, tasks: asyncio.TaskGroup) -> None:
         while True:
-            frames = await self.front.receive()
-            task = asyncio.ensure_future(self._handle(frames))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            tasks.create_task(self._handle(await self.front.receive()))
 
     async def _handle(self, frames: list[zmq.Frame]) -> None:
         identity, msg_id = frames[0].bytes, msg_id_of(frames)
@@ -143,10 +146,16 @@ class Server:
         return None if session is None else self.host.runs.start(session, identity, msg_id)
 
 
-def _ended(task: asyncio.Task) -> None:
-    """A loop of the server that ended other than by its stop: what ended it, in the log."""
-    if not task.cancelled() and task.exception() is not None:
-        log.error("a loop of the server failed", exc_info=task.exception())
+class _Stopped(Exception):
+    """The server was told to stop: its task group cancels what it runs."""
+
+
+async def _logged(loop: Coroutine[Any, Any, None]) -> None:
+    """A loop of the server: one that fails is told in the log, and the others serve on."""
+    try:
+        await loop
+    except Exception:
+        log.exception("a loop of the server failed")
 
 
 def run(config: Config) -> None:
