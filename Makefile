@@ -5,8 +5,8 @@ STAMP    := $(VENV)/.installed
 CRIU     := .criu/bin/criu
 INIT     := build/native/llfabric-init
 
-.PHONY: demo test test-load test-fast test-corpus-full test-deep lint criu native sysdeps clean device-bundle \
-	labextension
+.PHONY: demo test test-load test-fast test-corpus-full test-deep lint typecheck criu native sysdeps clean \
+	device-bundle labextension docs wheel
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,10 +43,25 @@ sysdeps:
 demo: $(STAMP)
 	$(VENV)/bin/llfabric demo
 
+# The documentation site, warnings as errors and every reference checked (tests/test_docs.py
+# builds it the same way in `make test`).
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
+# An sdist and, built from it, a wheel that installs without a checkout: the workers' init
+# compiled in (setup.py), the prebuilt JupyterLab extension, the demo notebook.
+wheel: $(STAMP) $(LABEXT)
+	$(PY) -m build --no-isolation --outdir dist .
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) $(CRIU) $(INIT) $(LABEXT) sysdeps lint
+# pyright as pyproject's [tool.pyright] sets it; any error fails the target.
+typecheck: $(STAMP)
+	$(VENV)/bin/pyright
+
+test: $(STAMP) $(CRIU) $(INIT) $(LABEXT) sysdeps lint typecheck
 	$(VENV)/bin/pytest -m "not gpu and not deep" -q
 
 # The same suite beside a CPU hog on every core: what a loaded CI machine does to it.
@@ -65,7 +80,7 @@ test-fast: $(STAMP) $(INIT)
 test-deep: $(STAMP) $(CRIU) $(INIT) sysdeps
 	$(VENV)/bin/pytest -m deep -q
 
-# What the GPU test machine lacks, in one folder to send with a call there (README, "On a GPU").
+# What the GPU test machine lacks, in one folder to send with a call there (docs/user/gpus.md).
 BUNDLE := build/device-bundle
 $(BUNDLE)/MANIFEST: scripts/device-bundle.sh scripts/device-machine.txt pyproject.toml \
 		$(shell find fabric cli -name '*.py') $(CRIU) $(INIT) $(LABEXT)
@@ -75,4 +90,4 @@ device-bundle: $(BUNDLE)/MANIFEST
 	@echo "device-bundle: $(BUNDLE) holds $$(du -sh $(BUNDLE) | cut -f1) (limit 64 MiB with the checkout)"
 
 clean:
-	rm -rf $(VENV) .criu build labextension/node_modules labextension/lib labextension/dist
+	rm -rf $(VENV) .criu build dist docs/_build labextension/node_modules labextension/lib labextension/dist

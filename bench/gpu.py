@@ -44,9 +44,9 @@ import psutil
 
 from fabric.errors import FabricError
 from fabric.pool import Pool, criu, gpus
-from fabric.pool.cuda import CudaError, Driver, State, find_driver
+from fabric.pool.cuda import CudaError, Driver, ProcessState, find_driver
 from fabric.pool.parking import resume, suspend
-from fabric.worker.messages import Done, Run
+from fabric.worker.messages import Done, RunCell
 
 GIB = 1 << 30
 PROBE_WAIT = 30.0  # seconds the checkpoint API has to answer the probe
@@ -117,7 +117,7 @@ def checkpoint_probe(driver: Driver) -> str | None:
             return str(answer["error"])
         if "state" not in answer:
             return f"cuCheckpointProcessGetState gave no answer within {PROBE_WAIT:.0f} s"
-        if answer["state"] is not State.RUNNING:
+        if answer["state"] is not ProcessState.RUNNING:
             return f"cuCheckpointProcessGetState says {answer['state']} for a running process"
         return None
     finally:
@@ -211,7 +211,7 @@ async def fork_starts(n: int) -> list[float]:
             for _ in range(n):
                 start = time.perf_counter()
                 worker = await pool.new_worker(frozenset({"torch"}))
-                await worker.send(Run(FIRST_TENSOR, 1))
+                await worker.send(RunCell(FIRST_TENSOR, 1))
                 while not isinstance(done := await worker.recv(timeout=120), Done):
                     pass
                 times.append(time.perf_counter() - start)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import click
 
@@ -12,6 +13,10 @@ from fabric import config as fabric_config
 from fabric.client import Client
 from fabric.embedded import EmbeddedServer
 from fabric.errors import Unreachable
+
+# `llfabric demo`'s notebook, shipped inside the package (a wheel carries it too)
+DEMO_NOTEBOOK = Path(__file__).resolve().parent / "train_tiny_mlp.ipynb"
+DEMO_NEEDS = ("torch", "matplotlib")  # what it imports beyond llfabric's own dependencies
 
 
 def config(store: str | None = None, bind: str | None = None,

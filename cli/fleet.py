@@ -9,13 +9,15 @@ import click
 
 from fabric.fleet.policies import NAMES as POLICY_NAMES
 
+from .common import DEMO_NOTEBOOK
+
 TRACE = (Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
          / "sensei_june_60sec.csv")
 _ROOT = Path(__file__).resolve().parent.parent
 # small notebooks of the corpus: torch modules, numpy basics, plain Python
 DEFAULT_NOTEBOOKS = [_ROOT / "corpus" / "d2l-pytorch" / "ch07_Custom_Layers.ipynb",
                      _ROOT / "corpus" / "pydata-book" / "ch02.ipynb",
-                     _ROOT / "examples" / "train_tiny_mlp.ipynb"]
+                     DEMO_NOTEBOOK]
 
 
 class _Bars:
@@ -27,11 +29,12 @@ class _Bars:
     def __call__(self, label: str, now: float, horizon: float) -> None:
         from tqdm import tqdm
 
-        if label != self.label:
+        bar = self.bar
+        if label != self.label or bar is None:
             self.close()
             self.label = label
-            self.bar = tqdm(total=round(horizon / 3600), desc=label, unit="h simulated")
-        self.bar.update(round(now / 3600) - self.bar.n)
+            bar = self.bar = tqdm(total=round(horizon / 3600), desc=label, unit="h simulated")
+        bar.update(round(now / 3600) - bar.n)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -90,7 +93,8 @@ def report(run_dir: Path) -> None:
 @click.option("--notebook", "notebooks", multiple=True,
               type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Notebooks whose cells the sessions run, in turn (default: three small ones).")
-@click.option("--sessions", type=int, default=8, show_default=True)
+@click.option("--sessions", type=int, default=8, show_default=True,
+              help="Sessions replayed at once, their cells from the notebooks in turn.")
 @click.option("--slots", type=int, default=2, show_default=True, help="The server's slots.")
 @click.option("--compress", type=float, default=60.0, show_default=True,
               help="The trace's think times and bursts are divided by this.")
@@ -99,7 +103,8 @@ def report(run_dir: Path) -> None:
 @click.option("--max-burst", type=float, default=3.0, show_default=True,
               help="Longest training burst, in seconds after compression.")
 @click.option("--trace", type=click.Path(path_type=Path, dir_okay=False), default=TRACE,
-              show_default=True)
+              show_default=True, help="Training trace (Tiresias job-list CSV) whose think times "
+              "and bursts the sessions follow.")
 def replay(out: Path, notebooks: tuple[Path, ...], sessions: int, slots: int, compress: float,
            max_think: float, max_burst: float, trace: Path) -> None:
     """Run notebook sessions live on a local server, then pinned, and simulate the same

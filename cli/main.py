@@ -4,6 +4,7 @@ click error."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -35,7 +36,7 @@ from fabric.notebook import (
 )
 from fabric.protocol import as_session_name
 
-from .common import client_of, config
+from .common import DEMO_NEEDS, DEMO_NOTEBOOK, client_of, config
 from .env import env as env_group
 from .fleet import replay as replay_command
 from .fleet import report as report_command
@@ -45,8 +46,6 @@ from .host import service as service_group
 from .keys import keys as keys_group
 from .status import status as status_command
 from .store import store as store_group
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_tiny_mlp.ipynb"
 
 
 class _Commands(click.Group):
@@ -64,6 +63,7 @@ class _Commands(click.Group):
 
 
 @click.group(cls=_Commands)
+@click.version_option(package_name="llfabric", message="llfabric %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the server does.")
 def main(verbose: bool) -> None:
     """llfabric: notebook cells on warm workers, the GPU held only while a cell runs."""
@@ -245,11 +245,18 @@ def audit(notebook: Path, verify: bool, json_out: Path | None) -> None:
 
 
 @main.command()
-@click.option("--think-time", type=float, default=2.0, show_default=True)
+@click.option("--think-time", type=float, default=2.0, show_default=True,
+              help="Seconds each cell is drafted before it is executed, as an editing user.")
 def demo(think_time: float) -> None:
-    """Run the bundled PyTorch training notebook on the embedded default, with think time."""
+    """Run the PyTorch training notebook shipped with llfabric (it needs torch and
+    matplotlib) on the embedded default server, in a scratch folder, with think time."""
+    missing = [name for name in DEMO_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:  # the embedded server's workers import from this Python
+        raise click.ClickException(f"the demo notebook needs {' and '.join(missing)}: "
+                                   f"pip install {' '.join(missing)}")
     started = time.monotonic()
-    ok = _run(EXAMPLE, None, None, think_time, None, None, False, None)
+    with tempfile.TemporaryDirectory(prefix="llfabric-demo-") as workdir:
+        ok = _run(DEMO_NOTEBOOK, None, None, think_time, None, Path(workdir), False, None)
     click.echo(f"demo finished in {time.monotonic() - started:.1f} s")
     sys.exit(0 if ok else 1)
 

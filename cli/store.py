@@ -93,7 +93,9 @@ def store_checkout(session: str, version: str, path: str | None) -> None:
     configured = config(path)
     store = Store(configured.store)
     if _served_checkout(configured, session, version):
-        m = Manifest.decode(store.get_manifest(store.head(session)))
+        if (head := store.head(session)) is None:
+            raise _no_session(session)
+        m = Manifest.decode(store.get_manifest(head))
     else:
         m = history.checkout(store, session, version)
     click.echo(f"session {session} is at version {m.version}, the state of version "

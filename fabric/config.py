@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from .errors import ConfigError
 from .output_limit import OUTPUT_LIMIT
 
 if TYPE_CHECKING:
-    from .snapshot.retention import Policy
+    from .snapshot.retention import RetentionPolicy
 
 
 def _data_home() -> Path:
@@ -33,7 +34,10 @@ GPU_LINGER = 60  # seconds a GPU host's lease lingers by default: what `llfabric
 
 @dataclass(frozen=True)
 class Config:
+    # the store: every session's committed state and its history of versions
     store: Path = field(default_factory=lambda: _data_home() / "llfabric")
+    # the server's socket (with bind empty) and lock; $XDG_RUNTIME_DIR/llfabric, else
+    # /tmp/llfabric-UID
     runtime_dir: Path = field(default_factory=_runtime_dir)
     bind: str = ""  # empty: ipc:// socket in runtime_dir
     slots: int = 0  # CPU lease slots on hosts without GPUs; 0: one per core
@@ -58,7 +62,7 @@ class Config:
     cool_after: int = 600  # seconds a pinned worker idles before it is dumped to disk
     # percent of host memory in use past which warm workers retire and pinned ones are dumped
     memory_pressure: int = 90
-    max_frame: int = 16 * 1024 * 1024
+    max_frame: int = 16 * 1024 * 1024  # bytes of one message a client may send the server
     # CURVE keys: the server's pair, the admitted clients' public keys, this client's key
     key_dir: Path = field(default_factory=lambda: _config_home() / "llfabric")
     user_sessions: int = 0  # sessions one user may have open at once; 0: no limit
@@ -112,6 +116,9 @@ class Config:
     # a cluster without a remote tier: the hosts, the committing one included, each commit is
     # kept on before its cell is reported done (a remote tier holds every commit itself)
     copies: int = 2
+    # the store's tiers, nearest first: reads are sourced in this order (`fabric.snapshot.layers`:
+    # a kind of its own, or module:factory); those left unconfigured (no remote, no peers) are out
+    tiers: str = "memory,disk,peer,remote"
     # many hosts: the Ray cluster to serve (an address, or auto); empty: this host alone
     ray: str = ""
     # sessions per slot a cluster's host takes before its cells queue cluster-wide; 0: 7
@@ -131,11 +138,12 @@ class Config:
         return self.bind or f"ipc://{self.runtime_dir / 'server.sock'}"
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> RetentionPolicy:
         """The retention policy: keep_versions, keep_hourly, keep_daily."""
-        from .snapshot.retention import Policy  # the store's code, loaded only by its users
+        # the store's code, loaded only by its users
+        from .snapshot.retention import RetentionPolicy
 
-        return Policy(self.keep_versions, self.keep_hourly, self.keep_daily)
+        return RetentionPolicy(self.keep_versions, self.keep_hourly, self.keep_daily)
 
     def with_overrides(self, **values: Any) -> Config:
         """Apply the non-None values (CLI flags), converting types as declared."""
@@ -159,7 +167,7 @@ def _convert(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(path: Path | None = None, env: dict[str, str] | None = None) -> Config:
+def load(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Defaults, overlaid with the config file (if any) and ``LLFABRIC_*`` variables."""
     env = os.environ if env is None else env
     path = path or (Path(env["LLFABRIC_CONFIG"]) if "LLFABRIC_CONFIG" in env else None)

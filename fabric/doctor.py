@@ -12,8 +12,9 @@ import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from .config import Config
@@ -26,6 +27,8 @@ CHECKPOINT_DRIVER = 570  # cuCheckpointProcess*: park a CUDA process off its GPU
 MOVING_DRIVER = 580  # restore onto another GPU than the one it left
 LOW_DISK = 1 << 30  # below this free, a commit of any real state fails
 CRIU_MAJOR = 4
+CRIU_SOURCE = "https://criu.org/Installation"
+DISTRIBUTION = "llfabric"  # the distribution whose import package is `fabric`
 
 # Linux capability bits (linux/capability.h) the server uses, and what for.
 CAPABILITIES = {
@@ -59,6 +62,32 @@ def serves(checks: list[Check]) -> bool:
     return all(c.verdict != "fail" for c in checks)
 
 
+def clashing_distributions(path: Iterable[str] | None = None) -> list[str]:
+    """The installed distributions other than llfabric that also put files in a top-level
+    `fabric` package (Fabric, the SSH tool, is one): installed together, one overwrites the
+    other's files. `path` is where to look (default sys.path)."""
+    found = set()
+    for dist in metadata.distributions(**({} if path is None else {"path": list(path)})):
+        name = dist.metadata["Name"] or ""
+        if name.lower() == DISTRIBUTION:
+            continue
+        top = (dist.read_text("top_level.txt") or "").split()
+        if "fabric" in top or any(file.parts[:1] == ("fabric",) for file in dist.files or ()):
+            found.add(name)
+    return sorted(found)
+
+
+def _name_clash(config: Config) -> Iterator[Check]:
+    others = clashing_distributions()
+    if not others:
+        yield Check("import name", "ok", "`fabric` is llfabric's alone")
+        return
+    yield Check("import name", "fail", f"{', '.join(others)} also install(s) a `fabric` package: "
+                "one overwrites the other's files, breaking both",
+                "install llfabric in a virtual environment of its own (python3 -m venv), "
+                f"then `pip uninstall {' '.join(others)}` there and reinstall llfabric")
+
+
 def _kernel(config: Config) -> Iterator[Check]:
     release = platform.release()
     major, minor = (int(part) for part in release.split(".")[:2])
@@ -73,8 +102,9 @@ def _criu(config: Config) -> Iterator[Check]:
     binary = criu.criu_binary()
     if binary is None:
         yield Check("criu", "warn", "no CRIU: no templates or cool workers, cells start from "
-                    "zygotes", f"`make criu` in a checkout, or install CRIU {CRIU_MAJOR}.x, or "
-                    f"set {criu.CRIU}")
+                    "zygotes", f"install CRIU {CRIU_MAJOR}.x (a distribution's criu package if "
+                    f"it is {CRIU_MAJOR}.x, else built from source: {CRIU_SOURCE}; a checkout's "
+                    f"`make criu` builds 4.1.1), or set {criu.CRIU} to its path")
         return
     version = _output([str(binary), "--version"]).partition("Version:")[2].split()
     version_text = version[0] if version else "unknown"
@@ -101,11 +131,12 @@ def _helpers(config: Config) -> Iterator[Check]:
         yield Check("pycriu", "ok", "importable")
     except ImportError as exc:
         yield Check("pycriu", "warn", f"not importable ({exc}): no templates or cool workers",
-                    "`make criu` provisions it into the venv")
+                    "CRIU's Python bindings (lib/pycriu of its source, built with it): a "
+                    "checkout's `make criu` provisions them into the venv")
     init = criu.init_binary()
     if init is None:
         yield Check("llfabric-init", "warn", "missing: no templates or cool workers",
-                    f"`make native` in a checkout, or set {criu.INIT}")
+                    f"a wheel carries it; in a checkout `make native`; or set {criu.INIT}")
     else:
         yield Check("llfabric-init", "ok", str(init))
 
@@ -113,7 +144,9 @@ def _helpers(config: Config) -> Iterator[Check]:
 def _gpus(config: Config) -> Iterator[Check]:
     version = gpus.driver_version()
     if version is None:
-        yield Check("nvidia", "skip", "no NVIDIA driver: CPU slots stand in for GPUs")
+        yield Check("nvidia", "skip", "no NVIDIA driver: CPU slots stand in for GPUs "
+                    f"(a GPU host needs driver {CHECKPOINT_DRIVER}+ and `pip install "
+                    "llfabric[gpu]`)")
         return
     major = int(version.split(".")[0])
     if major < CHECKPOINT_DRIVER:
@@ -176,7 +209,7 @@ def _capabilities(config: Config) -> Iterator[Check]:
     for bit, (name, use) in CAPABILITIES.items():
         if bit not in held:
             yield Check("capabilities", "warn", f"no {name}: cannot {use}",
-                        "run the server as root (see README, \"Running a shared host\")")
+                        "run the server as root (see the operator guide, \"A shared host\")")
 
 
 def _output(command: list[str]) -> str:
@@ -188,4 +221,4 @@ def _output(command: list[str]) -> str:
 
 
 _CHECKS: list[Callable[[Config], Iterator[Check]]] = [
-    _kernel, _criu, _helpers, _gpus, _disk, _directories, _capabilities]
+    _name_clash, _kernel, _criu, _helpers, _gpus, _disk, _directories, _capabilities]

@@ -12,9 +12,11 @@ from pathlib import Path
 from .client import Client
 from .config import Config
 from .errors import Unreachable
-from .private import open_private, private_dir
+from .private import log_tail, open_private, private_dir
 
-START_TIMEOUT = 120.0
+# seconds a live server may take to answer: one that dies ends the wait at once, so this bounds a
+# hang, and a loaded host's first imports (a zygote's torch, a door's hosts) can take minutes
+START_TIMEOUT = 300.0
 
 
 class EmbeddedServer:
@@ -39,8 +41,8 @@ class EmbeddedServer:
             while not client.ping(timeout=0.5):
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise Unreachable(f"the embedded server did not start; see {log}",
-                                      address=self.config.address)
+                    raise Unreachable(f"the embedded server did not start; its log {log} ends: "
+                                      f"{log_tail(log)}", address=self.config.address)
 
     @property
     def log(self) -> Path:

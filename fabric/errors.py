@@ -19,7 +19,7 @@ class FabricError(Exception):
         self.message = message
         self.fields = fields
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, object]:
         return {"kind": self.kind, "message": self.message, **self.fields}
 
 

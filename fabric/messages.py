@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Self
 
 from . import typed
 from .errors import ProtocolError, RemoteError
-from .protocol import valid_session_name
+from .protocol import Wire, valid_session_name
 
 Version = int | str  # a version number, or a name `Tag` gave one
 
@@ -113,7 +113,7 @@ class Record:
             raise ProtocolError(f"field {exc.where} should be {exc.expected}, "
                                 f"not {exc.value!r}"[:300], field=exc.where) from None
 
-    def to_map(self) -> dict:
+    def to_map(self) -> Wire:
         """The record as the wire carries it (an optional field left unset stays off it)."""
         return _plain(self)
 
@@ -136,7 +136,7 @@ def _plain(value: Any) -> Any:
 class Request(Message):
     op: ClassVar[str]
 
-    def to_wire(self, msg_id: str) -> dict:
+    def to_wire(self, msg_id: str) -> Wire:
         return {"op": self.op, "msg_id": msg_id, **self._fields()}
 
     @staticmethod
@@ -418,7 +418,7 @@ def request(op: str, **fields: Any) -> Request:
 class Event(Message):
     event: ClassVar[str]
 
-    def to_wire(self, msg_id: str) -> dict:
+    def to_wire(self, msg_id: str) -> Wire:
         return {"type": "event", "msg_id": msg_id, "event": self.event, **self._fields()}
 
     @staticmethod
@@ -524,7 +524,7 @@ EVENTS: dict[str, type[Event]] = {cls.event: cls for cls in (
 class Reply(Record):
     """A request's final answer."""
 
-    def to_wire(self, msg_id: str | None) -> dict:
+    def to_wire(self, msg_id: str | None) -> Wire:
         return {"type": "reply", "msg_id": msg_id, **self.to_map()}
 
 
@@ -584,7 +584,7 @@ class Followed(Reply):
             raise ProtocolError("a follow's reply needs a boolean 'followed'")
         return cls(raw["followed"], Executed.from_wire(raw) if raw["followed"] else None)
 
-    def to_map(self) -> dict:
+    def to_map(self) -> Wire:
         return {**(self.cell.to_map() if self.cell is not None else {}),
                 "followed": self.followed}
 
@@ -725,7 +725,7 @@ class Error(Message):
 
     error: dict
 
-    def to_wire(self, msg_id: str | None) -> dict:
+    def to_wire(self, msg_id: str | None) -> Wire:
         return {"type": "error", "msg_id": msg_id, "error": self.error}
 
     @classmethod
@@ -737,7 +737,7 @@ class Error(Message):
 class Heartbeat(Message):
     """The server's probe of a client whose cell runs; no msg_id, answers nothing."""
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Wire:
         return {"type": "heartbeat"}
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .errors import ConfigError
@@ -97,7 +97,7 @@ class _Live(Collector):
     def __init__(self, live: Callable[[], dict]) -> None:
         self.live = live
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         now = self.live()
         leases = now["leases"]
         yield GaugeMetricFamily("llfabric_lease_slots", "Execution slots (GPUs, else CPU "

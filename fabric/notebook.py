@@ -89,7 +89,7 @@ class _Outputs:
             return
         display_id = (output.get("transient") or {}).get("display_id")
         if kind == "update_display_data":
-            for shown in self.displays.get(display_id, ()):
+            for shown in self.displays.get(display_id, ()) if display_id else ():
                 shown["data"], shown["metadata"] = output["data"], output.get("metadata", {})
             return
         if self._clear_pending:

@@ -13,15 +13,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from .protocol import Wire
+
 KEEP = 20  # notices a session keeps for `status`
 LOSS = "LLFabricStateLost"  # the ename of a loss shown in a cell
 
 
-def notice(topic: str, text: str) -> dict:
+def notice(topic: str, text: str) -> Wire:
     return {"topic": topic, "text": text, "time": time.time()}
 
 
-def loss(text: str) -> dict:
+def loss(text: str) -> Wire:
     """The error output that tells the user, in the cell, of state they must recompute."""
     return {"output_type": "error", "ename": LOSS, "evalue": text,
             "traceback": [f"llfabric: {text}"]}

@@ -11,6 +11,7 @@ always pass: they are what the user must see, and small.
 from __future__ import annotations
 
 from . import protocol
+from .protocol import Wire
 
 OUTPUT_LIMIT = 16 * 1024 * 1024  # bytes of a cell's outputs kept
 SUMMARY = "[llfabric: output limit reached"  # how a summary's text begins
@@ -26,7 +27,7 @@ class Budget:
         self.outputs_left_out = 0
         self._summary_passed = False  # an earlier hop's summary, let through once
 
-    def admit(self, output: dict) -> dict | None:
+    def admit(self, output: Wire) -> Wire | None:
         """`output` as kept (a stream's text cut to what fits), or None when past the limit."""
         kind = output.get("output_type")
         if kind in ("error", "clear_output"):
@@ -52,7 +53,7 @@ class Budget:
         self._leave_out(size)
         return None
 
-    def summary(self) -> dict | None:
+    def summary(self) -> Wire | None:
         """The stderr stream that says what was left out, if anything was."""
         if not self.left_out:
             return None
@@ -71,5 +72,5 @@ def _cut(text: str, room: int) -> str:
     return head.encode(errors="replace")[:max(room, 0)].decode(errors="ignore")
 
 
-def _size(output: dict) -> int:
+def _size(output: Wire) -> int:
     return len(protocol.pack(output))

@@ -8,6 +8,7 @@ the logs and keys in them are opened without following a link.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -80,3 +81,11 @@ def read_private(path: Path) -> bytes:
                              f"with mode 0600 (it has uid {st.st_uid}, mode "
                              f"{stat.S_IMODE(st.st_mode):04o})", path=str(path))
         return f.read()
+
+
+def log_tail(path: Path, size: int = 2000) -> str:
+    """The last `size` bytes of a log we wrote, for an error that says why a child failed."""
+    with contextlib.suppress(OSError), path.open("rb") as file:
+        file.seek(max(0, path.stat().st_size - size))
+        return file.read().decode(errors="replace").strip()
+    return "(no log)"

@@ -8,6 +8,8 @@ defined once per wire: `fabric.messages` (client <-> server), `fabric.worker.mes
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 
 from .errors import FrameTooLarge, ProtocolError
@@ -16,17 +18,24 @@ MAX_FRAME = 16 * 1024 * 1024  # requests are source text and small maps; outputs
 # What ZeroMQ itself lets through, a bound on the memory one message takes: a frame over
 # `max_frame` but under this gets a `frame_too_large` reply; a client never sends more.
 WIRE_LIMIT = 1 << 30
+# One map as a wire carries it (a frame's message, a Jupyter message's content, an nbformat
+# output): its keys name fields, whose values its reader checks (`typed.record`); the framing
+# knows no more of it.
+Wire = dict[str, Any]
 
 
-def pack(message: dict) -> bytes:
+def pack(message: Wire) -> bytes:
+    # the ignores: msgpack is untyped, and pyright reads a None into packb's result from its
+    # pure-Python fallback's `pack`, whose packb always returns bytes
     try:
-        return msgpack.packb(message, use_bin_type=True)
+        return msgpack.packb(message, use_bin_type=True)  # pyright: ignore[reportReturnType]
     except UnicodeEncodeError:  # a lone surrogate (a cell printed one): sent replaced, as a
         # kernel's streams show it, since UTF-8 cannot carry it
-        return msgpack.packb(message, use_bin_type=True, unicode_errors="replace")
+        return msgpack.packb(  # pyright: ignore[reportReturnType]
+            message, use_bin_type=True, unicode_errors="replace")
 
 
-def unpack(frame: bytes, max_size: int = MAX_FRAME) -> dict:
+def unpack(frame: bytes, max_size: int = MAX_FRAME) -> Wire:
     """Decode one frame into a map, refusing anything that is not one."""
     if len(frame) > max_size:
         raise FrameTooLarge(f"frame of {len(frame)} bytes exceeds the limit of {max_size}",

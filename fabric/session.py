@@ -5,8 +5,8 @@ The store holds the session; this object caches the head manifest, runs one cell
 cell that changed nothing makes none: it is kept here, for the next cell's prompt number and the
 kernel's history).
 What a host does for a cell (a worker readied while the user edits, the run under a lease, the
-worker kept or retired after it, values that could not be saved rebuilt from their lineage) is
-its host agent's (`pool.agent`), handed plain data: the cell, the head, and where events go.
+worker kept or retired after it, values that could not be saved rebuilt from their lineage) falls
+to its `pool.agent.SessionWorkers`, handed plain data: the cell, the head, and where events go.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from .messages import (
     Notice,
 )
 from .pool import Leases, Pool, debugging
-from .pool.agent import HostAgent
-from .pool.cells import Account, Cell, Done, Emit, Events, Head
+from .pool.agent import SessionWorkers
+from .pool.cells import Account, CellJob, Done, Emit, EventSink, Head
 from .pool.lifecycle import CoolImage, Keeper, Life
 from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
@@ -50,7 +50,8 @@ class Session:
         self.name = name
         self.gpus = gpus  # slots its cells lease together; a cell's execute may change it
         self.store = store
-        self.agent = HostAgent(name, cwd, store, pool, leases, keeper, interrupt_grace, account)
+        self.agent = SessionWorkers(name, cwd, store, pool, leases, keeper, interrupt_grace,
+                                    account)
         self.agent.env = env
         self.head = store.head(name)
         self.manifest = (Manifest.decode(store.get_manifest(self.head)) if self.head
@@ -90,8 +91,8 @@ class Session:
         """The worker readied for the session's next cell, if any."""
         return self.agent.prepared
 
-    def _events(self, emit: Emit | None) -> Events:
-        return Events(self.name, emit, self._record)
+    def _events(self, emit: Emit | None) -> EventSink:
+        return EventSink(self.name, emit, self._record)
 
     def _record(self, item: dict) -> None:
         self.notices.append(item)
@@ -153,8 +154,8 @@ class Session:
             self._told = []
             self.running_since = time.time()
             try:
-                ran = await self.agent.run(Cell(cell, cl, count, stdin, received, self.gpus,
-                                                parent_id),
+                ran = await self.agent.run(CellJob(cell, cl, count, stdin, received, self.gpus,
+                                                   parent_id),
                                            head, self._events(emit),
                                            lambda done: self._commit(done, cell, count))
             finally:
@@ -241,7 +242,7 @@ class Session:
         return self._catalog[1]
 
     def interrupt(self) -> bool:
-        """KeyboardInterrupt in the running cell (see `HostAgent.interrupt`)."""
+        """KeyboardInterrupt in the running cell (see `SessionWorkers.interrupt`)."""
         return self.agent.interrupt()
 
     def stop(self, reason: str) -> None:
@@ -256,7 +257,7 @@ class Session:
 
     async def hand_over(self, wake_dir: str) -> tuple[CoolImage, Life] | None:
         """Dump the worker that alone holds unsaveable values, for another host (see
-        `HostAgent.hand_over`); before the session closes here."""
+        `SessionWorkers.hand_over`); before the session closes here."""
         if self.lock.locked():
             raise SessionBusy(f"session {self.name} is running a cell: it moves after it",
                               session=self.name)

@@ -12,6 +12,7 @@ from typing import Self
 
 from . import messages
 from .messages import Notice, Placement, Record, Reply
+from .protocol import Wire
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +178,7 @@ class ServerStatus(Reply):
             raw = {k: v for k, v in raw.items() if k != "upkeep"}
         return super().from_wire(raw)
 
-    def to_map(self) -> dict:
+    def to_map(self) -> Wire:
         return {**super().to_map(), "upkeep": {} if self.upkeep is None else self.upkeep.to_map()}
 
     def session(self, name: str) -> SessionStatus | None:

@@ -78,7 +78,7 @@ def check(value: Any, hint: Any, where: str) -> Any:
                 return check(value, option, where)
             except Mismatch:
                 continue
-    elif dataclasses.is_dataclass(hint):
+    elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if (reader := getattr(hint, "from_wire", None)) is not None:
             return reader(value)  # it words its own refusal
         if isinstance(value, dict):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, here, everything the GPU test machine lacks into one folder that travels with a call
-# there (see README, "On a GPU"). That machine has a Python 3.12 with torch and a few of our
+# there (see docs/user/gpus.md). That machine has a Python 3.12 with torch and a few of our
 # dependencies, no network, and takes at most 64 MiB of files with a command.
 #
 #   scripts/device-bundle.sh [DIR]     (default: build/device-bundle)

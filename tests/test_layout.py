@@ -12,8 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FABRIC = ROOT / "fabric"
-# Modules every part may use: the wire framing, its typed fields, errors, what notices are.
-FOUNDATION = {"errors", "protocol", "notices", "typed"}
+# Modules every part may use: the wire framing, its typed fields, errors, what notices are,
+# who owns a background task.
+FOUNDATION = {"errors", "protocol", "notices", "typed", "tasks"}
 # What a worker may import of fabric: it runs cells and saves them, nothing more.
 WORKER_MAY = {"worker", "snapshot", "closure"} | FOUNDATION
 
@@ -50,6 +51,20 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
+def _modules(package: Path) -> dict[str, set[str]]:
+    """module -> the other modules of `package` it imports, also under TYPE_CHECKING or inside a
+    function; a name taken from the package itself counts as its `__init__`'s."""
+    name = ".".join(package.relative_to(ROOT).parts)
+    modules = {name if p.stem == "__init__" else f"{name}.{p.stem}": p
+               for p in package.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        imported = {m if m in modules else name for m in _imports(path)
+                    if m in modules or m.rpartition(".")[0] == name}
+        graph[module] = imported - {module}
+    return graph
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of `graph`, as its parts in order, or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -72,6 +87,14 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_fabric_parts_import_one_another_without_a_cycle() -> None:
     assert _cycle(_graph()) is None, f"import cycle: {' -> '.join(_cycle(_graph()) or [])}"
+
+
+def test_the_attached_kernel_modules_import_one_another_without_a_cycle() -> None:
+    """Within fabric/attach, no import points back up, not even one made only for the type
+    checker or inside a function."""
+    graph = _modules(FABRIC / "attach")
+    assert "fabric.attach.relay" in graph["fabric.attach.attaching"]  # the imports are read
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
 def test_the_cycle_finder_finds_one() -> None:
@@ -109,3 +132,88 @@ def test_a_worker_imports_nothing_of_the_server_side() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout.split()
     assert loaded and {_part(m) for m in loaded} <= WORKER_MAY, loaded
+
+
+# Files whose public functions still return a bare dict while their replies become typed (the
+# host's typed face and its clients); each leaves this list once it is typed.
+BARE_DICT_PENDING = {
+    "fabric/front.py": "its handlers' replies, typed with the messages",
+    "fabric/session.py": "its replies, typed with the messages",
+    "fabric/client.py": "returns the server's replies, typed with the messages",
+    "fabric/cluster/host.py": "the cluster's host replies, typed with the messages",
+    "fabric/cluster/link.py": "the door's link replies, typed with the messages",
+    "fabric/cluster/members.py": "the cluster's host replies, typed with the messages",
+    "fabric/snapshot/catalog.py": "its completion and inspection replies, typed with the messages",
+    "fabric/attach/kernels.py": "reads the server's replies, typed with the messages",
+}
+
+
+def _bare_dict(hint: ast.expr) -> bool:
+    """Whether a return annotation says only `dict` (or `dict | None`): nothing of what it holds."""
+    if isinstance(hint, ast.Constant) and isinstance(hint.value, str):
+        hint = ast.parse(hint.value, mode="eval").body
+    if isinstance(hint, ast.Name):
+        return hint.id in ("dict", "Dict")
+    if isinstance(hint, ast.BinOp) and isinstance(hint.op, ast.BitOr):
+        sides = (hint.left, hint.right)
+        return any(_bare_dict(s) for s in sides) \
+            and any(isinstance(s, ast.Constant) and s.value is None for s in sides)
+    return False
+
+
+def _returning_bare_dicts(source: str) -> list[str]:
+    """The public functions of a module and of its classes annotated to return a bare dict."""
+    found = []
+
+    def visit(body: list[ast.stmt], owner: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{owner}{node.name}.")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
+                    and not node.name.startswith("_") and node.returns is not None \
+                    and _bare_dict(node.returns):
+                found.append(f"{owner}{node.name}")
+
+    visit(ast.parse(source).body, "")
+    return found
+
+
+def test_no_public_function_returns_a_bare_dict() -> None:
+    """A reply, a status or a figure says what it holds: a dataclass, a TypedDict, or a dict of
+    like items (`dict[str, int]`); a map that travels as it is names its alias (`Wire`)."""
+    bare = {str(path.relative_to(ROOT)): found for path in sorted(FABRIC.rglob("*.py"))
+            if (found := _returning_bare_dicts(path.read_text()))}
+    assert {p: f for p, f in bare.items() if p not in BARE_DICT_PENDING} == {}
+
+
+def test_the_bare_dict_finder_finds_them() -> None:
+    source = ("def a() -> dict: ...\n"
+              "def b() -> dict | None: ...\n"
+              "def c() -> 'dict': ...\n"
+              "class K:\n    async def d(self) -> None | dict: ...\n"
+              "    def _e(self) -> dict: ...\n"
+              "def f() -> dict[str, int]: ...\n"
+              "def g() -> list[dict]: ...\n"
+              "def h(): ...\n")
+    assert _returning_bare_dicts(source) == ["a", "b", "c", "K.d"]
+
+
+def test_the_store_names_no_kind_of_tier_but_its_disk() -> None:
+    """Tiers plug in: the store is given them in order (`fabric.snapshot.layers`) and treats
+    each by its role and the protocols it meets, never by its kind."""
+    tree = ast.parse((FABRIC / "snapshot" / "store.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert not names & {"MemoryTier", "PeerTier", "RemoteTier"}
+
+
+def test_the_store_opens_no_socket_of_its_own() -> None:
+    """What the store sees of other hosts is a tier; how they are reached (sockets, keys, the
+    list of peers) is the cluster's, which gives the peer tier its hosts."""
+    for path in (FABRIC / "snapshot").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                    for a in n.names} | \
+            {(n.module or "").split(".")[0] for n in ast.walk(tree)
+             if isinstance(n, ast.ImportFrom) and not n.level}
+        assert not imported & {"zmq", "socket", "ray"}, path

@@ -8,13 +8,13 @@ Completion and inspection go to the server, which asks the session's live worker
 from the catalog of its head when none is live (`snapshot.catalog`). History is the session's
 cells, read from its versions when the session opens and kept up as cells run, in a history
 manager of the kernel's own that no other kernel writes to: `history_request`, `%history` and
-`%recall` (run in the kernel, see `relay.LOCAL`) see this session's cells and no other's.
+`%recall` (run in the kernel, see `routing.LOCAL`) see this session's cells and no other's.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict, TypeVar, cast
 
 from IPython.core.history import HistoryManager
 
@@ -27,11 +27,10 @@ from ..messages import (
     History,
     Inspection,
     Output,
+    Reply,
     request,
 )
-
-if TYPE_CHECKING:
-    from .relay import Attachment
+from .attached import Attached
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +39,33 @@ COMM_TIMEOUT = 60.0  # seconds of silence a frontend's comm message waits for it
 FORWARDED = ("comm_msg", "comm_close")
 
 
+class CompleteReply(TypedDict):
+    """A kernel's `complete_reply` content."""
+
+    status: str
+    matches: list[str]
+    cursor_start: int
+    cursor_end: int
+    metadata: dict[str, Any]
+
+
+class InspectReply(TypedDict):
+    """A kernel's `inspect_reply` content."""
+
+    status: str
+    found: bool
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+Content = TypeVar("Content", CompleteReply, InspectReply)
+
+
 class Answers:
     """What one attachment answers; `install` takes the kernel's handlers, `uninstall` gives
     them back."""
 
-    def __init__(self, attachment: Attachment) -> None:
+    def __init__(self, attachment: Attached) -> None:
         self.attachment = attachment
         self.shell = attachment.shell
         self.kernel = attachment.kernel
@@ -77,34 +98,38 @@ class Answers:
             self._own_history.close()
             self._own_history = None
 
+    def _call(self, op: str, **fields: Any) -> Reply:
+        return self.attachment.client.call(op, session=self.attachment.session,
+                                           timeout=ASK_TIMEOUT, **fields)
+
     # completion and inspection
-    def _ask(self, op: str, empty: dict, **fields: Any) -> dict:
+    def _ask(self, op: str, empty: Content, **fields: Any) -> Content:
         if not self.attachment.opened:
             return empty
         try:
             try:
-                reply = self.attachment.call(op, timeout=ASK_TIMEOUT, **fields)
+                reply = self._call(op, **fields)
             except RemoteError as exc:
                 if exc.kind != "unknown_session":
                     raise
                 self.attachment.open()  # the server restarted: the session is in the store
-                reply = self.attachment.call(op, timeout=ASK_TIMEOUT, **fields)
+                reply = self._call(op, **fields)
         except FabricError as exc:  # the frontend shows nothing, as for a name unknown
             log.info("llfabric: %s not answered: %s", op, exc.message)
             return empty
         if isinstance(reply, Completion | Inspection) and reply.status in ("ok", "error"):
-            return reply.to_map()  # Jupyter's content, as the wire carries it
+            return cast(Content, reply.to_map())  # Jupyter's content, as the wire carries it
         return empty
 
-    async def complete(self, code: str, cursor_pos: int | None) -> dict:
+    async def complete(self, code: str, cursor_pos: int | None) -> CompleteReply:
         cursor = len(code) if cursor_pos is None else cursor_pos
-        empty = {"status": "ok", "matches": [], "cursor_start": cursor, "cursor_end": cursor,
-                 "metadata": {}}
+        empty: CompleteReply = {"status": "ok", "matches": [], "cursor_start": cursor,
+                                "cursor_end": cursor, "metadata": {}}
         return self._ask("complete", empty, source=code, cursor=cursor)
 
     async def inspect(self, code: str, cursor_pos: int, detail_level: int = 0,
-                      omit_sections: Any = ()) -> dict:
-        empty = {"status": "ok", "found": False, "data": {}, "metadata": {}}
+                      omit_sections: Any = ()) -> InspectReply:
+        empty: InspectReply = {"status": "ok", "found": False, "data": {}, "metadata": {}}
         return self._ask("inspect", empty, source=code, cursor=cursor_pos,
                          detail=1 if detail_level else 0)
 
@@ -146,12 +171,12 @@ class Answers:
         manager.writeout_cache()
 
     # comms
-    def comm_seen(self, msg_type: str, content: dict) -> None:
-        """A comm message of the worker's, on its way to the frontend."""
+    def comm_seen(self, msg_type: str, content: dict, execution_count: int | None) -> None:
+        """A comm message of the worker's, on its way to the frontend, while the cell of
+        prompt `execution_count` runs (None: from a callback, between cells)."""
         comm_id = content.get("comm_id")
         if msg_type == "comm_open" and isinstance(comm_id, str):
-            running = self.attachment.frontend.running  # None: a callback's, between cells
-            self._comms[comm_id] = None if running is None else running.execution_count
+            self._comms[comm_id] = execution_count
         elif msg_type == "comm_close":
             self._comms.pop(comm_id, None)
 

@@ -11,23 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING
+from typing import Any, NotRequired, TypedDict, cast
 
 from ..client import Client
 from ..errors import FabricError
 from ..messages import Debug, Debugged
-
-if TYPE_CHECKING:
-    from .relay import Attachment
+from .attached import Attached
 
 TIMEOUT = 40.0  # seconds a debug request waits for the server (its worker's debugger: 30)
+
+
+class DebugResponse(TypedDict):
+    """A debug adapter protocol response: a kernel's `debug_reply` content."""
+
+    type: str
+    seq: int
+    request_seq: int
+    command: str | None
+    success: bool
+    message: NotRequired[str]
+    body: NotRequired[dict[str, Any]]
 
 
 class Debugging:
     """The kernel's debug requests, for one attachment; `install` takes the kernel's handler,
     `uninstall` gives it back."""
 
-    def __init__(self, attachment: Attachment) -> None:
+    def __init__(self, attachment: Attached) -> None:
         self.attachment = attachment
         self._client: Client | None = None
         self._lock = threading.Lock()  # the client is used by one request at a time
@@ -42,7 +52,7 @@ class Debugging:
                 self._client.close()
                 self._client = None
 
-    async def request(self, content: dict) -> dict:
+    async def request(self, content: dict) -> DebugResponse:
         """The `debug_reply` content answering `content`, a debug adapter request."""
         try:
             return await asyncio.to_thread(self._call, content)
@@ -51,9 +61,10 @@ class Debugging:
                     "command": content.get("command"), "success": False,
                     "message": f"llfabric: {exc.message}", "body": {}}
 
-    def _call(self, content: dict) -> dict:
+    def _call(self, content: dict) -> DebugResponse:
         with self._lock:
             if self._client is None:
                 self._client = Client(self.attachment.address, timeout=TIMEOUT)
-            return self._client.ask(Debug(self.attachment.session, content), Debugged,
-                                    TIMEOUT).content
+            reply = self._client.ask(Debug(self.attachment.session, content), Debugged,
+                                     TIMEOUT)
+        return cast(DebugResponse, reply.content)  # the worker's debugpy's, as it answered

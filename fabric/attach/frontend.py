@@ -44,15 +44,14 @@ import threading
 import time
 from collections import deque
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, NotRequired, TypedDict
 
 from ..client import Client
 from ..envs import describe_differences
 from ..errors import FabricError, RemoteError
 from ..status import ServerStatus
-
-if TYPE_CHECKING:
-    from .relay import Attachment
+from .attached import Attached
+from .routing import is_local
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,47 @@ KEEP_BYTES = 4 * 2**20  # of a running cell's outputs kept for a frontend that c
 POLL = 3.0  # seconds between status updates while nothing else asks for one
 
 
-def summary(status: ServerStatus, session: str) -> dict:
+class StatusSummary(TypedDict):
+    """What the status item shows (`summary`): the session; once it is open, where its worker
+    is, its lease and its savings; `error` alone when the server did not answer."""
+
+    session: str
+    address: str
+    open: NotRequired[bool]
+    error: NotRequired[str]
+    version: NotRequired[int]
+    tier: NotRequired[str]
+    pinned: NotRequired[bool]
+    kind: NotRequired[str]
+    lease: NotRequired[str]  # held, released or queued
+    position: NotRequired[int | None]  # in the queue
+    lease_seconds: NotRequired[float]
+    saved_hours: NotRequired[float]
+    saved_share: NotRequired[float]
+
+
+class PublishedOutput(TypedDict):
+    """One output the kernel published for a cell, in the order of `seq`."""
+
+    seq: int
+    msg_type: str
+    content: dict[str, Any]
+
+
+class CellSnapshot(TypedDict):
+    """A running or ended cell as a frontend that comes back is sent it (`RunningCell`)."""
+
+    cell_id: str | None
+    msg_id: str | None
+    execution_count: int
+    next: int
+    dropped: bool
+    source: str
+    after: str | None
+    outputs: list[PublishedOutput]
+
+
+def summary(status: ServerStatus, session: str) -> StatusSummary:
     """What the status item shows: the session, where its worker is, its lease, its savings."""
     mine = status.session(session)
     if mine is None:
@@ -125,7 +164,7 @@ class RunningCell:
             self.dropped = True
         return seq
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> CellSnapshot:
         return {"cell_id": self.cell_id, "msg_id": self.msg_id,
                 "execution_count": self.execution_count, "next": self.next,
                 "dropped": self.dropped, "source": self.source, "after": self.after,
@@ -158,7 +197,7 @@ class EndedCells:
         while sum(c.size for c in self.cells) > self.keep:
             self.cells.popleft()
 
-    def since(self, saved: float) -> list[dict]:
+    def since(self, saved: float) -> list[CellSnapshot]:
         """The cells that ended after `saved`, in the order they ended."""
         return [c.snapshot() for c in self.cells if c.ended is not None and c.ended > saved]
 
@@ -178,7 +217,7 @@ def saved_time(value: object) -> float | None:
 class Frontend:
     """The comms of one attachment, and the thread that serves them."""
 
-    def __init__(self, attachment: Attachment) -> None:
+    def __init__(self, attachment: Attached) -> None:
         self.attachment = attachment
         self.comms: list[Any] = []  # open status comms
         self.history_comms: list[Any] = []  # open history comms
@@ -352,8 +391,6 @@ class Frontend:
             client.close()
 
     def _send_draft(self, client: Client, source: str) -> None:
-        from .relay import is_local
-
         if is_local(source) or not source.strip() or not self.attachment.opened:
             return
         try:
@@ -399,6 +436,7 @@ class Frontend:
             comm.send(data)
 
     def _send_status(self, client: Client) -> None:
+        data: StatusSummary
         try:
             data = summary(client.status(), self.attachment.session)
         except FabricError as exc:

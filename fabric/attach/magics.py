@@ -11,12 +11,15 @@ import sys
 import time
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..envs import describe_differences
 from ..errors import FabricError
 from ..messages import CheckedOut, Reply, Tagged
 from ..status import ServerStatus
+from .attaching import attach, current, detach
+from .relay import Attachment
 
 NOTICES = 5  # of a session's latest notices, those `%llfabric status` shows
 
@@ -52,8 +55,6 @@ class FabricMagics(Magics):
     @line_magic
     def llfabric(self, line: str) -> None:
         """Attach this kernel to an llfabric server, or manage the attachment."""
-        from . import attach, current, detach
-
         words = shlex.split(line)
         command = words.pop(0) if words else "status"
         if command == "attach":
@@ -150,9 +151,7 @@ class FabricMagics(Magics):
         printed, if the server refused it."""
         attachment = current_attachment(self.shell)
         try:
-            if "session" in fields:
-                return attachment.client.call(op, **fields)
-            return attachment.call(op, **fields)
+            return attachment.client.call(op, **{"session": attachment.session, **fields})
         except FabricError as exc:
             print(f"llfabric: {exc.message}", file=sys.stderr)
             return None
@@ -164,10 +163,8 @@ class FabricMagics(Magics):
         self.shell.run_cell(cell)
 
 
-def current_attachment(shell: object):
+def current_attachment(shell: InteractiveShell | None) -> Attachment:
     """The kernel's attachment; a usage error if it has none."""
-    from . import current
-
     attachment = current(shell)
     if attachment is None:
         raise UsageError("not attached: `%llfabric attach` first")

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
@@ -55,16 +54,13 @@ from .debugging import Debugging
 from .frontend import Frontend
 from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
+from .routing import is_local
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Reply)
 
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
-# Cells the kernel runs itself: `%%local` ones, those that manage the attachment, and a line of
-# the history magics, which read the session's history the kernel keeps (see `answers`).
-LOCAL = re.compile(r"\s*%(%local\b|llfabric\b|(re|un)?load_ext\s+fabric\.attach\b"
-                   r"|(history|hist|recall|rep)\b[^\n]*\s*\Z)")
 
 
 class RemoteCellError(Exception):
@@ -74,10 +70,6 @@ class RemoteCellError(Exception):
 def _remote_error(ename: str, evalue: str) -> RemoteCellError:
     name = ename if ename.isidentifier() else "RemoteCellError"
     return type(name, (RemoteCellError,), {})(evalue)
-
-
-def is_local(source: str) -> bool:
-    return LOCAL.match(source) is not None
 
 
 class Attachment:
@@ -134,9 +126,6 @@ class Attachment:
                               address=self.address)
         raise Unreachable(f"no llfabric server answers at {self.address}; the cell was not "
                           "sent", address=self.address)
-
-    def call(self, op: str, **fields: Any) -> Reply:
-        return self.client.call(op, session=self.session, **fields)
 
     def checked_out(self) -> str | None:
         """After a checkout: the widgets the frontend shows belong to a worker no longer the
@@ -329,7 +318,9 @@ class Attachment:
     def publish_event(self, event: Output | Comm) -> None:
         """An output or a comm message of the session's worker, as the kernel's own."""
         if isinstance(event, Comm):
-            self.answers.comm_seen(event.msg_type, event.content)
+            running = self.frontend.running  # None: a callback's, between cells
+            self.answers.comm_seen(event.msg_type, event.content,
+                                   None if running is None else running.execution_count)
             self.publish(event.msg_type, event.content, event.metadata, event.buffers)
         else:
             self.publish(event.output["output_type"],

@@ -7,20 +7,18 @@ A kernel that dies or is killed asks nothing: its replacement continues where th
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..client import Client
 from ..errors import FabricError
-
-if TYPE_CHECKING:
-    from .relay import Attachment
+from .attached import Attached
 
 log = logging.getLogger(__name__)
 
 TIMEOUT = 3.0  # a restart waits no longer than this for the server
 
 
-def install(attachment: Attachment) -> None:
+def install(attachment: Attached) -> None:
     kernel = attachment.kernel
     shut_down = type(kernel).do_shutdown.__get__(kernel)
 
@@ -32,11 +30,11 @@ def install(attachment: Attachment) -> None:
     kernel.do_shutdown = do_shutdown
 
 
-def uninstall(attachment: Attachment) -> None:
+def uninstall(attachment: Attached) -> None:
     attachment.kernel.__dict__.pop("do_shutdown", None)
 
 
-def empty(attachment: Attachment) -> None:
+def empty(attachment: Attached) -> None:
     """Make the session's next version the empty state (version 0's). On the control thread:
     a client of its own, as the kernel's may be in use by a cell."""
     if not attachment.opened:

@@ -146,9 +146,9 @@ def _memory_of(obj: Any) -> list[str] | None:
     if torch is not None and isinstance(obj, torch.Tensor):
         flat = obj.detach().cpu().contiguous().reshape(-1)
         data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        grad = obj.grad if obj.is_leaf and obj.requires_grad else None
+        grad = _memory_of(obj.grad) if obj.is_leaf and obj.requires_grad else None
         return [str(obj.dtype), str(tuple(obj.shape)), str(obj.requires_grad),
-                xxhash.xxh3_64_hexdigest(data), "" if grad is None else _memory_of(grad)[2]]
+                xxhash.xxh3_64_hexdigest(data), "" if grad is None else grad[2]]
     return None
 
 

@@ -155,7 +155,9 @@ class Auditor:
                 self.namespace.active = False
 
         self.shell.run_code = recording_run_code
-        find_handler = self.shell.prefilter_manager.find_handler
+        prefilter = self.shell.prefilter_manager
+        assert prefilter is not None, "an InteractiveShell makes its prefilter manager"
+        find_handler = prefilter.find_handler
 
         def quiet_find_handler(line_info: Any) -> Any:
             # IPython probing a line's first word is not the cell's lookup, nor when a magic
@@ -166,7 +168,7 @@ class Auditor:
             finally:
                 self.namespace.active = active
 
-        self.shell.prefilter_manager.find_handler = quiet_find_handler
+        prefilter.find_handler = quiet_find_handler
         _single_threaded_torch()
 
     def _collect(self, kind: str, **fields: Any) -> None:
@@ -289,6 +291,7 @@ class Auditor:
                  before: dict[str, int]) -> None:
         pid, workdir, result = child
         _, status = os.waitpid(pid, 0)
+        report: dict[str, Any]
         try:
             report = json.loads(result.read_text())
         except (OSError, ValueError):

@@ -5,10 +5,10 @@ graph): no processes, and nothing from the store, whose manifests satisfy `State
 A cell's source is analysed once into its `plan`, which every other part asks.
 """
 
-from .closure import Cell, Closure, State, StoredGroup, closure
+from .closure import AnalysedCell, Closure, State, StoredGroup, closure
 from .groups import Grouping, group_variables
 from .plan import CellPlan, plan
 from .static import CellAnalysis, analyze
 
-__all__ = ["Cell", "CellAnalysis", "CellPlan", "Closure", "Grouping", "State", "StoredGroup",
-           "analyze", "closure", "group_variables", "plan"]
+__all__ = ["AnalysedCell", "CellAnalysis", "CellPlan", "Closure", "Grouping", "State",
+           "StoredGroup", "analyze", "closure", "group_variables", "plan"]

@@ -46,7 +46,7 @@ class State(Protocol[G]):
     def variables(self) -> Mapping[str, G]: ...  # variable -> its group
 
 
-class Cell(Protocol):
+class AnalysedCell(Protocol):
     """A cell as closures read it: its analysis, and the imports that count (`packaged`)."""
 
     @property
@@ -71,7 +71,7 @@ class Closure(Generic[G]):
     lazy: tuple[tuple[G, frozenset[str]], ...] = ()
 
 
-def closure(cell: Cell, state: State[G]) -> Closure[G]:
+def closure(cell: AnalysedCell, state: State[G]) -> Closure[G]:
     analysis = cell.analysis
     variables = state.variables()
     session = set(variables) | set(state.imports)

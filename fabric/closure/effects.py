@@ -51,8 +51,8 @@ def unsafe(source: str, imports: Mapping[str, str] | None = None) -> str:
 
 
 def _check(tree: ast.AST, aliases: dict[str, str]) -> str:
-    magics = {id(n.func.value.func) for n in ast.walk(tree)  # get_ipython in get_ipython().x()
-              if isinstance(n, ast.Call) and _is_ipython(n.func)}
+    magics = {id(name) for n in ast.walk(tree)  # get_ipython in get_ipython().x()
+              if isinstance(n, ast.Call) and (name := _ipython_name(n.func))}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
@@ -74,7 +74,7 @@ def _call(node: ast.Call, aliases: dict[str, str]) -> str:
     func = node.func
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(
         func, ast.Attribute) else ""
-    if _is_ipython(func):
+    if _ipython_name(func) is not None:
         return _ipython_call(name, node, aliases)
     if name in WRITES:
         return f"calls {name}"
@@ -85,9 +85,12 @@ def _call(node: ast.Call, aliases: dict[str, str]) -> str:
     return ""
 
 
-def _is_ipython(func: ast.expr) -> bool:
-    return (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call)
-            and isinstance(func.value.func, ast.Name) and func.value.func.id == "get_ipython")
+def _ipython_name(func: ast.expr) -> ast.Name | None:
+    """The `get_ipython` of a call `get_ipython().x(...)`; None for any other call."""
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) \
+            and isinstance(func.value.func, ast.Name) and func.value.func.id == "get_ipython":
+        return func.value.func
+    return None
 
 
 def _ipython_call(name: str, node: ast.Call, aliases: dict[str, str]) -> str:

@@ -27,12 +27,12 @@ import gc
 import inspect
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress, repeat
 from operator import not_
-from typing import Any
+from typing import Any, cast
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
           types.BuiltinFunctionType, types.CodeType, range, type(Ellipsis))
@@ -83,7 +83,7 @@ def package_of(module: object) -> str | None:
 def packaged(modules: Iterable[object]) -> frozenset[str]:
     """The modules that count toward an import closure: those of a package, not the standard
     library's, which any worker imports in milliseconds."""
-    return frozenset(m for m in modules if package_of(m) is not None)
+    return frozenset(m for m in modules if isinstance(m, str) and package_of(m) is not None)
 
 
 def _nbytes(obj: Any, key: object) -> int:
@@ -249,7 +249,8 @@ class _Walker:
         if self.budget < 0:
             return False
         for kind in kinds:  # builtin containers: their own __sizeof__, as `_nbytes` takes it
-            self.size += sum(map(kind.__sizeof__, objects if len(kinds) == 1
+            sizeof = cast(Callable[[object], int], kind.__sizeof__)  # unbound: takes the object
+            self.size += sum(map(sizeof, objects if len(kinds) == 1
                                  else [o for o in objects if type(o) is kind]))
         _route(gc.get_referents(*objects), stack, batches)
         return True

@@ -463,8 +463,8 @@ class _Visitor(ast.NodeVisitor):
                 self.visit(arg)
             return
         code = _literal_code(node)
-        if code is not None and self.scope is self.module:
-            self._load(node.func.id)  # code in a literal string, run in the session
+        if code is not None and isinstance(func, ast.Name) and self.scope is self.module:
+            self._load(func.id)  # code in a literal string, run in the session
             self._inline(code)
             return
         if isinstance(func, ast.Attribute) and func.attr in _MAGIC_CALLS:

@@ -14,7 +14,6 @@ else the server's own default (one per core).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -27,14 +26,14 @@ from pathlib import Path
 from ..auth import Keys
 from ..client import listening
 from ..errors import FabricError
-from ..private import private_dir
+from ..private import log_tail, private_dir
 from ..snapshot.tiers import write_atomic
 from .peers import PEER, write_peers
 
 log = logging.getLogger(__name__)
 
 SLOTS = "llfabric_slots"  # a node's CPU slots, where it has no GPUs
-START_TIMEOUT = 120.0  # seconds a host's server may take to listen (its first zygote imports)
+START_TIMEOUT = 300.0  # seconds a live host's server may take to listen (its first zygote imports)
 
 # A child that dies with the process that started it: set before the server's own code runs.
 _LAUNCH = ("import ctypes, os, signal, sys\n"
@@ -146,7 +145,7 @@ class HostActor:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise FabricError(f"the llfabric server of host {self.name} did not start: "
-                                  f"{_tail(self.root / 'serve.log')}", host=self.name)
+                                  f"{log_tail(self.root / 'serve.log')}", host=self.name)
             time.sleep(0.1)
 
 
@@ -181,10 +180,3 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind((_node_ip(), 0))
         return probe.getsockname()[1]
-
-
-def _tail(path: Path, size: int = 2000) -> str:
-    with contextlib.suppress(OSError), path.open("rb") as file:
-        file.seek(max(0, path.stat().st_size - size))
-        return file.read().decode(errors="replace").strip()
-    return "(no log)"

@@ -18,6 +18,7 @@ from .. import protocol
 from ..auth import ClientKey
 from ..errors import FabricError
 from ..messages import Error, Request
+from ..tasks import Background
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ class Link:
         self.socket.connect(address)
         self.relay = relay
         self.pending: dict[str, tuple[asyncio.Future, Request]] = {}
-        self.reader = asyncio.ensure_future(self._read())
+        self._tasks = Background(f"the link to host {host}")
+        self._tasks.start(self._read(), "reading its frames")
 
     async def call(self, message: dict, request: Request) -> dict:
         """Send a request's frame; its final frame."""
@@ -72,5 +74,5 @@ class Link:
                 future.set_result(Error(error(request).to_wire()).to_wire(msg_id))
 
     def close(self) -> None:
-        self.reader.cancel()
+        self._tasks.cancel()  # the reader: it ends at once, on a socket closed under it
         self.socket.close()

@@ -1,16 +1,13 @@
-"""The peer tier: blobs read from the disks of a cluster's other hosts, before the remote tier.
+"""The peer tier's network: a cluster's hosts serve their stores to one another.
 
 Each host serves its store's blobs to its peers (`PeerServer`, a socket of its own beside the
-clients' one) and reads theirs (`Peers`). Only the cluster's peer key is admitted there: the
-front door makes it and gives it, with the list of peers, to every host (the `peers` file, which the
-host agent rewrites as hosts come and go). A blob comes whole in one frame (an object's chunks
-are blobs of their own, at most the store's chunk size) and is checked against its name by the
-store, like any tier's: a peer that sends the wrong bytes is caught, never trusted.
-
-Without a remote tier, the peers are where commits are kept too: a host that commits asks
-others to keep the version (`keep`: each pulls what it lacks through its own peer tier and
-takes the version as its head of the session), and a host that opens a session takes the newest
-head its peers hold (`heads`; their manifests come checked by the cluster's key, `manifest`).
+clients' one) and reaches theirs (`Peers`, a `PeerLink` to each), for its store's peer tier
+(`fabric.snapshot.peers`), which decides what to read from which host. Only the cluster's
+peer key is admitted there: the front door makes it and gives it, with the list of peers, to
+every host (the `peers` file, which the host agent rewrites as hosts come and go). A blob comes
+whole in one frame (an object's chunks are blobs of their own, at most the store's chunk size)
+and is checked against its name by the store, like any tier's: a peer that sends the wrong
+bytes is caught, never trusted.
 
 Wire (msgpack maps, one request, one reply): ``{"op": "sizes", "ids": [...]}`` answers
 ``{"sizes": [size or None, ...]}``; ``{"op": "read", "id": ID}`` answers ``{"size": n}`` and
@@ -28,8 +25,6 @@ import json
 import logging
 import os
 import threading
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +34,7 @@ import zmq.asyncio
 from .. import auth, protocol
 from ..errors import FabricError, ProtocolError, StoreError
 from ..snapshot.store import Store
-from ..snapshot.tiers import Buffer, valid_id, write_atomic
+from ..snapshot.tiers import valid_id, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -162,121 +157,48 @@ class PeerServer:
 
 
 class Peers:
-    """The other hosts' blobs, as a read-only tier; the list comes from `path` (re-read when
-    it changes)."""
-
-    durable = False  # a peer may go at any time: a commit never counts on one
+    """The other hosts, as the peer tier reaches them (`fabric.snapshot.peers.PeerList`): the
+    list comes from `path` (re-read when it changes)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._seen: float | None = None
-        self._peers: list[Peer] = []
+        self._links: list[PeerLink] = []
         self._key: auth.ClientKey | None = None
         self._local = threading.local()  # a socket per thread and peer: zmq's are not shared
-        self._where: dict[str, tuple[Peer, int]] = {}  # blob -> where `locate` found it, size
+
+    def __call__(self) -> list[PeerLink]:
+        self._load()
+        return self._links
 
     def _load(self) -> None:
         try:
             mtime = self.path.stat().st_mtime
         except FileNotFoundError:
-            self._peers, self._key = [], None
+            self._links, self._key = [], None
             return
         if mtime == self._seen:
             return
         data = json.loads(self.path.read_text())
         key = data["key"]
         self._key = auth.ClientKey(PEER, key["public"], key["secret"], "")
-        self._peers = [Peer(p["name"], p["address"], p["server_key"]) for p in data["peers"]]
+        self._links = [PeerLink(self, Peer(p["name"], p["address"], p["server_key"]))
+                       for p in data["peers"]]
         self._seen = mtime
         self._local = threading.local()
 
-    def locate(self, idents: list[str]) -> dict[str, int]:
-        """Which of `idents` some peer holds (their sizes); the peer is remembered for `read`."""
-        self._load()
-        found: dict[str, int] = {}
-        for peer in self._peers:
-            wanted = [i for i in idents if i not in found]
-            if not wanted:
-                break
-            try:
-                reply, _ = self._ask(peer, {"op": "sizes", "ids": wanted}, ASK_TIMEOUT)
-            except StoreError as exc:
-                log.info("peer %s cannot say what it holds: %s", peer.name, exc.message)
-                continue
-            for ident, size in zip(wanted, reply.get("sizes", []), strict=False):
-                if isinstance(size, int):
-                    found[ident], self._where[ident] = size, (peer, size)
-        return found
-
-    # the Tier protocol, for the blobs `locate` found
-    def has(self, ident: str) -> bool:
-        return ident in self._where
-
-    def size(self, ident: str) -> int | None:
-        known = self._where.get(ident)
-        return known[1] if known is not None else self.locate([ident]).get(ident)
-
-    def read_into(self, ident: str, out: memoryview) -> int | None:
-        if ident not in self._where:
-            return None
-        peer, _ = self._where[ident]
-        reply, data = self._ask(peer, {"op": "read", "id": ident}, READ_TIMEOUT)
-        if data is None or reply.get("size") != len(data):
-            return None
-        out[:min(len(data), out.nbytes)] = data[:out.nbytes]
-        return len(data)
-
-    def write(self, ident: str, data: Buffer) -> None:
-        raise StoreError("the peer tier is read-only")
-
-    # manifests and heads (`fabric.snapshot.tiers.Located`)
-    def manifest(self, ident: str) -> bytes | None:
-        self._load()
-        for _, reply, data in self._answers(self._peers, {"op": "manifest", "id": ident},
-                                            ASK_TIMEOUT, f"give manifest {ident}"):
-            if data is not None and reply.get("size") == len(data):
-                return data
-        return None
-
-    def heads(self, session: str) -> list[str]:
-        self._load()
-        return [reply["head"] for _, reply, _ in self._answers(
-            self._peers, {"op": "head", "session": session}, ASK_TIMEOUT,
-            f"say its head of {session}") if isinstance(reply.get("head"), str)]
-
-    def keep(self, session: str, head: str, copies: int) -> list[str]:
-        """Peers are asked in an order of the session's own (each session's copies spread over
-        the hosts, and go to the same ones while they last)."""
-        self._load()
-        order = sorted(self._peers, key=lambda p: zlib.crc32(f"{session}/{p.name}".encode()))
-        kept: list[str] = []
-        for peer, _, _ in self._answers(order, {"op": "keep", "session": session, "head": head},
-                                        KEEP_TIMEOUT, f"keep session {session}'s version"):
-            kept.append(peer.name)
-            if len(kept) == copies:
-                break
-        return kept
-
-    def _answers(self, peers: list[Peer], request: dict, timeout: float,
-                 what: str) -> Iterator[tuple[Peer, dict, bytes | None]]:
-        """`request` asked of each of `peers` in turn: the answers of those that give one (one
-        that cannot, `what` it was asked, is logged and passed over)."""
-        for peer in peers:
-            try:
-                reply, data = self._ask(peer, request, timeout)
-            except StoreError as exc:
-                log.warning("peer %s cannot %s: %s", peer.name, what, exc.message)
-                continue
-            yield peer, reply, data
-
-    def _ask(self, peer: Peer, request: dict, timeout: float) -> tuple[dict, bytes | None]:
+    def ask(self, peer: Peer, request: dict, timeout: float) -> tuple[dict, bytes | None]:
+        """`request` asked of `peer` over this thread's socket to it: its reply and the frame
+        after it, if any; StoreError if it does not answer in `timeout` seconds, or refuses."""
+        key = self._key
+        if key is None:  # the peers file is gone: so are its peers
+            raise StoreError(f"peer {peer.name} is no longer one", peer=peer.name)
         sockets = self._local.__dict__.setdefault("sockets", {})
         socket = sockets.get(peer.address)
         if socket is None:
             socket = sockets[peer.address] = _context().socket(zmq.DEALER)
             socket.linger = 0
-            auth.ClientKey(PEER, self._key.public, self._key.secret,
-                           peer.server_key).apply(socket)
+            auth.ClientKey(PEER, key.public, key.secret, peer.server_key).apply(socket)
             socket.connect(peer.address)
         socket.send(protocol.pack(request))
         if not socket.poll(int(timeout * 1000)):
@@ -289,6 +211,41 @@ class Peers:
         if "error" in reply:
             raise StoreError(f"peer {peer.name} refused: {reply['error']}", peer=peer.name)
         return reply, frames[1] if len(frames) > 1 else None
+
+
+class PeerLink:
+    """One other host's store over its peer socket (`fabric.snapshot.peers.PeerStore`)."""
+
+    def __init__(self, peers: Peers, peer: Peer) -> None:
+        self.peers, self.peer = peers, peer
+
+    @property
+    def name(self) -> str:
+        return self.peer.name
+
+    def sizes(self, idents: list[str]) -> list[int | None]:
+        reply, _ = self.peers.ask(self.peer, {"op": "sizes", "ids": idents}, ASK_TIMEOUT)
+        sizes = reply.get("sizes", [])
+        return [size if isinstance(size, int) else None for size in sizes][:len(idents)]
+
+    def read(self, ident: str) -> bytes | None:
+        return self._blob({"op": "read", "id": ident}, READ_TIMEOUT)
+
+    def manifest(self, ident: str) -> bytes | None:
+        return self._blob({"op": "manifest", "id": ident}, ASK_TIMEOUT)
+
+    def head(self, session: str) -> str | None:
+        reply, _ = self.peers.ask(self.peer, {"op": "head", "session": session}, ASK_TIMEOUT)
+        return reply["head"] if isinstance(reply.get("head"), str) else None
+
+    def keep(self, session: str, head: str) -> None:
+        self.peers.ask(self.peer, {"op": "keep", "session": session, "head": head},
+                       KEEP_TIMEOUT)
+
+    def _blob(self, request: dict, timeout: float) -> bytes | None:
+        """A blob or manifest the reply's second frame holds whole; None if the peer lacks it."""
+        reply, data = self.peers.ask(self.peer, request, timeout)
+        return data if data is not None and reply.get("size") == len(data) else None
 
 
 @functools.cache

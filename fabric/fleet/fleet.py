@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class Host:
+class FleetHost:
     index: int
     free: int
     up_at: float  # when it can take leases
@@ -24,7 +24,7 @@ class Host:
 
 
 @dataclass
-class Request:
+class GangRequest:
     """A gang of `gpus` GPUs on one host; `prefer` are hosts to try first, in order."""
 
     gpus: int
@@ -41,9 +41,9 @@ class Fleet:
     idle_release_s: float = 600.0
     min_hosts: Callable[[], int] = lambda: 0  # a policy's own floor (NotebookOS: subscriptions)
     max_hosts: int | None = None  # a fixed machine (a live replay's): never more hosts
-    hosts: list[Host] = field(default_factory=list)  # every host ever booted, by index
-    up: list[Host] = field(default_factory=list)  # those not released: what each event scans
-    queue: list[Request] = field(default_factory=list)
+    hosts: list[FleetHost] = field(default_factory=list)  # every host ever booted, by index
+    up: list[FleetHost] = field(default_factory=list)  # those not released: what each event scans
+    queue: list[GangRequest] = field(default_factory=list)
     now: float = 0.0
     provisioned_gpu_s: float = 0.0
     held_gpu_s: float = 0.0
@@ -62,11 +62,11 @@ class Fleet:
     def held_gpus(self) -> int:
         return self._held
 
-    def live(self) -> Iterable[Host]:
+    def live(self) -> Iterable[FleetHost]:
         return iter(self.up)
 
-    def _boot(self) -> Host:
-        host = Host(len(self.hosts), self.gpus_per_host, self.now + self.boot_s, self.now)
+    def _boot(self) -> FleetHost:
+        host = FleetHost(len(self.hosts), self.gpus_per_host, self.now + self.boot_s, self.now)
         self.hosts.append(host)
         self.up.append(host)
         self._live_gpus += self.gpus_per_host
@@ -76,7 +76,7 @@ class Fleet:
         h = self.hosts[host]
         return h.alive and h.up_at <= self.now and h.free >= gpus
 
-    def _choose(self, request: Request) -> Host | None:
+    def _choose(self, request: GangRequest) -> FleetHost | None:
         for index in request.prefer:
             if self.fits(index, request.gpus):
                 return self.hosts[index]
@@ -84,7 +84,7 @@ class Fleet:
         ready = [h for h in self.live() if h.up_at <= self.now and h.free >= request.gpus]
         return min(ready, key=lambda h: (h.free, h.index)) if ready else None
 
-    def ask(self, request: Request) -> None:
+    def ask(self, request: GangRequest) -> None:
         self.queue.append(request)
         self.place_waiting()
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from .costs import Costs
 from .fleet import Fleet
-from .sessions import Cell, Session
+from .sessions import ModelledCell, ModelledSession
 
 
 @dataclass
 class SessionState:
-    session: Session
+    session: ModelledSession
     next_cell: int = 0
     host: int | None = None  # where its previous cell ran (a warm or parked worker)
     holding: int | None = None  # reservation: the host whose GPUs it holds
@@ -43,11 +43,11 @@ class Policy:
         self.fleet = fleet
         self._cpu_costs = costs.with_inputs(cuda_init_s=0.0, cuda_restore_s=0.0, gpu_gb=0.0)
 
-    def costs_for(self, cell: Cell) -> Costs:
+    def costs_for(self, cell: ModelledCell) -> Costs:
         """A cell on no GPU makes no CUDA context and moves no device memory."""
         return self.costs if cell.gpus else self._cpu_costs
 
-    def gang(self, state: SessionState, cell: Cell) -> int:
+    def gang(self, state: SessionState, cell: ModelledCell) -> int:
         return cell.gpus
 
     def prefer(self, state: SessionState) -> tuple[int, ...]:
@@ -59,10 +59,11 @@ class Policy:
     def closed(self, state: SessionState) -> None:
         """The session's notebook closed."""
 
-    def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
+    def start(self, state: SessionState, cell: ModelledCell, host: int, wait_s: float
+              ) -> tuple[float, str]:
         raise NotImplementedError
 
-    def after_s(self, cell: Cell) -> float:
+    def after_s(self, cell: ModelledCell) -> float:
         """Seconds the cell holds its GPUs after its run: its save, and parking its worker."""
         costs = self.costs_for(cell)
         return costs.save_s(cell.training) + costs.park_s
@@ -80,13 +81,14 @@ class Reservation(Policy):
     name = "reservation"
     pinned = True
 
-    def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
+    def start(self, state: SessionState, cell: ModelledCell, host: int, wait_s: float
+              ) -> tuple[float, str]:
         if state.reclaimed:  # a new kernel, then the cells that built the state run again
             state.reclaimed = False
             return wait_s + self.costs_for(cell).restart_s + state.rebuild_s, "reclaimed"
         return wait_s, "pinned"
 
-    def after_s(self, cell: Cell) -> float:
+    def after_s(self, cell: ModelledCell) -> float:
         return 0.0
 
 
@@ -171,7 +173,8 @@ class NotebookOS(Policy):
     def prefer(self, state: SessionState) -> tuple[int, ...]:
         return tuple(h for h in state.replicas if self.fleet.hosts[h].alive)
 
-    def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
+    def start(self, state: SessionState, cell: ModelledCell, host: int, wait_s: float
+              ) -> tuple[float, str]:
         costs = self.costs_for(cell)
         copy_in = costs.gpu_gb / costs.h2d_gbps
         if host in state.replicas:
@@ -187,7 +190,7 @@ class NotebookOS(Policy):
         self._subscribe(state, host, 1)
         return wait_s + costs.cold_kernel_s(self._peer_gbps()) + copy_in, "migrated"
 
-    def after_s(self, cell: Cell) -> float:
+    def after_s(self, cell: ModelledCell) -> float:
         costs = self.costs_for(cell)
         return costs.save_s(cell.training) + costs.gpu_gb / costs.h2d_gbps
 
@@ -198,11 +201,12 @@ class Fresh(Policy):
 
     name = "fresh"
 
-    def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
+    def start(self, state: SessionState, cell: ModelledCell, host: int, wait_s: float
+              ) -> tuple[float, str]:
         costs = self.costs_for(cell)
         return wait_s + costs.fresh_s(self._peer_gbps()) + costs.staged_s, "fresh"
 
-    def after_s(self, cell: Cell) -> float:
+    def after_s(self, cell: ModelledCell) -> float:
         return self.costs.save_s(cell.training)  # the worker exits: nothing to park
 
 
@@ -225,10 +229,12 @@ class LLFabric(Policy):
         self.linger_s = costs.linger_s
 
     def prefer(self, state: SessionState) -> tuple[int, ...]:
-        alive = state.host is not None and self.fleet.hosts[state.host].alive
-        return (state.host,) if alive else ()
+        if state.host is not None and self.fleet.hosts[state.host].alive:
+            return (state.host,)
+        return ()
 
-    def start(self, state: SessionState, cell: Cell, host: int, wait_s: float) -> tuple[float, str]:
+    def start(self, state: SessionState, cell: ModelledCell, host: int, wait_s: float
+              ) -> tuple[float, str]:
         costs = self.costs_for(cell)
         if state.kept is not None:
             state.kept = None
@@ -238,7 +244,8 @@ class LLFabric(Policy):
         local = state.host == host
         prepare = costs.fresh_s(costs.load_gbps if local else self._peer_gbps())
         hidden = cell.think_s + wait_s  # a draft runs on while it waits
-        if not drafted_here:  # drafted again elsewhere once its host's GPUs were given away
+        if previous is not None and not drafted_here:
+            # drafted again elsewhere once its host's GPUs were given away
             hidden = min(hidden, self.fleet.now - previous.taken_at)
         fresh = max(0.0, prepare - hidden) + costs.staged_s
         warm = local and cell.think_s <= self.keep_warm_s
@@ -248,7 +255,7 @@ class LLFabric(Policy):
             return wait_s + fresh, "draft" if drafted_here else "redrafted"
         return wait_s + fresh, "late draft" if drafted_here else "moved"
 
-    def after_s(self, cell: Cell) -> float:
+    def after_s(self, cell: ModelledCell) -> float:
         if self.linger_s > 0:  # parked after it lingers (`simulate`)
             return self.costs.save_s(cell.training)
         return super().after_s(cell)

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import nbformat
 
@@ -34,8 +35,8 @@ from fabric.messages import Executed
 
 from .costs import Costs
 from .fleet import Fleet
-from .results import figures
-from .sessions import Cell, Session
+from .results import Json, figures
+from .sessions import ModelledCell, ModelledSession
 from .simulate import simulate
 
 BURST = ("import time as _t\n_end = _t.perf_counter() + {s:.2f}\n"
@@ -69,7 +70,7 @@ class Plan:
     cells: tuple[tuple[float, str, str], ...]  # (think_s, kind, source)
 
 
-def plan(notebooks: list[Path], count: int, trace_sessions: list[Session], compress: float,
+def plan(notebooks: list[Path], count: int, trace_sessions: list[ModelledSession], compress: float,
          max_think: float, max_burst: float, burst_every: int, seed: int = 0) -> list[Plan]:
     """`count` sessions over `notebooks` in turn, think times and bursts drawn from the trace."""
     rng = random.Random(seed)
@@ -125,6 +126,7 @@ def _session(address: str, index: int, planned: Plan, workdir: Path,
                                         0, 0, 0))
                     continue
                 ended = time.monotonic()
+                assert reply is not None, "an execute ends with its reply or raises"
                 t = reply.timings
                 out.append(LiveCell(index, kind, think, reply.status, reply.path,
                                     t["visible_delay"] + waited, t["queue"] + waited,
@@ -162,7 +164,20 @@ def run_live(plans: list[Plan], slots: int,
         return cells, spans, leased, time.monotonic() - started
 
 
-def summary(cells: list[LiveCell], spans: dict, leased: dict, pinned: bool) -> dict:
+class LiveFigures(TypedDict):
+    """A live run's figures, in the simulator's terms."""
+
+    cells: int
+    ok: int
+    slot_seconds_held: float
+    slot_seconds_busy: float
+    share_under_100ms: float
+    delay_p50_s: float
+    delay_max_s: float
+    paths: dict[str, int]  # how many cells started each way
+
+
+def summary(cells: list[LiveCell], spans: dict, leased: dict, pinned: bool) -> LiveFigures:
     """The live run's figures, in the simulator's terms."""
     delays = sorted(c.visible_delay for c in cells)
     ok = [c for c in cells if c.status == "ok"]
@@ -183,8 +198,8 @@ def simulated(cells: list[LiveCell], plans: list[Plan], slots: int) -> dict[str,
     sessions = []
     for index in range(len(plans)):
         mine = [c for c in cells if c.session == index]
-        sessions.append(Session(index, 0.0, tuple(Cell(c.think_s, c.run, 1, c.kind == "burst")
-                                                  for c in mine)))
+        sessions.append(ModelledSession(index, 0.0, tuple(
+            ModelledCell(c.think_s, c.run, 1, c.kind == "burst") for c in mine)))
     sessions = [s for s in sessions if s.cells]
     costs = Costs.default().with_inputs(**LOCAL)
     out = {}
@@ -197,9 +212,9 @@ def simulated(cells: list[LiveCell], plans: list[Plan], slots: int) -> dict[str,
     return out
 
 
-def replay(plans: list[Plan], slots: int) -> dict:
+def replay(plans: list[Plan], slots: int) -> Json:
     """Live under llfabric, live pinned, and simulated: every figure, and every live cell."""
-    result: dict = {"slots": slots, "sessions": len(plans),
+    result: Json = {"slots": slots, "sessions": len(plans),
                     "notebooks": sorted({str(p.notebook) for p in plans})}
     live_cells = {}
     for mode, pinned in (("llfabric", False), ("pinned", True)):

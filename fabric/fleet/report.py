@@ -16,7 +16,7 @@ from fabric.errors import TraceError
 
 from . import sessions
 from .policies import NAMES, describe
-from .results import compare
+from .results import Json, compare
 from .run import SWEEP, read_json
 
 COLUMNS = (("gpu_hours_provisioned", "GPU-h provisioned", "{:,.0f}"),
@@ -37,7 +37,7 @@ COLUMNS = (("gpu_hours_provisioned", "GPU-h provisioned", "{:,.0f}"),
            ("mean_hosts", "mean hosts", "{:.1f}"))
 
 
-def load_figures(run_dir: Path) -> dict:
+def load_figures(run_dir: Path) -> Json:
     """The run's description, every finished policy's figures with its savings, and the sweep:
     what the page shows, checked to be there."""
     run_dir = Path(run_dir)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .simulate import Outcome
+
+# A JSON object of a run's files (its description, a policy's figures, the sweep, a replay):
+# written by this package and read back, checked, by the report.
+Json = dict[str, Any]
 
 INTERACTIVE_S = 0.1  # a delay a user does not see
 CDF_POINTS = 400
@@ -23,7 +29,7 @@ def _thin(points: list, count: int) -> list:
     return points[::step]
 
 
-def figures(outcome: Outcome) -> dict:
+def figures(outcome: Outcome) -> Json:
     """Every figure of `outcome`, JSON-ready; the delay CDF as (delay, share) points."""
     delays, waits = sorted(outcome.delays), sorted(outcome.waits)
     cells = len(delays)

@@ -14,13 +14,14 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TypedDict
 
 from fabric.errors import TraceError
 
 from .costs import INPUTS, Costs
 from .policies import NAMES
-from .results import compare, figures
-from .sessions import Session, SessionModel, build_sessions, workload_sessions
+from .results import Json, compare, figures
+from .sessions import ModelledSession, SessionModel, build_sessions, workload_sessions
 from .simulate import simulate
 from .trace import Training, read_trace
 from .workload import read_workload
@@ -56,7 +57,7 @@ def _write(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> Json:
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -68,19 +69,29 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def _traced(sessions: list[Session]) -> frozenset[int]:
+def _traced(sessions: list[ModelledSession]) -> frozenset[int]:
     """A few sessions with many cells, for the lease timelines."""
     busiest = sorted(sessions, key=lambda s: -len(s.cells))[:TRACED_SESSIONS]
     return frozenset(s.index for s in busiest)
 
 
-def _run_policies(sessions: list[Session], costs: Costs, names: Iterable[str], label: str,
+def _run_policies(sessions: list[ModelledSession], costs: Costs, names: Iterable[str], label: str,
                   progress: Progress | None, traced: frozenset[int] = frozenset()
                   ) -> Iterable[tuple[str, dict]]:
     horizon = max(s.start_s for s in sessions)
     for name in names:
         tell = (lambda t, n=name: progress(f"{label}{n}", t, horizon)) if progress else None
         yield name, figures(simulate(sessions, name, costs, traced=traced, progress=tell))
+
+
+class TraceInfo(TypedDict):
+    """The file a run's sessions are made from, as its run.json describes it."""
+
+    path: str
+    kind: str  # workload or trace
+    sha256: str
+    trainings: int
+    hours: float
 
 
 class Source:
@@ -95,7 +106,7 @@ class Source:
         else:
             self.trainings = read_trace(self.path)
 
-    def build(self, model: SessionModel) -> list[Session]:
+    def build(self, model: SessionModel) -> list[ModelledSession]:
         if self.workload:
             return workload_sessions(self.sessions, model)
         return build_sessions(self.trainings, model)
@@ -106,7 +117,7 @@ class Source:
         start = min(t.submit_min for t in self.trainings)
         return (max(t.submit_min + t.duration_min for t in self.trainings) - start) / 60
 
-    def describe(self) -> dict:
+    def describe(self) -> TraceInfo:
         return {"path": str(self.path), "kind": "workload" if self.workload else "trace",
                 "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest(),
                 "trainings": len(self.trainings), "hours": self.hours}

@@ -49,7 +49,7 @@ class SessionModel:
 
 
 @dataclass(frozen=True)
-class Cell:
+class ModelledCell:
     """One cell: the user thinks `think_s` after the previous cell ended, then runs it."""
 
     think_s: float
@@ -59,10 +59,10 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Session:
+class ModelledSession:
     index: int
     start_s: float  # when the first cell is executed
-    cells: tuple[Cell, ...]
+    cells: tuple[ModelledCell, ...]
     before_s: float = 0.0  # open this long before the first cell is executed
     after_s: float = 0.0  # and closed this long after the last cell ends
 
@@ -89,15 +89,16 @@ def runs(trainings: list[Training], split_gap_min: float | None) -> list[list[Tr
     return groups
 
 
-def _gap_cells(gap_s: float, gpus: int, model: SessionModel, rng: random.Random) -> list[Cell]:
+def _gap_cells(gap_s: float, gpus: int, model: SessionModel, rng: random.Random
+               ) -> list[ModelledCell]:
     """The small cells in a gap of `gap_s` before a training, and that training's think time
     as a last cell with no run (the caller fills it in)."""
     count = min(model.cells_per_gap, int(gap_s // (model.small_cell_s + MIN_THINK_S)))
     think_total = gap_s - count * model.small_cell_s
     weights = [rng.random() + 1e-9 for _ in range(count + 1)]
     thinks = [think_total * w / sum(weights) for w in weights]
-    return [Cell(t, model.small_cell_s, gpus, False) for t in thinks[:-1]] + \
-           [Cell(thinks[-1], 0.0, gpus, True)]
+    return [ModelledCell(t, model.small_cell_s, gpus, False) for t in thinks[:-1]] + \
+           [ModelledCell(thinks[-1], 0.0, gpus, True)]
 
 
 def without_gpus(trainings: list[Training], share: float, seed: int) -> list[Training]:
@@ -110,44 +111,44 @@ def without_gpus(trainings: list[Training], share: float, seed: int) -> list[Tra
 
 
 def _cells(group: list[Training], model: SessionModel, rng: random.Random
-           ) -> tuple[float, tuple[Cell, ...]]:
+           ) -> tuple[float, tuple[ModelledCell, ...]]:
     """A session's first execute time and its cells, from its trainings in order."""
-    cells: list[Cell] = []
+    cells: list[ModelledCell] = []
     start = end = 0.0
     for k, training in enumerate(group):
         begin = training.submit_min * 60 + rng.uniform(0, 60)
         length = training.duration_min * 60 + rng.uniform(0, 60)
         if k == 0:
             start = begin
-            cells.append(Cell(model.first_think_s, length, training.gpus, True))
+            cells.append(ModelledCell(model.first_think_s, length, training.gpus, True))
         else:
             gap = _gap_cells(max(0.0, begin - end), cells[-1].gpus, model, rng)
             last = gap.pop()
             cells += gap
-            cells.append(Cell(last.think_s, length, training.gpus, True))
+            cells.append(ModelledCell(last.think_s, length, training.gpus, True))
         end = max(end, begin + length)
     return start, tuple(cells)
 
 
-def _ordered(sessions: list[Session]) -> list[Session]:
+def _ordered(sessions: list[ModelledSession]) -> list[ModelledSession]:
     sessions.sort(key=lambda s: s.start_s)
     return [_replace(s, index=i) for i, s in enumerate(sessions)]
 
 
-def build_sessions(trainings: list[Training], model: SessionModel) -> list[Session]:
+def build_sessions(trainings: list[Training], model: SessionModel) -> list[ModelledSession]:
     """The sessions of the trace under `model`, ordered by when they start."""
     rng = random.Random(model.seed)
     trainings = without_gpus(trainings, model.no_gpu_share, model.seed)
     sessions = []
     for group in runs(trainings, model.split_gap_min):
         start, cells = _cells(group, model, rng)
-        sessions.append(Session(0, start, cells, model.before_first_h * 3600,
-                                model.after_last_h * 3600))
+        sessions.append(ModelledSession(0, start, cells, model.before_first_h * 3600,
+                                        model.after_last_h * 3600))
     return _ordered(sessions)
 
 
 def workload_sessions(workload: list[tuple[float, float, list[Training]]],
-                      model: SessionModel) -> list[Session]:
+                      model: SessionModel) -> list[ModelledSession]:
     """Sessions whose open and close times are given, as (open minute, close minute,
     trainings): a session-level workload (`workload.read_workload`); the model adds only the
     small cells and the seconds."""
@@ -156,6 +157,6 @@ def workload_sessions(workload: list[tuple[float, float, list[Training]]],
     for opened, closed, group in workload:
         start, cells = _cells(group, model, rng)
         last_end = max(t.submit_min + t.duration_min for t in group)
-        sessions.append(Session(0, start, cells, max(0.0, start - opened * 60),
-                                max(0.0, (closed - last_end) * 60)))
+        sessions.append(ModelledSession(0, start, cells, max(0.0, start - opened * 60),
+                                        max(0.0, (closed - last_end) * 60)))
     return _ordered(sessions)

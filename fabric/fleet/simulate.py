@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .costs import Costs
-from .fleet import Fleet, Request
+from .fleet import Fleet, GangRequest
 from .policies import SessionState, make
-from .sessions import Session
+from .sessions import ModelledSession
 
 OPEN, EXECUTE, END, BOOTED, RECLAIM, CLOSE, RELEASE, LINGERED = range(8)
 TICK_S = 300.0  # the autoscaler's scale-in check and the hosts-over-time sample
@@ -42,7 +42,7 @@ class Outcome:
     leases: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # traced sessions
 
 
-def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
+def simulate(sessions: list[ModelledSession], policy_name: str, costs: Costs, *,
              fleet: Fleet | None = None, traced: frozenset[int] = frozenset(),
              progress: Callable[[float], None] | None = None) -> Outcome:
     """Run every session under the policy `policy_name`; `progress` is told the simulated
@@ -82,6 +82,7 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
 
     def let_go(state: SessionState, time: float) -> None:
         """The lingering worker is parked, then its GPUs go back."""
+        assert state.kept is not None, "only a lingering worker is let go"
         host, gpus = state.kept
         state.kept = None
         del lingering[state.session.index]
@@ -103,32 +104,18 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
 
     def ask_gang(state: SessionState, time: float) -> None:
         state.asking = True
-        fleet.ask(Request(state.session.max_gpus, time, (), took(state)))
+        fleet.ask(GangRequest(state.session.max_gpus, time, (), took(state)))
 
     def release_gang(state: SessionState, time: float) -> None:
+        assert state.holding is not None, "only a held gang is released"
         fleet.release(state.holding, state.session.max_gpus)
         if state.session.index in traced:
             out.leases.setdefault(state.session.index, []).append((state.held_since, time))
         state.holding = None
 
-    horizon = max((s.start_s for s in sessions), default=0.0)
-    next_tick = 0.0
-    while events:
-        time, _, kind, subject = heapq.heappop(events)
-        while next_tick <= time:  # ticks are not events, so an idle fleet still ends
-            fleet.advance(next_tick)
-            fleet.scale_in()
-            fleet.sample()
-            if progress:
-                progress(min(next_tick, horizon))
-            next_tick += TICK_S
-        fleet.advance(time)
-        state = states[subject] if kind not in (BOOTED, RELEASE) else None
-        if kind == BOOTED:
-            fleet.booted()
-        elif kind == RELEASE:
-            fleet.release(*parking[subject])
-        elif kind == OPEN:
+    def on_session(state: SessionState, kind: int, subject: int, time: float) -> None:
+        """What an event of a session does to it and to the fleet."""
+        if kind == OPEN:
             policy.opened(state)
             if policy.pinned:
                 ask_gang(state, time)
@@ -140,11 +127,11 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
                 run_cell(state, state.kept[0], time, time)
             elif state.kept is not None:  # a worker parked off other GPUs than it asks for
                 let_go(state, time)
-                fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
-                                  placed(state, time)))
+                fleet.ask(GangRequest(policy.gang(state, cell), time, policy.prefer(state),
+                                      placed(state, time)))
             elif not policy.pinned:
-                fleet.ask(Request(policy.gang(state, cell), time, policy.prefer(state),
-                                  placed(state, time)))
+                fleet.ask(GangRequest(policy.gang(state, cell), time, policy.prefer(state),
+                                      placed(state, time)))
             elif state.holding is not None:
                 run_cell(state, state.holding, time, time)
             else:  # its gang is on the way, or was reclaimed
@@ -156,6 +143,7 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
             state.rebuild_s = cell.run_s + (0.0 if cell.training else state.rebuild_s)
             state.next_cell += 1
             last = state.next_cell == len(state.session.cells)
+            assert state.host is not None, "the cell that ended ran on a host"
             if not policy.pinned and policy.linger_s > 0:
                 state.kept = (state.host, cell.gpus)
                 lingering[subject] = time + policy.linger_s
@@ -186,6 +174,25 @@ def simulate(sessions: list[Session], policy_name: str, costs: Costs, *,
                 state.kept = None
                 del lingering[subject]
             policy.closed(state)
+
+    horizon = max((s.start_s for s in sessions), default=0.0)
+    next_tick = 0.0
+    while events:
+        time, _, kind, subject = heapq.heappop(events)
+        while next_tick <= time:  # ticks are not events, so an idle fleet still ends
+            fleet.advance(next_tick)
+            fleet.scale_in()
+            fleet.sample()
+            if progress:
+                progress(min(next_tick, horizon))
+            next_tick += TICK_S
+        fleet.advance(time)
+        if kind == BOOTED:
+            fleet.booted()
+        elif kind == RELEASE:
+            fleet.release(*parking[subject])
+        else:
+            on_session(states[subject], kind, subject, time)
         if fleet.queue:  # a request waits: no lingering worker keeps it waiting
             for index in sorted(lingering):
                 let_go(states[index], time)

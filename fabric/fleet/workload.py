@@ -34,15 +34,19 @@ def _decoder(text: str) -> json.JSONDecoder:
     to make objects; the C one cannot)."""
     decoder = json.JSONDecoder()
 
+    # The ignores: typeshed leaves out what the pure-Python scanner is made of (JSONObject,
+    # py_make_scanner, a decoder's parse_object and scan_once).
     def parse_object(s_and_end: tuple[str, int], *args: object) -> tuple[_Object, int]:
         s, end = s_and_end
-        pairs, after = json.decoder.JSONObject(s_and_end, *args)
+        pairs, after = json.decoder.JSONObject(  # pyright: ignore[reportAttributeAccessIssue]
+            s_and_end, *args)
         obj = _Object(pairs)
         obj.line = s.count("\n", 0, end) + 1
         return obj, after
 
-    decoder.parse_object = parse_object  # type: ignore[assignment]
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    decoder.parse_object = parse_object  # pyright: ignore[reportAttributeAccessIssue]
+    decoder.scan_once = json.scanner.py_make_scanner(  # pyright: ignore[reportAttributeAccessIssue]
+        decoder)
     return decoder
 
 

@@ -102,7 +102,7 @@ class LocalHost:
         separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
         self.store = Store(private_dir(config.store, shared=separate), remote=config.remote,
-                           peers=peers, copies=config.copies)
+                           peers=peers, copies=config.copies, tiers=config.tiers.split(","))
         self.tenancy = Tenancy(config, self.store, separate)
         self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)

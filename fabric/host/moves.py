@@ -14,6 +14,7 @@ from ..errors import FabricError, SessionBusy
 from ..messages import Held, Immigrated
 from ..pool import Pool, criu, migration
 from ..pool.lifecycle import Life
+from ..protocol import Wire
 from ..session import Session
 from ..snapshot import Store
 from ..snapshot.commit import head_manifest
@@ -32,7 +33,7 @@ def held(store: Store, stored: str, session: Session | None, source: str) -> Hel
                 session.status()["memory"] if session is not None else 0)
 
 
-async def hand_over(session: Session, store: Store, wake_dir: str) -> dict | None:
+async def hand_over(session: Session, store: Store, wake_dir: str) -> Wire | None:
     """Before the session closes here for another host: its pinned worker dumped for that host
     (its server wakes restored workers in `wake_dir`) and put in this host's store; the image,
     as the `emigrate` reply carries it. A worker that cannot be dumped leaves its values to be

@@ -59,7 +59,8 @@ class Tenancy:
             remote = f"{self.config.remote.rstrip('/')}/users/{user}" if self.config.remote \
                 else ""
             self._parts[user] = Store(Path(account.store), key=self.store.key,
-                                      owner=(account.uid, account.gid), remote=remote)
+                                      owner=(account.uid, account.gid), remote=remote,
+                                      tiers=self.config.tiers.split(","))
         return self._parts[user]
 
     def stores(self) -> list[Store]:

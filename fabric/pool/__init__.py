@@ -1,5 +1,5 @@
-"""The server's side of processes: zygotes, workers, their lifecycle and leases, and the host
-agent that runs a session's cells on them. Only this package and the server fork and signal;
+"""The server's side of processes: zygotes, workers, their lifecycle and leases, and each session's
+workers, which run its cells on them (`agent`). Only this package and the server fork and signal;
 what runs inside the processes is `fabric.worker`."""
 
 from . import criu, cuda, gpus, lifecycle, parking

@@ -1,11 +1,11 @@
-"""The host agent: everything one host does for a session's cells.
+"""A session's workers: everything one host does for a session's cells.
 
-A `Session` (ordering, its head) hands the agent plain data: a cell (its source and closure) and
-the head it runs on; the agent readies a worker for it (`draft`), runs it under a lease, lets the
-session commit what it saved, then parks the worker for the next cell or retires it (`run`),
-telling the client what happens as events. A worker kept for the next cell first lingers on its
-lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when the
-time is up, another session's cell waits for slots, or the worker is discarded, it lets go
+A `Session` (ordering, its head) hands its `SessionWorkers` plain data: a cell (its source and
+closure) and the head it runs on; that readies a worker for it (`draft`), runs it under a lease,
+lets the session commit what it saved, then parks the worker for the next cell or retires it
+(`run`), telling the client what happens as events. A worker kept for the next cell first lingers
+on its lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when
+the time is up, another session's cell waits for slots, or the worker is discarded, it lets go
 (parked, then the lease given back; at once if discarded). On one host the session calls it
 directly; in a cluster each host has one, behind the same interface.
 
@@ -20,9 +20,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from ..closure import Closure, closure, plan
 from ..errors import (
@@ -34,23 +33,26 @@ from ..errors import (
     UnknownEnv,
     WorkerDied,
 )
+from ..protocol import Wire
 from ..snapshot import Group, Manifest, Store, history, lineage
+from ..snapshot import commit as durable
+from ..tasks import Background
 from ..worker.account import Account
 from ..worker.messages import (
     Answered,
     Become,
+    CellOutput,
     CommIn,
     CommOut,
-    Complete,
-    Inspect,
+    CompleteCode,
+    InspectName,
     Load,
     Loaded,
-    Notice,
-    Output,
     Rehome,
-    Run,
+    RunCell,
+    WorkerNotice,
 )
-from .cells import Cell, Commit, Events, Head, Ran, how_started
+from .cells import CellJob, Commit, EventSink, Head, Ran, how_started
 from .debugging import Debugger
 from .leases import Lease, Leases
 from .lifecycle import CoolImage, Keeper, Life, Stage
@@ -67,6 +69,18 @@ Lazy = tuple[tuple[Group, frozenset[str]], ...]  # loaded when a branch needs th
 
 ASK_WAIT = 2.0  # seconds a question waits for a worker's answer before the catalog answers it
 ASK_LIMIT = 30.0  # a worker silent this long on a question is out of step: it is retired
+
+
+class WorkerTier(TypedDict):
+    """Where a session's state lives now, and its worker: its part of the session's status."""
+
+    running: bool
+    pinned: bool  # a worker kept alive for values that cannot be saved
+    worker: int | None
+    prepared: bool
+    tier: str  # hot, warm, cool or cold
+    memory: int  # bytes that tier holds
+    lease_seconds: float
 
 
 def _union(closures: list[Closure]) -> Closure:
@@ -98,7 +112,7 @@ def _split(cl: Closure, groups: list[Group], at_once: bool) -> tuple[list[Group]
     return [g for g in groups if g not in later], lazy
 
 
-class HostAgent:
+class SessionWorkers:
     """One session's worker on this host, from its draft to its last cell."""
 
     def __init__(self, name: str, cwd: str, store: Store, pool: Pool, leases: Leases,
@@ -117,10 +131,10 @@ class HostAgent:
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
         self.env: Env | None = None  # the environment its workers import from; None: the server's
         self.debugger = Debugger()  # a frontend's debug session, across the cells' workers
-        self._background: set[asyncio.Task] = set()
+        self._lingering = Background(f"session {name}")  # kept workers' lingers on leases
 
     # readying a worker
-    def draft(self, cl: Closure, head: Head, events: Events) -> None:
+    def draft(self, cl: Closure, head: Head, events: EventSink) -> None:
         """Ready a worker for a cell of closure `cl` on `head`, while the user edits it."""
         self._wake(self.prepared)
         if self._usable(self.prepared, head):
@@ -128,7 +142,7 @@ class HostAgent:
         else:
             self.prepared = self._replace(self.prepared, cl, head, events, running=self.busy)
 
-    def _prepare(self, cl: Closure, head: Head, events: Events,
+    def _prepare(self, cl: Closure, head: Head, events: EventSink,
                  replay: lineage.Replay | None = None, at_once: bool = False) -> Life:
         """A fresh worker for `cl` (`at_once`: for a cell that runs next, see `_split`); with
         `replay`, loaded with the state its chain starts from (the cell's own closure is loaded
@@ -170,7 +184,7 @@ class HostAgent:
         life.holds.update(n for g in groups for n in g.names)
         life.holds.update(imports)
 
-    def _extend(self, life: Life, cl: Closure, events: Events, at_once: bool = False) -> bool:
+    def _extend(self, life: Life, cl: Closure, events: EventSink, at_once: bool = False) -> bool:
         """Chain a load of what `cl` needs beyond what `life` holds (`at_once`: for a cell
         that runs next, see `_split`); False if nothing lacks."""
         lacking = [g for g in cl.groups if not life.holds.issuperset(g.names)]
@@ -187,7 +201,7 @@ class HostAgent:
         return True
 
     async def _load_state(self, life: Life, worker: WorkerHandle, groups: list[Group],
-                          imports: dict[str, str], first: Manifest | None, events: Events,
+                          imports: dict[str, str], first: Manifest | None, events: EventSink,
                           defer: bool = False, starting: bool = False, lazy: Lazy = ()) -> None:
         """Load `groups` and `imports` (`first`: a worker's first load, see `_load`; `lazy`, see
         `_split`) now or, with `defer`, under the cell's lease. On a GPU host the groups holding
@@ -204,7 +218,7 @@ class HostAgent:
             (life.starting if starting else life.deferred).append(
                 _load(later, {}, None, self.cwd))
 
-    async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: Events,
+    async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: EventSink,
                     defer: bool = False) -> None:
         """Load now, or, on a parked worker (its CUDA calls would block until the lease unparks
         it) or with `defer`, under the cell's lease."""
@@ -214,7 +228,7 @@ class HostAgent:
         life.loading += await self._send_load(worker, message, events)
 
     async def _send_load(self, worker: WorkerHandle, message: Load | Become,
-                         events: Events) -> float:
+                         events: EventSink) -> float:
         """Send a load (or become) and wait for it; the seconds the worker spent loading. What
         this host's disk lacks of it comes from the remote tier first (workers never reach it)."""
         if isinstance(message, Load):
@@ -222,7 +236,7 @@ class HostAgent:
                               + [message.ambient or ""])
         await worker.send(message)
         reply = await worker.recv()
-        while isinstance(reply, Notice):  # a long load's progress, before any cell runs
+        while isinstance(reply, WorkerNotice):  # a long load's progress, before any cell runs
             events.notice(reply.topic, reply.text)
             reply = await worker.recv()
         if not isinstance(reply, Loaded):
@@ -235,11 +249,10 @@ class HostAgent:
     async def _fetch(self, blobs: list[str]) -> None:
         """Copy `blobs` from a peer host or the remote tier where this host's disk lacks them
         (off the loop)."""
-        elsewhere = self.store.remote is not None or self.store.peers is not None
-        if elsewhere and (wanted := [b for b in blobs if b]):
+        if self.store.far and (wanted := [b for b in blobs if b]):
             await asyncio.to_thread(self.store.fetch, wanted)
 
-    def _usable(self, life: Life | None, head: Head) -> bool:
+    def _usable(self, life: Life | None, head: Head) -> TypeGuard[Life]:
         if life is None or not life.usable(head.id):
             return False
         worker = life.worker()
@@ -260,21 +273,15 @@ class HostAgent:
         life, self.prepared = self.prepared, None
         self._discard(life)
 
-    def _spawn(self, coro: Coroutine) -> None:
-        """Run clean-up in the background, holding a reference so it is not collected."""
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     def _discard(self, life: Life | None) -> None:
         if life is not None and life.lease is not None:  # the worker ends: nothing to park
             lease, life.lease = life.lease, None
             self.leases.release(lease)
         if life is not None and (closing := life.retire()) is not None:
-            self._spawn(closing)
+            self.keeper.close_later(closing)
         self.keeper.changed()
 
-    def _replace(self, life: Life | None, cl: Closure, head: Head, events: Events,
+    def _replace(self, life: Life | None, cl: Closure, head: Head, events: EventSink,
                  running: bool = False, at_once: bool = False) -> Life:
         """A fresh worker in place of one that is stale or gone: what only a worker held at
         the head (it died, or this server restarted) is recomputed where that is safe, else the
@@ -291,20 +298,20 @@ class HostAgent:
             self.lost_why = exc.message
         return self._prepare(cl, head, events, replay, at_once)
 
-    def _wake(self, life: Life | None) -> bool:
+    def _wake(self, life: Life | None) -> TypeGuard[Life]:
         """Ask for a cool worker back, if `life` is one."""
         return life is not None and life.wake()
 
     # between cells: questions, and a frontend's comm messages
-    async def complete(self, source: str, cursor: int, head: Head) -> dict | None:
+    async def complete(self, source: str, cursor: int, head: Head) -> Wire | None:
         """The live worker's `complete_reply` content (see `_ask`)."""
-        return await self._ask(Complete(source, cursor), head)
+        return await self._ask(CompleteCode(source, cursor), head)
 
-    async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> dict | None:
+    async def inspect(self, source: str, cursor: int, detail: int, head: Head) -> Wire | None:
         """The live worker's `inspect_reply` content (see `_ask`)."""
-        return await self._ask(Inspect(source, cursor, detail), head)
+        return await self._ask(InspectName(source, cursor, detail), head)
 
-    async def _ask(self, question: Complete | Inspect, head: Head) -> dict | None:
+    async def _ask(self, question: CompleteCode | InspectName, head: Head) -> Wire | None:
         """The answer of the session's live worker to a completion or an inspection, without a
         lease; None when no worker can answer now: none is live, it runs a cell, it is being
         readied, woken or asked already, its CUDA state is parked (its CUDA calls would block),
@@ -316,7 +323,7 @@ class HostAgent:
         return await self._put(life, question, ASK_WAIT)
 
     async def comm(self, msg_type: str, content: dict, buffers: list[bytes], head: Head,
-                   events: Events, parent_id: str | None = None) -> bool:
+                   events: EventSink, parent_id: str | None = None) -> bool:
         """Hand a frontend's comm message to the live worker, which holds the comm, after what
         was sent to it before, without a lease; its callbacks' outputs and comm messages go to
         `events`. False when no worker can take it (none is live, or parked, or it runs a
@@ -334,8 +341,8 @@ class HostAgent:
             return None
         return life
 
-    async def _put(self, life: Life, message: Complete | Inspect | CommIn, wait: float,
-                   events: Events | None = None) -> dict | None:
+    async def _put(self, life: Life, message: CompleteCode | InspectName | CommIn, wait: float,
+                   events: EventSink | None = None) -> dict | None:
         """`message` to `life`'s worker once what was sent before is done; its answer's
         content, or None if it has none within `wait` seconds or is parked. What it says
         meanwhile (outputs, comm messages, notices) goes to `events`, if any."""
@@ -347,13 +354,13 @@ class HostAgent:
                 return
             await worker.send(message)
             while not isinstance(reply := await worker.recv(timeout=ASK_LIMIT), Answered):
-                if isinstance(reply, Output):
+                if isinstance(reply, CellOutput):
                     if events is not None:
                         events(reply.output)
                 elif isinstance(reply, CommOut):
                     if events is not None:
                         events(reply.event(), "comm")
-                elif isinstance(reply, Notice):
+                elif isinstance(reply, WorkerNotice):
                     log.info("session %s: %s", self.name, reply.text)
                 else:
                     raise WorkerDied(f"worker {worker.pid} answered {message.op!r} with "
@@ -366,7 +373,7 @@ class HostAgent:
         return answer.result() if answer.done() else None
 
     # running a cell
-    async def run(self, cell: Cell, head: Head, events: Events, commit: Commit) -> Ran:
+    async def run(self, cell: CellJob, head: Head, events: EventSink, commit: Commit) -> Ran:
         """Run `cell` on the readied worker (or a fresh one) under a lease; `commit` folds its
         save into the session's next version, then the worker is kept or retired."""
         self.busy, self.interrupted = True, False
@@ -404,7 +411,7 @@ class HostAgent:
         finally:
             self.busy = False
 
-    def _tell_lost(self, events: Events, head: Head) -> None:
+    def _tell_lost(self, events: EventSink, head: Head) -> None:
         """Tell the user, in the cell, of values only a lost worker held that cannot be
         recomputed."""
         if not self.lost:
@@ -433,7 +440,7 @@ class HostAgent:
         if lease is not None:
             self.leases.release(lease)
 
-    async def _run_on(self, life: Life, path: str, cell: Cell, head: Head, events: Events,
+    async def _run_on(self, life: Life, path: str, cell: CellJob, head: Head, events: EventSink,
                       commit: Commit, lease: Lease | None = None) -> Ran:
         """Run the cell on `life`'s worker, on `lease` if it lingered for it, else on one it
         waits for; retire the worker after it unless it is kept."""
@@ -452,11 +459,11 @@ class HostAgent:
             return ran
         finally:
             if not kept:
-                self._spawn(worker.close())
+                self.keeper.close_later(worker.close())
 
     async def _run(self, worker: WorkerHandle, life: Life, lease: Lease | None,
-                   replay: lineage.Replay | None, path: str, cell: Cell, head: Head,
-                   events: Events, commit: Commit) -> tuple[Ran, bool]:
+                   replay: lineage.Replay | None, path: str, cell: CellJob, head: Head,
+                   events: EventSink, commit: Commit) -> tuple[Ran, bool]:
         """Run the cell under a lease (`lease`, lingering for it, else one it waits for) and
         commit; True with the result if the worker is kept."""
         queued = lease is None and self.leases.would_wait(self.name, cell.slots)
@@ -499,18 +506,17 @@ class HostAgent:
                     worker, replace(life.deferred.pop(0), device=lease.device), events)
             reached = cell.plan.reached
             await self.debugger.join(worker, events)
-            await worker.send(Run(cell.plan.source, cell.execution_count, lease.device,
-                                  lease.threads,
-                                  reached=None if reached is None else sorted(reached),
-                                  save_limit=float(self.pool.save_limit),
-                                  parent_id=cell.parent_id))
+            await worker.send(RunCell(cell.plan.source, cell.execution_count, lease.device,
+                                      lease.threads,
+                                      reached=None if reached is None else sorted(reached),
+                                      save_limit=float(self.pool.save_limit),
+                                      parent_id=cell.parent_id))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)
             replicating = time.monotonic()
-            if done.saved is not None and self.store.remote is not None:  # durable there first
-                await asyncio.to_thread(self.store.replicate, [
-                    *(blob for blob, _, _ in done.saved.groups), done.saved.ambient])
+            if done.saved is not None and self.store.durable:  # durable there first
+                await asyncio.to_thread(durable.replicate, self.store, done.saved)
             committed = time.monotonic()
             self.running = None  # the cell is over: no stop may kill it as it commits and parks
             head = await asyncio.to_thread(commit, done)  # the store's files: off the loop
@@ -533,7 +539,7 @@ class HostAgent:
             self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved,
                        lease if lingers else None)
         spreading = time.monotonic()
-        if saved is not None and self.store.spreads:  # off the lease, before its reply
+        if saved is not None and durable.spreads(self.store):  # off the lease, before its reply
             await self._spread(head, events)
         spread = time.monotonic() - spreading
         unsaved = unsaved if kept else []
@@ -555,16 +561,16 @@ class HostAgent:
             "replicate": committed - replicating + spread,
         }, how_started(path, life.restored), done.payload, done.unneeded), kept
 
-    async def _spread(self, head: Head, events: Events) -> None:
+    async def _spread(self, head: Head, events: EventSink) -> None:
         """Keep the new version on the other hosts a cluster without a remote tier asks for."""
-        short = await asyncio.to_thread(self.store.spread, self.name, head.id)
-        if short:
+        assert head.id is not None, "a commit makes a version"
+        kept = await asyncio.to_thread(durable.spread, self.store, self.name, head.id)
+        if kept.short:
             events.notice("copies", (
-                f"version {head.manifest.version} is on {self.store.copies - short} of the "
-                f"{self.store.copies} hosts asked for (`copies`): too few answered; a lost host "
-                "may take it with it"))
+                f"version {head.manifest.version} is on {kept.held} of the {kept.copies} hosts "
+                "asked for (`copies`): too few answered; a lost host may take it with it"))
 
-    def answer(self, value: str | None, error: str | None) -> dict:
+    def answer(self, value: str | None, error: str | None) -> dict[str, bool]:
         """The client's answer to the running cell's input request."""
         if self.running is None:
             raise NotWaiting(f"no cell of session {self.name} is waiting for input",
@@ -572,7 +578,7 @@ class HostAgent:
         return self.running.answer(value, error)
 
     # after a cell
-    async def _park(self, worker: WorkerHandle, unsaved: list[str], head: Head, events: Events,
+    async def _park(self, worker: WorkerHandle, unsaved: list[str], head: Head, events: EventSink,
                     device: str | None) -> bool:
         """Take the worker off the GPU before its lease ends if it is to be kept: warm for the
         next cell, or pinned because it alone holds `unsaved`. False: it is retired; if parking
@@ -616,17 +622,17 @@ class HostAgent:
             self.keeper.keep(life)
             return
         life.lease = lease
-        self._spawn(self._linger(life, worker, self.leases.start_lingering(lease)))
+        self._lingering.start(self._linger(life, worker, self.leases.start_lingering(lease)),
+                              "letting a kept worker's lease go")
 
     async def _linger(self, life: Life, worker: WorkerHandle, wanted: asyncio.Event) -> None:
         """Let go of `life`'s lease after the linger, as soon as it is `wanted` (a cell waits
         for slots) or its worker dies, unless its next cell took it or it was discarded
         meanwhile."""
-        waiting = asyncio.ensure_future(wanted.wait())
-        try:
+        async with asyncio.TaskGroup() as group:
+            waiting = group.create_task(wanted.wait())
             await asyncio.wait({waiting, worker.died}, timeout=self.leases.linger,
                                return_when=asyncio.FIRST_COMPLETED)
-        finally:
             waiting.cancel()
         self._let_go(life)
 
@@ -707,7 +713,8 @@ class HostAgent:
     async def close(self) -> None:
         self.stop("close")
         life, self.prepared = self.prepared, None
-        self._discard(life)
+        self._discard(life)  # its lease is given back: no linger is left to end
+        await self._lingering.close()
 
     # what it holds
     def _current(self) -> Life | None:
@@ -723,20 +730,20 @@ class HostAgent:
         worker = life.worker() if life is not None else None
         return worker.pid if worker is not None else None
 
-    def status(self, head: Head) -> dict:
+    def status(self, head: Head) -> WorkerTier:
         """hot (running a cell), warm (a live worker kept), cool (on disk) or cold (store only),
         the bytes that tier holds, and the worker."""
         life = self._current()
-        tier: dict = {"tier": "cold", "memory": 0}
+        tier, memory = "cold", 0
         if self.running is not None:
-            tier = {"tier": "hot", "memory": self.pool.memory(self.running.worker)}
+            tier, memory = "hot", self.pool.memory(self.running.worker)
         elif life is not None and life.cooled is not None:
-            tier = {"tier": "cool", "memory": life.cooled.size}
+            tier, memory = "cool", life.cooled.size
         elif life is not None and (worker := life.worker()) is not None:
-            tier = {"tier": "warm", "memory": self.pool.memory(worker)}
+            tier, memory = "warm", self.pool.memory(worker)
         return {"running": self.running is not None,
                 "pinned": bool(life and life.unsaved and self._usable(life, head)),
                 "worker": self.worker_pid(),
                 "prepared": life is not None,
-                **tier,
+                "tier": tier, "memory": memory,
                 "lease_seconds": self.leases.seconds_of(self.name)}

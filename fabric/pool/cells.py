@@ -1,5 +1,6 @@
-"""What a session hands its host agent, and what it gets back, as plain data: the cell and the
-head it runs on, where its events go, how it ran. The seam a cluster cuts at: these cross hosts."""
+"""What a session hands its workers on a host (`agent.SessionWorkers`), and what it gets back, as
+plain data: the cell and the head it runs on, where its events go, how it ran. The seam a cluster
+cuts at: these cross hosts."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ class Head:
 
 
 @dataclass(frozen=True)
-class Cell:
+class CellJob:
+    """A cell for the session's workers to run: its plan and closure, and how to run it."""
+
     plan: CellPlan  # its source, analysed
     closure: Closure
     execution_count: int
@@ -62,7 +65,7 @@ def how_started(path: str, restored: bool) -> str:
     return {"draft": "prepared", "cold": "cold"}.get(path.partition("+")[0], "warm")
 
 
-class Events:
+class EventSink:
     """Where a request's events go: to its client (`emit`; None for a draft) and, for notices,
     to the session's record (`record`)."""
 

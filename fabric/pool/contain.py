@@ -189,7 +189,7 @@ class Containment:
         """Kill every cage's processes and remove this server's cgroups."""
         for tree in self.trees:
             sweep(tree.base)
-        if self._warden is not None:
+        if self._warden is not None and self._warden.stdin is not None:  # its stdin: a pipe
             self._warden.stdin.close()  # it finds nothing left, and exits
             self._warden.wait()
 

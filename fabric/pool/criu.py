@@ -23,6 +23,8 @@ from ..errors import CheckpointError
 # the source checkout this runs from, where `make criu` and `make native` put their builds
 # (installed from a wheel, nothing is there)
 _CHECKOUT = Path(__file__).resolve().parents[2]
+# where a wheel's build step put its llfabric-init (setup.py), beside this module
+_PACKAGED_INIT = Path(__file__).resolve().parent / "llfabric-init"
 CRIU, INIT = "LLFABRIC_CRIU", "LLFABRIC_INIT"  # the settings: paths of the binaries
 GHOST_LIMIT = 1 << 31  # bytes of an unlinked file a dump may keep
 _MAPPED = "mapped"  # the images' links to the files the tree mapped
@@ -31,17 +33,18 @@ _MAPPED = "mapped"  # the images' links to the files the tree mapped
 _CGROUPS_IGNORED = 0
 
 
-def locate(configured: str, name: str, built: Path) -> Path | None:
-    """The binary `configured` names, if set; else the checkout's `built` one (vetted by the
-    Makefile: a distro's criu on PATH may predate the kernel); else `name` on PATH. None when
-    that is not an executable: a setting that is wrong must not quietly fall back to another.
+def locate(configured: str, name: str, *built: Path) -> Path | None:
+    """The binary `configured` names, if set; else the first `built` one (a checkout's build,
+    vetted by the Makefile: a distro's criu on PATH may predate the kernel; then the package's
+    own); else `name` on PATH. None when that is not an executable: a setting that is wrong
+    must not quietly fall back to another.
 
     The settings are environment variables (LLFABRIC_*, as the configuration's), read here:
     the pool sits below the configuration and is not handed one."""
     if configured:
         path = Path(configured).expanduser()
         return path if path.is_file() and os.access(path, os.X_OK) else None
-    for candidate in (built, shutil.which(name)):
+    for candidate in (*built, shutil.which(name)):
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return Path(candidate)
     return None
@@ -53,10 +56,10 @@ def criu_binary() -> Path | None:
 
 
 def init_binary() -> Path | None:
-    """The workers' pid-1 init: LLFABRIC_INIT, else `make native`'s build, else PATH's
-    `llfabric-init`."""
+    """The workers' pid-1 init: LLFABRIC_INIT, else `make native`'s build, else the one a
+    wheel carries, else PATH's `llfabric-init`."""
     return locate(os.environ.get(INIT, ""), "llfabric-init",
-                  _CHECKOUT / "build" / "native" / "llfabric-init")
+                  _CHECKOUT / "build" / "native" / "llfabric-init", _PACKAGED_INIT)
 
 
 def unavailable() -> str | None:
@@ -97,11 +100,13 @@ def _call(verb: str, images: Path, log_name: str, **opts: object):
         if binary is None:
             raise CheckpointError("no criu binary", images=str(images))
         criu.use_binary(str(binary))
-        criu.opts.images_dir_fd = fd
-        criu.opts.log_file = log_name
-        criu.opts.log_level = 4
+        options = criu.opts
+        assert options is not None, "pycriu's constructor makes them"
+        options.images_dir_fd = fd
+        options.log_file = log_name
+        options.log_level = 4
         for key, value in opts.items():
-            setattr(criu.opts, key, value)
+            setattr(options, key, value)
         try:
             return getattr(criu, verb)()
         except pycriu.CRIUException as exc:

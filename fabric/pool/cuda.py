@@ -29,7 +29,7 @@ from ..errors import CudaError
 MIN_DRIVER = 12080  # cuDriverGetVersion of driver 570, the first with cuCheckpointProcess*
 
 
-class State(enum.Enum):
+class ProcessState(enum.Enum):
     RUNNING = 0
     LOCKED = 1
     CHECKPOINTED = 2
@@ -38,7 +38,7 @@ class State(enum.Enum):
 
 class Driver(Protocol):
     def holds(self, pid: int) -> bool: ...
-    def state(self, pid: int) -> State: ...
+    def state(self, pid: int) -> ProcessState: ...
     def lock(self, pid: int, timeout_ms: int) -> None: ...
     def checkpoint(self, pid: int) -> None: ...
     def restore(self, pid: int, moves: Mapping[str, str] | None = None) -> None: ...
@@ -61,7 +61,8 @@ class BindingsDriver:
     holds = staticmethod(has_cuda_state)
 
     def __init__(self) -> None:
-        from cuda.bindings import driver
+        # cuda-python, the gpu extra: installed on GPU hosts only, so not where pyright runs
+        from cuda.bindings import driver  # pyright: ignore[reportMissingImports]
 
         self._d = driver
         self._check("cuInit", driver.cuInit(0))
@@ -77,10 +78,10 @@ class BindingsDriver:
             raise CudaError(f"{call} failed: {err.name}", error=err.name)
         return result[1:]
 
-    def state(self, pid: int) -> State:
+    def state(self, pid: int) -> ProcessState:
         (state,) = self._check("cuCheckpointProcessGetState",
                                self._d.cuCheckpointProcessGetState(pid))
-        return State(int(state))
+        return ProcessState(int(state))
 
     def lock(self, pid: int, timeout_ms: int) -> None:
         args = self._d.CUcheckpointLockArgs()
@@ -143,8 +144,8 @@ class BinaryDriver:
                             error=result.stderr.strip())
         return result.stdout
 
-    def state(self, pid: int) -> State:
-        return State[self._run("--get-state", "--pid", str(pid)).strip().upper()]
+    def state(self, pid: int) -> ProcessState:
+        return ProcessState[self._run("--get-state", "--pid", str(pid)).strip().upper()]
 
     def lock(self, pid: int, timeout_ms: int) -> None:
         self._run("--action", "lock", "--pid", str(pid), "--timeout", str(timeout_ms))

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerDied
+from ..tasks import Background
 from ..worker import cellfiles
 from ..worker.bookkeeping import is_bookkeeping
-from ..worker.messages import Debug, Debugging, Notice
+from ..worker.messages import DebugCells, DebugPort, WorkerNotice
 
 if TYPE_CHECKING:
-    from .cells import Events
+    from .cells import EventSink
     from .pool import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,13 @@ CAPABILITIES = {
 # llfabric's own frames (the worker's runtime) are not the user's code to step through
 ATTACH = {"justMyCode": True, "subProcess": False,
           "rules": [{"path": str(Path(__file__).resolve().parents[1]), "include": False}]}
+DapMessage = dict[str, Any]  # one Debug Adapter Protocol message, as its JSON reads
 HANDSHAKE_EVENTS = frozenset({"initialized", "process", "output", "debugpySockets",
                               "debugpyWaitingForServer"})  # of the connection, not the cell
 
 
-def response(request: dict, body: dict | None = None, error: str | None = None) -> dict:
+def response(request: DapMessage, body: dict | None = None,
+             error: str | None = None) -> DapMessage:
     """The response to `request`: `body`, or its failure (`error`)."""
     reply: dict[str, Any] = {"type": "response", "seq": 0, "request_seq": request.get("seq", 0),
                              "command": request.get("command"), "success": error is None,
@@ -80,10 +83,10 @@ class Debugger:
         self.started = False  # the frontend attached, and has not disconnected since
         self.breakpoints: dict[str, dict] = {}  # source path -> its setBreakpoints arguments
         self.exceptions: dict | None = None  # the setExceptionBreakpoints arguments
-        self.link: Link | None = None  # to the running cell's worker, while it runs
+        self.link: DebugConnection | None = None  # to the running cell's worker, while it runs
         self._turn = asyncio.Lock()  # a request waits while a cell's worker is connected
 
-    async def request(self, message: dict) -> dict:
+    async def request(self, message: DapMessage) -> DapMessage:
         """The response to a frontend's request."""
         command, arguments = message.get("command"), message.get("arguments") or {}
         if not isinstance(command, str) or not isinstance(arguments, dict):
@@ -109,7 +112,7 @@ class Debugger:
         return answer
 
     def _answer(self, command: str, arguments: dict, message: dict,
-                link: Link | None) -> dict | None:
+                link: DebugConnection | None) -> dict | None:
         """What the session answers itself (None: the running cell's debugger answers), and
         what it keeps of the frontend's set-up."""
         match command:
@@ -150,7 +153,7 @@ class Debugger:
                 return self._source(message, arguments)
         return None
 
-    def _info(self, link: Link | None) -> dict:
+    def _info(self, link: DebugConnection | None) -> dict:
         return {"isStarted": self.started, "hashMethod": "Murmur2", "hashSeed": cellfiles.SEED,
                 "tmpFilePrefix": cellfiles.prefix(), "tmpFileSuffix": cellfiles.SUFFIX,
                 "breakpoints": [{"source": path, "breakpoints": arguments["breakpoints"]}
@@ -170,35 +173,35 @@ class Debugger:
         return response(message, error="source unavailable")
 
     # a cell's connection
-    async def join(self, worker: WorkerHandle, events: Events) -> None:
+    async def join(self, worker: WorkerHandle, events: EventSink) -> None:
         """Before a cell runs on `worker` while the frontend debugs: connect to the worker's
         debugger and set it up as the frontend did. A worker that cannot debug runs the cell
         all the same; the frontend is told why it does not stop."""
         if not self.started:
             if worker.debugged:  # debugged before: its cells run untraced from now on
-                await self._ask(worker, Debug(trace=False), events)
+                await self._ask(worker, DebugCells(trace=False), events)
             return
         async with self._turn:
-            reply = await self._ask(worker, Debug(), events)
+            reply = await self._ask(worker, DebugCells(), events)
             try:
                 if reply.error is not None:
                     raise ConnectionError(reply.error)
                 worker.debugged = True
                 self.link = await asyncio.wait_for(
-                    Link.open(reply.port, events, self.breakpoints, self.exceptions),
+                    DebugConnection.open(reply.port, events, self.breakpoints, self.exceptions),
                     START_TIMEOUT)
             except (OSError, TimeoutError) as exc:
                 events.notice("debugger", f"the cell runs without the debugger: its worker's "
                               f"debugger did not start ({exc})")
 
     @staticmethod
-    async def _ask(worker: WorkerHandle, message: Debug, events: Events) -> Debugging:
+    async def _ask(worker: WorkerHandle, message: DebugCells, events: EventSink) -> DebugPort:
         await worker.send(message)
         reply = await worker.recv(timeout=START_TIMEOUT)
-        while isinstance(reply, Notice):
+        while isinstance(reply, WorkerNotice):
             events.notice(reply.topic, reply.text)
             reply = await worker.recv(timeout=START_TIMEOUT)
-        if not isinstance(reply, Debugging):
+        if not isinstance(reply, DebugPort):
             raise WorkerDied(f"worker {worker.pid} answered debug with {reply.op!r}")
         return reply
 
@@ -211,25 +214,26 @@ class Debugger:
             await link.close()
 
 
-class Link:
+class DebugConnection:
     """One connection to a worker's debug adapter, for the length of one cell.
 
     Requests are numbered on this connection (the frontend's numbers are put back in their
     responses); events go to the cell's events, but for the connection's own."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 events: Events) -> None:
+                 events: EventSink) -> None:
         self.reader, self.writer, self.events = reader, writer, events
         self.stopped: set[int] = set()  # the threads stopped now
         self.paths: list[str] = []  # the sources given breakpoints
         self.initialized = asyncio.Event()
         self._seq = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
-        self._reading = asyncio.ensure_future(self._read())
+        self._tasks = Background("a cell's debugger connection")  # ended by `close`
+        self._reading = self._tasks.start(self._read(), "reading its messages")
 
     @classmethod
-    async def open(cls, port: int, events: Events, breakpoints: dict[str, dict],
-                   exceptions: dict | None) -> Link:
+    async def open(cls, port: int, events: EventSink, breakpoints: dict[str, dict],
+                   exceptions: dict | None) -> DebugConnection:
         """Connect and configure: the frontend's breakpoints and exception filters."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=FRAME_LIMIT)
         link = cls(reader, writer, events)
@@ -238,10 +242,11 @@ class Link:
                 "clientID": "llfabric", "adapterID": "python", "pathFormat": "path",
                 "linesStartAt1": True, "columnsStartAt1": True}))
             # the adapter answers attach only once configured, after its `initialized` event
-            attached = asyncio.ensure_future(link.request("attach", ATTACH))
-            initialized = asyncio.ensure_future(link.initialized.wait())
-            await asyncio.wait({attached, initialized}, return_when=asyncio.FIRST_COMPLETED)
-            initialized.cancel()
+            attached = link._tasks.start(link.request("attach", ATTACH))
+            async with asyncio.TaskGroup() as group:
+                initialized = group.create_task(link.initialized.wait())
+                await asyncio.wait({attached, initialized}, return_when=asyncio.FIRST_COMPLETED)
+                initialized.cancel()
             for arguments in breakpoints.values():
                 await link._check(link.request("setBreakpoints", arguments))
                 link.paths.append(arguments["source"]["path"])
@@ -254,18 +259,18 @@ class Link:
             raise
         return link
 
-    async def request(self, command: str, arguments: dict | None = None) -> dict:
+    async def request(self, command: str, arguments: dict | None = None) -> DapMessage:
         return await self.call({"seq": 0, "type": "request", "command": command,
                                 "arguments": arguments or {}})
 
     @staticmethod
-    async def _check(pending: Any) -> dict:
+    async def _check(pending: Any) -> DapMessage:
         answer = await pending
         if not answer.get("success"):
             raise ConnectionError(f"{answer.get('command')}: {answer.get('message')}")
         return answer
 
-    async def call(self, message: dict, timeout: float = CALL_TIMEOUT) -> dict:
+    async def call(self, message: DapMessage, timeout: float = CALL_TIMEOUT) -> DapMessage:
         """The worker debugger's response to `message` (renumbered on this connection)."""
         seq = next(self._seq)
         waiting = self._waiting[seq] = asyncio.get_running_loop().create_future()
@@ -285,7 +290,7 @@ class Link:
             while True:
                 message = await self._frame()
                 if message.get("type") == "response":
-                    waiting = self._waiting.get(message.get("request_seq"))
+                    waiting = self._waiting.get(message.get("request_seq", 0))
                     if waiting is not None and not waiting.done():
                         waiting.set_result(message)
                 elif message.get("type") == "event":
@@ -344,9 +349,7 @@ class Link:
                                  "arguments": {"restart": False, "terminateDebuggee": False}},
                                 timeout=5.0)
         self.writer.close()
-        self._reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OSError):
-            await self._reading
+        await self._tasks.close()  # the reader, and an attach request still waiting
         with contextlib.suppress(OSError):
             await self.writer.wait_closed()
         self._resumed()

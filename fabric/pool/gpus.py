@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TypedDict
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,16 @@ def discover() -> list[Gpu]:
     return gpus
 
 
-def usage(gpu: Gpu) -> dict:
+class GpuUsage(TypedDict, total=False):
+    """One GPU now: its memory and utilization, or why NVML could not read them."""
+
+    memory_used: int
+    memory_total: int
+    utilization: int  # percent
+    error: str
+
+
+def usage(gpu: Gpu) -> GpuUsage:
     """Memory in use and utilization of one GPU now (for status)."""
     import pynvml
 

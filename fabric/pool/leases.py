@@ -23,6 +23,7 @@ import os
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ..errors import SlotsUnavailable
 from ..worker import threads
@@ -147,8 +148,8 @@ class Leases:
         """A lingering lease taken by its session's next cell."""
         _stop_lingering(lease)
 
-    def _admissions(self, now: float, *extra: queueing.Request) -> list[int]:
-        queue = [queueing.Request(w.count, w.since, w.estimate) for w in self._waiters]
+    def _admissions(self, now: float, *extra: queueing.LeaseRequest) -> list[int]:
+        queue = [queueing.LeaseRequest(w.count, w.since, w.estimate) for w in self._waiters]
         held = [queueing.Holding(len(lease.slots), lease.ends) for lease in self.leases()]
         return queueing.admit(len(self._free), [*queue, *extra], held, now, self.patience)
 
@@ -193,18 +194,18 @@ class Leases:
     def would_wait(self, session: str, count: int = 1) -> bool:
         """Whether `count` slots asked for now would wait (the client tells the user why)."""
         now = time.monotonic()
-        asked = queueing.Request(count, now, queueing.estimate(self.recent.get(session, ())))
+        asked = queueing.LeaseRequest(count, now, queueing.estimate(self.recent.get(session, ())))
         return len(self._waiters) not in self._admissions(now, asked)
 
     @property
     def queued(self) -> int:
         return len(self._waiters)
 
-    def status(self) -> dict:
+    def status(self) -> LeasesMap:
         now = time.monotonic()
         slots = []
         for slot in range(self.slots):
-            entry: dict = {"slot": slot}
+            entry: SlotMap = {"slot": slot}
             if self.devices:
                 gpu = self.devices[slot]
                 entry |= {"uuid": gpu.uuid, "name": gpu.name, **gpus.usage(gpu)}
@@ -218,6 +219,36 @@ class Leases:
                 "queued": self.queued, "leases": slots,
                 "queue": [{"session": w.session, "waiting": now - w.since, "slots": w.count}
                           for w in self._waiters]}
+
+
+class SlotMap(gpus.GpuUsage, total=False):
+    """One slot in `Leases.status`: its GPU, if any, and the lease holding it, if any."""
+
+    slot: int
+    uuid: str
+    name: str
+    session: str
+    held: float  # seconds
+    with_slots: list[int]  # every slot of that lease
+    lingering: bool
+
+
+class WaiterMap(TypedDict):
+    session: str
+    waiting: float  # seconds
+    slots: int  # asked for together
+
+
+class LeasesMap(TypedDict):
+    """The slots, their leases and the queue, as `status` reports them."""
+
+    kind: str  # gpu or cpu
+    slots: int
+    threads: int
+    held: int  # slots
+    queued: int
+    leases: list[SlotMap]
+    queue: list[WaiterMap]
 
 
 def _stop_lingering(lease: Lease) -> None:

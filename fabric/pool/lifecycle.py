@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..errors import FabricError, ParkFailed
 from ..snapshot import lineage
+from ..tasks import Background
 from ..worker import wake
 from ..worker.messages import Load, Sleep, Sleeping
 from . import criu
@@ -139,7 +140,7 @@ class Life:
               make: Callable[[Life], Coroutine]) -> Life:
         """A worker being made by `make(life)` (fork, then load)."""
         life = cls(pool, base, asyncio.get_running_loop().create_future())
-        life.task = asyncio.ensure_future(make(life))
+        life.task = pool.tasks.start(make(life))
         return life
 
     @classmethod
@@ -203,7 +204,7 @@ class Life:
                 self.ready_at = time.monotonic()
             return worker
 
-        self.task = asyncio.ensure_future(chained())
+        self.task = self.pool.tasks.start(chained())
 
     def touch(self) -> None:
         self.touched = time.monotonic()
@@ -257,13 +258,13 @@ class Life:
             return worker
 
         self.stage, self.demand = Stage.COOL, demand
-        self.task = asyncio.ensure_future(cooled())
+        self.task = self.pool.tasks.start(cooled())
         self.task.add_done_callback(self._failed)
 
     def _failed(self, task: asyncio.Future) -> None:
         if task.cancelled() or task.exception() is not None:
-            if not task.cancelled():  # its session finds no worker: say why
-                exc = task.exception()
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None:  # its session finds no worker: say why
                 tail = getattr(exc.__cause__, "fields", {}).get("log", "")
                 log.warning("a kept worker is lost: %s%s", exc, f"\n{tail}" if tail else "")
             self.stage = Stage.RETIRED
@@ -289,7 +290,7 @@ class Keeper:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.kept: set[Life] = set()
-        self._closing: set[asyncio.Task] = set()  # retired workers' closes, referenced
+        self._tasks = Background("keeper")  # its watch, and retired workers' closes
         self._changed = asyncio.Event()
         self._watch: asyncio.Task | None = None
 
@@ -299,7 +300,7 @@ class Keeper:
         self.kept.add(life)
         self.changed()
         if self._watch is None or self._watch.done():
-            self._watch = asyncio.ensure_future(self._run())
+            self._watch = self._tasks.start(self._run(), "watching the kept workers")
 
     def changed(self) -> None:
         """A kept worker was touched, claimed or retired: reconsider the deadlines."""
@@ -338,10 +339,11 @@ class Keeper:
         if life.unsaved:
             life.cool()
         elif (closing := life.retire()) is not None:
-            task = asyncio.ensure_future(closing)
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self.close_later(closing)
+
+    def close_later(self, closing: Coroutine) -> None:
+        """Close a retired worker in the background, past the session that let it go."""
+        self._tasks.start(closing, "closing a worker")
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        await self._tasks.close()

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
 from ..errors import ProtocolError
+from ..protocol import Wire
 from ..snapshot.store import Store
 from ..snapshot.tiers import valid_id
 from . import criu
@@ -33,7 +34,7 @@ class Carried:
     holds: list[str]
     unsaved: list[str]
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Wire:
         return {**asdict(self), "files": [[name, blobs] for name, blobs in self.files]}
 
     @classmethod

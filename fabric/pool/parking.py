@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ParkFailed, WorkerDied
 from ..worker.messages import Park, Parked, Unpark
-from .cuda import CudaError, Driver, State
+from .cuda import CudaError, Driver, ProcessState
 
 if TYPE_CHECKING:
     from .pool import WorkerHandle
@@ -62,9 +62,9 @@ def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> bool
     if not driver.holds(pid):
         return False
     state = driver.state(pid)
-    if state is State.CHECKPOINTED:
+    if state is ProcessState.CHECKPOINTED:
         return True
-    if state is not State.RUNNING:
+    if state is not ProcessState.RUNNING:
         raise ParkFailed(f"cannot park worker {pid}: its CUDA state is {state.name}", pid=pid)
     try:
         driver.lock(pid, timeout_ms)  # on a timeout the driver leaves it RUNNING
@@ -75,7 +75,7 @@ def suspend(driver: Driver, pid: int, timeout_ms: int = LOCK_TIMEOUT_MS) -> bool
     except CudaError as exc:
         _unlock_if_locked(driver, pid)
         raise ParkFailed(f"cannot checkpoint worker {pid}: {exc.message}", pid=pid) from exc
-    if (state := driver.state(pid)) is not State.CHECKPOINTED:
+    if (state := driver.state(pid)) is not ProcessState.CHECKPOINTED:
         raise ParkFailed(f"worker {pid} is {state.name} after its checkpoint", pid=pid)
     return True
 
@@ -85,15 +85,15 @@ def resume(driver: Driver, pid: int, moves: dict[str, str] | None = None) -> Non
     from the GPU it was parked from onto another by `moves`, old UUID -> new)."""
     try:
         state = driver.state(pid)
-        if state is State.CHECKPOINTED:
+        if state is ProcessState.CHECKPOINTED:
             driver.restore(pid, moves)
             state = driver.state(pid)
-        if state is State.LOCKED:
+        if state is ProcessState.LOCKED:
             driver.unlock(pid)
             state = driver.state(pid)
     except CudaError as exc:
         raise ParkFailed(f"cannot resume worker {pid}: {exc.message}", pid=pid) from exc
-    if state is not State.RUNNING:
+    if state is not ProcessState.RUNNING:
         raise ParkFailed(f"worker {pid} is {state.name} after its resume", pid=pid)
 
 
@@ -123,12 +123,12 @@ def resume_tree(driver: Driver, pids: list[int], moves: dict[str, str] | None = 
             state = driver.state(pid)
         except CudaError:
             continue
-        if state is not State.RUNNING:
+        if state is not ProcessState.RUNNING:
             resume(driver, pid, moves)
 
 
 def _unlock_if_locked(driver: Driver, pid: int) -> None:
     """Best effort back to RUNNING after a failed checkpoint; the caller reports the failure."""
     with contextlib.suppress(CudaError):
-        if driver.state(pid) is State.LOCKED:
+        if driver.state(pid) is ProcessState.LOCKED:
             driver.unlock(pid)

@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import psutil
 import zmq
@@ -48,11 +48,12 @@ from ..errors import (
     WorkerDied,
     ZygoteProtocolError,
 )
+from ..tasks import Background
 from ..worker import control, wake
-from ..worker.messages import FROM_WORKER, Exit, Hello, Message, Parked, decode
+from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, decode
 from . import criu, cuda, parking, rundir
 from .contain import Containment
-from .templates import Template, Templates, worker_of
+from .templates import Template, TemplateMap, Templates, worker_of
 
 if TYPE_CHECKING:
     from ..envs import Env
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 Key = tuple[str, frozenset[str]]  # (environment's site-packages or "", import family)
 BASE: Key = ("", frozenset())
 
-START_TIMEOUT = 120.0  # a zygote importing torch on a loaded 2-core host takes seconds
+START_TIMEOUT = 300.0  # a zygote importing torch on a loaded 2-core host takes minutes
 HELLO_TIMEOUT = 30.0
 
 
@@ -107,7 +108,9 @@ class ZygoteHandle:
                 self.ready.set_result(message)
         elif isinstance(message, control.Exited):
             self.pool.child_exited(message.pid, message.status)
-        elif (future := self._pending.pop(message.req, None)) is not None and not future.done():
+        elif isinstance(message, control.ANSWERS) and message.req is not None \
+                and (future := self._pending.pop(message.req, None)) is not None \
+                and not future.done():
             future.set_result((message, fds))
         else:  # a request whose waiter gave up, or a refusal of a message without a req
             log.warning("zygote %d: %s answers no waiting request", self.pid, message)
@@ -132,7 +135,7 @@ class ZygoteHandle:
             os.kill(self.pid, signal.SIGKILL)
 
     async def request(self, message: control.ForkWorker | control.ForkZygote,
-                      ) -> tuple[control.Message, list[int]]:
+                      ) -> tuple[control.Forked | control.ZygoteForked, list[int]]:
         """The zygote's answer to `message` and the descriptors it carries; a refusal, or an
         answer of another kind, is a ZygoteProtocolError."""
         if self.ctrl.fileno() < 0:
@@ -143,7 +146,7 @@ class ZygoteHandle:
         control.send(self.ctrl, dataclasses.replace(message, req=req))
         self.last_used = time.monotonic()
         answer, fds = await self._within(future)
-        if isinstance(answer, control.Refused):
+        if isinstance(answer, control.ZygoteRefused):
             raise ZygoteProtocolError(f"zygote {self.pid} refused {message.op}: {answer.error}",
                                       pid=self.pid, op=message.op)
         if not isinstance(answer, message.answer):
@@ -218,12 +221,12 @@ class WorkerHandle:
             children = []
         return [self.process, *(child.pid for child in children)]
 
-    async def send(self, message: Message) -> None:
+    async def send(self, message: WorkerMessage) -> None:
         """Send to the worker; WorkerDied if it exits first (a PAIR socket whose peer is gone
         would hold the message forever)."""
         await self._unless_dead(self.socket.send(protocol.pack(message.to_wire())), None)
 
-    async def recv(self, timeout: float | None = None) -> Message:
+    async def recv(self, timeout: float | None = None) -> WorkerMessage:
         """The worker's next message; WorkerDied if it exits first, or sends one this wire does
         not have (it is killed: a worker out of step with the server cannot be trusted)."""
         frame = await self._unless_dead(self.socket.recv(), timeout)
@@ -234,14 +237,16 @@ class WorkerHandle:
             raise WorkerDied(f"worker {self.pid} sent a malformed message ({exc.message})",
                              pid=self.pid) from exc
 
-    async def _unless_dead(self, operation: Awaitable, timeout: float | None) -> Any:
-        """`operation`'s result, or WorkerDied if the worker exits or `timeout` passes first."""
-        task = asyncio.ensure_future(operation)
-        done, _ = await asyncio.wait({task, self.died}, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
+    async def _unless_dead(self, operation: asyncio.Future, timeout: float | None) -> Any:
+        """`operation`'s result (a socket's send or recv), or WorkerDied if the worker exits or
+        `timeout` passes first; it is cancelled unless it ended."""
+        try:
+            done, _ = await asyncio.wait({operation, self.died}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            operation.cancel()  # no-op once it is done
+        if operation in done:
+            return operation.result()
         if self.died.done():
             raise WorkerDied(self.death_reason(), pid=self.pid)
         raise WorkerDied(f"worker {self.pid} did not answer in {timeout} s", pid=self.pid)
@@ -350,9 +355,11 @@ class Pool:
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
         self._base_proc: subprocess.Popen | None = None
+        # what runs beside its callers: builds, rebuilds, the base zygote's restart, and each
+        # worker's making and loading (`lifecycle.Life`); `stop` ends them
+        self.tasks = Background("pool")
         self._building: dict[Key, asyncio.Task] = {}
         self._reviving: asyncio.Task | None = None  # the restart of a dead base zygote
-        self._background: set[asyncio.Task] = set()  # zygotes rebuilt after a change
 
     async def start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -374,12 +381,13 @@ class Pool:
             await asyncio.sleep(delay)
             try:
                 await self.start()
-                log.info("base zygote restarted as %d", self._base_proc.pid)
+                log.info("base zygote restarted as %d", self.zygotes[BASE].pid)
                 return
             except (FabricError, OSError, TimeoutError) as exc:
                 if (base := self.zygotes.pop(BASE, None)) is not None:
                     base.stop()
-                self._base_proc.kill()
+                if self._base_proc is not None:
+                    self._base_proc.kill()
                 delay = min(max(delay * 2, 1.0), 60.0)
                 log.warning("the base zygote did not start (%s); retrying in %.0f s", exc, delay)
 
@@ -395,7 +403,7 @@ class Pool:
                 return zygote
         key = (site, needs if family is None else family | needs)
         if key not in self._building:
-            self._building[key] = asyncio.ensure_future(self._build(key))
+            self._building[key] = self.tasks.start(self._build(key))
         return await asyncio.shield(self._building[key])
 
     async def _build(self, key: Key) -> ZygoteHandle:
@@ -445,22 +453,10 @@ class Pool:
             self._evict()
             log.info("environment %s changed: its zygotes and templates are rebuilt", env.name)
             for family in families:
-                self._spawn(self.zygote_for(family, None, site))
+                self.tasks.start(self.zygote_for(family, None, site), "a zygote rebuild")
             for family in images:
                 self.templates.build_soon(family, site)
         return generation
-
-    def _spawn(self, build: Awaitable) -> None:
-        """Build in the background; a failure is logged, the next worker builds it again."""
-        task = asyncio.ensure_future(build)
-        self._background.add(task)
-
-        def done(task: asyncio.Task) -> None:
-            self._background.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                log.warning("a zygote rebuild failed: %s", task.exception())
-
-        task.add_done_callback(done)
 
     def _evict(self) -> None:
         """Drop least recently used families while there are more than `max_zygotes` or they
@@ -633,16 +629,14 @@ class Pool:
         for worker in list(self.workers.values()):
             if worker.zygote is zygote and not worker.died.done():
                 worker.died.set_result(None)  # it died with its zygote (PDEATHSIG)
-        if not zygote.modules and zygote.pid == self._base_proc.pid and (
-                self._reviving is None or self._reviving.done()):
+        base = self._base_proc is not None and zygote.pid == self._base_proc.pid
+        if base and not zygote.modules and (self._reviving is None or self._reviving.done()):
             log.warning("the base zygote %d died; restarting it", zygote.pid)
-            self._reviving = asyncio.ensure_future(self._revive_base())
+            self._reviving = self.tasks.start(self._revive_base(),
+                                               "restarting the base zygote")
 
     async def stop(self) -> None:
-        if self._reviving is not None:
-            self._reviving.cancel()
-        for task in self._background:
-            task.cancel()
+        await self.tasks.close()
         for worker in list(self.workers.values()):
             if worker.pid and not worker.died.done():
                 with contextlib.suppress(ProcessLookupError):  # reaped, not yet told
@@ -661,7 +655,7 @@ class Pool:
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         os.close(self._held)
 
-    def status(self) -> dict:
+    def status(self) -> PoolMap:
         return {
             "zygotes": [{"pid": z.pid, "modules": sorted(f), "env": site, "ready": z.ready.done(),
                          "memory": _unique_memory(z.pid)}
@@ -674,6 +668,32 @@ class Pool:
             "worker_source": self.worker_source,
             "templates": self.templates.status(),
         }
+
+
+class ZygoteMap(TypedDict):
+    pid: int
+    modules: list[str]
+    env: str  # the site-packages of the environment it entered; "": the server's
+    ready: bool
+    memory: int  # bytes only it holds
+
+
+class WorkerMap(TypedDict):
+    pid: int
+    source: str
+    zygote: int | None
+    parked: bool  # its CUDA state is off the GPU
+    moved: int  # bytes the worker moved into host memory itself, while parked
+    fallback: str | None  # why it moved none
+
+
+class PoolMap(TypedDict):
+    """The pool's processes, as `status` reports them."""
+
+    zygotes: list[ZygoteMap]
+    workers: list[WorkerMap]
+    worker_source: str
+    templates: list[TemplateMap]
 
 
 def choose_source(configured: str, gpu: bool) -> str:

@@ -21,7 +21,7 @@ PATIENCE = 60.0  # seconds the oldest request waits before backfill past it stop
 
 
 @dataclass(frozen=True)
-class Request:
+class LeaseRequest:
     size: int  # slots asked for
     since: float  # when it asked
     estimate: float | None = None  # expected seconds it will hold them; None: unknown
@@ -38,7 +38,7 @@ def estimate(durations: Iterable[float]) -> float | None:
     return max(durations, default=None)
 
 
-def admit(free: int, queue: Sequence[Request], held: Sequence[Holding], now: float,
+def admit(free: int, queue: Sequence[LeaseRequest], held: Sequence[Holding], now: float,
           patience: float = PATIENCE) -> list[int]:
     """Indices into `queue` (oldest first) of the requests to grant now, in that order."""
     granted: list[int] = []

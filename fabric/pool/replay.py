@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from ..errors import LoadFailed, WorkerDied
 from ..snapshot import lineage
-from ..worker.messages import Done, Input, InputReply, Output, Run, Settle, Settled
+from ..worker.messages import AskInput, CellOutput, Done, InputReply, RunCell, Settle, Settled
 
 if TYPE_CHECKING:
-    from .cells import Events, Head
+    from .cells import EventSink, Head
     from .pool import WorkerHandle
 
 REPLAY_SHOWN = 500  # characters of a replay's outputs its notice repeats
@@ -39,22 +39,22 @@ def _text(output: dict) -> str:
 
 
 async def _rerun(worker: WorkerHandle, replay: lineage.Replay, device: str | None,
-                 threads: int, events: Events, printed: list[str]) -> str:
+                 threads: int, events: EventSink, printed: list[str]) -> str:
     """Run the chain again; why it did not go as the first time, or ''."""
     shown = time.monotonic()
     for cell in replay.cells:
         count = int(cell.get("execution_count") or 0)
         events.notice("progress", f"recomputing {', '.join(replay.names)}: re-running cell "
                       f"{count}")  # the client sees the cell is not stuck
-        await worker.send(Run(str(cell.get("source", "")), count, device, threads, replay=True))
+        await worker.send(RunCell(str(cell.get("source", "")), count, device, threads, replay=True))
         while not isinstance(message := await worker.recv(), Done):
-            if isinstance(message, Output):
+            if isinstance(message, CellOutput):
                 printed.append(_text(message.output))
                 if time.monotonic() - shown > 1:
                     events.notice("progress", f"recomputing {', '.join(replay.names)}: cell "
                                   f"{count} runs again")
                     shown = time.monotonic()
-            elif isinstance(message, Input):
+            elif isinstance(message, AskInput):
                 await worker.send(InputReply(error="a replayed cell asks no one"))
         if message.status != cell.get("status", "ok"):
             return (f"cell {count} ended with {message.ename or 'an error'} this time, not as "
@@ -63,7 +63,7 @@ async def _rerun(worker: WorkerHandle, replay: lineage.Replay, device: str | Non
 
 
 async def recompute(worker: WorkerHandle, replay: lineage.Replay, head: Head, holds: set[str],
-                    device: str | None, threads: int, events: Events) -> Recomputed:
+                    device: str | None, threads: int, events: EventSink) -> Recomputed:
     """Rebuild what `replay` is for on `worker`, then settle it on `head`: every name of
     `holds` is then the head's."""
     began, printed = time.monotonic(), []

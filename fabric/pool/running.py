@@ -15,10 +15,19 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import CellStopped, FabricError, NotWaiting, WorkerDied
-from ..worker.messages import CommOut, Done, Input, InputReply, Notice, Output, Saving, Started
+from ..worker.messages import (
+    AskInput,
+    CellOutput,
+    CommOut,
+    Done,
+    InputReply,
+    Saving,
+    Started,
+    WorkerNotice,
+)
 
 if TYPE_CHECKING:
-    from .cells import Events
+    from .cells import EventSink
     from .pool import WorkerHandle
 
 STOPS = {  # why the server stopped a running cell, as the user is told
@@ -33,7 +42,7 @@ STOPS = {  # why the server stopped a running cell, as the user is told
 
 
 class Running:
-    def __init__(self, session: str, worker: WorkerHandle, events: Events, stdin: bool,
+    def __init__(self, session: str, worker: WorkerHandle, events: EventSink, stdin: bool,
                  grace: float) -> None:
         self.session, self.worker, self.events = session, worker, events
         self.stdin = stdin  # the client answers input requests
@@ -49,18 +58,18 @@ class Running:
         """Relay the cell's messages to the client until it is done."""
         while True:
             message = await self.worker.recv()
-            if isinstance(message, Output):
+            if isinstance(message, CellOutput):
                 self.events(message.output)
             elif isinstance(message, CommOut):
                 self.events(message.event(), "comm")
-            elif isinstance(message, Notice):
+            elif isinstance(message, WorkerNotice):
                 self.events.notice(message.topic, message.text)
             elif isinstance(message, Started):
                 self.started, self.began = time.monotonic(), True
             elif isinstance(message, Saving):  # an interrupt before this stopped the code
                 self.saving = True
                 self.end()
-            elif isinstance(message, Input):
+            elif isinstance(message, AskInput):
                 answer = await self._ask(message)
                 if answer is not None:  # None: interrupted; the worker stopped waiting
                     await self.worker.send(answer)
@@ -70,7 +79,7 @@ class Running:
                 self.worker.kill()
                 raise WorkerDied(f"worker {self.worker.pid} sent {message.op!r} during a cell")
 
-    async def _ask(self, request: Input) -> InputReply | None:
+    async def _ask(self, request: AskInput) -> InputReply | None:
         """The client's answer to the cell's input(), or None if the cell was interrupted or
         its worker died first."""
         if not self.stdin:
@@ -86,7 +95,7 @@ class Running:
             self._answer = None
         return None if answer is None else InputReply(**answer)
 
-    def answer(self, value: str | None, error: str | None) -> dict:
+    def answer(self, value: str | None, error: str | None) -> dict[str, bool]:
         """The client's answer to the cell's input request."""
         if self._answer is None or self._answer.done():
             raise NotWaiting(f"no cell of session {self.session} is waiting for input",

@@ -22,13 +22,28 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
+from ..tasks import Background
 from ..worker import control, wake
 from . import criu
 
 log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 300.0
+
+
+class TemplateMap(TypedDict):
+    """A template as `status` reports it."""
+
+    modules: list[str]
+    env: str
+    state: str  # building, ready or failed
+    error: str
+    bytes: int
+    built_in: float  # seconds
+    restores: int
+    failed_imports: dict[str, str]
 
 
 @dataclass
@@ -47,7 +62,7 @@ class Template:
         return sum(p.stat().st_size for p in self.images.glob("*.img")) if self.images.exists() \
             else 0
 
-    def status(self) -> dict:
+    def status(self) -> TemplateMap:
         return {"modules": sorted(self.modules), "env": self.site, "state": self.state,
                 "error": self.error,
                 "bytes": self.size, "built_in": self.built_in, "restores": self.restores,
@@ -61,7 +76,9 @@ class Templates:
         self.store_root = store_root
         # by (environment's site-packages or "", import family)
         self.by_family: dict[tuple[str, frozenset[str]], Template] = {}
-        self._tasks: dict[tuple[str, frozenset[str]], asyncio.Task] = {}
+        self._builds_running = Background("templates")
+        # each family's latest build, its template once ended
+        self._tasks: dict[tuple[str, frozenset[str]], asyncio.Task[Template]] = {}
         self._restores = itertools.count()
         self._builds = itertools.count()  # a family rebuilt after a retire gets a new folder
 
@@ -78,7 +95,8 @@ class Templates:
             name = hashlib.sha256("\0".join([site, *sorted(modules)]).encode()).hexdigest()[:16]
             template = Template(modules, self.root / f"{name}-{next(self._builds)}", site)
             self.by_family[key] = template
-            self._tasks[key] = asyncio.ensure_future(self.build(template))
+            self._tasks[key] = self._builds_running.start(self.build(template),
+                                                          "a template build")
 
     async def wait(self, modules: frozenset[str], site: str = "") -> Template:
         """The family's template once its build has ended, ready or failed."""
@@ -158,13 +176,11 @@ class Templates:
         return pid
 
     async def stop(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self._builds_running.close()
         for template in self.by_family.values():
             criu.remove(template.images)
 
-    def status(self) -> list[dict]:
+    def status(self) -> list[TemplateMap]:
         return [t.status() for t in self.by_family.values()]
 
 

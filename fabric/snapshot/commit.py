@@ -10,6 +10,12 @@ A cell that changes nothing (no variable, import or ambient state added, changed
 `print(x)`, `x`) makes no version: the head stays, and retention keeps its slots for the versions
 that hold work. A session holding values that could not be saved gets a version for each cell
 all the same: their lineage, which rebuilds them, is its versions' cells.
+
+A commit is durable in three steps, in this order, before its cell is reported done:
+`replicate` (the blobs the worker wrote go to every durable far tier: a remote), `commit` (the
+manifest and the head, on this disk and on the far tiers that hold heads, which claim the move
+first), then `spread` (where no far tier holds whole commits, other hosts keep the version, up
+to `copies` of them). Its host runs the first two under the cell's lease, the third after it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from ..errors import StoreError
 from . import catalog
 from .manifest import Group, Manifest
 from .store import Store
+from .tiers import Located, Shared
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +63,10 @@ class Report:
     owned: list[str]  # every name the worker speaks for: one missing was deleted
     unsaved: dict[str, str]  # name -> why it cannot be saved
     bounded: bool = False  # its grouping walk was cut short
-    hooks: list[str] = field(default_factory=list)  # import hooks the notebook defined
-    described: dict[str, dict[str, Any]] = field(default_factory=dict)  # a `catalog.Catalog`
-    devices: list[str] = field(default_factory=list)  # blobs of the groups holding CUDA memory
+    hooks: list[str] = field(default_factory=list[str])  # import hooks the notebook defined
+    # a `catalog.Catalog`
+    described: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    devices: list[str] = field(default_factory=list[str])  # blobs of the groups holding CUDA memory
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,8 @@ class CellRecord:
     status: str
     run: float  # seconds its code ran
     modules: frozenset[str]  # what it imports that counts toward an import closure
-    env: dict = field(default_factory=dict)  # its environment and packages (`Manifest.env`)
+    # its environment and packages (`Manifest.env`)
+    env: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 def commit(store: Store, session: str, head: str | None, report: Report, cell: CellRecord,
@@ -135,3 +144,42 @@ def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report)
     names = manifest.names() | set(report.unsaved)
     merged = catalog.merge(earlier, report.described, names)
     return store.put(catalog.encode(merged)) if merged["names"] else None
+
+
+def replicate(store: Store, report: Report) -> int:
+    """Before the head moves: every durable far tier holds the blobs `report` names (objects
+    with their chunks); the bytes copied."""
+    return store.replicate([*(blob for blob, _, _ in report.groups), report.ambient])
+
+
+@dataclass(frozen=True)
+class Spread:
+    """On how many hosts a version is, of the `copies` asked for."""
+
+    copies: int
+    held: int
+
+    @property
+    def short(self) -> int:
+        """How many hosts short of `copies` it stays (0: none)."""
+        return self.copies - self.held
+
+
+def spreads(store: Store) -> bool:
+    """Whether a commit goes on to other hosts after its head moves: no far tier holds whole
+    commits (`Shared`), and one that keeps versions is asked for more than one copy."""
+    return not any(isinstance(t, Shared) for t in store.far) and \
+        any(t.copies > 1 for t in _keepers(store))
+
+
+def spread(store: Store, session: str, head: str) -> Spread:
+    """After the head moves: have other hosts keep the session's version `head` until it is
+    on `copies` hosts, this one included, where `spreads`."""
+    if not spreads(store):
+        return Spread(1, 1)
+    keeper = next(t for t in _keepers(store) if t.copies > 1)
+    return Spread(keeper.copies, 1 + len(keeper.keep(session, head)))
+
+
+def _keepers(store: Store) -> list[Located]:
+    return [t for t in store.far if isinstance(t, Located)]

@@ -302,13 +302,13 @@ def tag(store: Store, session: str, version: int | str | None, name: str) -> Man
     return manifest
 
 
-def own_policy(policy: retention.Policy, index: Index) -> retention.Policy:
+def own_policy(policy: retention.RetentionPolicy, index: Index) -> retention.RetentionPolicy:
     """`policy` with what the session set for itself (`llfabric store retain`) over it."""
     return dataclasses.replace(policy, **{k: v for k, v in index.policy.items()
                                           if k in ("last", "hourly", "daily")})
 
 
-def retain(store: Store, session: str, policy: retention.Policy,
+def retain(store: Store, session: str, policy: retention.RetentionPolicy,
            protect: Iterable[str] = (), now: float | None = None) -> list[int]:
     """Thin the session's history by `policy` (its own, if it set one); `protect`: manifest ids
     kept whatever the policy says (what drafts and running cells build on). Returns the

@@ -9,8 +9,9 @@ validated field by field when read, since the store is input from outside.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
-import msgpack
+import msgpack  # pyright: ignore[reportMissingTypeStubs]
 
 from ..errors import StoreError
 
@@ -37,16 +38,19 @@ class Manifest:
     version: int = 0
     parent: str | None = None
     groups: tuple[Group, ...] = ()
-    imports: dict[str, str] = field(default_factory=dict)  # alias -> module name
-    refs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # var -> globals its code reads
-    packages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # var -> what rebuilds it
+    imports: dict[str, str] = field(default_factory=dict[str, str])  # alias -> module name
+    # var -> globals its code reads
+    refs: dict[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
+    # var -> what rebuilds it
+    packages: dict[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
     ambient: str | None = None
     modules: tuple[str, ...] = ()  # modules the session's cells imported: its zygote family
     hooks: tuple[str, ...] = ()  # import hooks the notebook defined (`ambient.notebook_hooks`)
-    cell: dict = field(default_factory=dict)  # execution_count, status, source hash
+    # execution_count, status, source hash
+    cell: dict[str, Any] = field(default_factory=dict[str, Any])
     catalog: str | None = None  # the blob describing its names (`snapshot.catalog`)
     # the environment its cell ran in: {"name", "packages": {name: version}}; {}: the server's
-    env: dict = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict[str, Any])
 
     def variables(self) -> dict[str, Group]:
         return {name: g for g in self.groups for name in g.names}
@@ -59,7 +63,7 @@ class Manifest:
         return [b for b in (self.ambient, self.catalog) if b]
 
     def encode(self) -> bytes:
-        return msgpack.packb(
+        return cast(bytes, msgpack.packb(  # pyright: ignore[reportUnknownMemberType]
             {
                 "format": FORMAT,
                 "session": self.session,
@@ -77,27 +81,28 @@ class Manifest:
                 "env": self.env,
             },
             use_bin_type=True,
-        )
+        ))
 
     @classmethod
     def decode(cls, data: bytes) -> Manifest:
         try:
-            raw = msgpack.unpackb(data, raw=False)
-            if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raw = _map(cast(object, msgpack.unpackb(  # pyright: ignore[reportUnknownMemberType]
+                data, raw=False)))
+            if raw.get("format") != FORMAT:
                 raise ValueError(f"not a manifest of format {FORMAT}")
             groups = tuple(_group(entry) for entry in _list(raw["groups"]))
             return cls(
                 session=_str(raw["session"]),
-                version=int(raw["version"]),
+                version=_int(raw["version"]),
                 parent=None if raw["parent"] is None else _str(raw["parent"]),
                 groups=groups,
-                imports={_str(k): _str(v) for k, v in raw["imports"].items()},
+                imports={_str(k): _str(v) for k, v in _map(raw["imports"]).items()},
                 refs=_names_by_variable(raw["refs"]),
                 packages=_names_by_variable(raw.get("packages", {})),  # absent before 0.2
                 ambient=None if raw["ambient"] is None else _str(raw["ambient"]),
                 modules=tuple(_str(m) for m in _list(raw["modules"])),
                 hooks=tuple(_str(h) for h in _list(raw.get("hooks", []))),  # older: none
-                cell=dict(raw["cell"]),
+                cell={_str(k): v for k, v in _map(raw["cell"]).items()},
                 catalog=None if raw.get("catalog") is None else _str(raw["catalog"]),  # older: none
                 env=_env(raw.get("env", {})),  # older: the server's own
             )
@@ -105,22 +110,16 @@ class Manifest:
             raise StoreError(f"malformed manifest: {exc}") from exc
 
 
-def _env(raw: object) -> dict:
-    if not isinstance(raw, dict):
-        raise TypeError(f"expected a map, got {type(raw).__name__}")
-    if not raw:
+def _env(raw: object) -> dict[str, Any]:
+    found = _map(raw)
+    if not found:
         return {}
-    packages = raw["packages"]
-    if not isinstance(packages, dict):
-        raise TypeError(f"expected a map, got {type(packages).__name__}")
-    return {"name": _str(raw["name"]),
-            "packages": {_str(k): _str(v) for k, v in packages.items()}}
+    return {"name": _str(found["name"]),
+            "packages": {_str(k): _str(v) for k, v in _map(found["packages"]).items()}}
 
 
 def _names_by_variable(raw: object) -> dict[str, tuple[str, ...]]:
-    if not isinstance(raw, dict):
-        raise TypeError(f"expected a map, got {type(raw).__name__}")
-    return {_str(k): tuple(_str(x) for x in _list(v)) for k, v in raw.items()}
+    return {_str(k): tuple(_str(x) for x in _list(v)) for k, v in _map(raw).items()}
 
 
 def _group(entry: object) -> Group:
@@ -129,14 +128,24 @@ def _group(entry: object) -> Group:
     device = rest.pop() if rest else False
     if rest or not isinstance(device, bool):
         raise TypeError(f"a group's device must be true or false, not {device!r}")
-    return Group(_str(blob), tuple(_str(n) for n in _list(names)), int(size), device)
+    return Group(_str(blob), tuple(_str(n) for n in _list(names)), _int(size), device)
 
 
-def _list(value: object) -> list:
+def _map(value: object) -> dict[object, object]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a map, got {type(value).__name__}")
+    return cast(dict[object, object], value)
+
+
+def _list(value: object) -> list[object]:
     # a string is iterable too: names "xy" must not decode as the variables "x" and "y"
     if not isinstance(value, list):
         raise TypeError(f"expected a list, got {type(value).__name__}")
-    return value
+    return cast(list[object], value)
+
+
+def _int(value: object) -> int:
+    return int(cast(Any, value))  # what int() refuses raises TypeError or ValueError
 
 
 def _str(value: object) -> str:

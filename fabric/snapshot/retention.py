@@ -27,7 +27,7 @@ DAY = 86400.0
 
 
 @dataclass(frozen=True)
-class Policy:
+class RetentionPolicy:
     last: int = 20  # the newest versions kept whole
     hourly: int = 24  # one version per clock hour, for this many hours
     daily: int = 7  # one version per day, for this many days
@@ -52,7 +52,7 @@ class Version:
     protected: bool = False
 
 
-def keep(versions: Iterable[Version], policy: Policy, now: float) -> set[int]:
+def keep(versions: Iterable[Version], policy: RetentionPolicy, now: float) -> set[int]:
     """The numbers of the versions whose state is kept; the highest number is the head."""
     ordered = sorted(versions, key=lambda v: v.number, reverse=True)
     if not ordered:

@@ -35,24 +35,27 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar, cast
 
-import msgpack
+import msgpack  # pyright: ignore[reportMissingTypeStubs]
 import xxhash
 
-from ..errors import DiskFull, StaleHead, StoreError
+from ..errors import ConfigError, DiskFull, StaleHead, StoreError
 from .codec import Encoded
+from .layers import CACHE_BYTES, ORDER, Place, build
 from .manifest import Manifest
 from .mapped import Region, mappable
-from .remote import RemoteTier
+from .peers import PeerList
 from .tiers import (
     Buffer,
     DiskTier,
     Located,
-    MemoryTier,
+    Role,
+    Shared,
     Tier,
     open_regular,
     read_regular,
@@ -65,8 +68,6 @@ log = logging.getLogger(__name__)
 CHUNK = 16 << 20  # large enough for full-speed sequential I/O, small enough to dedup parts
 INLINE = 64 << 10  # buffers below this stay in the index: a file each would cost more than bytes
 THREADS = 4
-ROOT = "first"  # the remote claim of a session's first version, which has no parent
-CACHE_BYTES = 256 << 20
 AHEAD = 256 << 20  # bytes a load reads ahead of the object being unpickled
 _OBJECT = b"LLFO\x01"
 _MANIFEST = b"LLFM\x01"
@@ -78,10 +79,34 @@ HEAD_BYTES = 4096
 INDEX_BYTES = 256 << 20
 
 Progress = Callable[[int, int], None]  # bytes done, bytes in all
+Chunked = tuple[int, list[str]]  # a large buffer of an object: its bytes, its chunks' ids
+T = TypeVar("T")
 
 
 def blob_id(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def _pack(value: object) -> bytes:
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))  # pyright: ignore[reportUnknownMemberType]
+
+
+def _unpack(data: bytes) -> object:
+    return cast(object, msgpack.unpackb(data, raw=False))  # pyright: ignore[reportUnknownMemberType]
+
+
+@dataclass(frozen=True)
+class ObjectIndex:
+    """An object's index, checked: its pickle stream, the chunk size it was cut with, and its
+    buffers: small ones inline, large ones in chunks."""
+
+    stream: bytes
+    chunk: int
+    buffers: list[bytes | Chunked]
+
+    @property
+    def large(self) -> list[Chunked]:
+        return [entry for entry in self.buffers if not isinstance(entry, bytes)]
 
 
 class _Reporter:
@@ -125,26 +150,40 @@ class Store:
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
                  owner: tuple[int, int] | None = None, remote: str = "",
-                 peers: Located | None = None, copies: int = 1) -> None:
+                 peers: PeerList | None = None, copies: int = 1,
+                 tiers: Sequence[str | Tier] = ORDER) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
         reads the key (user code could read it from the worker's memory). `owner`: the (uid,
         gid) of that user, whose blobs folder the server writes in as them (`DiskTier`).
-        `remote`: an fsspec URL where manifests, heads and (`replicate`) blobs are kept too, and
-        read from (`fetch`) when this disk lacks them (`RemoteTier`); `peers`: a cluster's other
-        hosts, read from before the remote (`fabric.cluster.peers`); `copies`: the hosts, this
-        one included, each commit is kept on where there is no remote (`spread`)."""
+        `tiers`: where its blobs live, nearest first, by kind or as tier objects
+        (`fabric.snapshot.layers`): `remote`, an fsspec URL where manifests, heads and
+        (`replicate`) blobs are kept too, and read from (`fetch`) when this disk lacks them
+        (`RemoteTier`); `peers`, a cluster's other hosts, read from before the remote
+        (`PeerTier`); `copies`, the hosts, this one included, each commit is kept on where no
+        durable tier holds it (`fabric.snapshot.commit.spread`)."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         for sub in ("blobs", "manifests", "sessions"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.disk = DiskTier(self.root / "blobs", owner)
-        self.remote = RemoteTier(remote) if remote else None
-        self.peers, self.copies = peers, copies
-        self.sourced = collections.Counter()  # bytes `fetch` copied, by the tier they came from
-        self.sourced_seconds = collections.Counter()  # and the seconds it took, by tier
-        self.replicated = 0  # bytes `replicate` copied to the remote tier
-        self.tiers: list[Tier] = [MemoryTier(cache_bytes), self.disk]
+        self.tiers = build(tiers, Place(self.root / "blobs", owner, cache_bytes, remote, peers,
+                                        copies))
+        disk = next(t for t in self.tiers if t.role is Role.LOCAL)
+        if not isinstance(disk, DiskTier):
+            raise ConfigError("a store's local tier is its blobs folder (a DiskTier)",
+                              key="tiers")
+        self.disk = disk
+        self.near = [t for t in self.tiers if t.role is not Role.FAR]  # read in place
+        self.far = [t for t in self.tiers if t.role is Role.FAR]  # copied onto the disk first
+        # the far tiers a commit's blobs go to before its head moves (`replicate`)
+        self.durable = [t for t in self.far if t.durable]
+        # those that hold sessions' heads (their authority, where there is one), and peers
+        self._shared = [t for t in self.far if isinstance(t, Shared)]
+        self._located = [t for t in self.far if isinstance(t, Located)]
+        self.sourced: collections.Counter[str] = collections.Counter()  # bytes `fetch` copied
+        self.sourced_seconds: collections.defaultdict[str, float] = \
+            collections.defaultdict(float)  # and the seconds it took, by tier
+        self.replicated = 0  # bytes `replicate` copied to durable far tiers
         self._key = (key or load_key(self.root / "key")) if signs else None
         # object id -> the chunks its index names: an id names one content, so this never goes
         # stale; gc, which asks for every live object's on each pass, reads each index once
@@ -166,20 +205,22 @@ class Store:
 
     def put(self, data: Buffer, remote: bool = True) -> str:
         """Store `data` under its hash; return the hash. An intact copy is not rewritten.
-        Not `remote`: kept off the remote tier (what only this host's peers read)."""
+        Not `remote`: kept off the durable far tiers (what only this host's peers read)."""
         ident = blob_id(data)
-        self._put(ident, data, remote)
+        self.store_blob(ident, data, remote)
         return ident
 
-    def _put(self, ident: str, data: Buffer, remote: bool = True) -> bool:
-        """False if an intact copy was on disk already."""
+    def store_blob(self, ident: str, data: Buffer, remote: bool = True) -> bool:
+        """`put` of `data` whose hash `ident` the caller computed; False if an intact copy was
+        on disk already."""
         if self._intact(ident, memoryview(data).nbytes):
             self.disk.touch(ident)
             return False
-        for tier in self.tiers:
+        for tier in self.near:
             tier.write(ident, data)  # the memory tier takes only small blobs
-        if remote and self.remote is not None:  # the server's own blobs (a catalog): small
-            self.remote.write(ident, data)
+        if remote:  # the server's own blobs (a catalog): small
+            for tier in self.durable:
+                tier.write(ident, data)
         return True
 
     def _intact(self, ident: str, size: int) -> bool:
@@ -195,7 +236,7 @@ class Store:
     def repair(self, ident: str, sources: Iterable[Tier] = ()) -> bool:
         """Rewrite a corrupt or missing disk copy of a blob from a good copy in another tier of
         this store or in `sources` (another store's, say); False if none has one."""
-        for tier in [t for t in self.tiers if t is not self.disk] + list(sources):
+        for tier in [t for t in self.near if t is not self.disk] + list(sources):
             size = tier.size(self._checked(ident))
             if size is None:
                 continue
@@ -209,23 +250,31 @@ class Store:
         """Whether the blob is durable (a memory tier does not count)."""
         return self.disk.has(self._checked(ident))
 
-    # the remote tier: blobs go there at each commit and come back when this disk lacks them
+    def tier(self, kind: type[T]) -> T:
+        """This store's tier of `kind`; StoreError if it has none."""
+        for tier in self.tiers:
+            if isinstance(tier, kind):
+                return tier
+        raise StoreError(f"the store {self.root} has no {kind.__name__}")
+
+    # far tiers: blobs go to the durable ones at each commit, and come back when the disk lacks
     def replicate(self, idents: Iterable[str]) -> int:
-        """Copy to the remote tier each of `idents` (blobs, objects with their chunks) that it
-        lacks, read from this disk and verified first; the bytes copied (none without one)."""
-        if self.remote is None:
+        """Copy to each durable far tier each of `idents` (blobs, objects with their chunks)
+        that it lacks, read from this disk and verified first; the bytes copied (none without
+        one)."""
+        if not self.durable:
             return 0
         wanted = [i for ident in idents for i in (ident, *self._chunks_of(ident))]
-        copied = self._copy([i for i in wanted if not self.remote.has(i)], self.disk,
-                            self.remote, str(self.disk.root))
+        copied = sum(self._copy([i for i in wanted if not tier.has(i)], self.disk, tier)
+                     for tier in self.durable)
         self.replicated += copied
         return copied
 
     def fetch(self, idents: Iterable[str]) -> int:
         """Copy onto this disk each of `idents` (blobs, objects with their chunks) that it
-        lacks: from a peer host that holds it, else from the remote tier; each verified. The
-        bytes copied (none with neither)."""
-        if self.remote is None and self.peers is None:
+        lacks, each from the nearest far tier that holds it, verified. The bytes copied (none
+        without a far tier)."""
+        if not self.far:
             return 0
         idents = [self._checked(i) for i in idents]
         copied = self._source([i for i in idents if not self.disk.has(i)])
@@ -233,23 +282,30 @@ class Store:
         return copied + self._source(chunks)
 
     def _source(self, idents: list[str]) -> int:
-        """Copy `idents` onto this disk from the peers that hold them, the rest (and any a peer
-        failed to give) from the remote tier."""
+        """Copy `idents` onto this disk from the far tiers in order, from each those it holds
+        (the last is asked for all that are left, and says which it lacks). What a tier that is
+        not durable fails to give comes from the next; a durable one's failure is the fetch's."""
         copied, began = 0, time.monotonic()
-        if self.peers is not None and idents and (held := self.peers.locate(idents)):
+        for tier in self.far:
+            if not idents:
+                break
+            if isinstance(tier, Located):
+                wanted = list(tier.locate(idents))
+            else:
+                wanted = idents if tier is self.far[-1] else [i for i in idents if tier.has(i)]
+            if not wanted:
+                continue
             try:
-                copied += self._copy(list(held), self.peers, self.disk, "a peer host")
-                self.sourced["peer"] += copied
+                got = self._copy(wanted, tier, self.disk)
+                self.sourced[tier.name] += got
+                copied += got
             except StoreError as exc:
-                log.warning("a peer could not give state: %s; the remote tier will",
-                            exc.message)
+                if tier.durable:
+                    raise
+                log.warning("the %s tier could not give state: %s; the next tier will",
+                            tier.name, exc.message)
             idents = [i for i in idents if not self.disk.has(i)]
-            began = self._timed("peer", began)
-        if idents and self.remote is not None:
-            remote = self._copy(idents, self.remote, self.disk, self.remote.url)
-            self.sourced["remote"] += remote
-            copied += remote
-            self._timed("remote", began)
+            began = self._timed(tier.name, began)
         return copied
 
     def _timed(self, tier: str, began: float) -> float:
@@ -261,9 +317,11 @@ class Store:
     def _chunks_of(self, ident: str) -> list[str]:
         return self.object_chunks(ident) if self.is_object(ident) else []
 
-    def _copy(self, idents: list[str], source: Tier, target: Tier, where: str) -> int:
-        """Copy blobs between tiers on the store's threads, each checked against its name;
-        `where`: the source, as an error names it."""
+    def _copy(self, idents: list[str], source: Tier, target: Tier) -> int:
+        """Copy blobs between tiers on the store's threads, each checked against its name (an
+        error names the source as `str` gives it)."""
+        where = str(source)
+
         def copy(ident: str) -> int:
             size = source.size(ident)
             if size is None:
@@ -285,7 +343,7 @@ class Store:
         refused unread."""
         refused = None
         for attempt in range(2):
-            for tier in self.tiers:
+            for tier in self.near:
                 try:
                     size = tier.size(self._checked(ident))
                 except StoreError as exc:  # a user's FIFO or link, say: as if missing
@@ -306,13 +364,13 @@ class Store:
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
 
     def _read_into(self, ident: str, out: memoryview) -> None:
-        for i, tier in enumerate(self.tiers):
+        for i, tier in enumerate(self.near):
             size = tier.read_into(ident, out)
             if size is None:
                 continue
             if size != len(out) or blob_id(out) != ident:
                 raise StoreError(f"blob {ident} is corrupt (hash mismatch)", blob=ident)
-            for upper in self.tiers[:i]:
+            for upper in self.near[:i]:
                 upper.write(ident, out)
             return
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
@@ -324,7 +382,7 @@ class Store:
                  for view in encoded.buffers if view.nbytes >= INLINE]  # flat byte views
         ids = iter(_hashes([part for cut in parts for part in cut]))
         chunks: list[tuple[str, memoryview]] = []
-        buffers: list = []
+        buffers: list[object] = []
         cuts = iter(parts)
         for view in encoded.buffers:
             if view.nbytes < INLINE:
@@ -333,8 +391,8 @@ class Store:
             cut = [(next(ids), part) for part in next(cuts)]
             chunks += cut
             buffers.append([view.nbytes, [ident for ident, _ in cut]])
-        index = _OBJECT + msgpack.packb(
-            {"stream": encoded.stream, "chunk": self.chunk, "buffers": buffers}, use_bin_type=True)
+        index = _OBJECT + _pack({"stream": encoded.stream, "chunk": self.chunk,
+                                 "buffers": buffers})
         return blob_id(index), index, chunks
 
     def put_object(self, encoded: Encoded, known: str | None = None,
@@ -358,27 +416,25 @@ class Store:
             raise exc
         return ident
 
-    def object_index(self, ident: str) -> tuple[bytes, int, list]:
-        """An object's pickle stream, chunk size and buffers, validated as input from outside."""
+    def object_index(self, ident: str) -> ObjectIndex:
+        """An object's index, validated as input from outside."""
         data = self.get(ident)
         try:
             if not data.startswith(_OBJECT):
                 raise ValueError("not an object index")
-            raw = msgpack.unpackb(data[len(_OBJECT):], raw=False)
-            stream, chunk, buffers = raw["stream"], raw["chunk"], raw["buffers"]
+            raw = _unpack(data[len(_OBJECT):])
+            if not isinstance(raw, dict):
+                raise ValueError("not a map")
+            fields = cast(dict[str, object], raw)
+            stream, chunk, buffers = fields["stream"], fields["chunk"], fields["buffers"]
             if not isinstance(stream, bytes) or not isinstance(buffers, list) or \
                     not isinstance(chunk, int) or chunk <= 0:
                 raise ValueError("bad fields")
-            for buf in buffers:
-                if isinstance(buf, bytes):
-                    continue
-                nbytes, ids = buf
-                if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(ids, list) or \
-                        len(ids) != -(-nbytes // chunk) or not all(map(valid_id, ids)):
-                    raise ValueError("bad buffer entry")
+            entries = [buf if isinstance(buf, bytes) else _chunked(buf, chunk)
+                       for buf in cast(list[object], buffers)]
         except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
             raise StoreError(f"object {ident} is malformed: {exc}", blob=ident) from exc
-        return stream, chunk, buffers
+        return ObjectIndex(stream, chunk, entries)
 
     def get_object(self, ident: str, progress: Progress | None = None) -> Encoded:
         """Read an object into fresh writable buffers, every chunk verified."""
@@ -392,8 +448,8 @@ class Store:
         caller unpickles the current one, so neither the disk nor the threads wait between
         groups; a whole state loads as one stream of reads rather than one burst per group."""
         indexes = [self.object_index(ident) for ident in idents]
-        reporter = _Reporter(progress, sum(nbytes for _, _, entries in indexes
-                                           for nbytes, _ in _large(entries)))
+        reporter = _Reporter(progress, sum(nbytes for index in indexes
+                                           for nbytes, _ in index.large))
 
         def read(chunk: tuple[str, memoryview, Region | None, int]) -> None:
             ident, out, region, offset = chunk
@@ -401,7 +457,8 @@ class Store:
                 self._read_into(ident, out)
             reporter.add(out.nbytes)
 
-        pending: collections.deque[tuple[Encoded, list[Future], int]] = collections.deque()
+        pending: collections.deque[tuple[Encoded, list[Future[None]], int]] = \
+            collections.deque()
         ahead, following = 0, iter(indexes)
         with ThreadPoolExecutor(THREADS) as pool:
             try:
@@ -409,7 +466,7 @@ class Store:
                     while not pending or ahead < AHEAD:
                         if (index := next(following, None)) is None:
                             break
-                        encoded, reads = _allocated(*index)
+                        encoded, reads = _allocated(index)
                         size = sum(read[1].nbytes for read in reads)
                         pending.append((encoded, [pool.submit(read, r) for r in reads], size))
                         ahead += size
@@ -448,7 +505,7 @@ class Store:
     def object_chunks(self, ident: str) -> list[str]:
         chunks = self._chunks.get(ident)
         if chunks is None:
-            chunks = tuple(cid for _, ids in _large(self.object_index(ident)[2]) for cid in ids)
+            chunks = tuple(cid for _, ids in self.object_index(ident).large for cid in ids)
             self._chunks[ident] = chunks
         return list(chunks)
 
@@ -466,13 +523,13 @@ class Store:
         path = self.root / "manifests" / ident
         if not path.exists():
             write_atomic(path, data)
-        if self.remote is not None and self.remote.get(f"manifests/{ident}") != data:
-            self.remote.put(f"manifests/{ident}", data)
+        for tier in self._shared:
+            tier.put_manifest(ident, data)
         return ident
 
     def get_manifest(self, ident: str) -> bytes:
         """A manifest's body, once its hash and its signature by this store's key both check;
-        one this disk lacks comes from the remote tier, and is kept here once it checks."""
+        one this disk lacks comes from a far tier, and is kept here once it checks."""
         if not valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
         path = self.root / "manifests" / ident
@@ -488,18 +545,21 @@ class Store:
         return self._checked_manifest(ident, data)
 
     def _manifest_elsewhere(self, ident: str) -> bytes | None:
-        """A manifest as the remote tier or a peer holds it (unchecked), None if neither."""
-        data = self.remote.get(f"manifests/{ident}") if self.remote is not None else None
-        if data is None and self.peers is not None:
-            data = self.peers.manifest(ident)
-        return data
+        """A manifest as a far tier holds it (unchecked), None if none does: asked first of
+        those that hold sessions' heads, which hold every committed manifest, then of peers."""
+        for tier in [*self._shared, *self._located]:
+            if (data := tier.manifest(ident)) is not None:
+                return data
+        return None
 
     def repair_manifest(self, ident: str) -> bool:
-        """Rewrite a corrupt or missing manifest from the remote tier's or a peer's copy, once
-        it checks; False if none has a good one."""
+        """Rewrite a corrupt or missing manifest from a far tier's copy, once it checks; False
+        if none has a good one."""
         data = self._manifest_elsewhere(ident) if valid_id(ident) else None
+        if data is None:
+            return False
         try:
-            self._checked_manifest(ident, data or b"")
+            self._checked_manifest(ident, data)
         except StoreError:
             return False
         write_atomic(self.root / "manifests" / ident, data)
@@ -540,29 +600,28 @@ class Store:
         return self.root / "sessions" / session / "head"
 
     def head(self, session: str) -> str | None:
-        """The session's head; where this disk has none, the remote tier's."""
+        """The session's head; where this disk has none, the first far tier's that holds
+        sessions' heads."""
         found = read_regular(self._head_path(session), HEAD_BYTES)
-        if found is None:
-            found = self.remote.get(f"sessions/{session}/head") if self.remote else None
-            if found is None:
-                return None
-        ident = found.decode(errors="replace").strip()
+        ident = found.decode(errors="replace").strip() if found is not None else \
+            next((h for t in self._shared if (h := t.head(session)) is not None), None)
+        if ident is None:
+            return None
         if not valid_id(ident):
             raise StoreError(f"session {session} has a corrupt head", session=session)
         return ident
 
     def adopt_head(self, session: str) -> str | None:
-        """Take the remote tier's head of the session as this disk's, and return it: hosts that
-        share a remote take turns serving a session, and it may have moved on elsewhere since
-        this disk last saw it. Without a remote (or a head there), this disk's head."""
-        if self.remote is None:
-            return self._adopt_newest(session) if self.peers is not None else self.head(session)
-        found = self.remote.get(f"sessions/{session}/head")
-        if found is None:
+        """Take the session's head from the far tier that holds sessions' heads (a remote) as
+        this disk's, and return it: hosts that share it take turns serving a session, and it
+        may have moved on elsewhere since this disk last saw it; this disk's if it has none
+        there. Without such a tier: the newest head this disk and its peers hold, if it has
+        peers; else this disk's."""
+        if not self._shared:
+            return self._adopt_newest(session) if self._located else self.head(session)
+        ident = self._shared[0].adopt(session)
+        if ident is None:
             return self.head(session)
-        ident = self._remote_id(session, found)
-        while (after := self.remote.get(f"sessions/{session}/after/{ident}")) is not None:
-            ident = self._remote_id(session, after)  # a host lost before it wrote the head
         with self.locked(session):
             self._write_head(session, ident)
             self.adopt_tags(session)
@@ -570,27 +629,24 @@ class Store:
 
     def adopt_tags(self, session: str) -> None:
         """Take the names other hosts gave the session's versions (`set_index` puts them on
-        the remote, one file each), if there is a remote; the caller holds `locked(session)`."""
-        if self.remote is None:
+        the far tiers that hold sessions' heads, one file each), if there are any; the caller
+        holds `locked(session)`."""
+        if not self._shared:
             return
-        tags = {}
-        for name, found in self.remote.files(f"sessions/{session}/tags").items():
-            with contextlib.suppress(ValueError):  # not a name this store wrote: ignored
-                tag, ident = bytes.fromhex(name).decode(), found.decode().strip()
-                if valid_id(ident):
-                    tags[tag] = ident
+        tags = {t: i for tier in self._shared for t, i in tier.tags(session).items()}
         index = self.index(session)
         if tags and any(index.tags.get(t) != i for t, i in tags.items()):
             index.tags.update(tags)
             self._write_index(session, index)
 
     def _adopt_newest(self, session: str) -> str | None:
-        """Without a remote: the newest head this disk and the peers hold of the session (a
-        commit is on `copies` hosts, so one that lost its host is still on another)."""
+        """Without a far tier that holds heads: the newest head this disk and the peers hold
+        of the session (a commit is on `copies` hosts, so one that lost its host is still on
+        another)."""
         newest, version = self.head(session), -1
         if newest is not None:
             version = self._version(newest)
-        for ident in self.peers.heads(session):
+        for ident in (i for tier in self._located for i in tier.heads(session)):
             try:
                 if valid_id(ident) and (found := self._version(ident)) > version:
                     newest, version = ident, found
@@ -603,19 +659,6 @@ class Store:
 
     def _version(self, manifest: str) -> int:
         return Manifest.decode(self.get_manifest(manifest)).version
-
-    @property
-    def spreads(self) -> bool:
-        """Whether commits go to other hosts (`spread`): a cluster's, without a remote tier."""
-        return self.remote is None and self.peers is not None and self.copies > 1
-
-    def spread(self, session: str, head: str) -> int:
-        """Have other hosts keep the session's version `head` until it is on `copies` hosts,
-        where there is no remote tier (which holds every commit itself); how many hosts short
-        of `copies` it stays (0: none)."""
-        if not self.spreads:
-            return 0
-        return self.copies - 1 - len(self.peers.keep(session, head, self.copies - 1))
 
     def keep(self, session: str, head: str) -> None:
         """Hold another host's version `head` of the session whole (its manifest, checked, and
@@ -652,31 +695,12 @@ class Store:
                     f"session {session} has moved to {current} since {parent}, the version "
                     "this commit was built on: it is refused and nothing was overwritten",
                     session=session, head=current, parent=parent)
-            if self.remote is not None:  # first: one it refuses leaves this disk's unmoved
-                self._claim_remote(session, manifest, parent)
-                self.remote.put(f"sessions/{session}/head", manifest.encode() + b"\n")
+            for tier in self._shared:  # first: one it refuses leaves this disk's unmoved
+                tier.move(session, manifest, parent)
             self._write_head(session, manifest)
 
-    def _claim_remote(self, session: str, manifest: str, parent: str | None) -> None:
-        """Claim the move from `parent` on the remote tier, which other hosts share: StaleHead
-        if another host moved the session on from there first (see `remote`)."""
-        taken = self.remote.claim(f"sessions/{session}/after/{parent or ROOT}",
-                                  manifest.encode() + b"\n")
-        if taken is not None and self._remote_id(session, taken) != manifest:
-            raise StaleHead(
-                f"session {session} moved on from {parent} on another host (to "
-                f"{taken.decode(errors='replace').strip()}) before this commit: it is refused "
-                "and nothing was overwritten", session=session, parent=parent)
-
-    def _remote_id(self, session: str, found: bytes) -> str:
-        ident = found.decode(errors="replace").strip()
-        if not valid_id(ident):
-            raise StoreError(f"session {session} has a corrupt head on {self.remote.url}",
-                             session=session)
-        return ident
-
     @contextlib.contextmanager
-    def locked(self, session: str) -> Iterator[None]:
+    def locked(self, session: str) -> Generator[None, None, None]:
         """Hold the session's lock: its head and index change under it, in any process or
         thread (flock locks an open file, so two threads of one process exclude each other)."""
         path = self._head_path(session)
@@ -697,13 +721,14 @@ class Store:
 
     def set_index(self, session: str, index: Index) -> None:
         """Write the session's index; the caller holds `locked(session)`. Its new names go to
-        the remote tier too, where the host that opens the session next finds them."""
-        before = self.index(session).tags if self.remote is not None else index.tags
+        the far tiers that hold sessions' heads too, where the host that opens the session next
+        finds them."""
+        before = self.index(session).tags if self._shared else index.tags
         self._write_index(session, index)
         for tag, ident in index.tags.items():
-            if before.get(tag) != ident:  # a tag may be any name: its file's is its hex
-                self.remote.put(f"sessions/{session}/tags/{tag.encode().hex()}",
-                                ident.encode())
+            if before.get(tag) != ident:
+                for tier in self._shared:
+                    tier.put_tag(session, tag, ident)
 
     def restore_head(self, session: str, manifest: str, damaged: str | None) -> None:
         """Point the session's head at `manifest`, whatever it was: for a head that cannot be
@@ -734,9 +759,9 @@ class Store:
     def remove_session(self, session: str) -> bool:
         """Forget the session: its head, index and lock go; gc frees what only it named."""
         folder = self._head_path(session).parent
-        remote = self.remote is not None and self.remote.remove(f"sessions/{session}", True)
+        elsewhere = any([tier.forget(session) for tier in self._shared])
         if not folder.is_dir():
-            return remote
+            return elsewhere
         with self.locked(session):
             for name in ("index", "head"):  # the head last: a session without one is gone
                 (folder / name).unlink(missing_ok=True)
@@ -758,7 +783,7 @@ class Writes:
         self.store = store
         self._chunks = ThreadPoolExecutor(THREADS)
         self._indexes = ThreadPoolExecutor(1)  # its tasks wait on chunk writes: a pool apart
-        self._objects: dict[str, Future] = {}
+        self._objects: dict[str, Future[None]] = {}
 
     def add(self, ident: str, index: bytes, chunks: list[tuple[str, memoryview]],
             reporter: _Reporter) -> None:
@@ -767,7 +792,7 @@ class Writes:
         written: list[str] = []
 
         def put_chunk(chunk: tuple[str, memoryview]) -> None:
-            if self.store._put(*chunk):
+            if self.store.store_blob(*chunk):
                 written.append(chunk[0])
             reporter.add(chunk[1].nbytes)
 
@@ -778,7 +803,7 @@ class Writes:
             try:
                 for put in puts:
                     put.result()
-                self.store._put(ident, index)
+                self.store.store_blob(ident, index)
             except DiskFull:  # what it wrote is garbage no index names: freed now, not at gc
                 for chunk_id in written:
                     self.store.disk.remove(chunk_id)
@@ -811,31 +836,33 @@ class Index:
     (manifest id -> when their data was released; 0 once gc has freed it) and a retention
     policy of its own (last, hourly, daily), if any."""
 
-    tags: dict[str, str] = field(default_factory=dict)
-    thinned: dict[str, float] = field(default_factory=dict)
-    policy: dict[str, int] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict[str, str])
+    thinned: dict[str, float] = field(default_factory=dict[str, float])
+    policy: dict[str, int] = field(default_factory=dict[str, int])
 
     def encode(self) -> bytes:
-        return msgpack.packb({"tags": self.tags, "thinned": self.thinned,
-                              "policy": self.policy}, use_bin_type=True)
+        return _pack({"tags": self.tags, "thinned": self.thinned, "policy": self.policy})
 
     @classmethod
     def decode(cls, data: bytes) -> Index:
-        raw = msgpack.unpackb(data, raw=False)
+        raw = _unpack(data)
         if not isinstance(raw, dict):
             raise ValueError("not a map")
-        tags, thinned, policy = raw["tags"], raw["thinned"], raw["policy"]
+        fields = cast(dict[str, dict[object, object]], raw)
+        tags, thinned, policy = fields["tags"], fields["thinned"], fields["policy"]
         if not all(isinstance(k, str) and valid_id(v) for k, v in tags.items()):
             raise ValueError("bad tags")
         if not all(valid_id(k) and isinstance(v, int | float) for k, v in thinned.items()):
             raise ValueError("bad thinned versions")
         if not all(isinstance(k, str) and isinstance(v, int) for k, v in policy.items()):
             raise ValueError("bad policy")
-        return cls(dict(tags), {k: float(v) for k, v in thinned.items()}, dict(policy))
+        return cls(cast(dict[str, str], dict(tags)),
+                   {cast(str, k): float(cast(float, v)) for k, v in thinned.items()},
+                   cast(dict[str, int], dict(policy)))
 
 
 @contextlib.contextmanager
-def _flocked(path: Path) -> Iterator[None]:
+def _flocked(path: Path) -> Generator[None, None, None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -844,19 +871,26 @@ def _flocked(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _large(entries: list) -> list[tuple[int, list[str]]]:
-    """An object index's chunked buffers: (bytes, chunk ids); the others are inline bytes."""
-    return [entry for entry in entries if not isinstance(entry, bytes)]
+def _chunked(entry: object, chunk: int) -> Chunked:
+    """A large buffer's entry in an object index, checked: [bytes, [chunk id, ...]]."""
+    nbytes, ids = cast(list[object], entry)
+    if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(ids, list):
+        raise ValueError("bad buffer entry")
+    named = cast(list[object], ids)
+    if len(named) != -(-nbytes // chunk) or not all(map(valid_id, named)):
+        raise ValueError("bad buffer entry")
+    return nbytes, cast(list[str], named)
 
 
-def _allocated(stream: bytes, chunk: int, entries: list
+def _allocated(index: ObjectIndex
                ) -> tuple[Encoded, list[tuple[str, memoryview, Region | None, int]]]:
     """An object's buffers, small ones filled from its index, and the chunk reads that fill the
     large ones: (chunk id, the part of its buffer it fills, the region to map the chunk's file
     into where chunks can be mapped, and the part's offset in it)."""
+    chunk = index.chunk
     buffers: list[memoryview] = []
     reads: list[tuple[str, memoryview, Region | None, int]] = []
-    for entry in entries:
+    for entry in index.buffers:
         if isinstance(entry, bytes):
             buffers.append(memoryview(bytearray(entry)))
             continue
@@ -866,7 +900,7 @@ def _allocated(stream: bytes, chunk: int, entries: list
         buffers.append(view)
         reads += [(cid, view[i * chunk:(i + 1) * chunk], region, i * chunk)
                   for i, cid in enumerate(ids)]
-    return Encoded(stream, buffers), reads
+    return Encoded(index.stream, buffers), reads
 
 
 def _allocate(nbytes: int) -> memoryview:

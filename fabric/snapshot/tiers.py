@@ -1,7 +1,12 @@
-"""Where blob bytes live: a bounded memory cache in front of the local disk.
+"""Where blob bytes live: tiers, nearest first: memory, this host's disk, then what lies beyond
+the host (a cluster's other hosts, remote storage).
 
 A tier stores opaque bytes under an id and knows nothing of hashes or formats; the store verifies
-what any tier returns. A peer-host or remote-storage tier implements the same four methods.
+what any tier returns. The store is given its tiers in order (`fabric.snapshot.layers`) and treats
+each by its role: it reads the near ones in place and copies what they lack onto the disk from the
+far ones, nearest first; a durable far tier holds a commit's blobs before its head moves
+(`fabric.snapshot.commit`). A far tier that finds blobs before they are read (`Located`) or that
+holds sessions' heads too (`Shared`) says so by the methods it has.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import xxhash
 
@@ -24,8 +30,28 @@ from ..errors import DiskFull, StoreError, UnsafePath
 Buffer = bytes | bytearray | memoryview
 
 
+class Role(Enum):
+    """How the store writes and reads a tier."""
+
+    CACHE = "cache"  # near and lost at exit: takes what is written and read, as it sees fit
+    LOCAL = "local"  # this host's disk (one per store): every write, and what workers read
+    FAR = "far"  # beyond this host: what the disk lacks is copied from it, nearest tier first
+
+
 class Tier(Protocol):
-    durable: bool  # a commit may only name blobs that a durable tier holds
+    """A place blobs live. `durable`: a commit may only name blobs a durable tier holds; a far
+    durable one is given a commit's blobs before its head moves."""
+
+    @property
+    def name(self) -> str:
+        """As the store's counts and errors name it: "memory", "disk", "peer", "remote"."""
+        ...
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def durable(self) -> bool: ...
 
     def has(self, ident: str) -> bool: ...
 
@@ -38,9 +64,16 @@ class Tier(Protocol):
     def write(self, ident: str, data: Buffer) -> None: ...
 
 
+@runtime_checkable
 class Located(Tier, Protocol):
-    """A tier that finds where blobs are before they are read: a cluster's other hosts, which
-    also hold manifests and sessions' heads, and keep versions they are asked to."""
+    """A far tier that finds where blobs are before they are read: a cluster's other hosts,
+    which also hold manifests and sessions' heads, and keep versions they are asked to, after a
+    commit, where no durable tier holds it (`fabric.snapshot.commit.spread`)."""
+
+    @property
+    def copies(self) -> int:
+        """The hosts, this one included, each commit is to be kept on."""
+        ...
 
     def locate(self, idents: list[str]) -> dict[str, int]:
         """Which of `idents` it holds, and their sizes."""
@@ -54,13 +87,48 @@ class Located(Tier, Protocol):
         """The heads the hosts that answer hold of `session`."""
         ...
 
-    def keep(self, session: str, head: str, copies: int) -> list[str]:
-        """Have `copies` hosts hold version `head` of `session` whole; the names of those that
-        do (fewer when fewer can)."""
+    def keep(self, session: str, head: str) -> list[str]:
+        """Have `copies - 1` hosts hold version `head` of `session` whole; the names of those
+        that do (fewer when fewer can)."""
         ...
 
 
-def valid_id(ident: object) -> bool:
+@runtime_checkable
+class Shared(Tier, Protocol):
+    """A durable far tier several hosts share, which holds manifests, sessions' heads and tags
+    as well as blobs: the authority on a session's head (`fabric.snapshot.remote`)."""
+
+    def manifest(self, ident: str) -> bytes | None:
+        """A manifest as a store keeps it (signed, unchecked here), None if absent."""
+        ...
+
+    def put_manifest(self, ident: str, data: bytes) -> None: ...
+
+    def head(self, session: str) -> str | None:
+        """The session's head as last written there (a hint: `adopt` follows the claims)."""
+        ...
+
+    def adopt(self, session: str) -> str | None:
+        """The session's newest head, past any host lost before it wrote its head."""
+        ...
+
+    def move(self, session: str, manifest: str, parent: str | None) -> None:
+        """Move the session's head from `parent` to `manifest`: StaleHead if another host moved
+        it on from there first."""
+        ...
+
+    def tags(self, session: str) -> dict[str, str]:
+        """The names the session's versions were given: tag -> manifest id."""
+        ...
+
+    def put_tag(self, session: str, tag: str, manifest: str) -> None: ...
+
+    def forget(self, session: str) -> bool:
+        """Remove the session (its head, claims and tags); False if it was not there."""
+        ...
+
+
+def valid_id(ident: object) -> TypeGuard[str]:
     """Whether `ident` is a blob's (or a manifest's) name: 32 lowercase hex digits."""
     return isinstance(ident, str) and len(ident) == 32 and \
         all(c in "0123456789abcdef" for c in ident)
@@ -157,7 +225,7 @@ def _owned_by(fd: int, uid: int, path: Path) -> None:
 class DiskTier:
     """Blobs as files ``<root>/ab/<id>``, written atomically and durably."""
 
-    durable = True
+    name, role, durable = "disk", Role.LOCAL, True
 
     def __init__(self, root: Path, owner: tuple[int, int] | None = None) -> None:
         """`owner`: the (uid, gid) the folder belongs to, when this process (the server) writes
@@ -166,6 +234,9 @@ class DiskTier:
         self.root = root
         self.owner = owner
         root.mkdir(parents=True, exist_ok=True)
+
+    def __str__(self) -> str:
+        return str(self.root)
 
     def path(self, ident: str) -> Path:
         return self.root / ident[:2] / ident
@@ -289,7 +360,7 @@ class MemoryTier:
     cost as much as the read it saves, and the page cache already holds it).
     """
 
-    durable = False
+    name, role, durable = "memory", Role.CACHE, False
 
     def __init__(self, capacity: int, largest: int = 1 << 20) -> None:
         self.capacity = capacity

@@ -15,6 +15,7 @@ from typing import Any
 import comm
 from comm.base_comm import BaseComm
 
+from ..protocol import Wire
 from .messages import CommIn, CommOut
 
 Send = Callable[[CommOut], None]
@@ -38,20 +39,22 @@ def install(send: Send, shell: Any) -> None:
     comm.create_comm = WorkerComm
 
 
-def receive(message: CommIn) -> dict:
+def receive(message: CommIn) -> Wire:
     """Hand a frontend's comm message to its comm, as a kernel's comm manager does; the
     content of the answer (an error if the comm is unknown or its callback raised)."""
     manager = comm.get_comm_manager()
     comm_id = message.content.get("comm_id")
-    if not isinstance(comm_id, str) or manager.get_comm(comm_id) is None:
+    target = manager.get_comm(comm_id) if isinstance(comm_id, str) else None
+    if target is None:
         return {"status": "error", "ename": "KeyError", "evalue": f"no comm {comm_id!r}"}
     msg = {"content": message.content, "buffers": message.buffers, "metadata": {},
            "header": {"msg_type": message.msg_type}}
     try:
         if message.msg_type == "comm_close":
-            manager.comm_close(None, None, msg)
+            # comm's annotations ask for the kernel's stream and identity, which it never uses
+            manager.comm_close(None, None, msg)  # pyright: ignore[reportArgumentType]
         else:
-            manager.get_comm(comm_id).handle_msg(msg)
+            target.handle_msg(msg)
     except Exception as exc:  # the callback's error: the frontend's message had no effect
         return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc)}
     finally:

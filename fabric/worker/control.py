@@ -8,15 +8,15 @@ msgpack map, its `op` naming the message, its other keys the message's fields.
                     ForkZygote    {op: fork_zygote, modules, site, req}    -> ZygoteForked
   zygote -> server  Forked        {op: forked, req, pid}
                     ZygoteForked  {op: zygote, req, pid} + the new zygote's control socket
-                    Refused       {op: refused, req, error}  a request it could not read
+                    ZygoteRefused {op: refused, req, error}  a request it could not read
                     Ready         {op: ready, pid, imported, failed}  once, after its imports
                     Exited        {op: exited, pid, status}  a child of this zygote ended
 
 Both ends read with `receive` (or `decode`), which accepts only the messages that end is sent,
 each with exactly its fields, of their types, and its descriptors: anything else is a
-`ZygoteProtocolError`, never dropped. A zygote answers one with `Refused` (`req` the request's
-when it had a readable one) and goes on serving; the server fails the request it answers. A
-zygote that sends one is broken: the server kills it and fails what waited on it.
+`ZygoteProtocolError`, never dropped. A zygote answers one with `ZygoteRefused` (`req` the
+request's when it had a readable one) and goes on serving; the server fails the request it
+answers. A zygote that sends one is broken: the server kills it and fails what waited on it.
 """
 
 from __future__ import annotations
@@ -31,19 +31,20 @@ import msgpack
 
 from .. import typed
 from ..errors import ZygoteProtocolError
+from ..protocol import Wire
 
 PACKET = 1 << 20  # largest control packet
 MAX_FDS = 4  # descriptors read with a packet; more are a refusal, never a leak
 
 
 @dataclass(frozen=True)
-class Message:
+class ZygoteMessage:
     """One message: its `op`, its fields (the dataclass's), the descriptors sent with it."""
 
     op: ClassVar[str]
     fds: ClassVar[int] = 0  # descriptors that travel with the message
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Wire:
         return {"op": self.op, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
     @classmethod
@@ -63,14 +64,14 @@ class Message:
 
 
 @dataclass(frozen=True)
-class Forked(Message):
+class Forked(ZygoteMessage):
     op: ClassVar[str] = "forked"
     req: int
     pid: int
 
 
 @dataclass(frozen=True)
-class ZygoteForked(Message):
+class ZygoteForked(ZygoteMessage):
     op: ClassVar[str] = "zygote"
     fds: ClassVar[int] = 1  # the new zygote's control socket
     req: int
@@ -78,14 +79,14 @@ class ZygoteForked(Message):
 
 
 @dataclass(frozen=True)
-class Refused(Message):
+class ZygoteRefused(ZygoteMessage):
     op: ClassVar[str] = "refused"
     req: int | None
     error: str
 
 
 @dataclass(frozen=True)
-class Ready(Message):
+class Ready(ZygoteMessage):
     op: ClassVar[str] = "ready"
     pid: int
     imported: list[str]
@@ -93,38 +94,41 @@ class Ready(Message):
 
 
 @dataclass(frozen=True)
-class Exited(Message):
+class Exited(ZygoteMessage):
     op: ClassVar[str] = "exited"
     pid: int
     status: int  # as os.waitpid reports it
 
 
 @dataclass(frozen=True)
-class ForkWorker(Message):
+class ForkWorker(ZygoteMessage):
     op: ClassVar[str] = "fork_worker"
-    answer: ClassVar[type[Message]] = Forked
+    answer: ClassVar[type[Forked]] = Forked
     endpoint: str
     store: str
     req: int = 0  # set by the server as it sends the request
 
 
 @dataclass(frozen=True)
-class ForkZygote(Message):
+class ForkZygote(ZygoteMessage):
     op: ClassVar[str] = "fork_zygote"
-    answer: ClassVar[type[Message]] = ZygoteForked
+    answer: ClassVar[type[ZygoteForked]] = ZygoteForked
     modules: list[str]  # what the new zygote imports, beyond its parent's
     site: str = ""  # an environment's site-packages it enters first (`env.enter`); "": none
     req: int = 0
 
 
-M = TypeVar("M", bound=Message)
+M = TypeVar("M", bound=ZygoteMessage)
 
-TO_ZYGOTE: tuple[type[Message], ...] = (ForkWorker, ForkZygote)
-TO_SERVER: tuple[type[Message], ...] = (Forked, ZygoteForked, Refused, Ready, Exited)
+TO_ZYGOTE = (ForkWorker, ForkZygote)
+TO_SERVER = (Forked, ZygoteForked, ZygoteRefused, Ready, Exited)
+ANSWERS = (Forked, ZygoteForked, ZygoteRefused)  # what answers a request, by its req
 
 
-def send(ctrl: socket.socket, message: Message, fds: Sequence[int] = ()) -> None:
-    data = msgpack.packb(message.to_wire(), use_bin_type=True)
+def send(ctrl: socket.socket, message: ZygoteMessage, fds: Sequence[int] = ()) -> None:
+    # msgpack is untyped, and pyright reads a None into packb's result (see protocol.pack)
+    data: bytes = msgpack.packb(  # pyright: ignore[reportAssignmentType]
+        message.to_wire(), use_bin_type=True)
     if fds:
         socket.send_fds(ctrl, [data], list(fds))
     else:

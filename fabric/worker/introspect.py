@@ -10,10 +10,12 @@ from IPython.core.completer import provisionalcompleter, rectify_completions
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.tokenutil import token_at_cursor
 
+from ..protocol import Wire
+
 TYPES_KEY = "_jupyter_types_experimental"  # the completion metadata JupyterLab reads
 
 
-def complete(shell: InteractiveShell, code: str, cursor: int) -> dict:
+def complete(shell: InteractiveShell, code: str, cursor: int) -> Wire:
     """A `complete_reply`'s content."""
     cursor = max(0, min(cursor, len(code)))
     with provisionalcompleter():
@@ -25,7 +27,7 @@ def complete(shell: InteractiveShell, code: str, cursor: int) -> dict:
                  "signature": c.signature} for c in found]}}
 
 
-def inspect(shell: InteractiveShell, code: str, cursor: int, detail: int) -> dict:
+def inspect(shell: InteractiveShell, code: str, cursor: int, detail: int) -> Wire:
     """An `inspect_reply`'s content."""
     name = token_at_cursor(code, max(0, min(cursor, len(code))))
     try:
@@ -38,8 +40,11 @@ def inspect(shell: InteractiveShell, code: str, cursor: int, detail: int) -> dic
 
 def collect_payloads(shell: InteractiveShell) -> None:
     """Route the pager and `set_next_input` to the shell's payload manager, as a kernel does."""
+    payloads = shell.payload_manager
+    assert payloads is not None, "an InteractiveShell makes its payload manager"
+
     def set_next_input(text: str, replace: bool = False) -> None:
-        shell.payload_manager.write_payload(
+        payloads.write_payload(
             {"source": "set_next_input", "text": text, "replace": replace})
 
     shell.set_hook("show_in_pager", page.as_hook(payloadpage.page), 99)
@@ -48,6 +53,8 @@ def collect_payloads(shell: InteractiveShell) -> None:
 
 def take_payloads(shell: InteractiveShell) -> list[dict]:
     """The cell's payloads, cleared for the next."""
-    payloads = shell.payload_manager.read_payload()
-    shell.payload_manager.clear_payload()
+    manager = shell.payload_manager
+    assert manager is not None, "an InteractiveShell makes its payload manager"
+    payloads = manager.read_payload()
+    manager.clear_payload()
     return [dict(p) for p in payloads]

@@ -53,7 +53,8 @@ class _Needs(ast.NodeTransformer):
 class Lazy:
     """The groups pending for the cell about to run, and what loading them cost it."""
 
-    def __init__(self, shell: InteractiveShell, get_objects: Callable[[list[str]], list],
+    def __init__(self, shell: InteractiveShell,
+                 get_objects: Callable[[list[str]], Iterable[codec.Encoded]],
                  loaded: Callable[[tuple[str, ...], str, int], None]) -> None:
         self.shell = shell
         self.get_objects = get_objects  # the blobs' encoded objects, read from the store

@@ -5,28 +5,30 @@ messages as these dataclasses and read them back with `decode`, which checks eve
 a message that is malformed, or whose `op` is unknown, raises `ProtocolError` and is never
 dropped or half-read.
 
-A cell, as the server drives it: on a host serving several users, a fresh worker's `Become`
-first; `Load` (0..n, each answered by `Loaded`, with `Notice`s of a
-long load's progress before it), then `Run`, answered by `Started`, `Output`s, `Notice`s,
-`Input`s (each answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells
-as `Run(replay=True)` and ends with `Settle` -> `Settled`. `Park` -> `Parked` moves a kept
-worker's torch storages off the GPU before its CUDA checkpoint, `Unpark` -> `Parked` back after
-its restore. `Sleep` -> `Sleeping` takes a worker to a dump (cool tier); on waking it says
-`Hello` again, as it does when it first connects.
-A cell's comms send `CommOut`s among its outputs. `Complete`, `Inspect` and `CommIn`, between
-cells, are answered by `Answered` (a `CommIn` after its callbacks' `Output`s and `CommOut`s).
-`Debug` -> `Debugging`, before a cell, opens the worker to a debugger (`worker.debugging`).
-`Exit` ends it.
+A cell, as the server drives it: on a host serving several users, a fresh worker's `Become` first;
+`Load` (0..n, each answered by `Loaded`, with `WorkerNotice`s of a long load's progress before it),
+then `RunCell`, answered by `Started`, `CellOutput`s, `WorkerNotice`s, `AskInput`s (each
+answered by an `InputReply`), `Saving` and finally `Done`. A replay runs its cells as
+`RunCell(replay=True)` and ends with `Settle` -> `Settled`. `Park` -> `Parked` moves a kept
+worker's torch storages off the GPU before its CUDA checkpoint, `Unpark` -> `Parked` back after its
+restore. `Sleep` -> `Sleeping` takes a worker to a dump (cool tier); on waking it says `Hello`
+again, as it does when it first connects.
+A cell's comms send `CommOut`s among its outputs. `CompleteCode`, `InspectName` and `CommIn`,
+between cells, are answered by `Answered` (a `CommIn` after its callbacks' `CellOutput`s and
+`CommOut`s). `DebugCells` -> `DebugPort`, before a cell, opens the worker to a debugger
+(`worker.debugging`). `Exit` ends it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .. import typed
 from ..errors import ProtocolError
+from ..protocol import Wire
 from ..snapshot.commit import Report
 from .account import Account
 
@@ -35,16 +37,16 @@ Groups = list[tuple[str, list[str]]]  # [blob, names] of each group to load
 Lazy = list[tuple[str, list[str], list[str]]]
 
 
-class Message:
+class WorkerMessage:
     """A message of this wire: `op` names it; its fields are its dataclass fields."""
 
     op: ClassVar[str]
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Wire:
         return {"op": self.op, **_plain(self)}
 
     @classmethod
-    def from_wire(cls, wire: dict) -> Message:
+    def from_wire(cls, wire: dict) -> WorkerMessage:
         """The message `wire` holds, every field checked; ProtocolError names what is wrong."""
         try:
             return cls(**typed.record(cls, wire, cls.op))
@@ -61,10 +63,10 @@ def _plain(record: Any) -> dict:
 # server -> worker
 
 @dataclass(frozen=True)
-class Load(Message):
+class Load(WorkerMessage):
     """Load groups and imports; the first load of a worker also sets its directory and ambient
     state (`cwd`, `ambient`: the blob of the session's ambient state). `device`: the leased GPUs
-    (as `Run`'s), for a load under a lease, where unpickling may initialize CUDA. `lazy`: groups
+    (as `RunCell`'s), for a load under a lease, where unpickling may initialize CUDA. `lazy`: groups
     the next cell loads only if it enters a branch that needs them (`worker.lazy`)."""
 
     op: ClassVar[str] = "load"
@@ -77,7 +79,7 @@ class Load(Message):
 
 
 @dataclass(frozen=True)
-class Become(Message):
+class Become(WorkerMessage):
     """Run as the session's user from now on (on a host serving several users): a fresh
     worker's first message, before anything of the session is loaded or run. Answered by
     `Loaded` (with the error, if the worker could not)."""
@@ -87,7 +89,7 @@ class Become(Message):
 
 
 @dataclass(frozen=True)
-class Rehome(Message):
+class Rehome(WorkerMessage):
     """The worker was restored on another host (carried there as a dump): it reads and writes
     that host's `store` from now on. Answered by `Loaded`."""
 
@@ -96,7 +98,7 @@ class Rehome(Message):
 
 
 @dataclass(frozen=True)
-class Run(Message):
+class RunCell(WorkerMessage):
     """Run a cell on the leased `device` (its GPUs' UUIDs, comma-joined, as
     CUDA_VISIBLE_DEVICES takes them) with `threads` intra-op threads; its
     save keeps the groups the cell cannot have `reached`. A `replay` runs a cell of a lineage
@@ -114,7 +116,7 @@ class Run(Message):
 
 
 @dataclass(frozen=True)
-class Settle(Message):
+class Settle(WorkerMessage):
     """After a replay, make the worker's state the head's but for `keep` (see
     `Worker.settle`); `want`: names that must be there afterwards."""
 
@@ -127,8 +129,8 @@ class Settle(Message):
 
 
 @dataclass(frozen=True)
-class InputReply(Message):
-    """The answer to an `Input`: the user's `value`, or why there is none."""
+class InputReply(WorkerMessage):
+    """The answer to an `AskInput`: the user's `value`, or why there is none."""
 
     op: ClassVar[str] = "input_reply"
     value: str | None = None
@@ -136,7 +138,7 @@ class InputReply(Message):
 
 
 @dataclass(frozen=True)
-class Complete(Message):
+class CompleteCode(WorkerMessage):
     """Between cells: the completions at `cursor` in `code`, answered by `Answered`."""
 
     op: ClassVar[str] = "complete"
@@ -145,7 +147,7 @@ class Complete(Message):
 
 
 @dataclass(frozen=True)
-class Inspect(Message):
+class InspectName(WorkerMessage):
     """Between cells: what the name at `cursor` in `code` is (`detail` 1: its source too)."""
 
     op: ClassVar[str] = "inspect"
@@ -155,7 +157,7 @@ class Inspect(Message):
 
 
 @dataclass(frozen=True)
-class CommIn(Message):
+class CommIn(WorkerMessage):
     """Between cells: a frontend's `comm_msg` or `comm_close` to a comm of the worker, handled
     by its callbacks (whose outputs and comm messages come first), answered by `Answered`."""
 
@@ -167,7 +169,7 @@ class CommIn(Message):
 
 
 @dataclass(frozen=True)
-class Sleep(Message):
+class Sleep(WorkerMessage):
     """Sleep through a dump; on waking, connect in `wake_dir` (the directory of the server
     that restores it, when that is another host's), else where it connected before."""
 
@@ -176,7 +178,7 @@ class Sleep(Message):
 
 
 @dataclass(frozen=True)
-class Park(Message):
+class Park(WorkerMessage):
     """Between cells, before the driver checkpoints the worker: move its torch storages off the
     GPU into pinned host memory (`worker.parking`). Answered by `Parked`."""
 
@@ -184,7 +186,7 @@ class Park(Message):
 
 
 @dataclass(frozen=True)
-class Unpark(Message):
+class Unpark(WorkerMessage):
     """After the driver restored the worker: put back on the GPU what `Park` moved. Answered by
     `Parked`."""
 
@@ -192,30 +194,30 @@ class Unpark(Message):
 
 
 @dataclass(frozen=True)
-class Debug(Message):
+class DebugCells(WorkerMessage):
     """Before a cell, while the session's frontend debugs: serve the debug adapter protocol
     (debugpy, started once per worker) on a local port, for the server to connect to; with
-    `trace` false, once it no longer debugs: run cells untraced. Answered by `Debugging`."""
+    `trace` false, once it no longer debugs: run cells untraced. Answered by `DebugPort`."""
 
     op: ClassVar[str] = "debug"
     trace: bool = True
 
 
 @dataclass(frozen=True)
-class Exit(Message):
+class Exit(WorkerMessage):
     op: ClassVar[str] = "exit"
 
 
 # worker -> server
 
 @dataclass(frozen=True)
-class Hello(Message):
+class Hello(WorkerMessage):
     op: ClassVar[str] = "hello"
     pid: int
 
 
 @dataclass(frozen=True)
-class Loaded(Message):
+class Loaded(WorkerMessage):
     op: ClassVar[str] = "loaded"
     seconds: float = 0.0
     error: str | None = None
@@ -223,15 +225,15 @@ class Loaded(Message):
 
 
 @dataclass(frozen=True)
-class Answered(Message):
-    """A `Complete` or `Inspect` answered: the content of Jupyter's reply to it."""
+class Answered(WorkerMessage):
+    """A `CompleteCode` or `InspectName` answered: the content of Jupyter's reply to it."""
 
     op: ClassVar[str] = "answered"
     content: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class Started(Message):
+class Started(WorkerMessage):
     """The cell's code begins. It carries no time: a worker restored by CRIU runs in a time
     namespace of its own, whose monotonic clock is not the server's."""
 
@@ -239,7 +241,7 @@ class Started(Message):
 
 
 @dataclass(frozen=True)
-class Saving(Message):
+class Saving(WorkerMessage):
     """The cell's code is over; its state saves (an interrupt stops the save: what is not
     written yet stays unsaved, held by the worker)."""
 
@@ -247,7 +249,7 @@ class Saving(Message):
 
 
 @dataclass(frozen=True)
-class Output(Message):
+class CellOutput(WorkerMessage):
     """An nbformat output (or clear_output, update_display_data) of the running cell."""
 
     op: ClassVar[str] = "output"
@@ -255,7 +257,7 @@ class Output(Message):
 
 
 @dataclass(frozen=True)
-class Notice(Message):
+class WorkerNotice(WorkerMessage):
     """What llfabric did, apart from the cell's outputs (`fabric.notices`)."""
 
     op: ClassVar[str] = "notice"
@@ -264,7 +266,7 @@ class Notice(Message):
 
 
 @dataclass(frozen=True)
-class CommOut(Message):
+class CommOut(WorkerMessage):
     """A comm message of the running cell (`comm_open`, `comm_msg`, `comm_close`), as a kernel
     would publish it: its `content`, `metadata` and binary `buffers`."""
 
@@ -281,14 +283,16 @@ class CommOut(Message):
 
 
 @dataclass(frozen=True)
-class Input(Message):
+class AskInput(WorkerMessage):
+    """The running cell called input() or getpass(): the `prompt` its user answers."""
+
     op: ClassVar[str] = "input"
     prompt: str
     password: bool = False
 
 
 @dataclass(frozen=True)
-class Done(Message):
+class Done(WorkerMessage):
     """The cell ended (`status` ok or error, `ename`); `saved`, unless it was a replay or its
     save `failed` (a FabricError's wire form: a full disk). `lazy`: seconds it spent loading
     groups a branch needed; `unneeded`: the names of those it never needed, never loaded."""
@@ -306,7 +310,7 @@ class Done(Message):
 
 
 @dataclass(frozen=True)
-class Settled(Message):
+class Settled(WorkerMessage):
     op: ClassVar[str] = "settled"
     diverged: list[str] = field(default_factory=list)
     loaded: list[str] = field(default_factory=list)
@@ -318,7 +322,7 @@ class Settled(Message):
 
 
 @dataclass(frozen=True)
-class Parked(Message):
+class Parked(WorkerMessage):
     """What a `Park` moved into host memory (`moved` bytes; what torch still holds on the device,
     `left`, goes through the driver's checkpoint) or why it moved nothing (`fallback`: the driver
     takes the whole process); after an `Unpark`, all zero. `error`: the move failed."""
@@ -332,7 +336,7 @@ class Parked(Message):
 
 
 @dataclass(frozen=True)
-class Debugging(Message):
+class DebugPort(WorkerMessage):
     """The port on 127.0.0.1 where the worker's debug adapter takes a client, or why it has
     none (`error`)."""
 
@@ -342,29 +346,30 @@ class Debugging(Message):
 
 
 @dataclass(frozen=True)
-class Sleeping(Message):
+class Sleeping(WorkerMessage):
     op: ClassVar[str] = "sleeping"
     pid: int
 
 
 @dataclass(frozen=True)
-class Refused(Message):
+class Refused(WorkerMessage):
     """The worker could not read a message (malformed, or of an op it does not take)."""
 
     op: ClassVar[str] = "error"
     message: str
 
 
-TO_WORKER = {m.op: m for m in (Become, Rehome, Load, Run, Settle, InputReply, Complete, Inspect,
-                               CommIn, Park, Unpark, Sleep, Debug, Exit)}
-FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Output, CommOut,
-                                 Notice, Input, Done, Settled, Parked, Debugging, Sleeping,
-                                 Refused)}
+TO_WORKER = {m.op: m for m in (Become, Rehome, Load, RunCell, Settle, InputReply, CompleteCode,
+                               InspectName, CommIn, Park, Unpark, Sleep, DebugCells, Exit)}
+FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, CellOutput, CommOut,
+                                 WorkerNotice, AskInput, Done, Settled, Parked, DebugPort,
+                                 Sleeping, Refused)}
 
 
-def decode(wire: dict, ops: dict[str, type[Message]]) -> Message:
+def decode(wire: dict, ops: Mapping[str, type[WorkerMessage]]) -> WorkerMessage:
     """The message of `ops` (TO_WORKER or FROM_WORKER) that `wire` holds."""
-    kind = ops.get(wire.get("op"))  # type: ignore[arg-type]
+    op = wire.get("op")
+    kind = ops.get(op) if isinstance(op, str) else None
     if kind is None:
         raise ProtocolError(f"unknown worker message {wire.get('op')!r}")
     return kind.from_wire(wire)

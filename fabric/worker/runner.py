@@ -51,27 +51,25 @@ from .fdcapture import FdCapture
 from .messages import (
     TO_WORKER,
     Answered,
+    AskInput,
     Become,
+    CellOutput,
     CommIn,
-    Complete,
-    Debug,
-    Debugging,
+    CompleteCode,
+    DebugCells,
+    DebugPort,
     Done,
     Exit,
     Hello,
-    Input,
     InputReply,
-    Inspect,
+    InspectName,
     Load,
     Loaded,
-    Message,
-    Notice,
-    Output,
     Park,
     Parked,
     Refused,
     Rehome,
-    Run,
+    RunCell,
     Saving,
     Settle,
     Settled,
@@ -79,6 +77,8 @@ from .messages import (
     Sleeping,
     Started,
     Unpark,
+    WorkerMessage,
+    WorkerNotice,
     decode,
 )
 from .shell import OutStream, ZMQInteractiveShell
@@ -100,13 +100,13 @@ class _Channel:
         self.socket.connect(endpoint)
         self.endpoint = endpoint
 
-    def send(self, message: Message) -> None:
+    def send(self, message: WorkerMessage) -> None:
         if forked.in_child():  # the wire is the worker's: a copy would garble it, or hang on
             return  # a lock another thread held at the fork
         with self._lock:
             self.socket.send(protocol.pack(message.to_wire()))
 
-    def recv(self) -> Message:
+    def recv(self) -> WorkerMessage:
         """The server's next message; ProtocolError if it is not one this wire has."""
         return decode(protocol.unpack(self.socket.recv()), TO_WORKER)
 
@@ -162,7 +162,7 @@ class Worker:
         """Ask the user, through the server and the client, as a kernel asks its frontend."""
         for stream in self._streams:
             stream.flush()
-        self.channel.send(Input(str(prompt), password))
+        self.channel.send(AskInput(str(prompt), password))
         reply = self.channel.recv()
         if not isinstance(reply, InputReply):
             raise ProtocolError(f"the server answered input() with {reply.op!r}")
@@ -179,7 +179,7 @@ class Worker:
     def _sink(self, kind: str, **fields: Any) -> None:
         # nbformat's output types, plus clear_output and update_display_data as frontends know
         # them
-        self.channel.send(Output({"output_type": kind, **fields}))
+        self.channel.send(CellOutput({"output_type": kind, **fields}))
 
     def _flush_forever(self) -> None:
         while True:
@@ -190,10 +190,10 @@ class Worker:
     def serve(self) -> None:
         threading.Thread(target=self._flush_forever, daemon=True).start()
         self.channel.send(Hello(os.getpid()))
-        handlers = {Become: self.become, Rehome: self.rehome, Load: self.load, Run: self.run,
+        handlers = {Become: self.become, Rehome: self.rehome, Load: self.load, RunCell: self.run,
                     Settle: self.settle, Park: self.park, Unpark: self.unpark,
-                    Sleep: self.sleep, Complete: self.complete,
-                    Inspect: self.inspect, CommIn: self.comm, Debug: self.debug}
+                    Sleep: self.sleep, CompleteCode: self.complete,
+                    InspectName: self.inspect, CommIn: self.comm, DebugCells: self.debug}
         while True:
             try:
                 message = self.channel.recv()
@@ -223,21 +223,21 @@ class Worker:
         except Exception as exc:
             return Parked(error=f"{type(exc).__name__}: {exc}")
 
-    def debug(self, message: Debug) -> Debugging:
+    def debug(self, message: DebugCells) -> DebugPort:
         try:
             if not message.trace:
                 debugging.stop()
-                return Debugging()
+                return DebugPort()
             port = debugging.start(self.shell)
         except Exception as exc:  # the server tells the frontend why it cannot debug
-            return Debugging(error=f"{type(exc).__name__}: {exc}")
+            return DebugPort(error=f"{type(exc).__name__}: {exc}")
         self.base_environ.update(debugging.ENVIRON)  # llfabric's, never saved as the session's
-        return Debugging(port)
+        return DebugPort(port)
 
-    def complete(self, message: Complete) -> Answered:
+    def complete(self, message: CompleteCode) -> Answered:
         return Answered(self._answer(introspect.complete, message.code, message.cursor))
 
-    def inspect(self, message: Inspect) -> Answered:
+    def inspect(self, message: InspectName) -> Answered:
         return Answered(self._answer(introspect.inspect, message.code, message.cursor,
                                      message.detail))
 
@@ -323,7 +323,7 @@ class Worker:
         self.saver = DeltaSaver(self.store)
         return Loaded()
 
-    def run(self, message: Run) -> Done:
+    def run(self, message: RunCell) -> Done:
         _use_devices(message.device)
         if message.threads > 0:  # the leased cores
             self.threads.grant(message.threads)
@@ -371,6 +371,7 @@ class Worker:
         # An interrupt now stops the save (user code runs in it: a value's `__reduce__`, its
         # `__repr__`): what is not written yet stays unsaved, held by this worker.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        assert result is not None, "run_cell returns its result or raises"
         error = result.error_in_exec or result.error_before_exec
         saved = failed = None
         try:
@@ -447,7 +448,7 @@ class Worker:
 
     def _notice(self, topic: str, text: str) -> None:
         """Tell the server what llfabric did, apart from the cell's outputs."""
-        self.channel.send(Notice(topic, text))
+        self.channel.send(WorkerNotice(topic, text))
 
     def _progress(self, doing: str) -> Any:
         def report(done: int, total: int) -> None:
@@ -493,8 +494,8 @@ class Worker:
         parts = _pickled_parts(self.ambient)
         saved = self.ambient_saved
         if saved is None or saved[1] != parts or not self.store.has(saved[0]):
-            self.ambient_saved = (self.store.put(pickle.dumps(self.ambient)), parts)
-        return self.ambient_saved[0]
+            saved = self.ambient_saved = (self.store.put(pickle.dumps(self.ambient)), parts)
+        return saved[0]
 
 
 def _pickled_parts(state: dict[str, Any]) -> dict[str, bytes]:

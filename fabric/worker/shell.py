@@ -23,6 +23,7 @@ from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 
+from ..protocol import Wire
 from . import cellfiles, env
 from .bookkeeping import is_bookkeeping
 
@@ -35,16 +36,23 @@ def _jsonable(bundle: dict) -> dict:
             for k, v in bundle.items()}
 
 
+def _sink(shell: InteractiveShell | None) -> Sink:
+    """Where the display publisher and hook of the worker's shell send what they show."""
+    assert isinstance(shell, ZMQInteractiveShell), "only the worker's shell makes them"
+    return shell.sink
+
+
 class _Publisher(DisplayPublisher):
     def publish(self, data: dict, metadata: dict | None = None, *args: Any,
                 transient: dict | None = None, update: bool = False, **kwargs: Any) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        self.shell.sink("update_display_data" if update else "display_data",
-                        data=_jsonable(data), metadata=metadata or {}, transient=transient or {})
+        _sink(self.shell)("update_display_data" if update else "display_data",
+                          data=_jsonable(data), metadata=metadata or {},
+                          transient=transient or {})
 
     def clear_output(self, wait: bool = False) -> None:
-        self.shell.sink("clear_output", wait=wait)
+        _sink(self.shell)("clear_output", wait=wait)
 
 
 class _DisplayHook(DisplayHook):
@@ -54,8 +62,8 @@ class _DisplayHook(DisplayHook):
     def write_format_data(self, format_dict: dict, md_dict: dict | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        self.shell.sink("execute_result", data=_jsonable(format_dict), metadata=md_dict or {},
-                        execution_count=self.prompt_count)
+        _sink(self.shell)("execute_result", data=_jsonable(format_dict),
+                          metadata=md_dict or {}, execution_count=self.prompt_count)
 
     def finish_displayhook(self) -> None:
         self._is_active = False
@@ -150,14 +158,14 @@ class ZMQInteractiveShell(InteractiveShell):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sink: Sink = lambda kind, **fields: None
-        self._parent: dict = {}
+        self._parent: Wire = {}
 
     # The frontend's request being handled, as a kernel's shell has it: an output widget
     # captures what is output under its msg_id (`ipywidgets.Output`).
-    def get_parent(self) -> dict:
+    def get_parent(self) -> Wire:
         return self._parent
 
-    def set_parent(self, parent: dict) -> None:
+    def set_parent(self, parent: Wire) -> None:
         self._parent = parent
 
     def handling(self, parent_id: str | None) -> None:
@@ -167,6 +175,7 @@ class ZMQInteractiveShell(InteractiveShell):
 
     def init_history(self) -> None:
         super().init_history()
+        assert self.history_manager is not None, "init_history made it"
         self.history_manager.enabled = False
 
     def enable_gui(self, gui: str | None = None) -> None:
@@ -200,6 +209,7 @@ def make_shell(user_ns: dict | None = None) -> ZMQInteractiveShell:
         from ipykernel.zmqshell import KernelMagics
 
         shell.register_magics(KernelMagics)
+    assert shell.extension_manager is not None, "an InteractiveShell makes its extension manager"
     shell.extension_manager.load_extension("storemagic")
     shell.user_ns["__name__"] = "__main__"
     env.install_magics(shell)

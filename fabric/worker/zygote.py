@@ -8,7 +8,7 @@ from its nearest ancestor and imports only what is missing.
 The server drives a zygote over its control socket (see `control` for the messages): fork a
 worker, fork a child zygote (whose control socket goes back with the answer); the zygote reports
 `Ready` once after its imports and `Exited` for each child that ends. A message it cannot read
-gets a `Refused` answer, and the zygote goes on serving. A zygote exits when its control
+gets a `ZygoteRefused` answer, and the zygote goes on serving. A zygote exits when its control
 socket closes (the server evicted it or went away); a worker dies with its zygote
 (PR_SET_PDEATHSIG). Zygotes do not die with their parent zygote: evicting an ancestor must not
 take the families forked from it.
@@ -88,8 +88,9 @@ class Zygote:
                 try:
                     received = control.receive(self.ctrl, control.TO_ZYGOTE)
                 except ZygoteProtocolError as exc:  # the server's mistake: answered, not dropped
-                    control.send(self.ctrl, control.Refused(req=exc.fields.get("req"),
-                                                            error=exc.message))
+                    req = exc.fields.get("req")
+                    control.send(self.ctrl, control.ZygoteRefused(
+                        req=req if isinstance(req, int) else None, error=exc.message))
                     continue
                 if received is None:
                     os._exit(0)  # the server went away

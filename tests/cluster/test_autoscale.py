@@ -7,12 +7,16 @@ must not share the machine with another Ray cluster."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clusters import agent_ports
 from helpers import RunningServer, execute_in_thread, serving, text, wait_until
 
 from fabric.client import Client
@@ -20,6 +24,11 @@ from fabric.messages import Executed, Output, Queued
 from fabric.status import HostStatus
 
 ray_utils = pytest.importorskip("ray.cluster_utils")
+told_raylets = pytest.importorskip("told_raylets")
+# the type the fake provider tags its head node with: a configuration naming the head otherwise
+# makes the autoscaler launch (and remove) a node of that type on every pass
+HEAD = pytest.importorskip("ray.autoscaler._private.fake_multi_node.node_provider"
+                           ).FAKE_HEAD_NODE_TYPE
 
 WORKER = {"resources": {"CPU": 1, "llfabric_slots": 1}, "node_config": {},
           "min_workers": 0, "max_workers": 1}
@@ -27,23 +36,47 @@ WORKER = {"resources": {"CPU": 1, "llfabric_slots": 1}, "node_config": {},
 
 class FakeAutoscaling(ray_utils.AutoscalingCluster):
     """Ray's fake multi-node autoscaler, its configuration written here in full: Ray's wheel
-    leaves out the file the base class reads it from."""
+    leaves out the file the base class reads it from. Its raylets are told every agent port: one
+    left to learn one waits a fixed 15 s for its agent, which a loaded machine's slow Python start
+    overruns (the raylet then aborts)."""
 
     def _generate_config(self, head_resources: dict, worker_node_types: dict,
                          autoscaler_v2: bool = False, **settings: object) -> dict:
         return {
-            "cluster_name": "llfabric-autoscale", "max_workers": 2, "head_node_type": "head",
-            "provider": {"type": "fake_multinode", "use_node_id_as_ip": True,
+            "cluster_name": "llfabric-autoscale", "max_workers": 2, "head_node_type": HEAD,
+            "provider": {"type": "external", "module": "told_raylets.Provider",
+                         "use_node_id_as_ip": True,
                          "disable_node_updaters": True, "disable_launch_config_check": True},
             "available_node_types": {
                 **worker_node_types,
-                "head": {"resources": dict(head_resources), "node_config": {}, "max_workers": 0}},
+                HEAD: {"resources": dict(head_resources), "node_config": {}, "max_workers": 0}},
             "auth": {}, "docker": {}, "upscaling_speed": 1.0, "file_mounts": {},
             "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
             "worker_setup_commands": [], "head_start_ray_commands": [],
             "worker_start_ray_commands": [], "cluster_synced_files": [],
             "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": [],
             **settings}
+
+    def start(self, override_env: dict[str, str] | None = None) -> None:
+        subprocess.check_call(["ray", "stop", "--force"])
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as config:
+            json.dump(self._config, config)
+        resources = dict(self._head_resources)
+        ports = agent_ports()
+        subprocess.check_call(
+            [sys.executable, told_raylets.__file__, "start", "--head",
+             f"--autoscaling-config={config.name}",
+             f"--num-cpus={resources.pop('CPU')}",
+             f"--object-store-memory={resources.pop('object_store_memory')}",
+             f"--dashboard-agent-grpc-port={ports['metrics_agent_port']}",
+             f"--metrics-export-port={ports['metrics_export_port']}",
+             f"--runtime-env-agent-port={ports['runtime_env_agent_port']}",
+             f"--dashboard-agent-listen-port={ports['dashboard_agent_listen_port']}"],
+            env={**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
+                 # where the autoscaler finds the provider
+                 "PYTHONPATH": os.pathsep.join(
+                     [str(Path(told_raylets.__file__).parent), os.environ.get("PYTHONPATH", "")]),
+                 **(override_env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +109,7 @@ def hosts(client: Client) -> list[HostStatus]:
 def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
         autoscaling: RunningServer, tmp_path: Path) -> None:
     with autoscaling.client(timeout=120) as client:
-        assert len(hosts(client)) == 1  # the head alone
+        wait_until(lambda: len(hosts(client)) == 1, "the head's host alive")  # the head alone
         for name in ("busy", "waiting"):
             client.call("open", session=name, cwd=str(tmp_path))
         head = hosts(client)[0].name

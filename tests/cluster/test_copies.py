@@ -48,4 +48,6 @@ def test_a_node_removed_loses_no_commit_without_a_remote(ray_cluster, client: Cl
                                 if h.name == host).alive, "the door sees the host lost")
     reply, outputs = execute(client, "kept", "print(int(second.sum()), len(first))")
     assert text(outputs) == f"{2 * sum(range(100_000))} 100000\n"
-    assert reply["host"] != host and reply["version"] == 3
+    # no commit lost: the session goes on from the last one (version 2), the reading cell making
+    # a version of its own or not
+    assert reply["host"] != host and reply["version"] >= 2

@@ -17,6 +17,9 @@ from fabric.auth import Keys
 from fabric.cluster.peers import PEER, Peers, PeerServer, write_peers
 from fabric.errors import StoreError
 from fabric.snapshot import Group, Manifest, Store, codec
+from fabric.snapshot.commit import spread
+from fabric.snapshot.peers import PeerTier
+from fabric.snapshot.remote import RemoteTier
 
 
 def _port() -> int:
@@ -56,7 +59,7 @@ def _host(tmp_path: Path, origin: Store, peers: list[dict], pair: tuple[str, str
     """Another host, sharing the origin's remote and key, reading it as a peer."""
     path = tmp_path / "peers.json"
     write_peers(path, pair, peers)
-    return Store(tmp_path / "other", key=origin.key, remote=origin.remote.url,
+    return Store(tmp_path / "other", key=origin.key, remote=origin.tier(RemoteTier).url,
                  peers=Peers(path))
 
 
@@ -98,7 +101,8 @@ def test_a_key_that_is_not_the_clusters_reads_nothing(
     ident = store.put(b"private")
     stranger = tuple(k.decode() for k in zmq.curve_keypair())
     other = _host(tmp_path, store, [entry], stranger)
-    assert other.peers.locate([ident]) == {}  # refused: it waited, then gave up on the peer
+    # refused: it waited, then gave up on the peer
+    assert other.tier(PeerTier).locate([ident]) == {}
     other.fetch([ident])
     assert other.sourced == {"remote": len(b"private")}
 
@@ -127,10 +131,10 @@ def test_without_a_remote_each_commit_is_kept_on_copies_hosts_and_the_newest_hea
     try:
         a = stores["a"]
         first, _ = _commit(a, "s", {"x": np.arange(300_000)}, None)
-        assert a.spread("s", first) == 0
+        assert spread(a, "s", first).short == 0
         keeper = next(n for n in "bc" if stores[n].head("s") == first)  # one other host
         second, ident = _commit(a, "s", {"x": np.arange(400_000)}, first)
-        assert a.spread("s", second) == 0
+        assert spread(a, "s", second).short == 0
         assert stores[keeper].head("s") == second  # the same host keeps the session's next
         other = stores[next(n for n in "bc" if n != keeper)]
         assert other.head("s") is None
@@ -144,9 +148,10 @@ def test_without_a_remote_each_commit_is_kept_on_copies_hosts_and_the_newest_hea
                               np.arange(400_000))
         with pytest.raises(StoreError, match="of session s, not t"):
             stores[keeper].keep("t", second)
-        stores[keeper].copies = 4  # more copies than hosts answer: it says how many short
+        # more copies than hosts answer: it says how many short
+        stores[keeper].tier(PeerTier).copies = 4
         third, _ = _commit(stores[keeper], "s", {"x": 3}, second)
-        assert stores[keeper].spread("s", third) == 2
+        assert spread(stores[keeper], "s", third).short == 2
     finally:
         for n in "bc":
             served[n][0].stop()

@@ -9,10 +9,11 @@ import pytest
 
 from fabric.errors import TraceError
 from fabric.fleet.replay import LiveCell, plan, simulated
-from fabric.fleet.sessions import Cell, Session
+from fabric.fleet.sessions import ModelledCell, ModelledSession
 
-TRACE = [Session(0, 0.0, (Cell(30, 600, 1, True), Cell(120, 5, 1, False),
-                          Cell(6000, 3000, 1, True)))]
+TRACE = [ModelledSession(0, 0.0, (ModelledCell(30, 600, 1, True),
+                                  ModelledCell(120, 5, 1, False),
+                                  ModelledCell(6000, 3000, 1, True)))]
 
 
 def _notebook(path: Path, cells: int) -> Path:

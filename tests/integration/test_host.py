@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from fabric import service
+from fabric.doctor import clashing_distributions
 from fabric.errors import ConfigError
 
 LLFABRIC = [sys.executable, "-m", "cli.main"]
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ("kernel", "criu", "pycriu", "llfabric-init", "store disk", "store dir", "runtime dir",
-          "capabilities")
+CHECKS = ("import name", "kernel", "criu", "pycriu", "llfabric-init", "store disk", "store dir",
+          "runtime dir", "capabilities")
 
 
 def _llfabric(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -64,7 +65,19 @@ def test_doctor_warns_without_criu_and_names_the_fix(tmp_path: Path) -> None:
                      LLFABRIC_CRIU=str(tmp_path / "no-criu"))
     assert done.returncode == 0  # zygotes still serve
     assert _lines(done.stdout)["criu"] == "WARN"
-    assert "fix: `make criu`" in done.stdout
+    assert "fix: install CRIU 4.x" in done.stdout and "`make criu`" in done.stdout
+
+
+def test_the_name_clash_check_finds_another_distribution_with_a_fabric_package(
+        tmp_path: Path) -> None:
+    assert clashing_distributions() == []  # this venv: llfabric's `fabric` alone
+    for name, files in (("fabric", "fabric/__init__.py"), ("llfabric", "fabric/__init__.py"),
+                        ("fabricate", "fabricate/__init__.py")):
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "RECORD").write_text(f"{files},,\n")
+    assert clashing_distributions([str(tmp_path)]) == ["fabric"]
 
 
 def test_service_install_writes_a_unit_systemd_accepts(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fake_cuda import FakeDriver
 
-from fabric.pool.cuda import State
+from fabric.pool.cuda import ProcessState
 
 GPU_PY = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
 
@@ -38,7 +38,7 @@ def test_a_driver_that_refuses_or_answers_wrongly_says_so(bench) -> None:
     refusing.fail["state"] = ("cuCheckpointProcessGetState failed: CUDA_ERROR_NOT_SUPPORTED", None)
     assert "CUDA_ERROR_NOT_SUPPORTED" in bench.checkpoint_probe(refusing)
     wrong = FakeDriver()
-    wrong.default = State.FAILED
+    wrong.default = ProcessState.FAILED
     assert "FAILED for a running process" in bench.checkpoint_probe(wrong)
 
 
@@ -47,9 +47,9 @@ def test_a_driver_that_never_answers_is_not_waited_for(bench) -> None:
     released = threading.Event()
 
     class Hanging(FakeDriver):
-        def state(self, pid: int) -> State:
+        def state(self, pid: int) -> ProcessState:
             released.wait()
-            return State.RUNNING
+            return ProcessState.RUNNING
 
     try:
         assert "gave no answer within" in bench.checkpoint_probe(Hanging())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from fake_cuda import FakeDriver
 
-from fabric.pool.cuda import State
+from fabric.pool.cuda import ProcessState
 from fabric.pool.parking import ParkFailed, resume, resume_tree, suspend, suspend_tree
 
 PID = 4242
@@ -22,9 +22,9 @@ def steps(driver: FakeDriver) -> list[str]:
 def test_suspend_locks_then_checkpoints_and_resume_reverses_it() -> None:
     driver = FakeDriver()
     assert suspend(driver, PID) is True
-    assert driver.states[PID] is State.CHECKPOINTED
+    assert driver.states[PID] is ProcessState.CHECKPOINTED
     resume(driver, PID)
-    assert driver.states[PID] is State.RUNNING
+    assert driver.states[PID] is ProcessState.RUNNING
     assert steps(driver) == ["lock", "checkpoint", "restore", "unlock"]
 
 
@@ -48,7 +48,7 @@ def test_lock_timeout_leaves_the_worker_running() -> None:
     driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
     with pytest.raises(ParkFailed, match="cannot lock"):
         suspend(driver, PID)
-    assert driver.states[PID] is State.RUNNING
+    assert driver.states[PID] is ProcessState.RUNNING
     assert steps(driver) == ["lock"]
 
 
@@ -57,21 +57,21 @@ def test_failed_checkpoint_unlocks_a_still_locked_worker() -> None:
     driver.fail["checkpoint"] = ("CUDA_ERROR_OUT_OF_MEMORY", None)
     with pytest.raises(ParkFailed, match="cannot checkpoint"):
         suspend(driver, PID)
-    assert driver.states[PID] is State.RUNNING
+    assert driver.states[PID] is ProcessState.RUNNING
     assert steps(driver) == ["lock", "checkpoint", "unlock"]
 
 
 def test_checkpoint_that_leaves_failed_state_is_reported() -> None:
     driver = FakeDriver()
-    driver.fail["checkpoint"] = ("CUDA_ERROR_UNKNOWN", State.FAILED)
+    driver.fail["checkpoint"] = ("CUDA_ERROR_UNKNOWN", ProcessState.FAILED)
     with pytest.raises(ParkFailed, match="cannot checkpoint"):
         suspend(driver, PID)
-    assert driver.states[PID] is State.FAILED
+    assert driver.states[PID] is ProcessState.FAILED
     assert steps(driver) == ["lock", "checkpoint"]  # nothing to unlock in FAILED
 
 
 def test_suspend_refuses_a_locked_or_failed_worker() -> None:
-    for state in (State.LOCKED, State.FAILED):
+    for state in (ProcessState.LOCKED, ProcessState.FAILED):
         driver = FakeDriver()
         driver.states[PID] = state
         with pytest.raises(ParkFailed, match=state.name):
@@ -81,7 +81,7 @@ def test_suspend_refuses_a_locked_or_failed_worker() -> None:
 
 def test_failed_state_query_is_a_park_failure_on_resume() -> None:
     driver = FakeDriver()
-    driver.states[PID] = State.CHECKPOINTED
+    driver.states[PID] = ProcessState.CHECKPOINTED
     driver.fail["state"] = ("CUDA_ERROR_NOT_INITIALIZED", None)
     with pytest.raises(ParkFailed, match="cannot resume"):
         resume(driver, PID)
@@ -90,10 +90,10 @@ def test_failed_state_query_is_a_park_failure_on_resume() -> None:
 def test_failed_restore_is_a_park_failure() -> None:
     driver = FakeDriver()
     suspend(driver, PID)
-    driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", State.FAILED)
+    driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", ProcessState.FAILED)
     with pytest.raises(ParkFailed, match="cannot resume"):
         resume(driver, PID)
-    assert driver.states[PID] is State.FAILED
+    assert driver.states[PID] is ProcessState.FAILED
 
 
 def test_failed_unlock_is_a_park_failure() -> None:
@@ -102,19 +102,19 @@ def test_failed_unlock_is_a_park_failure() -> None:
     driver.fail["unlock"] = ("CUDA_ERROR_UNKNOWN", None)
     with pytest.raises(ParkFailed, match="cannot resume"):
         resume(driver, PID)
-    assert driver.states[PID] is State.LOCKED
+    assert driver.states[PID] is ProcessState.LOCKED
 
 
 def test_resume_of_a_locked_worker_only_unlocks() -> None:
     driver = FakeDriver()
-    driver.states[PID] = State.LOCKED  # e.g. a restore that succeeded before a crash
+    driver.states[PID] = ProcessState.LOCKED  # e.g. a restore that succeeded before a crash
     resume(driver, PID)
-    assert steps(driver) == ["unlock"] and driver.states[PID] is State.RUNNING
+    assert steps(driver) == ["unlock"] and driver.states[PID] is ProcessState.RUNNING
 
 
 def test_resume_of_a_failed_worker_is_a_park_failure() -> None:
     driver = FakeDriver()
-    driver.states[PID] = State.FAILED
+    driver.states[PID] = ProcessState.FAILED
     with pytest.raises(ParkFailed, match="FAILED"):
         resume(driver, PID)
     assert steps(driver) == []
@@ -125,7 +125,7 @@ def test_checkpoint_reported_done_but_not_checkpointed_is_a_failure() -> None:
 
     def lying_checkpoint(pid: int) -> None:  # the call returns, the state says otherwise
         driver.calls.append(("checkpoint", pid))
-        driver.states[pid] = State.FAILED
+        driver.states[pid] = ProcessState.FAILED
 
     driver.checkpoint = lying_checkpoint
     with pytest.raises(ParkFailed, match="FAILED after its checkpoint"):
@@ -140,16 +140,16 @@ def test_a_worker_and_the_processes_it_started_park_and_resume_together() -> Non
     driver = FakeDriver()
     driver.without_cuda.add(LOADER)  # a DataLoader worker that never touched CUDA
     assert suspend_tree(driver, [PID, RANK, LOADER]) is True
-    assert driver.states[PID] is driver.states[RANK] is State.CHECKPOINTED
+    assert driver.states[PID] is driver.states[RANK] is ProcessState.CHECKPOINTED
     assert LOADER not in driver.states
     resume_tree(driver, [PID, RANK, LOADER], {"gpu-a": "gpu-b"})
-    assert driver.states[PID] is driver.states[RANK] is State.RUNNING
+    assert driver.states[PID] is driver.states[RANK] is ProcessState.RUNNING
     assert [pid for pid, _ in driver.moves] == [PID, RANK]  # both moved to the new GPU
 
 
 def test_a_tree_parks_all_or_none() -> None:
     driver = FakeDriver()
-    driver.states[RANK] = State.FAILED  # a rank the driver cannot checkpoint
+    driver.states[RANK] = ProcessState.FAILED  # a rank the driver cannot checkpoint
     with pytest.raises(ParkFailed, match=str(RANK)):
         suspend_tree(driver, [PID, RANK])
-    assert driver.states[PID] is State.RUNNING  # put back: nothing is left half parked
+    assert driver.states[PID] is ProcessState.RUNNING  # put back: nothing is left half parked

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from fabric.pool import Leases, gpus
-from fabric.pool.cuda import State, find_driver
+from fabric.pool.cuda import ProcessState, find_driver
 from fabric.pool.parking import resume, suspend
 
 pytestmark = pytest.mark.gpu
@@ -67,11 +67,11 @@ def test_a_live_cuda_process_is_checkpointed_off_the_gpu_and_back(devices) -> No
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "ready\n"
-        assert driver.state(child.pid) is State.RUNNING
+        assert driver.state(child.pid) is ProcessState.RUNNING
         suspend(driver, child.pid)
-        assert driver.state(child.pid) is State.CHECKPOINTED
+        assert driver.state(child.pid) is ProcessState.CHECKPOINTED
         resume(driver, child.pid)
-        assert driver.state(child.pid) is State.RUNNING
+        assert driver.state(child.pid) is ProcessState.RUNNING
         child.stdin.write("check\n")
         child.stdin.flush()
         assert child.stdout.readline() == "intact\n"

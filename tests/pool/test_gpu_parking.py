@@ -19,7 +19,7 @@ from fabric.client import Client
 from fabric.config import Config
 from fabric.messages import Output
 from fabric.pool import Leases
-from fabric.pool.cuda import State
+from fabric.pool.cuda import ProcessState
 from fabric.pool.gpus import Gpu
 from fabric.server import Server
 from fabric.snapshot import Store
@@ -68,12 +68,12 @@ def test_a_kept_worker_is_checkpointed_between_cells(tmp_path: Path) -> None:
         reply, _ = execute(client, session, "g = (i for i in range(5))\nnext(g)")
         assert reply["unsaved"] == ["g"]
         pid = server.host.sessions[session].prepared.task.result().process
-        assert driver.states[pid] is State.CHECKPOINTED  # off the GPU before the lease ended
+        assert driver.states[pid] is ProcessState.CHECKPOINTED  # off the GPU before the lease ended
         reply, outputs = execute(client, session, "next(g)")
         assert text(outputs) == "1\n" and reply["path"] == "pinned"
         steps = [step for step, p in driver.calls if p == pid and step != "state"]
         assert steps == ["lock", "checkpoint", "restore", "unlock", "lock", "checkpoint"]
-        assert driver.states[pid] is State.CHECKPOINTED
+        assert driver.states[pid] is ProcessState.CHECKPOINTED
 
     _with_server(tmp_path, driver, scenario)
 
@@ -89,7 +89,7 @@ def test_processes_a_cell_started_are_parked_and_resumed_with_its_worker(tmp_pat
         assert reply["status"] == "ok" and "g" in reply["unsaved"]
         worker = server.host.sessions[session].prepared.task.result()
         pid, child = worker.process, worker.tree()[1]
-        assert driver.states[pid] is driver.states[child] is State.CHECKPOINTED
+        assert driver.states[pid] is driver.states[child] is ProcessState.CHECKPOINTED
         reply, outputs = execute(client, session, "print(next(g), rank.poll())")
         assert reply["path"] == "pinned" and text(outputs) == "0 None\n"
         assert [s for s, p in driver.calls if p == child and s != "state"] == \
@@ -137,7 +137,7 @@ def test_a_worker_that_cannot_be_resumed_is_replaced_and_its_values_recomputed(
     def scenario(client: Client, server: Server) -> None:
         session = open_session(client, tmp_path)
         execute(client, session, "kept = 1\ng = (i for i in range(5))")
-        driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", State.FAILED)
+        driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", ProcessState.FAILED)
         reply, outputs = execute(client, session, "next(g)")  # on a fresh worker: recomputed
         assert reply["path"] == "cold+replay" and text(outputs) == "0\n"
         reply, outputs = execute(client, session, "print(kept)")
@@ -264,7 +264,7 @@ def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_pat
         reply, _ = execute(client, session, "x = 41")
         assert reply["unsaved"] == []
         pid = server.host.sessions[session].prepared.task.result().process
-        assert driver.states[pid] is State.CHECKPOINTED  # off the GPU before the lease ended
+        assert driver.states[pid] is ProcessState.CHECKPOINTED  # off the GPU before the lease ended
         # asked first to move its own storages: it has none (no torch), so the driver took all
         (worker,) = [w for w in client.status().workers if w.pid == pid]
         assert (worker.parked, worker.moved, worker.fallback) == (True, 0, None)
@@ -297,7 +297,7 @@ def test_a_warm_worker_that_cannot_be_resumed_gives_way_to_a_fresh_one(tmp_path:
     def scenario(client: Client, server: Server) -> None:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
-        driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", State.FAILED)
+        driver.fail["restore"] = ("CUDA_ERROR_OUT_OF_MEMORY", ProcessState.FAILED)
         reply, outputs = execute(client, session, "print(x + 1)")  # the store had it all
         assert (reply["status"], reply["path"], text(outputs)) == ("ok", "cold", "42\n")
 

@@ -16,6 +16,7 @@ from fabric.errors import ProtocolError, StoreError
 from fabric.pool.lifecycle import CoolImage, Life
 from fabric.pool.migration import Carried, pack, unpack
 from fabric.snapshot import Store
+from fabric.snapshot.remote import RemoteTier
 
 
 def _image(root: Path) -> CoolImage:
@@ -49,7 +50,7 @@ def test_an_image_is_laid_out_again_on_another_host_byte_for_byte(tmp_path: Path
     carried = pack(here, image, _life("h" * 32))
     blobs = [b for _, pieces in carried.files for b in pieces]
     assert len(dict(carried.files)["pages-1.img"]) == 5  # cut in chunk-sized pieces
-    assert not any(here.remote.has(b) for b in blobs)  # off the remote tier
+    assert not any(here.tier(RemoteTier).has(b) for b in blobs)  # off the remote tier
     here.replicate(blobs)  # what the peer tier does between hosts, here through the remote
     arrived = tmp_path / "arrived"
     arrived.mkdir()

@@ -9,52 +9,54 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fabric.pool.queueing import PATIENCE, Holding, Request, admit, estimate
+from fabric.pool.queueing import PATIENCE, Holding, LeaseRequest, admit, estimate
 
 AGING = 10.0  # a short patience: its bound is tight enough that a greedy policy breaks it
 
 
 
 def test_requests_that_fit_are_served_in_arrival_order() -> None:
-    queue = [Request(1, 0.0), Request(2, 1.0), Request(1, 2.0)]
+    queue = [LeaseRequest(1, 0.0), LeaseRequest(2, 1.0), LeaseRequest(1, 2.0)]
     assert admit(4, queue, [], now=3.0) == [0, 1, 2]
     assert admit(3, queue, [], now=3.0) == [0, 1]
 
 
 def test_a_large_request_at_the_head_holds_back_small_ones_with_no_estimate() -> None:
-    queue = [Request(4, 0.0), Request(1, 1.0), Request(1, 2.0)]
+    queue = [LeaseRequest(4, 0.0), LeaseRequest(1, 1.0), LeaseRequest(1, 2.0)]
     held = [Holding(2, ends=50.0)]
     assert admit(2, queue, held, now=3.0) == []
 
 
 def test_backfill_only_when_it_ends_before_the_reservation() -> None:
-    queue = [Request(4, 0.0), Request(1, 1.0, estimate=5.0), Request(1, 2.0, estimate=60.0)]
+    queue = [LeaseRequest(4, 0.0), LeaseRequest(1, 1.0, estimate=5.0),
+             LeaseRequest(1, 2.0, estimate=60.0)]
     held = [Holding(2, ends=20.0)]
     # the head's 4 slots are expected free at 20: a 5 s run fits before, a 60 s run does not
     assert admit(2, queue, held, now=3.0) == [1]
 
 
 def test_backfill_on_slots_the_reservation_will_not_need() -> None:
-    queue = [Request(2, 0.0), Request(1, 1.0, estimate=100.0), Request(1, 2.0, estimate=100.0)]
+    queue = [LeaseRequest(2, 0.0), LeaseRequest(1, 1.0, estimate=100.0),
+             LeaseRequest(1, 2.0, estimate=100.0)]
     held = [Holding(3, ends=20.0)]  # at 20, 4 slots are free: the head needs 2, 2 are spare
     assert admit(1, queue, held, now=3.0) == [1]
-    bigger = [Request(3, 0.0), *queue[1:]]  # 2 free now, 5 at 20: 2 spare beyond its 3
+    bigger = [LeaseRequest(3, 0.0), *queue[1:]]  # 2 free now, 5 at 20: 2 spare beyond its 3
     assert admit(2, bigger, held, now=3.0) == [1, 2]
     assert admit(2, bigger, [Holding(2, ends=20.0)], now=3.0) == [1]  # 4 then: 1 spare
 
 
 def test_no_backfill_when_the_reservation_cannot_be_dated() -> None:
-    queue = [Request(4, 0.0), Request(1, 1.0, estimate=0.1)]
+    queue = [LeaseRequest(4, 0.0), LeaseRequest(1, 1.0, estimate=0.1)]
     assert admit(2, queue, [Holding(2, ends=None)], now=3.0) == []
 
 
 def test_an_overdue_run_is_taken_to_end_now() -> None:
-    queue = [Request(4, 0.0), Request(1, 1.0, estimate=5.0)]
+    queue = [LeaseRequest(4, 0.0), LeaseRequest(1, 1.0, estimate=5.0)]
     assert admit(2, queue, [Holding(2, ends=2.0)], now=3.0) == []  # 5 s would delay it
 
 
 def test_aging_stops_backfill_past_a_head_that_waited_long_enough() -> None:
-    queue = [Request(4, 0.0), Request(1, 1.0, estimate=1.0)]
+    queue = [LeaseRequest(4, 0.0), LeaseRequest(1, 1.0, estimate=1.0)]
     held = [Holding(2, ends=100.0)]
     assert admit(2, queue, held, now=10.0, patience=30.0) == [1]
     assert admit(2, queue, held, now=30.0, patience=30.0) == []
@@ -91,7 +93,7 @@ class _Pool:
             self.running.remove((ends, job, _))
             self.recent.setdefault(job.session, []).append(job.run)
         free = self.slots - sum(job.size for _, job, _ in self.running)
-        requests = [Request(j.size, j.arrival, estimate(self.recent.get(j.session, [])[-5:]))
+        requests = [LeaseRequest(j.size, j.arrival, estimate(self.recent.get(j.session, [])[-5:]))
                     for j in self.queue]
         held = [Holding(job.size, expected) for _, job, expected in self.running]
         for index in admit(free, requests, held, now, self.patience):

@@ -17,7 +17,7 @@ from helpers import execute, open_session, require_criu, serving, text
 from fabric.errors import ConfigError, RemoteError
 from fabric.pool import Pool, WorkerHandle
 from fabric.pool.pool import choose_source
-from fabric.worker.messages import Done, Load, Output, Run
+from fabric.worker.messages import CellOutput, Done, Load, RunCell
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,10 +29,10 @@ def _needs_criu() -> None:
 
 async def _run(worker: WorkerHandle, source: str) -> tuple[str, dict]:
     """Run a cell on `worker` directly (no server); return its stdout and the done report."""
-    await worker.send(Run(source, 1))
+    await worker.send(RunCell(source, 1))
     out = []
     while not isinstance(message := await worker.recv(timeout=30), Done):
-        if isinstance(message, Output) and message.output["output_type"] == "stream":
+        if isinstance(message, CellOutput) and message.output["output_type"] == "stream":
             out.append(message.output["text"])
     return "".join(out), message.to_wire()
 

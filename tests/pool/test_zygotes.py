@@ -107,7 +107,7 @@ def test_a_zygote_refuses_what_is_not_its_message_and_serves_on() -> None:
             socket.send_fds(ctrl, [packet], fds)
             for fd in fds:
                 os.close(fd)
-            refused, fds = control.receive(ctrl, (control.Refused,))
+            refused, fds = control.receive(ctrl, (control.ZygoteRefused,))
             assert (refused.req, fds) == (req, [])
             assert why in refused.error
         control.send(ctrl, control.ForkZygote(modules=["json"], req=7))

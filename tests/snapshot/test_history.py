@@ -48,7 +48,7 @@ def test_describe_tells_each_version_s_cell_size_and_changed_names(tmp_path) -> 
     commit_values(store, "s", x=2)
     history.tag(store, "s", 1, "first")
     history.checkout(store, "s", 1)
-    assert history.retain(store, "s", retention.Policy(last=1, hourly=0, daily=0)) == [2]
+    assert history.retain(store, "s", retention.RetentionPolicy(last=1, hourly=0, daily=0)) == [2]
     described = history.describe(history.log(store, "s"), store.index("s"))
     assert [v["version"] for v in described] == [3, 2, 1]
     back, thinned, first = described

@@ -197,7 +197,7 @@ def test_cuda_tensors_come_back_on_their_device_sharing_storage(tmp_path: Path) 
     assert torch.equal(back["view"], values["view"])
     assert back["view"].untyped_storage().data_ptr() == back["base"].untyped_storage().data_ptr()
     assert back["param"].requires_grad and back["param"].device == base.device
-    assert dumps(values, {}).device  # its group loads only under a lease (`HostAgent`)
+    assert dumps(values, {}).device  # its group loads only under a lease (`SessionWorkers`)
 
 
 @pytest.mark.gpu

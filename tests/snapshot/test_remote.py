@@ -11,6 +11,7 @@ import pytest
 
 from fabric.errors import ConfigError, StaleHead, StoreError
 from fabric.snapshot import Manifest, Store, codec, history
+from fabric.snapshot.remote import RemoteTier
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -46,7 +47,7 @@ def test_an_object_replicated_here_is_fetched_there_with_its_chunks(tmp_path: Pa
 def test_a_blob_the_remote_altered_is_refused_and_not_kept(tmp_path: Path, remote: str) -> None:
     here, there = _two_hosts(tmp_path, remote)
     ident = here.put(b"the session's bytes")  # the server's own blobs go there at once
-    here.remote.write(ident, b"the session's bytez")
+    here.tier(RemoteTier).write(ident, b"the session's bytez")
     with pytest.raises(StoreError, match="corrupt"):
         there.fetch([ident])
     assert not there.has(ident)
@@ -65,7 +66,7 @@ def test_heads_and_manifests_come_from_the_remote_checked_by_the_stores_key(
     stranger = Store(tmp_path / "stranger", remote=remote)  # another key
     with pytest.raises(StoreError, match="not signed"):
         stranger.get_manifest(manifest)
-    assert there.remove_session("s") and here.remote.get("sessions/s/head") is None
+    assert there.remove_session("s") and here.tier(RemoteTier).get("sessions/s/head") is None
 
 
 def test_two_hosts_that_commit_on_the_same_version_one_is_refused(tmp_path: Path,
@@ -82,7 +83,7 @@ def test_two_hosts_that_commit_on_the_same_version_one_is_refused(tmp_path: Path
     assert (there.head("s"), there.adopt_head("s")) == (first, mine)  # nothing overwritten
     # a host lost between its claim and its head write: the claim is the head
     last = there.put_manifest(b"version 3")
-    there.remote.claim(f"sessions/s/after/{mine}", last.encode())
+    there.tier(RemoteTier).claim(f"sessions/s/after/{mine}", last.encode())
     assert here.adopt_head("s") == last
     # a session removed and made again starts afresh
     assert here.remove_session("s") and there.remove_session("s")

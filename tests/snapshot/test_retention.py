@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 
 from fabric.errors import FabricError, StoreError
 from fabric.snapshot import Manifest, Store, dumps, history, loads
-from fabric.snapshot.retention import DAY, HOUR, Policy, Version, keep
+from fabric.snapshot.retention import DAY, HOUR, RetentionPolicy, Version, keep
 
 CHUNK = 1 << 16
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 NOW = 1_800_000_000.0
 
-policies = st.builds(Policy, st.integers(0, 30), st.integers(0, 48), st.integers(0, 14))
+policies = st.builds(RetentionPolicy, st.integers(0, 30), st.integers(0, 48), st.integers(0, 14))
 
 
 @st.composite
@@ -49,7 +49,7 @@ def test_the_policy_keeps_head_named_and_protected_and_a_bounded_rest(versions, 
 def test_the_policy_thins_old_versions_to_one_per_hour_then_one_per_day() -> None:
     # a version every 10 minutes for three days
     versions = [Version(n, NOW - (432 - n) * 600) for n in range(433)]
-    kept = keep(versions, Policy(last=5, hourly=24, daily=7), NOW)
+    kept = keep(versions, RetentionPolicy(last=5, hourly=24, daily=7), NOW)
     assert set(range(428, 433)) <= kept
     older = [versions[n] for n in kept if n < 428]
     hours = [int(v.time // HOUR) for v in older if v.time > NOW - 23 * HOUR]
@@ -62,7 +62,7 @@ def test_the_policy_thins_old_versions_to_one_per_hour_then_one_per_day() -> Non
 
 def test_a_policy_refuses_negative_counts() -> None:
     with pytest.raises(FabricError, match="last"):
-        Policy(last=-1)
+        RetentionPolicy(last=-1)
 
 
 def _store_with(tmp_path, cells: int) -> Store:
@@ -76,7 +76,7 @@ def test_retention_thins_data_keeps_tombstones_and_gc_frees_it_at_once(tmp_path)
     store = _store_with(tmp_path, 12)
     history.tag(store, "s", 3, "baseline")
     before = history.verify(store).bytes
-    thinned = history.retain(store, "s", Policy(last=4, hourly=0, daily=0))
+    thinned = history.retain(store, "s", RetentionPolicy(last=4, hourly=0, daily=0))
     assert sorted(thinned) == [1, 2, 4, 5, 6, 7, 8]
     assert [m.version for _, m in history.log(store, "s")] == list(range(12, 0, -1))
     freed = history.gc(store)  # no grace needed: these were committed, then released
@@ -99,7 +99,8 @@ def test_a_session_policy_overrides_the_store_one_and_tags_are_checked(tmp_path)
         index = store.index("s")
         index.policy = {"last": 2}
         store.set_index("s", index)
-    assert sorted(history.retain(store, "s", Policy(last=20, hourly=0, daily=0))) == [1, 2, 3, 4]
+    thinned = history.retain(store, "s", RetentionPolicy(last=20, hourly=0, daily=0))
+    assert sorted(thinned) == [1, 2, 3, 4]
     with pytest.raises(StoreError, match="invalid version name"):
         history.tag(store, "s", 6, "123")
     with pytest.raises(StoreError, match="thinned away"):
@@ -112,12 +113,12 @@ def test_a_malformed_index_is_a_store_error(tmp_path) -> None:
     store = _store_with(tmp_path, 1)
     (tmp_path / "sessions" / "s" / "index").write_bytes(b"\x93garbage")
     with pytest.raises(StoreError, match="malformed index"):
-        history.retain(store, "s", Policy())
+        history.retain(store, "s", RetentionPolicy())
 
 
 def test_a_save_that_reuses_a_released_chunk_keeps_it(tmp_path) -> None:
     store = _store_with(tmp_path, 3)
-    history.retain(store, "s", Policy(last=1, hourly=0, daily=0))
+    history.retain(store, "s", RetentionPolicy(last=1, hourly=0, daily=0))
     # a save in flight writes version 1's bytes again: the intact chunks are touched, not written
     encoded = dumps({"w": np.random.default_rng(0).random(40_000)}, {})
     _, _, chunks = store.fingerprint(encoded)
@@ -149,7 +150,8 @@ def test_a_blob_a_running_save_reused_stays_though_retention_releases_it_after(
         commit_values(store, "s", w=np.random.default_rng(i).random(40_000))
     began = time.time()
     reused = store.put_object(dumps({"w": first}, {}))  # the running cell's save
-    assert sorted(history.retain(store, "s", Policy(last=1, hourly=0, daily=0))) == [1, 2, 3]
+    thinned = history.retain(store, "s", RetentionPolicy(last=1, hourly=0, daily=0))
+    assert sorted(thinned) == [1, 2, 3]
     history.gc(store, saving_since=began)
     assert store.has(reused) and all(store.has(c) for c in store.object_chunks(reused))
     assert np.array_equal(loads(store.get_object(reused), {})["w"], first)
@@ -169,7 +171,8 @@ def test_an_unchanged_group_a_running_save_names_again_stays(tmp_path) -> None:
         commit_values(store, "s", w=np.random.default_rng(i).random(40_000))
     began = time.time()
     assert store.put_object(dumps({"w": first}, {}), known) == known
-    assert sorted(history.retain(store, "s", Policy(last=1, hourly=0, daily=0))) == [1, 2, 3]
+    thinned = history.retain(store, "s", RetentionPolicy(last=1, hourly=0, daily=0))
+    assert sorted(thinned) == [1, 2, 3]
     history.gc(store, saving_since=began)
     assert store.has(known) and all(store.has(c) for c in store.object_chunks(known))
 

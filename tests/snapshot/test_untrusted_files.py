@@ -146,7 +146,8 @@ def test_a_corrupt_head_manifest_is_restored_from_the_remote_tier(tmp_path: Path
 
 def test_a_lost_index_is_reported_and_rebuilt_saying_what_was_lost(tmp_path: Path) -> None:
     store, heads = _session(tmp_path)
-    history.retain(store, "s", history.retention.Policy())  # its own: the newest, and named
+    # its own: the newest, and named
+    history.retain(store, "s", history.retention.RetentionPolicy())
     history.gc(store, grace=0)  # version 1's data is freed: it is thinned
     (tmp_path / "sessions" / "s" / "index").unlink()
 

@@ -15,11 +15,30 @@ NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory"
 
 
 def _node(**extra: object) -> dict[str, object]:
-    """A node's arguments, its agents' ports chosen here: a raylet told to find them itself waits
-    a fixed 15 s for its agents to write them down, which a loaded machine's slow Python start
-    overruns (the raylet then aborts)."""
-    return {**NODE, **extra, "metrics_agent_port": free_port(),
-            "runtime_env_agent_port": free_port(), "dashboard_agent_listen_port": free_port()}
+    """A node's arguments, its agents' ports chosen here: a raylet told to find any of them itself
+    waits a fixed 15 s for its agents to write them down, which a loaded machine's slow Python
+    start overruns (the raylet then aborts)."""
+    return {**NODE, **extra, **agent_ports()}
+
+
+def agent_ports() -> dict[str, int]:
+    """Free ports for every agent port a raylet would otherwise wait for its agents to report."""
+    return {name: free_port() for name in ("metrics_agent_port", "metrics_export_port",
+                                           "runtime_env_agent_port",
+                                           "dashboard_agent_listen_port")}
+
+
+@contextlib.contextmanager
+def told_raylets() -> Iterator[None]:
+    """Nodes started in this process meanwhile start a raylet told every agent port (see
+    `raylets/told_raylets.py`)."""
+    import told_raylets
+
+    told_raylets.tell()
+    try:
+        yield
+    finally:
+        told_raylets.untell()
 
 
 @contextlib.contextmanager
@@ -32,26 +51,27 @@ def ray_cluster(env: dict[str, str] | None = None,
     its server leases CPU slots)."""
     from ray.cluster_utils import Cluster
 
-    saved = dict(os.environ)
-    try:
-        if env is not None:
+    with told_raylets():
+        saved = dict(os.environ)
+        try:
+            if env is not None:
+                os.environ.clear()
+                os.environ.update(env)
+            base = dict(os.environ)
+            cluster = Cluster(initialize_head=True, head_node_args=_node(num_gpus=head_gpus))
+            for extra in nodes:
+                os.environ.update(extra)
+                cluster.add_node(**_node())
+                os.environ.clear()
+                os.environ.update(base)
+            cluster.wait_for_nodes()
+        finally:
             os.environ.clear()
-            os.environ.update(env)
-        base = dict(os.environ)
-        cluster = Cluster(initialize_head=True, head_node_args=_node(num_gpus=head_gpus))
-        for extra in nodes:
-            os.environ.update(extra)
-            cluster.add_node(**_node())
-            os.environ.clear()
-            os.environ.update(base)
-        cluster.wait_for_nodes()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    try:
-        yield cluster
-    finally:
-        cluster.shutdown()
+            os.environ.update(saved)
+        try:
+            yield cluster
+        finally:
+            cluster.shutdown()
 
 
 def free_port() -> int:
@@ -67,6 +87,7 @@ def scrape(address: str) -> dict[str, float]:
             for sample in body.splitlines() if sample and not sample.startswith("#")}
 
 
-def host_of(client: Client, session: str) -> str:
-    """The host the front door has the session on."""
-    return next(s.host for s in client.status().sessions if s.session == session)
+def host_of(client: Client, session: str) -> str | None:
+    """The host the front door has the session on; None while no host lists it (between two
+    hosts, as it moves)."""
+    return next((s.host for s in client.status().sessions if s.session == session), None)

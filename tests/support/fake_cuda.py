@@ -10,30 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fabric.pool.cuda import CudaError, State
+from fabric.pool.cuda import CudaError, ProcessState
 
 _MOVES = {  # step: (the state it needs, the state it leaves)
-    "lock": (State.RUNNING, State.LOCKED),
-    "checkpoint": (State.LOCKED, State.CHECKPOINTED),
-    "restore": (State.CHECKPOINTED, State.LOCKED),
-    "unlock": (State.LOCKED, State.RUNNING),
+    "lock": (ProcessState.RUNNING, ProcessState.LOCKED),
+    "checkpoint": (ProcessState.LOCKED, ProcessState.CHECKPOINTED),
+    "restore": (ProcessState.CHECKPOINTED, ProcessState.LOCKED),
+    "unlock": (ProcessState.LOCKED, ProcessState.RUNNING),
 }
 
 
 class FakeDriver:
     def __init__(self) -> None:
-        self.states: dict[int, State] = {}
-        self.fail: dict[str, tuple[str, State | None]] = {}
+        self.states: dict[int, ProcessState] = {}
+        self.fail: dict[str, tuple[str, ProcessState | None]] = {}
         self.calls: list[tuple[str, int]] = []
         self.without_cuda: set[int] = set()  # processes that never created a CUDA context
-        self.default = State.RUNNING  # the state of a process first seen (a restored copy's)
+        self.default = ProcessState.RUNNING  # the state of a process first seen (a restored copy's)
         self.moves: list[tuple[int, dict[str, str]]] = []
         self.can_move = True
 
     def holds(self, pid: int) -> bool:
         return pid not in self.without_cuda
 
-    def state(self, pid: int) -> State:
+    def state(self, pid: int) -> ProcessState:
         self.calls.append(("state", pid))
         if "state" in self.fail:
             raise CudaError(self.fail.pop("state")[0], error="fake")

@@ -26,15 +26,15 @@ from fabric.snapshot import Store
 from fabric.snapshot.commit import Report
 from fabric.worker.messages import (
     TO_WORKER,
+    CellOutput,
     Done,
     Exit,
     Hello,
     Load,
     Loaded,
-    Message,
-    Output,
-    Run,
+    RunCell,
     Started,
+    WorkerMessage,
     decode,
 )
 
@@ -44,7 +44,7 @@ def main(endpoint: str, store_root: str, fault: str) -> None:
     socket = zmq.Context().socket(zmq.PAIR)
     socket.connect(endpoint)
 
-    def send(message: Message) -> None:
+    def send(message: WorkerMessage) -> None:
         socket.send(protocol.pack(message.to_wire()))
 
     send(Hello(os.getpid()))
@@ -54,7 +54,7 @@ def main(endpoint: str, store_root: str, fault: str) -> None:
             return
         if isinstance(message, Load):
             send(Loaded())
-        elif isinstance(message, Run):
+        elif isinstance(message, RunCell):
             send(Started())
             run(send, socket, Store(Path(store_root)), fault)
 
@@ -67,7 +67,7 @@ def run(send, socket: zmq.Socket, store: Store, fault: str) -> None:
     elif fault == "silent":
         time.sleep(3600)
     else:
-        send(Output({"output_type": "stream", "name": "stdout", "text": "fake\n"}))
+        send(CellOutput({"output_type": "stream", "name": "stdout", "text": "fake\n"}))
         ambient = store.put(pickle.dumps({})) if fault == "ok" else "0" * 32
         send(Done("ok", saved=Report(groups=[], kept=[], imports={}, refs={}, packages={},
                                      ambient=ambient, owned=[], unsaved={})))

@@ -8,11 +8,12 @@ import zipfile
 from pathlib import Path
 
 
-def wheel(folder: Path, name: str, version: str, source: str) -> Path:
-    """A pure-Python wheel of one module, `name`, whose code is `source`; its path."""
+def wheel(folder: Path, name: str, version: str, source: str, module: str = "") -> Path:
+    """A pure-Python wheel of one module, `name` (or the file `module`, e.g. pkg/mod.py),
+    whose code is `source`; its path."""
     dist = f"{name}-{version}"
     files = {
-        f"{name}.py": source,
+        module or f"{name}.py": source,
         f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
                                    "Tag: py3-none-any\n",

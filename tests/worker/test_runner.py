@@ -15,15 +15,15 @@ from fabric.worker.account import Account
 from fabric.worker.messages import (
     Answered,
     Become,
-    Complete,
+    CellOutput,
+    CompleteCode,
     Done,
-    Inspect,
+    InspectName,
     Load,
     Loaded,
-    Message,
-    Output,
     Refused,
-    Run,
+    RunCell,
+    WorkerMessage,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,10 +45,10 @@ def test_a_worker_refuses_a_bad_message_by_name_and_serves_on(tmp_path: Path) ->
             await worker.send(Load(cwd=str(tmp_path)))
             loaded = await worker.recv(timeout=30)
             assert isinstance(loaded, Loaded) and loaded.error is None
-            await worker.send(Run("print(6 * 7)"))
+            await worker.send(RunCell("print(6 * 7)"))
             printed = []
             while not isinstance(message := await worker.recv(timeout=30), Done):
-                if isinstance(message, Output):
+                if isinstance(message, CellOutput):
                     printed.append(message.output.get("text", ""))
             await worker.close()
             return refusals, "".join(printed), message.status
@@ -68,7 +68,7 @@ def test_a_worker_becomes_a_user_only_first_and_never_root(tmp_path: Path) -> No
     the server's user keeps what that user could read), and never to root."""
     root = Account("root", 0, 0, [0], "/root", str(tmp_path))
 
-    async def scenario() -> tuple[Message, Message]:
+    async def scenario() -> tuple[WorkerMessage, WorkerMessage]:
         pool = Pool(tmp_path)
         await pool.start()
         try:
@@ -115,13 +115,13 @@ def test_a_worker_answers_questions_between_cells_and_sends_its_payloads(
             worker = await pool.fork_worker(frozenset())
             await worker.send(Load(cwd=str(tmp_path)))
             assert isinstance(await worker.recv(timeout=30), Loaded)
-            await worker.send(Run(CELL))
+            await worker.send(RunCell(CELL))
             while not isinstance(done := await worker.recv(timeout=30), Done):
                 pass
             answers = []
-            for question in (Complete("thing.meth", 10), Inspect("thing.method_one", 16),
-                             Complete("broken.", 7), Inspect("broken", 3),
-                             Complete("x", 99), Inspect("nothing", 2, 1)):
+            for question in (CompleteCode("thing.meth", 10), InspectName("thing.method_one", 16),
+                             CompleteCode("broken.", 7), InspectName("broken", 3),
+                             CompleteCode("x", 99), InspectName("nothing", 2, 1)):
                 await worker.send(question)
                 answer = await worker.recv(timeout=30)
                 assert isinstance(answer, Answered), answer
