@@ -48,7 +48,7 @@ OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "exec
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 _WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an integer",
-                             float: "a number", dict: "a map", Version: "an integer or a name"}
+                             float: "a number", Wire: "a map", Version: "an integer or a name"}
 
 
 def _required(hint: Any) -> Any:
@@ -75,7 +75,7 @@ class Message:
         return [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
 
     @classmethod
-    def _build(cls, message: dict, where: str, checked: dict[str, Any]) -> Self:
+    def _build(cls, message: Wire, where: str, checked: dict[str, Any]) -> Self:
         for name in cls._required_fields():
             if name not in message:
                 raise ProtocolError(f"{where} needs field {name!r}")
@@ -140,7 +140,7 @@ class Request(Message):
         return {"op": self.op, "msg_id": msg_id, **self._fields()}
 
     @staticmethod
-    def from_wire(message: dict) -> Request:
+    def from_wire(message: Wire) -> Request:
         """The request a client sent, checked; ProtocolError (its `op` named) if it is none."""
         op = message.get("op")
         if not isinstance(op, str):
@@ -296,7 +296,7 @@ class CommMessage(Request):
     op = "comm"
     session: str
     msg_type: str
-    content: dict
+    content: Wire
     buffers: list[bytes] | None = None
     parent_id: str | None = None  # the frontend's request: see `Execute`
 
@@ -310,7 +310,7 @@ class Debug(Request):
 
     op = "debug"
     session: str
-    content: dict
+    content: Wire
 
 
 @dataclass(frozen=True)
@@ -379,7 +379,7 @@ class Immigrate(Request):
     op = "immigrate"
     session: str
     user: str
-    image: dict
+    image: Wire
 
 
 @dataclass(frozen=True)
@@ -422,7 +422,7 @@ class Event(Message):
         return {"type": "event", "msg_id": msg_id, "event": self.event, **self._fields()}
 
     @staticmethod
-    def from_wire(message: dict) -> Event:
+    def from_wire(message: Wire) -> Event:
         """An event frame, checked; ProtocolError if it is none."""
         kind = message.get("event")
         cls = EVENTS.get(kind) if isinstance(kind, str) else None
@@ -432,7 +432,7 @@ class Event(Message):
         return cls._build(message, f"event {kind!r}", cls._types())
 
     @classmethod
-    def _check(cls, message: dict) -> None:
+    def _check(cls, message: Wire) -> None:
         """Checks beyond the fields' types."""
 
 
@@ -441,10 +441,10 @@ class Output(Event):
     """An nbformat output of the running cell (``output_type`` and its own fields)."""
 
     event = "output"
-    output: dict
+    output: Wire
 
     @classmethod
-    def _check(cls, message: dict) -> None:
+    def _check(cls, message: Wire) -> None:
         output = message.get("output")
         if isinstance(output, dict) and output.get("output_type") not in OUTPUT_TYPES:
             raise ProtocolError(f"an output of unknown type {output.get('output_type')!r}")
@@ -456,12 +456,12 @@ class Comm(Event):
 
     event = "comm"
     msg_type: str
-    content: dict
-    metadata: dict
+    content: Wire
+    metadata: Wire
     buffers: list[bytes]
 
     @classmethod
-    def _check(cls, message: dict) -> None:
+    def _check(cls, message: Wire) -> None:
         if message.get("msg_type") not in COMM_TYPES:
             raise ProtocolError(f"a comm message of unknown type {message.get('msg_type')!r}")
 
@@ -511,7 +511,7 @@ class DebugEvent(Event):
     content: a debug adapter protocol event), such as its stop at a breakpoint."""
 
     event = "debug"
-    content: dict
+    content: Wire
 
 
 EVENTS: dict[str, type[Event]] = {cls.event: cls for cls in (
@@ -564,7 +564,7 @@ class Executed(Reply):
     source: str  # where that worker came from
     closure: ClosureSummary
     timings: dict[str, float]
-    payload: tuple[dict, ...]  # for the kernel's execute reply (pager, next input)
+    payload: tuple[Wire, ...]  # for the kernel's execute reply (pager, next input)
     unneeded: tuple[str, ...]
     host: str | None = None  # a cluster's host it ran on
     placement: Placement | None = None  # why there
@@ -613,7 +613,7 @@ class CheckedOut(Reply):
     checked_out: int
     execution_count: int
     env: str | None  # the environment that version ran in
-    packages_differ: dict  # its packages that differ from the session's now (`envs`)
+    packages_differ: Wire  # its packages that differ from the session's now (`envs`)
 
 
 @dataclass(frozen=True)
@@ -625,7 +625,7 @@ class Closed(Reply):
 
 @dataclass(frozen=True)
 class Emigrated(Closed):
-    image: dict | None  # the pinned worker's carried image (`pool.migration.Carried`)
+    image: Wire | None  # the pinned worker's carried image (`pool.migration.Carried`)
 
 
 @dataclass(frozen=True)
@@ -654,7 +654,7 @@ class Completion(Reply):
     matches: tuple[str, ...]
     cursor_start: int
     cursor_end: int
-    metadata: dict
+    metadata: Wire
 
 
 @dataclass(frozen=True)
@@ -663,8 +663,8 @@ class Inspection(Reply):
 
     status: str
     found: bool
-    data: dict
-    metadata: dict
+    data: Wire
+    metadata: Wire
 
 
 @dataclass(frozen=True)
@@ -674,7 +674,7 @@ class Delivered(Reply):
 
 @dataclass(frozen=True)
 class Debugged(Reply):
-    content: dict  # the `debug_reply`'s
+    content: Wire  # the `debug_reply`'s
 
 
 @dataclass(frozen=True)
@@ -684,7 +684,7 @@ class CellHistory(Reply):
 
 @dataclass(frozen=True)
 class VersionHistory(Reply):
-    versions: tuple[dict, ...]  # newest first, as `snapshot.history.describe` describes them
+    versions: tuple[Wire, ...]  # newest first, as `snapshot.history.describe` describes them
 
 
 @dataclass(frozen=True)
@@ -723,13 +723,13 @@ class Pong(Reply):
 class Error(Message):
     """A request's final answer when it failed: a `FabricError`'s wire map."""
 
-    error: dict
+    error: Wire
 
     def to_wire(self, msg_id: str | None) -> Wire:
         return {"type": "error", "msg_id": msg_id, "error": self.error}
 
     @classmethod
-    def from_wire(cls, message: dict) -> Error:
+    def from_wire(cls, message: Wire) -> Error:
         return cls._build(message, "an error frame", cls._types())
 
 
@@ -741,7 +741,7 @@ class Heartbeat(Message):
         return {"type": "heartbeat"}
 
 
-def from_server(message: dict, answer: type[Reply]) -> Event | Reply:
+def from_server(message: Wire, answer: type[Reply]) -> Event | Reply:
     """What the server sent for a request whose reply is an `answer`, checked; an error frame
     raises its RemoteError."""
     kind = message.get("type")

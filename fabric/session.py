@@ -35,6 +35,7 @@ from .pool import Leases, Pool, debugging
 from .pool.agent import SessionWorkers
 from .pool.cells import Account, CellJob, Done, Emit, EventSink, Head
 from .pool.lifecycle import CoolImage, Keeper, Life
+from .protocol import Wire
 from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
 
@@ -210,7 +211,7 @@ class Session:
         return Inspection.from_wire(
             catalog.inspect(await asyncio.to_thread(self.catalog), source, cursor))
 
-    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit,
+    async def comm(self, msg_type: str, content: Wire, buffers: list[bytes], emit: Emit,
                    parent_id: str | None = None) -> Delivered:
         """A frontend's message to a comm of the session's live worker (a widget moved)."""
         delivered = await self.agent.comm(msg_type, content, buffers,
@@ -218,7 +219,7 @@ class Session:
                                           parent_id)
         return Delivered(delivered)
 
-    async def debug(self, request: dict) -> dict:
+    async def debug(self, request: Wire) -> Wire:
         """A frontend's debug adapter request (`pool.debugging`); its response. The variables
         panel's list of the session's values comes from the head's catalog: between cells,
         they are in no process."""
@@ -268,7 +269,7 @@ class Session:
         cell's."""
         self.agent.arrive(life)
 
-    def status(self) -> dict:
+    def status(self) -> Wire:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
                 "execution_count": self.execution_count,
                 "opened": self.opened, "gpus": self.gpus, "started": self.started,

@@ -85,7 +85,8 @@ class Door:
         self.config = config
         # its claim, the hosts' folders on this node, and the key every host's store signs with
         self.key = load_key(private_dir(config.store) / "key")
-        self.peer_pair = tuple(k.decode() for k in zmq.curve_keypair())  # hosts read each other
+        public, secret = (k.decode() for k in zmq.curve_keypair())
+        self.peer_pair = (public, secret)  # the key pair hosts read each other's blobs with
         self.membership = Membership(self)
         self.moves = Moves(self)
         self.metrics = DoorMetrics(self.membership.table)
@@ -174,7 +175,8 @@ class Door:
                 return await self.moves.drain(name, undo)
             case Remove():
                 return await self._everywhere(identity, user, request)
-        name: str = request.session  # every other request names one
+        name = getattr(request, "session", None)  # every other request names one
+        assert isinstance(name, str)
         key = (user, name)
         opened = self.sessions.get(key)
         if isinstance(request, Open):
@@ -263,7 +265,9 @@ class Door:
         if removed is not None:
             return removed
         if done:
-            raise done[0]
+            failed = done[0]
+            assert isinstance(failed, BaseException)
+            raise failed
         raise HostLost("no host is up")
 
     async def _status(self, identity: bytes, user: str) -> ServerStatus:

@@ -81,9 +81,10 @@ from ..pool.cells import Emit
 from ..pool.environ import worker_environ
 from ..pool.lifecycle import Keeper
 from ..private import private_dir
+from ..protocol import Wire
 from ..session import Session
 from ..snapshot import Manifest, Store, history
-from ..snapshot.tiers import Located
+from ..snapshot.peers import PeerList
 from ..status import ServerStatus, SessionStatus
 from . import moves
 from .face import Caller
@@ -95,7 +96,7 @@ log = logging.getLogger(__name__)
 
 
 class LocalHost:
-    def __init__(self, config: Config, send: Send, peers: Located | None = None) -> None:
+    def __init__(self, config: Config, send: Send, peers: PeerList | None = None) -> None:
         """`send`: a frame to a client's connection (the frames of a running cell); `peers`:
         a cluster's other hosts, whose blobs its store reads."""
         self.config = config
@@ -254,7 +255,8 @@ class LocalHost:
         if not versions:
             raise UnknownSession(f"no session {request.session!r} in the store",
                                  session=request.session)
-        return VersionHistory(tuple(history.describe(versions, store.index(stored))))
+        described: list[Wire] = history.describe(versions, store.index(stored))
+        return VersionHistory(tuple(described))
 
     def _stored(self, user: str, name: str) -> tuple[str, Store]:
         """The session's name in the store and the store, which must hold it."""
@@ -351,7 +353,7 @@ class LocalHost:
         if caller.user != self.tenancy.owner:
             return Pong(True, os.getpid(), caller.user)
         pressure = self.pool.memory_pressure()
-        holding = []
+        holding: list[tuple[str, str, int]] = []
         for stored, session in self.sessions.items() if pressure else ():
             user = self.tenancy.user_of(stored)
             if memory := session.status()["memory"]:
@@ -383,10 +385,10 @@ class LocalHost:
         return await moves.take_in(self.session(request.user, request.session), self.pool,
                                    self.store, request.image)
 
-    def _scrape(self) -> dict:
+    def _scrape(self) -> Wire:
         """What the metrics read at a scrape (in the HTTP server's thread), taken in the loop
         that changes it."""
-        async def now() -> dict:
+        async def now() -> Wire:
             return {"leases": self.leases.status(), "workers": len(self.pool.workers),
                     "zygotes": len(self.pool.zygotes),
                     "sessions": [s.status() for s in self.sessions.values()],
@@ -401,6 +403,6 @@ class LocalHost:
 
 def _emitter(caller: Caller) -> Emit:
     """A session's emit(payload, event): the caller's events."""
-    def emit(payload: dict, event: str = "output") -> None:
+    def emit(payload: Wire, event: str = "output") -> None:
         caller.emit(Output(payload) if event == "output" else EVENTS[event](**payload))
     return emit

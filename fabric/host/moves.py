@@ -59,7 +59,7 @@ async def hand_over(session: Session, store: Store, wake_dir: str) -> Wire | Non
         criu.remove(image.images)
 
 
-async def take_in(session: Session, pool: Pool, store: Store, wire: dict) -> Immigrated:
+async def take_in(session: Session, pool: Pool, store: Store, wire: Wire) -> Immigrated:
     """Take another host's pinned worker into the session (see `messages.Immigrate`)."""
     carried = migration.Carried.from_wire(wire)
     if carried.base != session.head:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ..config import Config
 from ..errors import SessionBusy
 from ..following import Run, Send
+from ..protocol import Wire
 from ..session import Session
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class Runs:
         self.unclaimed.pop(session.name, None)  # a new cell: the one before is no one's
         return run
 
-    def end(self, run: Run, final: dict, still_open: bool) -> None:
+    def end(self, run: Run, final: Wire, still_open: bool) -> None:
         """The run's final frame (no msg_id), to whoever follows it, else kept while its
         session is open."""
         name = run.session.name

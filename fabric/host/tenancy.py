@@ -105,8 +105,11 @@ class Tenancy:
         total, store = 0, self.store_of(user)
         for name in store.sessions():
             if self.user_of(name) == user and name != but:
+                head = store.head(name)
+                if head is None:
+                    continue
                 try:
-                    manifest = Manifest.decode(store.get_manifest(store.head(name)))
+                    manifest = Manifest.decode(store.get_manifest(head))
                 except StoreError as exc:  # not this check's to report: the session's own use is
                     log.warning("not counting session %s: %s", name, exc.message)
                     continue
