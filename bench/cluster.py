@@ -139,14 +139,14 @@ def door(placement: str, work: Path) -> Iterator[Door]:
                     placement=placement) as server:
         running = Door(server, work)
         with running.client() as client:
-            wait_until(lambda: len(client.call("status")["hosts"]) == len(SLOTS),
+            wait_until(lambda: len(client.status().hosts) == len(SLOTS),
                        "every host joined", timeout=180)
             warm_up(client, work)
         yield running
 
 
 def hosts_of(client: Client) -> list[str]:
-    return sorted(h["name"] for h in client.call("status")["hosts"] if h["alive"])
+    return sorted(h.name for h in client.status().hosts if h.alive)
 
 
 @contextlib.contextmanager
@@ -257,18 +257,18 @@ def restore_round(running: Door, client: Client, size: int, rep: int,
     client.call("close", session=name)
     evict(running.host_store(home))
     opened = client.call("open", session=name, cwd=str(cwd))
-    assert opened["host"] == home and opened["placement"]["reason"] == "locality", opened
+    assert opened.host == home and opened.placement.reason == "locality", opened
     assert read("disk")["host"] == home
 
-    moved = client.call("drain", host=home)["moved"]
+    moved = client.call("drain", host=home).moved
     try:
-        assert moved and moved[0]["session"] == name and moved[0]["to"] != home, moved
-        peer = moved[0]["to"]
+        assert moved and moved[0].session == name and moved[0].to != home, moved
+        peer = moved[0].to
         evict(running.host_store(home))
         assert read("peer")["host"] == peer
         for holder in (home, peer):  # they forget x: the third host has only the remote
             forget_blobs(running.host_store(holder))
-        moved = client.call("drain", host=peer)["moved"]
+        moved = client.call("drain", host=peer).moved
         try:
             evict(running.remote)
             reply = read("remote")
@@ -292,14 +292,14 @@ def carry_round(running: Door, client: Client, size: int, rep: int, out: Restore
         timed_cell(client, name, source)
     home = host_of(client, name)
     began = time.perf_counter()
-    moved = client.call("drain", host=home)["moved"]
+    moved = client.call("drain", host=home).moved
     out.moves.append(time.perf_counter() - began)
     try:
-        assert moved and moved[0]["to"] != home, moved
-        mine = next(s for s in client.call("status")["sessions"] if s["session"] == name)
-        assert mine["tier"] == "cool", mine  # carried, not yet restored
-        out.images.append(mine["memory"])
-        evict(running.host_store(moved[0]["to"]))
+        assert moved and moved[0].to != home, moved
+        mine = next(s for s in client.status().sessions if s.session == name)
+        assert mine.tier == "cool", mine  # carried, not yet restored
+        out.images.append(mine.memory)
+        evict(running.host_store(moved[0].to))
         wall, reply = timed_cell(client, name, "next(g)")
         out.add(wall, reply)
         assert reply["path"].startswith("pinned"), reply
@@ -456,8 +456,8 @@ def replay(running: Door, placement: str, label: str, plan: list[Notebook],
         t.join()
     result.elapsed = time.perf_counter() - began
     with running.client() as client:
-        result.status_lease = sum(s["lease_seconds"] for s in client.call("status")["sessions"]
-                                  if s["session"] in names)
+        result.status_lease = sum(s.lease_seconds for s in client.status().sessions
+                                  if s.session in names)
         for name in names:  # their workers go: the next workload starts on idle hosts
             with contextlib.suppress(FabricError):
                 client.call("close", session=name)

@@ -91,10 +91,10 @@ class Ledger:
         its lease for its session's next cell."""
         with server.client() as client:
             with contextlib.suppress(AssertionError):
-                wait_until(lambda: not any(s["running"]
-                                           for s in client.call("status")["sessions"]),
+                wait_until(lambda: not any(s.running
+                                           for s in client.status().sessions),
                            "every cell ended", timeout=30)
-            leases = client.call("status")["leases"]["leases"]
+            leases = client.status().leases.leases
         self.leaked += [f"slot {e['slot']} held by {e['session']}" for e in leases
                         if "session" in e and not e["lingering"]]
 

@@ -42,9 +42,9 @@ def _run(client, nb_path: Path, work: Path) -> tuple[str, int, str]:
         except Exception as exc:  # a cell the server refused: the run goes on, as a user would
             print(f"  {nb_path.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
     measured = ""
-    status = next(s for s in client.call("status")["sessions"] if s["session"] == session)
-    if status["pinned"] and status["worker"]:
-        psutil.Process(status["worker"]).kill()
+    status = next(s for s in client.status().sessions if s.session == session)
+    if status.pinned and status.worker:
+        psutil.Process(status.worker).kill()
         time.sleep(0.5)
         reply, _ = execute(client, session, "pass")
         for notice in reply.get("notices", []):

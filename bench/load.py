@@ -68,11 +68,11 @@ def main() -> None:
                 thread.join()
             elapsed = time.monotonic() - started
     replies = [r for res in results.values() for r in res["replies"]]
-    ok = sum(r.get("status") == "ok" for r in replies)
+    ok = sum(r.status == "ok" for r in replies)
     total = args.sessions * args.cells
     errors = [e for res in results.values() for e in res["errors"]]
-    queue = max((r["timings"]["queue"] for r in replies), default=0.0)
-    delay = max((r["timings"]["visible_delay"] for r in replies), default=0.0)
+    queue = max((r.timings["queue"] for r in replies), default=0.0)
+    delay = max((r.timings["visible_delay"] for r in replies), default=0.0)
     rates = [len(res["replies"]) / res["wall"] for res in results.values()]
     print(f"{args.sessions} sessions x {args.cells} cells on {args.slots} slots in "
           f"{elapsed:.1f} s")

@@ -152,7 +152,7 @@ def run_fabric(address: str, notebook: Path, work: Path) -> list[float]:
         times = []
         for source in cells:
             reply = client.call("execute", timeout=0, session=session, source=source)
-            times.append(float(reply["timings"]["run"]) if reply else float("nan"))
+            times.append(float(reply.timings["run"]) if reply else float("nan"))
         client.call("close", session=session)
     return times
 
@@ -173,7 +173,7 @@ class Busy:
     def __enter__(self) -> Busy:
         self.thread.start()
         with Client(self.address) as client:  # spinning once its cell has started
-            while not client.call("status")["leases"]["held"]:
+            while not client.status().leases.held:
                 time.sleep(0.05)
         time.sleep(1.0)  # past torch's import
         return self

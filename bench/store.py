@@ -309,7 +309,7 @@ def first_statement(work: Path, sizes: list[float], repeat: int) -> list[tuple[f
         def delay(session: str, source: str) -> tuple[float, float]:
             time.sleep(THINK_S)
             timings = client.call("execute", timeout=0, session=session,
-                                  source=source)["timings"]
+                                  source=source).timings
             return timings["visible_delay"], timings["load"]
 
         def delays(session: str, source: str) -> tuple[float, float]:

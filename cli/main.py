@@ -26,7 +26,7 @@ from fabric.errors import (
     SessionBusy,
     UnknownSession,
 )
-from fabric.messages import Output, Reply
+from fabric.messages import Drain, Drained, Followed, Output
 from fabric.notebook import (
     notebook_env,
     notebook_gpus,
@@ -105,11 +105,11 @@ def serve(store: str | None, bind: str | None, slots: int | None, remote: str | 
 def drain(host: str, connect: str | None, undo: bool) -> None:
     """Move every session off HOST of a cluster, and open none there (until --undo)."""
     with Client(config(None, connect).address, timeout=600) as client:
-        reply = client.call("drain", host=host, undo=undo)
-    for moved in reply["moved"]:
-        click.echo(f"session {moved['session']} -> host {moved['to']}")
-    click.echo(f"host {reply['host']} takes sessions again" if undo else
-               f"host {reply['host']} is drained: {len(reply['moved'])} sessions moved",
+        reply = client.ask(Drain(host, undo), Drained)
+    for moved in reply.moved:
+        click.echo(f"session {moved.session} -> host {moved.to}")
+    click.echo(f"host {reply.host} takes sessions again" if undo else
+               f"host {reply.host} is drained: {len(reply.moved)} sessions moved",
                err=True)
 
 
@@ -214,15 +214,15 @@ def follow(session: str, connect: str | None) -> None:
     """Show SESSION's running cell (one a client detached from): its outputs so far and live,
     until it ends. Exits 1 if it failed or there is none."""
     with Client(config(None, connect).address) as client:
-        reply: dict = {}
+        cell = None
         for message in client.follow(session, timeout=0):
             if isinstance(message, Output):
                 _print_output(0, message.output)
-            elif isinstance(message, Reply):
-                reply = message.fields
-    if not reply.get("followed"):
+            elif isinstance(message, Followed):
+                cell = message.cell
+    if cell is None:
         click.echo(f"session {session} runs no cell", err=True)
-    sys.exit(0 if reply.get("status") == "ok" else 1)
+    sys.exit(0 if cell is not None and cell.status == "ok" else 1)
 
 
 @main.command()

@@ -18,12 +18,11 @@ from .common import config, mib
 def status(connect: str | None, as_json: bool) -> None:
     """Show the server's slots, leases, zygotes, workers and sessions."""
     with Client(config(None, connect).address, timeout=5) as client:  # unreachable, no key...
-        raw = client.call("status")
+        info = client.status()
     if as_json:
-        click.echo(json.dumps({k: v for k, v in raw.items() if k not in ("type", "msg_id")},
-                              indent=2))
+        click.echo(json.dumps(info.to_map(), indent=2))
         return
-    click.echo("\n".join(describe(ServerStatus.from_wire(raw))))
+    click.echo("\n".join(describe(info)))
 
 
 def describe(info: ServerStatus) -> list[str]:

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -31,27 +31,37 @@ from .auth import ClientKey, Keys
 from .errors import BadKey, FabricError, Forbidden, FrameTooLarge, Unreachable
 from .messages import (
     Answer,
+    CheckedOut,
     Checkout,
     Close,
+    Closed,
+    ClosureSummary,
     Draft,
     Event,
     Execute,
     Follow,
+    InputAnswered,
     Interrupt,
+    Interrupted,
     Open,
     Ping,
     Remove,
+    Removed,
     Reply,
     Request,
     Status,
     Stop,
+    Stopped,
     Tag,
+    Tagged,
+    VersionHistory,
     Versions,
 )
 from .private import check_dir
-from .status import ServerStatus, SessionStatus
+from .status import REPLIES, ServerStatus, SessionStatus
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=Reply)
 
 PATIENCE = 30.0  # seconds a server that listens may take to answer: a loaded host answers late
 # ZMTP pings to the server every HEARTBEAT seconds; one silent for HEARTBEAT_TIMEOUT has gone
@@ -163,7 +173,7 @@ class Client:
         """
         message = self._frame(msg_ids, wait)
         if message is not None and message.get("type") == "error":
-            messages.from_server(message)  # raises
+            messages.from_server(message, Reply)  # raises
         return message
 
     def _frame(self, msg_ids: Collection[str], wait: float) -> dict | None:
@@ -197,29 +207,39 @@ class Client:
         """No longer await `msg_id`: what still comes for it is dropped."""
         self._pending.pop(msg_id, None)
 
-    def events(self, msg_id: str, timeout: float | None = None, probe: bool = False) -> Events:
-        """The answer to request `msg_id`: its events, typed, then its Reply.
+    def events(self, msg_id: str, answer: type[Reply], timeout: float | None = None,
+               probe: bool = False) -> Events:
+        """The answer to request `msg_id`: its events, typed, then its reply, an `answer`.
 
         `timeout` bounds the silence between two frames (None: the client's default; 0: wait
         forever). With `probe`, silence is not failure while the server answers a ping: a cell
         may compute quietly for hours.
         """
         wait = self.timeout if timeout is None else timeout
-        return Events(self, msg_id, wait or math.inf, probe)
+        return Events(self, msg_id, answer, wait or math.inf, probe)
 
     def start(self, request: Request, timeout: float | None = None) -> Events:
         """Send `request`; its events and reply to iterate. A cell's silence is probed: it may
         compute quietly for hours."""
-        return self.events(self.send(request), timeout,
+        return self.events(self.send(request), REPLIES[request.op], timeout,
                            probe=isinstance(request, Execute | Follow))
 
-    def request(self, request: Request, timeout: float | None = None) -> dict:
-        """Send `request`, wait for its reply (its events are not needed); the reply's fields."""
+    def request(self, request: Request, timeout: float | None = None) -> Reply:
+        """Send `request`, wait for its reply (its events are not needed)."""
         *_, reply = self.start(request, timeout)
-        return reply.fields
+        assert isinstance(reply, Reply)  # the answer ends with it, else raised
+        return reply
 
-    def call(self, op: str, timeout: float | None = None, **fields: Any) -> dict:
-        """A request named by its op, as a magic or a script names it: its reply's fields."""
+    def ask(self, request: Request, answer: type[R], timeout: float | None = None) -> R:
+        """`request`'s reply, an `answer` (the reply type of its op)."""
+        reply = self.request(request, timeout)
+        if not isinstance(reply, answer):
+            raise TypeError(f"op {request.op!r} is answered by {type(reply).__name__}")
+        return reply
+
+    def call(self, op: str, timeout: float | None = None, **fields: Any) -> Reply:
+        """A request named by its op, as a magic or a script names it: its reply
+        (`status.REPLIES`)."""
         return self.request(messages.request(op, **fields), timeout)
 
     # one method per request
@@ -227,10 +247,10 @@ class Client:
              ) -> SessionStatus:
         """Open (or rejoin) `session`; with `env`, its next cells run in that environment
         ("": the server's packages)."""
-        return SessionStatus.from_wire(self.request(Open(session, cwd, env)))
+        return self.ask(Open(session, cwd, env), SessionStatus)
 
-    def draft(self, session: str, source: str, timeout: float | None = None) -> dict:
-        return self.request(Draft(session, source), timeout)
+    def draft(self, session: str, source: str, timeout: float | None = None) -> ClosureSummary:
+        return self.ask(Draft(session, source), ClosureSummary, timeout)
 
     def execute(self, session: str, source: str, *, stdin: bool = False,
                 cell_id: str | None = None, gpus: int | None = None,
@@ -250,34 +270,35 @@ class Client:
 
     def interrupt(self, session: str) -> bool:
         """Interrupt the session's running cell; False if none ran."""
-        return bool(self.request(Interrupt(session))["interrupted"])
+        return self.ask(Interrupt(session), Interrupted).interrupted
 
     def stop(self, session: str, timeout: float | None = None) -> bool:
         """Stop the session's running cell, whichever client ran it, and wait until it is
         over; False if none ran."""
-        return bool(self.request(Stop(session), timeout)["stopped"])
+        return self.ask(Stop(session), Stopped, timeout).stopped
 
-    def answer(self, session: str, value: str | None = None, error: str | None = None) -> dict:
-        return self.request(Answer(session, value, error))
+    def answer(self, session: str, value: str | None = None,
+               error: str | None = None) -> InputAnswered:
+        return self.ask(Answer(session, value, error), InputAnswered)
 
-    def checkout(self, session: str, version: int | str) -> dict:
-        return self.request(Checkout(session, version))
+    def checkout(self, session: str, version: int | str) -> CheckedOut:
+        return self.ask(Checkout(session, version), CheckedOut)
 
-    def close_session(self, session: str, timeout: float | None = None) -> dict:
-        return self.request(Close(session), timeout)
+    def close_session(self, session: str, timeout: float | None = None) -> Closed:
+        return self.ask(Close(session), Closed, timeout)
 
-    def tag(self, session: str, name: str, version: int | str | None = None) -> dict:
-        return self.request(Tag(session, name, version))
+    def tag(self, session: str, name: str, version: int | str | None = None) -> Tagged:
+        return self.ask(Tag(session, name, version), Tagged)
 
-    def versions(self, session: str, timeout: float | None = None) -> list[dict]:
+    def versions(self, session: str, timeout: float | None = None) -> tuple[dict, ...]:
         """The session's versions, newest first, described for a history view."""
-        return list(self.request(Versions(session), timeout).get("versions", []))
+        return self.ask(Versions(session), VersionHistory, timeout).versions
 
-    def remove(self, session: str) -> dict:
-        return self.request(Remove(session))
+    def remove(self, session: str) -> Removed:
+        return self.ask(Remove(session), Removed)
 
     def status(self) -> ServerStatus:
-        return ServerStatus.from_wire(self.request(Status()))
+        return self.ask(Status(), ServerStatus)
 
     def ping(self, timeout: float = 1.0) -> bool:
         """Whether a server answers at the address within `timeout` seconds."""
@@ -301,9 +322,11 @@ class Events:
     with `send`: their replies are read and dropped here, their errors logged.
     """
 
-    def __init__(self, client: Client, msg_id: str, wait: float, probe: bool) -> None:
+    def __init__(self, client: Client, msg_id: str, answer: type[Reply], wait: float,
+                 probe: bool) -> None:
         self.client = client
         self.msg_id = msg_id
+        self.answer = answer
         self.wait = wait
         self.probe = probe
         self.done = False
@@ -329,7 +352,7 @@ class Events:
                 self._aside(frame)
                 continue
             try:
-                message = messages.from_server(frame)
+                message = messages.from_server(frame, self.answer)
             except FabricError:
                 self.close()
                 raise
@@ -346,7 +369,8 @@ class Events:
         if frame["msg_id"] == self._ping:
             self._ping = None
         try:
-            messages.from_server(frame)
+            if frame["type"] == "error":  # its reply is not read
+                messages.from_server(frame, Reply)  # raises
         except FabricError as exc:
             log.warning("a request about request %s failed: %s", self.msg_id, exc.message)
 

@@ -32,7 +32,7 @@ MERGED_BYTES = 64 * 1024  # a stream's consecutive text is kept as one output up
 NO_STDIN = ("input() was called while no client followed the cell (the one that ran it went "
             "away), so nothing can answer it")
 
-Send = Callable[[bytes, dict], None]
+Send = Callable[[bytes, protocol.Wire], None]
 
 
 class Run:
@@ -72,7 +72,7 @@ class Run:
         self.targets[identity] = (msg_id, follow)
         self.detached = None
 
-    def emit(self, frame: dict) -> None:
+    def emit(self, frame: protocol.Wire) -> None:
         """An event of the cell (its wire map, without msg_id)."""
         if frame.get("event") == "input_request":
             if not self.targets:
@@ -87,7 +87,7 @@ class Run:
         for identity, (msg_id, _) in list(self.targets.items()):
             self._to(identity, msg_id, frame)
 
-    def finish(self, frame: dict) -> bool:
+    def finish(self, frame: protocol.Wire) -> bool:
         """The cell's final frame (reply or error), after what its outputs left out, if
         anything; False if no client was there to take it."""
         if (summary := self.budget.summary()) is not None:

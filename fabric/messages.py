@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Self
 
 from . import typed
 from .errors import ProtocolError, RemoteError
-from .protocol import valid_session_name
+from .protocol import Wire, valid_session_name
 
 Version = int | str  # a version number, or a name `Tag` gave one
 
@@ -48,7 +48,7 @@ OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "exec
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 _WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an integer",
-                             float: "a number", dict: "a map", Version: "an integer or a name"}
+                             float: "a number", Wire: "a map", Version: "an integer or a name"}
 
 
 def _required(hint: Any) -> Any:
@@ -75,7 +75,7 @@ class Message:
         return [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
 
     @classmethod
-    def _build(cls, message: dict, where: str, checked: dict[str, Any]) -> Self:
+    def _build(cls, message: Wire, where: str, checked: dict[str, Any]) -> Self:
         for name in cls._required_fields():
             if name not in message:
                 raise ProtocolError(f"{where} needs field {name!r}")
@@ -93,17 +93,54 @@ class Message:
         return {name: value for name, value in values if value is not None}
 
 
+class Record:
+    """A record of the wire, a frozen dataclass read by `from_wire`: every field it declares is
+    checked against its type (a float accepts an int, a tuple a list, a nested record is read as
+    its own); keys it does not declare are ignored, so a newer server may add one; a field that
+    is missing or of the wrong type is a `ProtocolError` naming it, never a KeyError deep in a
+    reader."""
+
+    @classmethod
+    def from_wire(cls, raw: object) -> Self:
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"{cls.__name__} must be a map, not {type(raw).__name__}")
+        try:
+            return cls(**typed.record(cls, raw, cls.__name__))
+        except typed.Mismatch as exc:
+            owner, _, key = exc.where.rpartition(".")
+            if exc.missing:
+                raise ProtocolError(f"{owner} lacks {key!r}", key=key) from None
+            raise ProtocolError(f"field {exc.where} should be {exc.expected}, "
+                                f"not {exc.value!r}"[:300], field=exc.where) from None
+
+    def to_map(self) -> Wire:
+        """The record as the wire carries it (an optional field left unset stays off it)."""
+        return _plain(self)
+
+
+def _plain(value: Any) -> Any:
+    """`value` as msgpack carries it: records as maps, tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(v) for f in dataclasses.fields(value)
+                if (v := getattr(value, f.name)) is not None or f.default is dataclasses.MISSING}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 # Requests
 
 
 class Request(Message):
     op: ClassVar[str]
 
-    def to_wire(self, msg_id: str) -> dict:
+    def to_wire(self, msg_id: str) -> Wire:
         return {"op": self.op, "msg_id": msg_id, **self._fields()}
 
     @staticmethod
-    def from_wire(message: dict) -> Request:
+    def from_wire(message: Wire) -> Request:
         """The request a client sent, checked; ProtocolError (its `op` named) if it is none."""
         op = message.get("op")
         if not isinstance(op, str):
@@ -259,7 +296,7 @@ class CommMessage(Request):
     op = "comm"
     session: str
     msg_type: str
-    content: dict
+    content: Wire
     buffers: list[bytes] | None = None
     parent_id: str | None = None  # the frontend's request: see `Execute`
 
@@ -273,7 +310,7 @@ class Debug(Request):
 
     op = "debug"
     session: str
-    content: dict
+    content: Wire
 
 
 @dataclass(frozen=True)
@@ -342,7 +379,7 @@ class Immigrate(Request):
     op = "immigrate"
     session: str
     user: str
-    image: dict
+    image: Wire
 
 
 @dataclass(frozen=True)
@@ -381,11 +418,11 @@ def request(op: str, **fields: Any) -> Request:
 class Event(Message):
     event: ClassVar[str]
 
-    def to_wire(self, msg_id: str) -> dict:
+    def to_wire(self, msg_id: str) -> Wire:
         return {"type": "event", "msg_id": msg_id, "event": self.event, **self._fields()}
 
     @staticmethod
-    def from_wire(message: dict) -> Event:
+    def from_wire(message: Wire) -> Event:
         """An event frame, checked; ProtocolError if it is none."""
         kind = message.get("event")
         cls = EVENTS.get(kind) if isinstance(kind, str) else None
@@ -395,7 +432,7 @@ class Event(Message):
         return cls._build(message, f"event {kind!r}", cls._types())
 
     @classmethod
-    def _check(cls, message: dict) -> None:
+    def _check(cls, message: Wire) -> None:
         """Checks beyond the fields' types."""
 
 
@@ -404,10 +441,10 @@ class Output(Event):
     """An nbformat output of the running cell (``output_type`` and its own fields)."""
 
     event = "output"
-    output: dict
+    output: Wire
 
     @classmethod
-    def _check(cls, message: dict) -> None:
+    def _check(cls, message: Wire) -> None:
         output = message.get("output")
         if isinstance(output, dict) and output.get("output_type") not in OUTPUT_TYPES:
             raise ProtocolError(f"an output of unknown type {output.get('output_type')!r}")
@@ -419,12 +456,12 @@ class Comm(Event):
 
     event = "comm"
     msg_type: str
-    content: dict
-    metadata: dict
+    content: Wire
+    metadata: Wire
     buffers: list[bytes]
 
     @classmethod
-    def _check(cls, message: dict) -> None:
+    def _check(cls, message: Wire) -> None:
         if message.get("msg_type") not in COMM_TYPES:
             raise ProtocolError(f"a comm message of unknown type {message.get('msg_type')!r}")
 
@@ -460,6 +497,13 @@ class Notice(Event):
     text: str
     time: float
 
+    @classmethod
+    def from_wire(cls, message: object) -> Notice:  # type: ignore[override]
+        """A notice on its own, as a session's status and a cell's reply list them."""
+        if not isinstance(message, dict):
+            raise ProtocolError("Notice must be a map")
+        return cls._build(message, "a notice", cls._types())
+
 
 @dataclass(frozen=True)
 class DebugEvent(Event):
@@ -467,38 +511,225 @@ class DebugEvent(Event):
     content: a debug adapter protocol event), such as its stop at a breakpoint."""
 
     event = "debug"
-    content: dict
+    content: Wire
 
 
 EVENTS: dict[str, type[Event]] = {cls.event: cls for cls in (
     Output, Comm, Queued, Leased, InputRequest, Notice, DebugEvent)}
 
 
+# Replies: each op's final answer (`status.REPLIES` names the reply of each op)
+
+
+class Reply(Record):
+    """A request's final answer."""
+
+    def to_wire(self, msg_id: str | None) -> Wire:
+        return {"type": "reply", "msg_id": msg_id, **self.to_map()}
+
+
 @dataclass(frozen=True)
-class Reply(Message):
-    """A request's final answer; its fields depend on the op."""
+class Placement(Record):
+    """Where a cluster's front door placed a session, and why (`fabric.cluster.placement`)."""
 
-    fields: dict
+    reason: str
+    held: int  # bytes of the cell's closure the host holds
+    why: str
 
-    def to_wire(self, msg_id: str) -> dict:
-        return {"type": "reply", "msg_id": msg_id, **self.fields}
 
-    @staticmethod
-    def from_wire(message: dict) -> Reply:
-        return Reply({k: v for k, v in message.items() if k not in ("type", "msg_id")})
+@dataclass(frozen=True)
+class ClosureSummary(Reply):
+    """`draft`'s reply, and an executed cell's closure: what the cell loads of the session."""
+
+    names: tuple[str, ...]
+    groups: int
+    lazy: int
+    whole: bool
+    exact: bool
+    session_variables: int
+
+
+@dataclass(frozen=True)
+class Executed(Reply):
+    """`execute`'s reply: how the cell ended, the version it committed and what it cost."""
+
+    status: str  # ok or error
+    ename: str | None
+    version: int
+    execution_count: int
+    unsaved: tuple[str, ...]  # names whose values could not be saved
+    notices: tuple[Notice, ...]
+    path: str  # the worker it ran on (`pool.cells.Ran`)
+    start: str  # how it started: prepared, warm, cold or restored
+    source: str  # where that worker came from
+    closure: ClosureSummary
+    timings: dict[str, float]
+    payload: tuple[Wire, ...]  # for the kernel's execute reply (pager, next input)
+    unneeded: tuple[str, ...]
+    host: str | None = None  # a cluster's host it ran on
+    placement: Placement | None = None  # why there
+
+
+@dataclass(frozen=True)
+class Followed(Reply):
+    """`follow`'s reply: the followed cell's own (`cell`), or none when there was nothing to
+    follow. On the wire, the cell's reply with ``followed`` added."""
+
+    followed: bool
+    cell: Executed | None = None
+
+    @classmethod
+    def from_wire(cls, raw: object) -> Self:
+        if not isinstance(raw, dict) or not isinstance(raw.get("followed"), bool):
+            raise ProtocolError("a follow's reply needs a boolean 'followed'")
+        return cls(raw["followed"], Executed.from_wire(raw) if raw["followed"] else None)
+
+    def to_map(self) -> Wire:
+        return {**(self.cell.to_map() if self.cell is not None else {}),
+                "followed": self.followed}
+
+
+@dataclass(frozen=True)
+class Interrupted(Reply):
+    interrupted: bool  # whether a cell ran
+
+
+@dataclass(frozen=True)
+class Stopped(Reply):
+    stopped: bool  # whether a cell ran
+    version: int | None = None  # the session's, once it is over
+
+
+@dataclass(frozen=True)
+class InputAnswered(Reply):
+    answered: bool
+
+
+@dataclass(frozen=True)
+class CheckedOut(Reply):
+    """`checkout`'s reply: the new version, holding `checked_out`'s state."""
+
+    version: int
+    checked_out: int
+    execution_count: int
+    env: str | None  # the environment that version ran in
+    packages_differ: Wire  # its packages that differ from the session's now (`envs`)
+
+
+@dataclass(frozen=True)
+class Closed(Reply):
+    closed: bool
+    version: int
+    lease_seconds: float  # slot-seconds its cells leased here
+
+
+@dataclass(frozen=True)
+class Emigrated(Closed):
+    image: Wire | None  # the pinned worker's carried image (`pool.migration.Carried`)
+
+
+@dataclass(frozen=True)
+class Immigrated(Reply):
+    arrived: bool
+    why: str | None = None  # why not
+    bytes: int | None = None  # of the image restored
+
+
+@dataclass(frozen=True)
+class Tagged(Reply):
+    version: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Removed(Reply):
+    removed: bool
+
+
+@dataclass(frozen=True)
+class Completion(Reply):
+    """A Jupyter `complete_reply`'s content."""
+
+    status: str
+    matches: tuple[str, ...]
+    cursor_start: int
+    cursor_end: int
+    metadata: Wire
+
+
+@dataclass(frozen=True)
+class Inspection(Reply):
+    """A Jupyter `inspect_reply`'s content."""
+
+    status: str
+    found: bool
+    data: Wire
+    metadata: Wire
+
+
+@dataclass(frozen=True)
+class Delivered(Reply):
+    delivered: bool  # whether a comm of the live worker took the message
+
+
+@dataclass(frozen=True)
+class Debugged(Reply):
+    content: Wire  # the `debug_reply`'s
+
+
+@dataclass(frozen=True)
+class CellHistory(Reply):
+    cells: tuple[tuple[int, str], ...]  # (execution_count, source), oldest first
+
+
+@dataclass(frozen=True)
+class VersionHistory(Reply):
+    versions: tuple[Wire, ...]  # newest first, as `snapshot.history.describe` describes them
+
+
+@dataclass(frozen=True)
+class Held(Reply):
+    bytes: int  # of the session's state on this host's disk
+    memory: int  # in a worker it keeps for the session
+
+
+@dataclass(frozen=True)
+class Moved(Record):
+    session: str
+    to: str
+
+
+@dataclass(frozen=True)
+class Drained(Reply):
+    host: str
+    moved: tuple[Moved, ...]
+
+
+@dataclass(frozen=True)
+class Pong(Reply):
+    """`ping`'s reply. To the user who runs the host (a cluster's front door), also where it
+    wakes workers carried to it and whether it is short of memory, then with the memory each
+    session's worker holds, as (user, session, bytes)."""
+
+    pong: bool
+    pid: int
+    user: str
+    wake_dir: str | None = None
+    pressure: bool | None = None
+    holding: tuple[tuple[str, str, int], ...] | None = None
 
 
 @dataclass(frozen=True)
 class Error(Message):
     """A request's final answer when it failed: a `FabricError`'s wire map."""
 
-    error: dict
+    error: Wire
 
-    def to_wire(self, msg_id: str | None) -> dict:
+    def to_wire(self, msg_id: str | None) -> Wire:
         return {"type": "error", "msg_id": msg_id, "error": self.error}
 
     @classmethod
-    def from_wire(cls, message: dict) -> Error:
+    def from_wire(cls, message: Wire) -> Error:
         return cls._build(message, "an error frame", cls._types())
 
 
@@ -506,17 +737,18 @@ class Error(Message):
 class Heartbeat(Message):
     """The server's probe of a client whose cell runs; no msg_id, answers nothing."""
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Wire:
         return {"type": "heartbeat"}
 
 
-def from_server(message: dict) -> Event | Reply:
-    """What the server sent for a request, checked; an error frame raises its RemoteError."""
+def from_server(message: Wire, answer: type[Reply]) -> Event | Reply:
+    """What the server sent for a request whose reply is an `answer`, checked; an error frame
+    raises its RemoteError."""
     kind = message.get("type")
     if kind == "event":
         return Event.from_wire(message)
     if kind == "reply":
-        return Reply.from_wire(message)
+        return answer.from_wire(message)
     if kind == "error":
         raise RemoteError(Error.from_wire(message).error)
     raise ProtocolError(f"unknown frame type {kind!r}")

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .errors import ConfigError
+from .messages import Executed
 
 # Seconds: the visible delay's goal (100 ms) sits on a bucket edge.
 DELAYS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -60,17 +61,17 @@ class Metrics:
             registry=self.registry)
         self.registry.register(_Live(live))
 
-    def cell(self, reply: dict) -> None:
+    def cell(self, reply: Executed) -> None:
         """Count one cell, from the reply its session sent."""
-        path, status, timings = str(reply["path"]), str(reply["status"]), reply["timings"]
+        path, status, timings = reply.path, reply.status, reply.timings
         self.visible_delay.observe(timings["visible_delay"])
         self.queue_wait.observe(timings["queue"])
-        self.prepare.labels(str(reply["source"])).observe(timings["prepare"])
+        self.prepare.labels(reply.source).observe(timings["prepare"])
         self.cells.labels(path, status).inc()
         ready = not path.startswith("cold")
         self.drafts.labels("miss" if not ready else "load" if "+load" in path else "hit").inc()
         if status == "error":
-            self.failures.labels(str(reply.get("ename") or "unknown")).inc()
+            self.failures.labels(reply.ename or "unknown").inc()
         self.commits.inc()
 
     def serve(self, bind: str) -> WSGIServer:

@@ -12,7 +12,7 @@ import nbformat
 from . import notices
 from .client import Client
 from .errors import Detached, NotebookError, RemoteError
-from .messages import Interrupt, Notice, Output, Reply
+from .messages import Executed, Interrupt, Notice, Output
 from .output_limit import Budget
 
 OnOutput = Callable[[int, dict], None]
@@ -22,13 +22,13 @@ OnOutput = Callable[[int, dict], None]
 class CellRun:
     index: int  # position in the notebook's cell list
     outputs: list[dict] = field(default_factory=list)
-    reply: dict | None = None  # the server's reply: status, version, timings
+    reply: Executed | None = None  # the server's reply: status, version, timings
     failure: RemoteError | None = None  # the request itself failed (worker died, bad state...)
     notices: list[Notice] = field(default_factory=list)  # what llfabric said of it, not outputs
 
     @property
     def ok(self) -> bool:
-        return self.failure is None and self.reply is not None and self.reply["status"] == "ok"
+        return self.failure is None and self.reply is not None and self.reply.status == "ok"
 
     @property
     def lost(self) -> bool:
@@ -183,8 +183,8 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
                                 on_output(index, message.output)
                         elif isinstance(message, Notice) and message.topic != "progress":
                             run.notices.append(message)
-                        elif isinstance(message, Reply):
-                            run.reply = message.fields
+                        elif isinstance(message, Executed):
+                            run.reply = message
                 except KeyboardInterrupt:
                     if interrupted:
                         events.close()
@@ -201,7 +201,7 @@ def run_notebook(client: Client, nb: nbformat.NotebookNode, session: str, *,
         last = time.monotonic()
         cell.outputs = outputs.done()
         if run.reply is not None:
-            cell.execution_count = run.reply["execution_count"]
+            cell.execution_count = run.reply.execution_count
         cells.append(run)
         if interrupted or (not run.ok and not allow_errors):
             break
@@ -221,13 +221,13 @@ def timings_table(run: NotebookRun) -> str:
             lines.append(f"{cell.index:>4} {'-':<11} {'':<8} {'':>8} {'':>8} {'':>8} {'':>7} "
                          f"{'':>8}  failed: {cell.failure.message if cell.failure else '?'}")
             continue
-        t = cell.reply["timings"]
+        t = cell.reply.timings
         lease_total += t["lease_held"]
         delays.append(t["visible_delay"])
-        lines.append(f"{cell.index:>4} {cell.reply['path']:<11} "
-                     f"{cell.reply.get('source', '-'):<8} {t['prepare']:>8.3f} "
+        lines.append(f"{cell.index:>4} {cell.reply.path:<11} "
+                     f"{cell.reply.source:<8} {t['prepare']:>8.3f} "
                      f"{t['visible_delay']:>8.3f} {t['run']:>8.3f} {t['save']:>7.3f} "
-                     f"{t['lease_held']:>8.3f}  {cell.reply['status']:<6}  "
+                     f"{t['lease_held']:>8.3f}  {cell.reply.status:<6}  "
                      f"{notices.topics(n.topic for n in cell.notices)}".rstrip())
     lines.append("-" * len(head))
     pinned = run.pinned_seconds

@@ -21,10 +21,21 @@ from . import notices
 from .closure import CellPlan, Closure, closure, plan
 from .envs import Env, differences
 from .errors import SessionBusy, StoreError
+from .messages import (
+    CheckedOut,
+    ClosureSummary,
+    Completion,
+    Delivered,
+    Executed,
+    InputAnswered,
+    Inspection,
+    Notice,
+)
 from .pool import Leases, Pool, debugging
 from .pool.agent import SessionWorkers
 from .pool.cells import Account, CellJob, Done, Emit, EventSink, Head
 from .pool.lifecycle import CoolImage, Keeper, Life
+from .protocol import Wire
 from .snapshot import Manifest, Store, catalog, history
 from .snapshot.commit import CellRecord, commit, head_manifest
 
@@ -98,7 +109,7 @@ class Session:
             self.manifest, self.head = manifest, head
         return Head(self.head, self.manifest)
 
-    def checkout(self, version: int | str) -> dict:
+    def checkout(self, version: int | str) -> CheckedOut:
         """Go back to `version`'s state: the next cell runs on it. The checkout is a new version,
         so history stays linear and the versions after `version` stay reachable."""
         if self.lock.locked():
@@ -106,27 +117,25 @@ class Session:
         manifest = history.checkout(self.store, self.name, version)
         self._follow_head()
         now = self._env_record()
-        return {"version": manifest.version, "checked_out": manifest.cell["checkout"],
-                "execution_count": int(manifest.cell.get("execution_count", 0)),
-                "env": manifest.env.get("name"),
-                "packages_differ": differences(manifest.env.get("packages", {}),
-                                               now.get("packages", {}))}
+        return CheckedOut(manifest.version, manifest.cell["checkout"],
+                          int(manifest.cell.get("execution_count", 0)), manifest.env.get("name"),
+                          differences(manifest.env.get("packages", {}),
+                                      now.get("packages", {})))
 
-    def draft(self, source: str) -> dict:
+    def draft(self, source: str) -> ClosureSummary:
         """Ready a worker for `source` now, while the user is still editing it."""
         head = self._follow_head()
         cl = closure(plan(source), self.manifest)
         self.agent.draft(cl, head, self._events(None))
         return self._describe(cl)
 
-    def _describe(self, cl: Closure) -> dict:
-        return {"names": sorted(cl.names), "groups": len(cl.groups), "lazy": len(cl.lazy),
-                "whole": cl.whole,
-                "exact": cl.exact, "session_variables": len(self.manifest.variables())}
+    def _describe(self, cl: Closure) -> ClosureSummary:
+        return ClosureSummary(tuple(sorted(cl.names)), len(cl.groups), len(cl.lazy), cl.whole,
+                              cl.exact, len(self.manifest.variables()))
 
     async def execute(self, source: str, emit: Emit, stdin: bool = False,
                       gpus: int | None = None, count: int | None = None,
-                      parent_id: str | None = None) -> dict:
+                      parent_id: str | None = None) -> Executed:
         """Run `source` as the session's next cell; with `gpus`, on that many slots from now
         on (refused before anything runs if the host cannot give them); with `count`, as the
         prompt number the frontend shows, else the one after the last cell's; `parent_id`:
@@ -153,11 +162,10 @@ class Session:
             finally:
                 self.running_since = None
             self.started = ran.start
-            return {"status": ran.status, "ename": ran.ename, "version": self.manifest.version,
-                    "execution_count": count, "unsaved": ran.unsaved, "notices": self._told,
-                    "path": ran.path, "start": ran.start, "source": ran.source,
-                    "closure": self._describe(cl), "timings": ran.timings,
-                    "payload": ran.payload, "unneeded": ran.unneeded}
+            return Executed(ran.status, ran.ename, self.manifest.version, count,
+                            tuple(ran.unsaved), tuple(Notice(**n) for n in self._told),
+                            ran.path, ran.start, ran.source, self._describe(cl), ran.timings,
+                            tuple(ran.payload), tuple(ran.unneeded))
 
     def _commit(self, done: Done, cell: CellPlan, count: int) -> Head:
         """Fold the worker's save into a new version (`snapshot.commit`); the head moves to it."""
@@ -188,29 +196,31 @@ class Session:
         return int(self.manifest.cell.get("execution_count", 0))
 
     # completion and inspection: the live worker's answer, else the head's catalog's
-    async def complete(self, source: str, cursor: int) -> dict:
+    async def complete(self, source: str, cursor: int) -> Completion:
         answer = await self.agent.questions.complete(source, cursor,
                                                      Head(self.head, self.manifest))
         if answer is not None and answer.get("matches"):
-            return answer
-        return catalog.complete(await asyncio.to_thread(self.catalog), source, cursor)
+            return Completion.from_wire(answer)  # the worker's, checked
+        return Completion.from_wire(
+            catalog.complete(await asyncio.to_thread(self.catalog), source, cursor))
 
-    async def inspect(self, source: str, cursor: int, detail: int) -> dict:
+    async def inspect(self, source: str, cursor: int, detail: int) -> Inspection:
         answer = await self.agent.questions.inspect(source, cursor, 1 if detail else 0,
                                                     Head(self.head, self.manifest))
         if answer is not None and answer.get("found"):
-            return answer
-        return catalog.inspect(await asyncio.to_thread(self.catalog), source, cursor)
+            return Inspection.from_wire(answer)
+        return Inspection.from_wire(
+            catalog.inspect(await asyncio.to_thread(self.catalog), source, cursor))
 
-    async def comm(self, msg_type: str, content: dict, buffers: list[bytes], emit: Emit,
-                   parent_id: str | None = None) -> dict:
+    async def comm(self, msg_type: str, content: Wire, buffers: list[bytes], emit: Emit,
+                   parent_id: str | None = None) -> Delivered:
         """A frontend's message to a comm of the session's live worker (a widget moved)."""
         delivered = await self.agent.questions.comm(msg_type, content, buffers,
                                                     Head(self.head, self.manifest),
                                                     self._events(emit), parent_id)
-        return {"delivered": delivered}
+        return Delivered(delivered)
 
-    async def debug(self, request: dict) -> dict:
+    async def debug(self, request: Wire) -> Wire:
         """A frontend's debug adapter request (`pool.debugging`); its response. The variables
         panel's list of the session's values comes from the head's catalog: between cells,
         they are in no process."""
@@ -240,9 +250,9 @@ class Session:
     def stop(self, reason: str) -> None:
         self.agent.stop(reason)
 
-    def answer(self, value: str | None, error: str | None) -> dict:
+    def answer(self, value: str | None, error: str | None) -> InputAnswered:
         """The client's answer to the running cell's input request."""
-        return self.agent.answer(value, error)
+        return InputAnswered(**self.agent.answer(value, error))
 
     async def close(self) -> None:
         await self.agent.close()
@@ -260,7 +270,7 @@ class Session:
         cell's."""
         self.agent.arrive(life)
 
-    def status(self) -> dict:
+    def status(self) -> Wire:
         return {"session": self.name, "version": self.manifest.version, "head": self.head,
                 "execution_count": self.execution_count,
                 "opened": self.opened, "gpus": self.gpus, "started": self.started,

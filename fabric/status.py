@@ -1,11 +1,8 @@
-"""The server's `status` reply and a session's status (in `status` and `open` replies), typed.
+"""The server's `status` reply and a session's status (the `open` reply, and in `status`),
+typed as every reply is (`messages.Record`); and the reply of each op (`REPLIES`).
 
 The wire keeps its plain msgpack maps, which other clients read as they are; a client that
-prints or decides from them reads these classes instead, built by `from_wire`. It checks every
-field it knows against its declared type (a float accepts an int, a tuple a list) and ignores
-keys it does not know, so a newer server that adds a key does not break an older client, and a
-reply that lacks a key or has one of the wrong type is a `ProtocolError`, not a KeyError deep in
-a printer.
+prints or decides from them reads these classes instead, built by `from_wire`.
 """
 
 from __future__ import annotations
@@ -13,39 +10,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Self
 
-from . import typed
-from .errors import ProtocolError
-
-
-class _Wire:
-    """`from_wire` for a dataclass of the wire's scalars, tuples, dicts and other `_Wire`s."""
-
-    @classmethod
-    def from_wire(cls, raw: object) -> Self:
-        if not isinstance(raw, dict):
-            raise ProtocolError(f"{cls.__name__} must be a map, not {type(raw).__name__}")
-        try:
-            return cls(**typed.record(cls, raw, cls.__name__))
-        except typed.Mismatch as exc:
-            owner, _, key = exc.where.rpartition(".")
-            if exc.missing:
-                raise ProtocolError(f"{owner} lacks {key!r}", key=key) from None
-            raise ProtocolError(f"status field {exc.where} should be {exc.expected}, "
-                                f"not {exc.value!r}"[:300], field=exc.where) from None
+from . import messages
+from .messages import Notice, Placement, Record, Reply
+from .protocol import Wire
 
 
 @dataclasses.dataclass(frozen=True)
-class Notice(_Wire):
-    """What llfabric said about itself during a cell (`fabric.notices`)."""
-
-    topic: str
-    text: str
-    time: float
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionStatus(_Wire):
-    """One open session: its version, where its worker is (`tier`) and what it cost."""
+class SessionStatus(Reply):
+    """One open session: its version, where its worker is (`tier`) and what it cost; the reply
+    to `open`."""
 
     session: str
     version: int
@@ -70,6 +43,7 @@ class SessionStatus(_Wire):
     host: str | None = None  # the cluster's host it is open on; None: a single host's
     # how its latest cell started: prepared, warm, cold or restored; None: none ran yet
     started: str | None = None
+    placement: Placement | None = None  # why a cluster's front door opened it on `host`
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -78,7 +52,7 @@ class SessionStatus(_Wire):
 
 
 @dataclasses.dataclass(frozen=True)
-class SlotStatus(_Wire):
+class SlotStatus(Record):
     """One execution slot: on GPU hosts a device and its use now; the session holding it."""
 
     slot: int
@@ -92,17 +66,19 @@ class SlotStatus(_Wire):
     held: float | None = None  # seconds
     with_slots: tuple[int, ...] = ()  # every slot of the lease holding this one
     lingering: bool = False  # its cell ended; its worker keeps it for the session's next
+    host: str | None = None  # a cluster's host it is on
 
 
 @dataclasses.dataclass(frozen=True)
-class WaiterStatus(_Wire):
+class WaiterStatus(Record):
     session: str
     waiting: float  # seconds
     slots: int = 1  # asked for together
+    host: str | None = None  # a cluster's host it waits on
 
 
 @dataclasses.dataclass(frozen=True)
-class LeaseStatus(_Wire):
+class LeaseStatus(Record):
     """The host's slots: who holds them and who waits."""
 
     kind: str  # gpu or cpu
@@ -115,7 +91,7 @@ class LeaseStatus(_Wire):
 
 
 @dataclasses.dataclass(frozen=True)
-class ZygoteStatus(_Wire):
+class ZygoteStatus(Record):
     pid: int
     modules: tuple[str, ...]
     ready: bool
@@ -124,7 +100,7 @@ class ZygoteStatus(_Wire):
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkerStatus(_Wire):
+class WorkerStatus(Record):
     pid: int
     source: str
     zygote: int | None
@@ -134,7 +110,7 @@ class WorkerStatus(_Wire):
 
 
 @dataclasses.dataclass(frozen=True)
-class TemplateStatus(_Wire):
+class TemplateStatus(Record):
     modules: tuple[str, ...]
     state: str  # building, ready or failed
     error: str
@@ -142,10 +118,11 @@ class TemplateStatus(_Wire):
     built_in: float
     restores: int
     failed_imports: dict[str, str]
+    env: str = ""  # the site-packages of the environment it imports; "": the server's
 
 
 @dataclasses.dataclass(frozen=True)
-class UpkeepStatus(_Wire):
+class UpkeepStatus(Record):
     """The latest retention and gc pass."""
 
     time: float
@@ -159,7 +136,7 @@ class UpkeepStatus(_Wire):
 
 
 @dataclasses.dataclass(frozen=True)
-class HostStatus(_Wire):
+class HostStatus(Record):
     """One host of a cluster, as its front door sees it."""
 
     name: str
@@ -176,7 +153,7 @@ class HostStatus(_Wire):
 
 
 @dataclasses.dataclass(frozen=True)
-class ServerStatus(_Wire):
+class ServerStatus(Reply):
     """The server as one user may see it: their sessions; others' only as busy slots."""
 
     pid: int
@@ -192,6 +169,8 @@ class ServerStatus(_Wire):
     sessions: tuple[SessionStatus, ...]
     upkeep: UpkeepStatus | None = None  # None before the first pass
     hosts: tuple[HostStatus, ...] = ()  # a cluster's front door: its hosts
+    # bytes of state this host fetched, by the tier they came from (peer, remote)
+    sourced: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_wire(cls, raw: object) -> Self:
@@ -199,5 +178,24 @@ class ServerStatus(_Wire):
             raw = {k: v for k, v in raw.items() if k != "upkeep"}
         return super().from_wire(raw)
 
+    def to_map(self) -> Wire:
+        return {**super().to_map(), "upkeep": {} if self.upkeep is None else self.upkeep.to_map()}
+
     def session(self, name: str) -> SessionStatus | None:
         return next((s for s in self.sessions if s.session == name), None)
+
+
+# The reply of each op: what a client reads its final frame as.
+REPLIES: dict[str, type[Reply]] = {cls.op: reply for cls, reply in (
+    (messages.Open, SessionStatus), (messages.Draft, messages.ClosureSummary),
+    (messages.Execute, messages.Executed), (messages.Follow, messages.Followed),
+    (messages.Interrupt, messages.Interrupted), (messages.Stop, messages.Stopped),
+    (messages.Answer, messages.InputAnswered), (messages.Checkout, messages.CheckedOut),
+    (messages.Close, messages.Closed), (messages.Tag, messages.Tagged),
+    (messages.Remove, messages.Removed), (messages.Complete, messages.Completion),
+    (messages.Inspect, messages.Inspection), (messages.CommMessage, messages.Delivered),
+    (messages.Debug, messages.Debugged), (messages.History, messages.CellHistory),
+    (messages.Versions, messages.VersionHistory), (messages.Status, ServerStatus),
+    (messages.Holds, messages.Held), (messages.Drain, messages.Drained),
+    (messages.Emigrate, messages.Emigrated), (messages.Immigrate, messages.Immigrated),
+    (messages.Ping, messages.Pong))}

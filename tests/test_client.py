@@ -14,15 +14,17 @@ import zmq
 from fabric.client import Client, listening
 from fabric.errors import ProtocolError, RemoteError, Unreachable
 from fabric.messages import (
+    ClosureSummary,
     Error,
+    Executed,
     Heartbeat,
     Interrupt,
     Notice,
     Output,
+    Ping,
+    Pong,
     Queued,
-    Reply,
     Request,
-    Status,
 )
 from fabric.protocol import pack, unpack
 
@@ -77,32 +79,41 @@ def scripted(tmp_path: Path) -> Iterator[Callable[[Script], Client]]:
 OUT = {"output_type": "stream", "name": "stdout", "text": "hi\n"}
 
 
+def _ended(status: str) -> Executed:
+    """A cell's reply, ended with `status`."""
+    return Executed(status, None, 1, 1, (), (), "warm", "warm", "zygote",
+                    ClosureSummary((), 0, 0, False, True, 0), {}, (), ())
+
+
+OK, FAILED = _ended("ok"), _ended("error")
+
+
 def test_a_cell_streams_typed_events_then_its_reply(scripted) -> None:
     def script(request: Request, msg_id: str) -> list[dict]:
         return [Queued(1, 1).to_wire(msg_id), Heartbeat().to_wire(), Output(OUT).to_wire(msg_id),
                 Notice("queued", "waited", 1.0).to_wire(msg_id),
-                Reply({"status": "ok"}).to_wire(msg_id)]
+                OK.to_wire(msg_id)]
 
     client = scripted(script)
     assert list(client.execute("s", "print('hi')")) == [
-        Queued(1, 1), Output(OUT), Notice("queued", "waited", 1.0), Reply({"status": "ok"})]
-    assert client.call("execute", session="s", source="1") == {"status": "ok"}
+        Queued(1, 1), Output(OUT), Notice("queued", "waited", 1.0), OK]
+    assert client.call("execute", session="s", source="1") == OK
 
 
 def test_frames_of_overlapping_requests_reach_each_in_order(scripted) -> None:
     cell: dict[str, str] = {}
 
     def script(request: Request, msg_id: str) -> list[dict]:
-        if isinstance(request, Status):  # the cell's frames around the status reply
-            return [Output(OUT).to_wire(cell["id"]), Reply({"pid": 1}).to_wire(msg_id),
-                    Reply({"status": "ok"}).to_wire(cell["id"])]
+        if isinstance(request, Ping):  # the cell's frames around the ping's reply
+            return [Output(OUT).to_wire(cell["id"]), Pong(True, 1, "me").to_wire(msg_id),
+                    OK.to_wire(cell["id"])]
         cell["id"] = msg_id
         return []
 
     client = scripted(script)
     events = client.execute("s", "1")
-    assert client.request(Status()) == {"pid": 1}
-    assert list(events) == [Output(OUT), Reply({"status": "ok"})]
+    assert client.request(Ping()) == Pong(True, 1, "me")
+    assert list(events) == [Output(OUT), OK]
 
 
 def test_requests_about_a_running_cell_are_answered_aside(scripted) -> None:
@@ -111,7 +122,7 @@ def test_requests_about_a_running_cell_are_answered_aside(scripted) -> None:
     def script(request: Request, msg_id: str) -> list[dict]:
         if isinstance(request, Interrupt):
             return [Error({"kind": "fabric", "message": "no cell"}).to_wire(msg_id),
-                    Reply({"status": "error"}).to_wire(cell["id"])]
+                    FAILED.to_wire(cell["id"])]
         cell["id"] = msg_id
         return [Output(OUT).to_wire(msg_id)]
 
@@ -119,7 +130,7 @@ def test_requests_about_a_running_cell_are_answered_aside(scripted) -> None:
     events = client.execute("s", "1")
     assert next(events) == Output(OUT)
     events.send(Interrupt("s"))  # its error is logged, not the cell's
-    assert list(events) == [Reply({"status": "error"})]
+    assert list(events) == [FAILED]
 
 
 def test_a_silent_cell_is_probed_and_waited_for(scripted) -> None:
@@ -129,14 +140,14 @@ def test_a_silent_cell_is_probed_and_waited_for(scripted) -> None:
     def script(request: Request, msg_id: str) -> list[dict]:
         if request.op == "ping":
             pings.append(msg_id)
-            frames = [Reply({"pong": True}).to_wire(msg_id)]
-            return frames + ([Reply({"status": "ok"}).to_wire(cell["id"])] if len(pings) == 3
+            frames = [Pong(True, 1, "me").to_wire(msg_id)]
+            return frames + ([OK.to_wire(cell["id"])] if len(pings) == 3
                              else [])
         cell["id"] = msg_id
         return []
 
     client = scripted(script)
-    assert list(client.execute("s", "1", timeout=0.2)) == [Reply({"status": "ok"})]
+    assert list(client.execute("s", "1", timeout=0.2)) == [OK]
     assert len(pings) == 3
 
 

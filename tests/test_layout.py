@@ -103,7 +103,10 @@ def test_the_cycle_finder_finds_one() -> None:
 
 
 @pytest.mark.parametrize(("part", "below"), [
-    ("session", {"pool", "envs", "snapshot", "closure"}),
+    ("session", {"pool", "envs", "snapshot", "closure", "messages"}),
+    # a host: its sessions and what they run on; never the server in front of it, or a cluster
+    ("host", {"session", "following", "pool", "envs", "snapshot", "closure", "messages",
+              "status", "metrics", "config", "auth", "users", "private"}),
     ("pool", {"envs", "snapshot", "closure", "worker"}),
     ("envs", {"worker"}),
     ("snapshot", {"closure"}),
@@ -134,8 +137,6 @@ def test_a_worker_imports_nothing_of_the_server_side() -> None:
 # Files whose public functions still return a bare dict while their replies become typed (the
 # host's typed face and its clients); each leaves this list once it is typed.
 BARE_DICT_PENDING = {
-    "fabric/messages.py": "a Reply still carries its fields as a dict",
-    "fabric/server.py": "its handlers' replies, typed with the messages",
     "fabric/front.py": "its handlers' replies, typed with the messages",
     "fabric/session.py": "its replies, typed with the messages",
     "fabric/client.py": "returns the server's replies, typed with the messages",
@@ -143,11 +144,7 @@ BARE_DICT_PENDING = {
     "fabric/cluster/link.py": "the door's link replies, typed with the messages",
     "fabric/cluster/members.py": "the cluster's host replies, typed with the messages",
     "fabric/snapshot/catalog.py": "its completion and inspection replies, typed with the messages",
-    "fabric/attach/answers.py": "reads the server's replies, typed with the messages",
-    "fabric/attach/debugging.py": "reads the server's replies, typed with the messages",
-    "fabric/attach/frontend.py": "reads the server's replies, typed with the messages",
     "fabric/attach/kernels.py": "reads the server's replies, typed with the messages",
-    "fabric/attach/relay.py": "reads the server's replies, typed with the messages",
 }
 
 

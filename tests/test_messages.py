@@ -40,11 +40,13 @@ from fabric.messages import (
     Status,
     Stop,
     Tag,
+    Tagged,
     Versions,
     from_server,
     request,
 )
 from fabric.protocol import pack, unpack
+from fabric.status import REPLIES
 
 EVERY_REQUEST = [
     Open("s"), Open("s", "/tmp"), Draft("s", "x = 1"), Execute("s", "x", stdin=True, cell_id="c"),
@@ -99,18 +101,32 @@ def test_a_request_named_by_its_op_is_checked_before_it_is_sent() -> None:
 def test_an_event_arrives_as_it_was_sent(sent) -> None:
     wire = unpack(pack(sent.to_wire("m1")))
     assert wire["type"] == "event" and wire["event"] == sent.event and wire["msg_id"] == "m1"
-    assert from_server(wire) == sent
+    assert from_server(wire, Reply) == sent
 
 
 def test_a_reply_carries_its_fields() -> None:
-    wire = unpack(pack(Reply({"status": "ok", "version": 3}).to_wire("m1")))
-    assert from_server(wire) == Reply({"status": "ok", "version": 3})
+    wire = unpack(pack(Tagged(3, "best").to_wire("m1")))
+    assert wire == {"type": "reply", "msg_id": "m1", "version": 3, "name": "best"}
+    assert from_server(wire, Tagged) == Tagged(3, "best")
+
+
+def test_every_op_has_its_reply() -> None:
+    assert set(REPLIES) == set(REQUESTS)
+
+
+@pytest.mark.parametrize(("frame", "match"), [
+    ({"type": "reply", "msg_id": "m", "version": 3}, "Tagged lacks 'name'"),
+    ({"type": "reply", "msg_id": "m", "version": "3", "name": "best"}, "Tagged.version"),
+])
+def test_a_reply_not_of_its_ops_shape_is_refused(frame: dict, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        from_server(frame, Tagged)
 
 
 def test_an_error_frame_raises_its_error() -> None:
     wire = Error({"kind": "busy", "message": "running", "session": "s"}).to_wire("m1")
     with pytest.raises(RemoteError) as err:
-        from_server(unpack(pack(wire)))
+        from_server(unpack(pack(wire)), Reply)
     assert (err.value.kind, err.value.message, err.value.fields) == ("busy", "running",
                                                                       {"session": "s"})
 
@@ -138,9 +154,9 @@ def test_an_error_frame_raises_its_error() -> None:
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_what_is_not_a_server_message_is_refused(frame: dict, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
-        from_server(frame)
+        from_server(frame, Reply)
 
 
 def test_fields_a_newer_server_adds_are_ignored() -> None:
     wire = {**Leased(0.5).to_wire("m"), "device": "cuda:0"}
-    assert from_server(wire) == Leased(0.5)
+    assert from_server(wire, Reply) == Leased(0.5)

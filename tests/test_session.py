@@ -73,7 +73,7 @@ def _scenario(tmp_path: Path, faults: list[str], cells: int, interrupt: bool = F
 
 def test_a_clean_fake_cell_commits_a_version(tmp_path: Path) -> None:
     [(reply, version, held)] = _scenario(tmp_path, ["ok"], 1)
-    assert reply["status"] == "ok" and reply["version"] == version == 1 and held == 0
+    assert reply.status == "ok" and reply.version == version == 1 and held == 0
 
 
 @pytest.mark.parametrize(("fault", "error"), [("garbage", WorkerDied), ("die", WorkerDied),
@@ -82,7 +82,7 @@ def test_a_worker_that_fails_mid_cell_leaves_the_head_and_the_next_cell_runs(
         tmp_path: Path, fault: str, error: type) -> None:
     (failed, before, held), (reply, after, _) = _scenario(tmp_path, [fault, "ok"], 2)
     assert isinstance(failed, error) and before == 0 and held == 0
-    assert reply["status"] == "ok" and after == 1
+    assert reply.status == "ok" and after == 1
 
 
 def test_a_worker_that_never_answers_is_stopped_after_its_interrupt(tmp_path: Path) -> None:

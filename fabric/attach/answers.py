@@ -19,7 +19,17 @@ from typing import Any, TypedDict, TypeVar, cast
 from IPython.core.history import HistoryManager
 
 from ..errors import FabricError, RemoteError
-from ..messages import Comm, Output, Reply, request
+from ..messages import (
+    CellHistory,
+    Comm,
+    Completion,
+    Delivered,
+    History,
+    Inspection,
+    Output,
+    Reply,
+    request,
+)
 from .attached import Attached
 
 log = logging.getLogger(__name__)
@@ -88,7 +98,7 @@ class Answers:
             self._own_history.close()
             self._own_history = None
 
-    def _call(self, op: str, **fields: Any) -> dict:
+    def _call(self, op: str, **fields: Any) -> Reply:
         return self.attachment.client.call(op, session=self.attachment.session,
                                            timeout=ASK_TIMEOUT, **fields)
 
@@ -107,8 +117,9 @@ class Answers:
         except FabricError as exc:  # the frontend shows nothing, as for a name unknown
             log.info("llfabric: %s not answered: %s", op, exc.message)
             return empty
-        # the worker's own content for the op (see `pool.agent`), or the empty answer
-        return cast(Content, reply) if reply.get("status") in ("ok", "error") else empty
+        if isinstance(reply, Completion | Inspection) and reply.status in ("ok", "error"):
+            return cast(Content, reply.to_map())  # Jupyter's content, as the wire carries it
+        return empty
 
     async def complete(self, code: str, cursor_pos: int | None) -> CompleteReply:
         cursor = len(code) if cursor_pos is None else cursor_pos
@@ -135,15 +146,14 @@ class Answers:
         """The session's cells, from its versions (on opening it: a restarted kernel, a
         reopened notebook)."""
         try:
-            cells = self._call("history").get("cells")
+            cells = self.attachment.client.ask(History(self.attachment.session), CellHistory,
+                                               ASK_TIMEOUT).cells
         except FabricError as exc:
             log.warning("llfabric: the session's history is not read: %s", exc.message)
             return
         self._fresh_history()
-        for cell in cells if isinstance(cells, list) else []:
-            if isinstance(cell, list) and len(cell) == 2 and isinstance(cell[0], int) \
-                    and isinstance(cell[1], str):
-                self.record(cell[0], cell[1])
+        for count, source in cells:
+            self.record(count, source)
 
     def record(self, count: int, source: str) -> None:
         """A cell the session ran, as the kernel's history would have stored it."""
@@ -202,7 +212,7 @@ class Answers:
             for event in self.attachment.client.start(sent, timeout=COMM_TIMEOUT):
                 if isinstance(event, Output | Comm):
                     self.attachment.publish_event(event)
-                elif isinstance(event, Reply) and not event.fields.get("delivered"):
+                elif isinstance(event, Delivered) and not event.delivered:
                     log.warning("llfabric: the worker holding comm %s is gone or busy; the "
                                 "frontend's message had no effect", msg["content"].get("comm_id"))
         except FabricError as exc:

@@ -15,6 +15,7 @@ from typing import Any, NotRequired, TypedDict, cast
 
 from ..client import Client
 from ..errors import FabricError
+from ..messages import Debug, Debugged
 from .attached import Attached
 
 TIMEOUT = 40.0  # seconds a debug request waits for the server (its worker's debugger: 30)
@@ -64,9 +65,6 @@ class Debugging:
         with self._lock:
             if self._client is None:
                 self._client = Client(self.attachment.address, timeout=TIMEOUT)
-            reply = self._client.call("debug", session=self.attachment.session,
-                                      content=content, timeout=TIMEOUT)
-        answer = reply.get("content")
-        if not isinstance(answer, dict):
-            raise FabricError("the server's debug reply has no response")
-        return cast(DebugResponse, answer)  # the worker's debugpy's, as it answered
+            reply = self._client.ask(Debug(self.attachment.session, content), Debugged,
+                                     TIMEOUT)
+        return cast(DebugResponse, reply.content)  # the worker's debugpy's, as it answered

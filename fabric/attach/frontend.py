@@ -406,10 +406,10 @@ class Frontend:
         except FabricError as exc:  # a cell running, a thinned version, a server down
             comm.send({"error": exc.message, "version": version})
             return
-        data = {"checked_out": reply.get("checked_out"), "version": reply.get("version")}
+        data: dict[str, Any] = {"checked_out": reply.checked_out, "version": reply.version}
         warnings = []
-        if differ := reply.get("packages_differ"):
-            warnings.append(describe_differences(differ, reply.get("env")))
+        if differ := reply.packages_differ:
+            warnings.append(describe_differences(differ, reply.env))
         if closed := self.attachment.checked_out():
             warnings.append(closed)
         if warnings:
@@ -418,7 +418,7 @@ class Frontend:
 
     def _send_versions(self, client: Client) -> None:
         try:
-            versions = client.versions(self.attachment.session)
+            versions = list(client.versions(self.attachment.session))
         except RemoteError as exc:
             if exc.kind != "unknown_session":
                 versions, error = [], exc.message

@@ -16,6 +16,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..envs import describe_differences
 from ..errors import FabricError
+from ..messages import CheckedOut, Reply, Tagged
 from ..status import ServerStatus
 from .attaching import attach, current, detach
 from .relay import Attachment
@@ -91,21 +92,21 @@ class FabricMagics(Magics):
         elif command == "checkout" and len(words) == 1:
             reply = self._call("checkout", version=int(words[0]) if words[0].isdigit()
                                else words[0])
-            if reply is not None:  # prompt numbers go on, as after any cell
+            if isinstance(reply, CheckedOut):  # prompt numbers go on, as after any cell
                 attachment = current(self.shell)
                 print(f"llfabric: session {attachment.session} is back at version "
-                      f"{reply['checked_out']}")
+                      f"{reply.checked_out}")
                 if closed := attachment.checked_out():
                     print(f"llfabric: {closed}", file=sys.stderr)
-                if differ := reply.get("packages_differ"):
-                    print(describe_differences(differ, reply.get("env")), file=sys.stderr)
+                if differ := reply.packages_differ:
+                    print(describe_differences(differ, reply.env), file=sys.stderr)
         elif command == "tag" and len(words) in (1, 2):
             fields = {"name": words[0]}
             if len(words) == 2:
                 fields["version"] = int(words[1]) if words[1].isdigit() else words[1]
             reply = self._call("tag", **fields)
-            if reply is not None:
-                print(f"llfabric: version {reply['version']} is named {words[0]}")
+            if isinstance(reply, Tagged):
+                print(f"llfabric: version {reply.version} is named {words[0]}")
         elif command == "rm" and len(words) == 1:
             attachment = current(self.shell)
             if attachment is not None and words[0] == attachment.session:
@@ -145,7 +146,7 @@ class FabricMagics(Magics):
               + ("the server's packages" if name == "base" else f"environment {name}; "
                  "`%pip install` in a cell installs into it"))
 
-    def _call(self, op: str, **fields: object) -> dict | None:
+    def _call(self, op: str, **fields: object) -> Reply | None:
         """A request of the attached session (or `session` in `fields`); None, the error
         printed, if the server refused it."""
         attachment = current_attachment(self.shell)

@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
@@ -36,6 +37,8 @@ from ..messages import (
     Answer,
     Comm,
     DebugEvent,
+    Executed,
+    Followed,
     InputRequest,
     Interrupt,
     Notice,
@@ -54,6 +57,7 @@ from .notebook_file import next_cell_source
 from .routing import is_local
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=Reply)
 
 SILENCE = 10.0  # seconds without a frame before the relay pings, and before it gives up
 CALL_TIMEOUT = 10.0
@@ -176,13 +180,13 @@ class Attachment:
         except KeyboardInterrupt:  # before the cell reached the server: it did not run
             self._fail(result, FabricError("interrupted before the cell started"))
             return self._numbered(result, count)
-        count = int(reply.get("execution_count", count))
+        count = reply.execution_count
         self._numbered(result, count)
         self.answers.record(count, source)
-        self.frontend.started(cell_id, count, reply.get("start"))
-        self._relay_payloads(reply.get("payload"))
-        if reply.get("status") == "error" and result.error_in_exec is None:
-            result.error_in_exec = _remote_error(str(reply.get("ename") or "Error"), "")
+        self.frontend.started(cell_id, count, reply.start)
+        self._relay_payloads(reply.payload)
+        if reply.status == "error" and result.error_in_exec is None:
+            result.error_in_exec = _remote_error(reply.ename or "Error", "")
         self._draft_next(cell_id)
         self.frontend.update()
         return result
@@ -193,9 +197,9 @@ class Attachment:
         self.shell.execution_count = count + 1
         return result
 
-    def _relay_payloads(self, payloads: object) -> None:
+    def _relay_payloads(self, payloads: tuple[dict, ...]) -> None:
         """The cell's pager text and next input, for the kernel's execute reply."""
-        for payload in payloads if isinstance(payloads, list) else []:
+        for payload in payloads:
             if isinstance(payload, dict) and isinstance(payload.get("source"), str):
                 self.shell.payload_manager.write_payload(payload)
 
@@ -210,35 +214,35 @@ class Attachment:
         header = [True]
 
         def announce(message: object) -> None:
-            if header and not (isinstance(message, Reply) and not message.fields.get("followed")):
+            if header and not (isinstance(message, Followed) and not message.followed):
                 header.clear()
                 self.publish("stream", {"name": "stderr", "text": (
                     "llfabric: outputs of the session's cell that was running when this kernel "
                     "started (its own kernel was lost); this cell runs once it ends\n")})
 
         try:
-            reply = self._relay(events, shown, announce)
+            reply = self._relay(events, shown, Followed, announce)
         except RemoteError as exc:  # the cell ended in an error of the fabric's (stopped, say)
             if exc.kind == "protocol":  # a server from before `follow`: nothing to follow
                 return count
             announce(None)
             self.publish("stream", {"name": "stderr", "text": f"llfabric: {exc.message}\n"})
             return count
-        if not reply.get("followed"):
+        if reply.cell is None:
             return count
-        return max(count, int(reply.get("execution_count", 0)) + 1)
+        return max(count, reply.cell.execution_count + 1)
 
-    def _execute(self, source: str, count: int, result: ExecutionResult) -> dict:
+    def _execute(self, source: str, count: int, result: ExecutionResult) -> Executed:
         parent = self.kernel.get_parent("shell") or {}
         events = self.client.execute(self.session, source, stdin=True,
                                      cell_id=result.info.cell_id, gpus=self.gpus,
                                      execution_count=count,
                                      parent_id=(parent.get("header") or {}).get("msg_id"),
                                      timeout=SILENCE)
-        return self._relay(events, result)
+        return self._relay(events, result, Executed)
 
-    def _relay(self, events: Events, result: ExecutionResult,
-               seen: Callable[[object], None] | None = None) -> dict:
+    def _relay(self, events: Events, result: ExecutionResult, answer: type[R],
+               seen: Callable[[object], None] | None = None) -> R:
         """Publish a cell's events (`seen` first hears of each) until its reply; its outputs
         within their limit (`fabric.output_limit`)."""
         budget = Budget()
@@ -248,10 +252,11 @@ class Attachment:
                     if seen is not None:
                         seen(message)
                     match message:
-                        case Reply(fields=reply):
+                        case Reply():
                             if (summary := budget.summary()) is not None:
                                 self._publish_output(summary, result)
-                            return reply
+                            assert isinstance(message, answer)  # the events' own answer
+                            return message
                         case Output(output=output):
                             if (kept := budget.admit(output)) is not None:
                                 self._publish_output(kept, result)

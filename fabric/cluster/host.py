@@ -1,4 +1,4 @@
-"""The host agent of one node of a Ray cluster: a detached Ray actor that runs that host's
+"""The host actor of one node of a Ray cluster: a detached Ray actor that runs that host's
 `llfabric serve` and keeps it running.
 
 The actor itself holds nothing of a session: it starts the node's server as a process of its own
@@ -44,7 +44,7 @@ _LAUNCH = ("import ctypes, os, signal, sys\n"
            "main()\n")
 
 
-class HostAgent:
+class HostActor:
     """One node's host: `start` it, `admit` the front door's users, `stop` it."""
 
     def __init__(self, node: str, root: str, settings: dict[str, str], slots: int) -> None:
@@ -132,7 +132,7 @@ class HostAgent:
                "LLFABRIC_METRICS_BIND": self.metrics}
         if self.slots:
             env["LLFABRIC_SLOTS"] = str(self.slots)
-        # what Ray showed the agent of the GPUs is not the server's to obey: it leases the
+        # what Ray showed the actor of the GPUs is not the server's to obey: it leases the
         # node's GPUs (NVML's) to cells itself
         env.pop("CUDA_VISIBLE_DEVICES", None)
         log_file = open(self.root / "serve.log", "ab")  # noqa: SIM115 - the child holds it
@@ -165,7 +165,7 @@ def node_slots(resources: dict[str, float]) -> int:
 
 
 def held_slots(resources: dict[str, float]) -> dict[str, float]:
-    """The custom resources a node's agent holds for its host: its declared slots, where its
+    """The custom resources a node's actor holds for its host: its declared slots, where its
     slots are not GPUs (those it holds as Ray's own `num_gpus`)."""
     return {} if resources.get("GPU") or not resources.get(SLOTS) else {SLOTS: resources[SLOTS]}
 

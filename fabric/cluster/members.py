@@ -1,4 +1,4 @@
-"""A Ray cluster's nodes, and the host agent on each (`fabric.cluster.host`).
+"""A Ray cluster's nodes, and the host actor on each (`fabric.cluster.host`).
 
 Every call here blocks (Ray's client is synchronous): the front door makes them in a thread.
 """
@@ -9,12 +9,12 @@ import logging
 import os
 
 from ..errors import ConfigError, FabricError
-from .host import HostAgent, held_slots, node_slots
+from .host import HostActor, held_slots, node_slots
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "llfabric"
-CALL_TIMEOUT = 180.0  # seconds a host agent may take to start its server
+CALL_TIMEOUT = 180.0  # seconds a host actor may take to start its server
 
 
 class RayMembers:
@@ -29,10 +29,10 @@ class RayMembers:
             log.warning("Ray's token authentication is off (RAY_AUTH_MODE): whoever reaches "
                         "the cluster's ports can run code on it and read the keys the door "
                         "gives its hosts")
-        self.root, self.settings = root, settings  # see `HostAgent`
+        self.root, self.settings = root, settings  # see `HostActor`
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING,
                  log_to_driver=False, ignore_reinit_error=True)
-        self._actor = ray.remote(HostAgent)
+        self._actor = ray.remote(HostActor)
 
     def nodes(self) -> dict[str, dict]:
         """Alive nodes by id, with their resources."""
@@ -40,40 +40,40 @@ class RayMembers:
 
     def start(self, node: str, resources: dict, users: dict[str, str], key: bytes,
               peer: tuple[str, str]) -> dict:
-        """The host agent of `node`, started (or found) and its server running: its info. It
+        """The host actor of `node`, started (or found) and its server running: its info. It
         holds what its server leases to cells (the node's GPUs, else its declared slots) in
         Ray's books: Ray schedules nothing else on them, and its autoscaler takes back no node
         whose host is up (the door releases idle hosts itself)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        agent = self._actor.options(
+        actor = self._actor.options(
             name=f"llfabric-host-{node}", lifetime="detached", get_if_exists=True,
             num_cpus=0, num_gpus=resources.get("GPU", 0), resources=held_slots(resources),
             max_restarts=-1, max_task_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         ).remote(node, self.root, self.settings, node_slots(resources))
-        return self._get(agent.start.remote(users, key, peer))
+        return self._get(actor.start.remote(users, key, peer))
 
     def admit(self, node: str, user: str, public: str) -> None:
-        self._get(self._agent(node).admit.remote(user, public))
+        self._get(self._actor_of(node).admit.remote(user, public))
 
     def share(self, node: str, peers: list[dict], pair: tuple[str, str]) -> None:
-        self._get(self._agent(node).share.remote(peers, pair))
+        self._get(self._actor_of(node).share.remote(peers, pair))
 
     def stop(self, node: str) -> None:
-        """Stop the node's server and its agent (`llfabric drain` then release)."""
-        agent = self._agent(node)
-        self._get(agent.stop.remote())
-        self.ray.kill(agent, no_restart=True)
+        """Stop the node's server and its actor (`llfabric drain` then release)."""
+        actor = self._actor_of(node)
+        self._get(actor.stop.remote())
+        self.ray.kill(actor, no_restart=True)
 
-    def _agent(self, node: str):
+    def _actor_of(self, node: str):
         return self.ray.get_actor(f"llfabric-host-{node}", namespace=NAMESPACE)
 
     def _get(self, ref):
         try:
             return self.ray.get(ref, timeout=CALL_TIMEOUT)
         except self.ray.exceptions.RayError as exc:
-            raise FabricError(f"a host agent failed: {exc}") from exc
+            raise FabricError(f"a host actor failed: {exc}") from exc
 
     def request(self, bundles: list[dict]) -> None:
         """Ask Ray's autoscaler for nodes with these resources (none: release the ask)."""

@@ -31,7 +31,7 @@ from fabric.client import Client
 from fabric.config import GPU_LINGER, Config
 from fabric.embedded import EmbeddedServer
 from fabric.errors import FabricError, TraceError
-from fabric.messages import Reply
+from fabric.messages import Executed
 
 from .costs import Costs
 from .fleet import Fleet
@@ -118,8 +118,8 @@ def _session(address: str, index: int, planned: Plan, workdir: Path,
                 reply = None
                 try:
                     for message in client.execute(name, source, timeout=0):
-                        if isinstance(message, Reply):
-                            reply = message.fields
+                        if isinstance(message, Executed):
+                            reply = message
                 except FabricError as exc:
                     ended = time.monotonic()
                     out.append(LiveCell(index, kind, think, f"error: {exc.kind}", "-", 0, 0, 0,
@@ -127,8 +127,8 @@ def _session(address: str, index: int, planned: Plan, workdir: Path,
                     continue
                 ended = time.monotonic()
                 assert reply is not None, "an execute ends with its reply or raises"
-                t = reply["timings"]
-                out.append(LiveCell(index, kind, think, reply["status"], reply["path"],
+                t = reply.timings
+                out.append(LiveCell(index, kind, think, reply.status, reply.path,
                                     t["visible_delay"] + waited, t["queue"] + waited,
                                     t["prepare"], t["run"], t["save"], t["lease_held"]))
                 waited = 0.0
@@ -136,7 +136,7 @@ def _session(address: str, index: int, planned: Plan, workdir: Path,
             spans[index] = time.monotonic() - start
             if tokens is not None:
                 tokens.release()
-            leased[index] = client.close_session(name)["lease_seconds"]
+            leased[index] = client.close_session(name).lease_seconds
 
 
 def run_live(plans: list[Plan], slots: int,

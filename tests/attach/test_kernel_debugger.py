@@ -215,6 +215,6 @@ def test_a_debug_request_it_cannot_serve_is_answered_as_failed(kernel: Kernel,
                                                                server: RunningServer,
                                                                content: dict, why: str) -> None:
     with server.client() as client:
-        answer = client.call("debug", session=kernel.session, content=content)["content"]
+        answer = client.call("debug", session=kernel.session, content=content).content
     assert not answer["success"] and why in answer["message"]
     assert answer["request_seq"] == 1

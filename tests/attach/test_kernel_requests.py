@@ -18,6 +18,7 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 from fabric import protocol
+from fabric.messages import Delivered
 
 SETUP = ("class Thing:\n"
          "    '''A thing with methods.'''\n"
@@ -57,8 +58,8 @@ def fabric(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         reply, _ = kernel.execute(SETUP)
         assert reply["status"] == "ok"
         with server.client() as client:
-            status = client.call("status")
-        tier = next(s for s in status["sessions"] if s["session"] == session)["tier"]
+            status = client.status()
+        tier = next(s for s in status.sessions if s.session == session).tier
         assert tier == request.param
         kernel.tier = tier
         if tier == "warm":  # the worker's first completion readies its completer (jedi):
@@ -239,20 +240,20 @@ def test_bad_questions_get_clear_answers_and_the_server_serves_on(server: Runnin
         "error"]["message"]
     with server.client() as client:  # opened, nothing run yet: a history, empty
         client.open("opened-only")
-        assert client.call("history", session="opened-only")["cells"] == []
+        assert client.call("history", session="opened-only").cells == ()
     assert "comm_msg or comm_close" in _raw(server, {
         "op": "comm", "session": fresh.session, "msg_type": "comm_open", "content": {}})[
         "error"]["message"]
     with server.client() as client:
         for cursor in (-5, 10**9):  # past either end: the nearest end
             assert client.call("complete", session=fresh.session, source="my_uni",
-                               cursor=cursor)["status"] == "ok"
+                               cursor=cursor).status == "ok"
         assert client.call("inspect", session=fresh.session, source="thing", cursor=2,
-                           detail=7)["found"]
+                           detail=7).found
         # no worker is kept here: a widget's message has nowhere to go, and says so
         assert client.call("comm", session=fresh.session, msg_type="comm_msg",
-                           content={"comm_id": "gone", "data": {}}) == {"delivered": False}
-        assert client.call("ping")["pong"]
+                           content={"comm_id": "gone", "data": {}}) == Delivered(False)
+        assert client.call("ping").pong
 
 
 def _comm_flow(outputs: list[dict]) -> list[tuple]:

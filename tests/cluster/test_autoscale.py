@@ -19,7 +19,8 @@ import pytest
 from helpers import RunningServer, execute_in_thread, serving, text, wait_until
 
 from fabric.client import Client
-from fabric.messages import Output, Queued
+from fabric.messages import Executed, Output, Queued
+from fabric.status import HostStatus
 
 ray_utils = pytest.importorskip("ray.cluster_utils")
 told_raylets = pytest.importorskip("told_raylets")
@@ -94,8 +95,8 @@ def autoscaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         cluster.shutdown()
 
 
-def hosts(client: Client) -> list[dict]:
-    return [h for h in client.call("status")["hosts"] if h["alive"]]
+def hosts(client: Client) -> list[HostStatus]:
+    return [h for h in client.status().hosts if h.alive]
 
 
 def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
@@ -104,22 +105,23 @@ def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
         wait_until(lambda: len(hosts(client)) == 1, "the head's host alive")  # the head alone
         for name in ("busy", "waiting"):
             client.call("open", session=name, cwd=str(tmp_path))
-        head = hosts(client)[0]["name"]
+        head = hosts(client)[0].name
         # the head's slot stays held until the waiting cell has run on the new node, however
         # long the node takes to come up
         go = tmp_path / "go"
         holder, _ = execute_in_thread(
             autoscaling, "busy", f"import os, time\nwhile not os.path.exists({str(go)!r}):\n"
                                  "    time.sleep(0.05)")
-        wait_until(lambda: any(h["running"] for h in hosts(client)), "the head's slot held")
+        wait_until(lambda: any(h.running for h in hosts(client)), "the head's slot held")
         events = list(client.execute("waiting", "print('ran')", timeout=180))
-        reply = events[-1].fields
+        reply = events[-1]
+        assert isinstance(reply, Executed)
         assert any(isinstance(e, Queued) for e in events)  # it waited for the new node
         assert text([e.output for e in events if isinstance(e, Output)]) == "ran\n"
-        assert reply["host"] != head and len(hosts(client)) == 2
+        assert reply.host != head and len(hosts(client)) == 2
         go.touch()
         holder.join(60)
         client.call("close", session="waiting")
         # released by the door, then its node taken back by the autoscaler
-        wait_until(lambda: len(client.call("status")["hosts"]) == 1, "the node given back",
+        wait_until(lambda: len(client.status().hosts) == 1, "the node given back",
                    timeout=300)

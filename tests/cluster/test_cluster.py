@@ -19,7 +19,8 @@ from cli.status import describe
 from fabric.client import Client
 from fabric.cluster.host import host_name
 from fabric.errors import RemoteError
-from fabric.status import ServerStatus
+from fabric.messages import Moved
+from fabric.status import HostStatus, SessionStatus
 
 pytest.importorskip("ray")
 
@@ -38,7 +39,7 @@ def door(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runn
     with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
                  metrics_bind=DOOR_METRICS) as running:
         with running.client() as client:
-            wait_until(lambda: len(client.call("status")["hosts"]) == 3, "three hosts")
+            wait_until(lambda: len(client.status().hosts) == 3, "three hosts")
         yield running
 
 
@@ -48,34 +49,34 @@ def client(door: RunningServer) -> Iterator[Client]:
         yield c
 
 
-def opened(client: Client, name: str, cwd: Path) -> dict:
-    return client.call("open", session=name, cwd=str(cwd))
+def opened(client: Client, name: str, cwd: Path) -> SessionStatus:
+    return client.open(name, str(cwd))
 
 
-def hosts(client: Client) -> dict[str, dict]:
-    return {h["name"]: h for h in client.call("status")["hosts"]}
+def hosts(client: Client) -> dict[str, HostStatus]:
+    return {h.name: h for h in client.status().hosts}
 
 
 def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(
         client: Client, door: RunningServer, tmp_path: Path) -> None:
     first = opened(client, "where", tmp_path)
-    assert first["placement"]["reason"] == "least-loaded"
+    assert first.placement.reason == "least-loaded"
     reply, outputs = execute(client, "where", "x = 41\nprint(x + 1)")
     assert text(outputs) == "42\n"
-    assert reply["host"] == first["host"] and reply["placement"]["reason"] == "kept"
-    status = client.call("status")
-    cluster = {h["name"]: h for h in status["hosts"]}
-    assert len(cluster) == 3 and all(h["alive"] for h in cluster.values())
-    assert cluster[reply["host"]]["sessions"] >= 1
+    assert reply["host"] == first.host and reply["placement"]["reason"] == "kept"
+    status = client.status()
+    cluster = {h.name: h for h in status.hosts}
+    assert len(cluster) == 3 and all(h.alive for h in cluster.values())
+    assert cluster[reply["host"]].sessions >= 1
     assert host_of(client, "where") == reply["host"]
-    assert status["leases"]["slots"] == 3
-    shown = "\n".join(describe(ServerStatus.from_wire(status)))  # `llfabric status`
+    assert status.leases.slots == 3
+    shown = "\n".join(describe(status))  # `llfabric status`
     assert f"session where on host {reply['host']}: version 1" in shown
     assert all(f"host {name} (" in shown for name in cluster)
     door_metrics = scrape(DOOR_METRICS)
     assert door_metrics['llfabric_hosts{state="up"}'] == 3
     assert door_metrics['llfabric_placements_total{reason="kept"}'] >= 1
-    host_metrics = scrape(cluster[reply["host"]]["metrics"])  # its own server's
+    host_metrics = scrape(cluster[reply["host"]].metrics)  # its own server's
     assert host_metrics['llfabric_cells_total{path="cold",status="ok"}'] >= 1
 
 
@@ -87,9 +88,9 @@ def test_a_session_opens_again_on_the_host_that_holds_its_state(client: Client,
     for other in ("fill-1", "fill-2"):  # the hosts with fewer sessions are the others now
         opened(client, other, tmp_path)
     again = opened(client, "near", tmp_path)
-    assert again["host"] == first["host"]
-    assert again["placement"]["reason"] == "locality"
-    assert again["placement"]["held"] >= 2 << 20
+    assert again.host == first.host
+    assert again.placement.reason == "locality"
+    assert again.placement.held >= 2 << 20
 
 
 def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, door: RunningServer,
@@ -100,7 +101,7 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
                        "range(5)]\nsquare = lambda v: v * v\nsquares = (v * v for v in range(3))")
     before = host_of(client, "moving")
     reply = client.call("drain", host=before)
-    assert {"session": "moving", "to": host_of(client, "moving")} in reply["moved"]
+    assert Moved("moving", host_of(client, "moving")) in reply.moved
     after = host_of(client, "moving")
     assert after != before
     result, outputs = execute(client, "moving",
@@ -108,14 +109,14 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
     assert text(outputs) == "10 [0, 1, 4]\n" and result["host"] == after
     leased = first["timings"]["lease_held"] + result["timings"]["lease_held"]
     status = session_status(client, "moving")
-    assert status["lease_seconds"] >= leased * 0.99  # its lease on the host it left counts
-    sourced = hosts(client)[after]["sourced"]  # the state came from the host it left
+    assert status.lease_seconds >= leased * 0.99  # its lease on the host it left counts
+    sourced = hosts(client)[after].sourced  # the state came from the host it left
     assert sourced.get("peer", 0) > 0 and not sourced.get("remote")
-    fetched = scrape(hosts(client)[after]["metrics"])
+    fetched = scrape(hosts(client)[after].metrics)
     assert fetched['llfabric_state_fetched_bytes_total{tier="peer"}'] == sourced["peer"]
     assert fetched['llfabric_state_fetch_seconds_total{tier="peer"}'] > 0
     assert scrape(DOOR_METRICS)["llfabric_session_moves_total"] >= 1
-    elsewhere = {opened(client, f"elsewhere-{i}", tmp_path)["host"] for i in range(3)}
+    elsewhere = {opened(client, f"elsewhere-{i}", tmp_path).host for i in range(3)}
     client.call("drain", host=before, undo=True)
     assert before not in elsewhere  # a drained host takes no new session
 
@@ -128,15 +129,15 @@ def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(client: Client,
     execute(client, "pinned", f"import os\nos.makedirs({str(tmp_path / 'made')!r}, "
             "exist_ok=True)\nnumbers = (i * i for i in range(10))\nfirst = next(numbers)")
     before = host_of(client, "pinned")
-    worker = session_status(client, "pinned")["worker"]
+    worker = session_status(client, "pinned").worker
     client.call("drain", host=before)
     after = host_of(client, "pinned")
     assert after != before
     waiting = session_status(client, "pinned")
-    assert waiting["tier"] == "cool" and waiting["pinned"] and waiting["memory"] > 0
+    assert waiting.tier == "cool" and waiting.pinned and waiting.memory > 0
     result, outputs = execute(client, "pinned", "print(first, next(numbers), next(numbers))")
     assert text(outputs) == "0 1 4\n" and result["host"] == after
-    assert session_status(client, "pinned")["worker"] == worker  # restored, not forked anew
+    assert session_status(client, "pinned").worker == worker  # restored, not forked anew
     assert scrape(DOOR_METRICS)['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
     client.call("drain", host=before, undo=True)
     with pytest.raises(RemoteError) as err:
@@ -153,7 +154,7 @@ def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(
     execute(client, "survivor", "kept = 'committed'")
     host = host_of(client, "survivor")
     node = next(n for n in ray_cluster.list_all_nodes() if host_name(n.node_id) == host)
-    before = {name: h["sourced"].get("remote", 0) for name, h in hosts(client).items()}
+    before = {name: h.sourced.get("remote", 0) for name, h in hosts(client).items()}
     result: dict = {}
 
     def long_cell() -> None:
@@ -165,8 +166,8 @@ def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(
 
     runner = threading.Thread(target=long_cell)
     runner.start()
-    wait_until(lambda: any(s["running"] for s in client.call("status")["sessions"]
-                           if s["session"] == "survivor"), "the long cell runs")
+    wait_until(lambda: any(s.running for s in client.status().sessions
+                           if s.session == "survivor"), "the long cell runs")
     started = time.monotonic()
     ray_cluster.remove_node(node)
     runner.join(60)
@@ -177,6 +178,6 @@ def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(
     reply, outputs = execute(client, "survivor", "print(kept)")
     assert text(outputs) == "committed\n"
     assert reply["host"] != host and reply["version"] == 1  # the reading cell made none
-    assert not hosts(client)[host]["alive"]
+    assert not hosts(client)[host].alive
     # the lost host alone had the state on its disk: it came from the remote
-    assert hosts(client)[reply["host"]]["sourced"].get("remote", 0) > before[reply["host"]]
+    assert hosts(client)[reply["host"]].sourced.get("remote", 0) > before[reply["host"]]

@@ -28,7 +28,7 @@ def ray_cluster() -> Iterator[object]:
 def client(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     with serving(tmp_path_factory.mktemp("copies") / "door", ray=ray_cluster.address) \
             as running, running.client(timeout=120) as client:
-        wait_until(lambda: len(client.call("status")["hosts"]) == 3, "three hosts")
+        wait_until(lambda: len(client.status().hosts) == 3, "three hosts")
         yield client
 
 
@@ -44,8 +44,8 @@ def test_a_node_removed_loses_no_commit_without_a_remote(ray_cluster, client: Cl
     host = host_of(client, "kept")
     node = next(n for n in ray_cluster.list_all_nodes() if host_name(n.node_id) == host)
     ray_cluster.remove_node(node)  # the only copy left is on one of the two other hosts
-    wait_until(lambda: not next(h for h in client.call("status")["hosts"]
-                                if h["name"] == host)["alive"], "the door sees the host lost")
+    wait_until(lambda: not next(h for h in client.status().hosts
+                                if h.name == host).alive, "the door sees the host lost")
     reply, outputs = execute(client, "kept", "print(int(second.sum()), len(first))")
     assert text(outputs) == f"{2 * sum(range(100_000))} 100000\n"
     # no commit lost: the session goes on from the last one (version 2), the reading cell making

@@ -33,7 +33,7 @@ def client(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
     root = tmp_path_factory.mktemp("pressed")
     with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
                  metrics_bind=DOOR_METRICS) as running, running.client(timeout=120) as client:
-        wait_until(lambda: len(client.call("status")["hosts"]) == 2, "two hosts")
+        wait_until(lambda: len(client.status().hosts) == 2, "two hosts")
         yield client
 
 
@@ -53,7 +53,7 @@ def test_a_host_short_of_memory_moves_its_session_off_with_its_worker(
     result, outputs = execute(client, "pressed", "print(first, next(numbers))")
     assert text(outputs) == "0 1\n" and result["host"] == head
     # a new session opens on the head, though the host short of memory has none
-    assert client.call("open", session="fresh", cwd=str(tmp_path))["host"] == head
+    assert client.call("open", session="fresh", cwd=str(tmp_path)).host == head
     samples = scrape(DOOR_METRICS)
     assert samples["llfabric_sessions_relieved_total"] >= 1
     assert samples['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
@@ -63,7 +63,7 @@ def test_what_a_host_leases_is_held_in_rays_books(ray_cluster, client: Client) -
     import ray
 
     head = host_name(ray_cluster.head_node.node_id)
-    assert next(h for h in client.call("status")["hosts"] if h["name"] == head)["slots"] == 1
+    assert next(h for h in client.status().hosts if h.name == head).slots == 1
     ray.init(address=ray_cluster.address, namespace="a-ray-user", logging_level="WARNING",
              log_to_driver=False)
     try:  # another Ray job finds the GPU taken, though no cell runs on it now

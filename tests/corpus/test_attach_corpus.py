@@ -57,14 +57,14 @@ def run_attached(server: RunningServer, specs: KernelSpecManager, nb_path: Path,
     try:
         client.execute(env=env, cwd=str(workdir))
         with server.client() as fabric:
-            sessions = {s["session"]: s for s in fabric.call("status")["sessions"]}
+            sessions = {s.session: s for s in fabric.status().sessions}
     finally:  # nbclient leaves a kernel it did not start running; its exit closes the session
         if km.has_kernel:
             km.shutdown_kernel()
     # A kernel that failed to attach runs cells itself: the session's count of the cells it ran
     # proves they ran on the fabric (its versions do not: a cell that changes nothing makes none).
     ran = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
-    assert sessions.get(session, {}).get("execution_count") == ran, _why_not_run(nb, server)
+    assert getattr(sessions.get(session), "execution_count", None) == ran, _why_not_run(nb, server)
     return nb
 
 

@@ -31,6 +31,7 @@ from notebook_compare import (
 )
 
 from fabric.client import Client
+from fabric.messages import Moved
 
 pytest.importorskip("ray")
 
@@ -74,7 +75,7 @@ def door(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runn
     with serving(root / "door", notebook_env(), ray=ray_cluster.address,
                  remote=f"file://{root}/remote") as running:
         with running.client() as client:
-            wait_until(lambda: len(client.call("status")["hosts"]) == 3, "three hosts", 180)
+            wait_until(lambda: len(client.status().hosts) == 3, "three hosts", 180)
         yield running
 
 
@@ -89,7 +90,7 @@ class Hopper:
     def __init__(self, door: RunningServer, session: str) -> None:
         self.door, self.session = door, session
         self.moves: list[tuple[str, str]] = []
-        self.drained: list[dict] = []
+        self.drained: list[Moved] = []
         self.errors: list[str] = []
         self.host: str | None = None  # where the status last showed the session
         self.halt = threading.Event()
@@ -116,8 +117,8 @@ class Hopper:
 
     def _look(self, client: Client) -> None:
         while not self.halt.wait(LOOK_EVERY_S):
-            status = client.call("status")
-            host = next((s["host"] for s in status["sessions"] if s["session"] == self.session),
+            status = client.status()
+            host = next((s.host for s in status.sessions if s.session == self.session),
                         None)
             if host is None:  # not open yet, closed, or between two hosts
                 continue
@@ -146,7 +147,7 @@ class Hopper:
 
     def _drain(self, client: Client, host: str) -> None:
         reply = client.call("drain", host=host)
-        self.drained += [m for m in reply["moved"] if m["session"] == self.session]
+        self.drained += [m for m in reply.moved if m.session == self.session]
 
 
 @pytest.mark.slow

@@ -44,9 +44,9 @@ def session() -> str:
 
 def _session_status(server: RunningServer, session: str) -> dict:
     with server.client() as client:
-        status = client.call("status")
-    return next(s for s in status["sessions"] if s["session"] == session) | {
-        "leases_held": status["leases"]["held"]}
+        status = client.status()
+    return next(s for s in status.sessions if s.session == session).to_map() | {
+        "leases_held": status.leases.held}
 
 
 def _results(outputs: list[dict]) -> list[dict]:
@@ -367,7 +367,7 @@ def test_a_cell_left_running_is_reported_and_can_be_interrupted(kernel: Kernel,
                 for message in client.execute(session, "print('go', flush=True)\n"
                                                        "import time\ntime.sleep(40)", timeout=60):
                     started.set()
-                    replies.append(message.fields if isinstance(message, Reply) else message)
+                    replies.append(message.to_map() if isinstance(message, Reply) else message)
             except RemoteError as exc:
                 replies.append(exc)
 
@@ -391,7 +391,7 @@ def test_a_kernel_shut_down_closes_its_session(server: RunningServer, specs: Ker
     started.client.stop_channels()
     started.manager.shutdown_kernel(now=False)  # as Jupyter's "Shut Down Kernel"
     with server.client() as client:
-        sessions = [s["session"] for s in client.call("status")["sessions"]]
+        sessions = [s.session for s in client.status().sessions]
         assert session not in sessions  # no worker stays prepared for it
         client.call("open", session=session, cwd=str(tmp_path))
         assert execute(client, session, "kept")[1][0]["data"]["text/plain"] == "1"

@@ -43,8 +43,8 @@ def test_each_cell_takes_the_next_number_local_ones_too(kernel: Kernel, server: 
         numbers.append(count)
     assert numbers == list(range(1, len(cells) + 1))
     with server.client() as client:
-        [mine] = [s for s in client.call("status")["sessions"] if s["session"] == session]
-    assert mine["execution_count"] == len(cells)  # the store records the prompt numbers
+        [mine] = [s for s in client.status().sessions if s.session == session]
+    assert mine.execution_count == len(cells)  # the store records the prompt numbers
 
 
 def test_a_server_down_is_said_before_the_cell_is_sent(kernel: Kernel,

@@ -13,6 +13,8 @@ import pytest
 from attached import Kernel
 from helpers import RunningServer, hold_a_slot, serving, wait_until
 
+from fabric.status import SessionStatus
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
@@ -60,7 +62,7 @@ def _prepared(server: RunningServer, session: str, timeout: float = 60) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with server.client() as client:
-            mine = [s for s in client.call("status")["sessions"] if s["session"] == session]
+            mine = [s for s in client.status().sessions if s.session == session]
         if mine and mine[0]["prepared"]:
             return True
         time.sleep(0.1)
@@ -183,10 +185,9 @@ def _on_subshell(kernel: Kernel, msg_type: str, content: dict, subshell: str) ->
     client.shell_channel.send(message)
 
 
-def _status_of(server: RunningServer, session: str) -> dict:
+def _status_of(server: RunningServer, session: str) -> SessionStatus | None:
     with server.client() as client:
-        sessions = client.call("status")["sessions"]
-    return next((s for s in sessions if s["session"] == session), {})
+        return client.status().session(session)
 
 
 def test_a_draft_sent_on_a_subshell_reaches_the_server_while_a_cell_runs(
@@ -204,13 +205,14 @@ def test_a_draft_sent_on_a_subshell_reaches_the_server_while_a_cell_runs(
     running = client.execute(f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n"
                              "    time.sleep(0.05)")
     try:
-        wait_until(lambda: _status_of(server, session).get("running"), "the cell started")
-        assert not _status_of(server, session)["prepared"]
+        wait_until(lambda: getattr(_status_of(server, session), "running", False),
+                   "the cell started")
+        assert not _status_of(server, session).prepared
         # the kernel's main thread waits for the cell: the subshell's thread takes the draft
         _on_subshell(kernel, "comm_msg", {"comm_id": comm_id,
                                           "data": {"source": "w + 1", "revision": 1}}, subshell)
-        wait_until(lambda: _status_of(server, session)["prepared"], "the draft reached the server")
-        assert _status_of(server, session)["running"]  # before the cell ended
+        wait_until(lambda: _status_of(server, session).prepared, "the draft reached the server")
+        assert _status_of(server, session).running  # before the cell ended
     finally:
         flag.touch()
     deadline = time.monotonic() + 60

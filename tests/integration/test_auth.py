@@ -90,7 +90,7 @@ def test_tcp_without_client_keys_is_refused_at_start(tmp_path: Path) -> None:
 def test_a_client_with_an_admitted_key_is_served_as_its_user(tcp, users) -> None:
     server, _ = tcp
     with _client(server, users["bob"]) as bob:
-        assert bob.call("ping")["user"] == "bob"
+        assert bob.call("ping").user == "bob"
 
 
 def test_unknown_keys_and_plain_clients_get_no_service(tcp, users) -> None:
@@ -120,14 +120,14 @@ def test_a_user_sees_and_runs_only_their_own_sessions(tcp, users, tmp_path: Path
             with pytest.raises(RemoteError) as err:
                 carol.call(op, session=name, **fields)
             assert err.value.kind == "unknown_session", op
-        assert name not in [s["session"] for s in carol.call("status")["sessions"]]
+        assert name not in [s.session for s in carol.status().sessions]
         # the same name is carol's own session, which never saw bob's state
-        assert carol.call("open", session=name, cwd=str(tmp_path))["version"] == 0
+        assert carol.call("open", session=name, cwd=str(tmp_path)).version == 0
         _, outputs = execute(carol, name, "print('secret' in dir())")
         assert text(outputs) == "False\n"
         _, outputs = execute(bob, name, "print(secret)")
         assert text(outputs) == "bob only\n"
-        assert [s["session"] for s in bob.call("status")["sessions"]] == [name]
+        assert [s.session for s in bob.status().sessions] == [name]
         for who in (bob, carol):
             who.call("close", session=name)
 
@@ -142,7 +142,7 @@ def test_only_the_hosts_owner_carries_a_users_worker_to_another_host(tcp, users,
         bob.call("open", session=name, cwd=str(tmp_path))
         execute(bob, name, "numbers = (i for i in range(3))")  # pinned: only its worker has it
         for who in (bob, carol):
-            assert "wake_dir" not in who.call("ping")  # where carried workers wake: the door's
+            assert who.call("ping").wake_dir is None  # where carried workers wake: the door's
             for op, fields in [("emigrate", {"wake_dir": str(tmp_path)}),
                                ("immigrate", {"image": image})]:
                 with pytest.raises(RemoteError) as err:
@@ -156,7 +156,7 @@ def test_only_the_hosts_owner_carries_a_users_worker_to_another_host(tcp, users,
 def test_a_revoked_key_is_refused_at_once(tcp, users) -> None:
     server, keys = tcp
     with _client(server, users["dave"]) as dave:
-        assert dave.call("ping")["user"] == "dave"
+        assert dave.call("ping").user == "dave"
         assert keys.revoke("dave")
         with pytest.raises(RemoteError) as err:
             dave.call("ping")
@@ -181,7 +181,7 @@ def test_per_user_limits_on_sessions_and_running_cells(tcp, users, tmp_path: Pat
         assert err.value.kind == "limit"
         while carol.receive({first}, 60)["type"] != "reply":
             pass
-        assert carol.call("execute", session=names[1], source="1")["status"] == "ok"
+        assert carol.call("execute", session=names[1], source="1").status == "ok"
         for name in names[:3]:
             carol.call("close", session=name)
 
@@ -200,8 +200,8 @@ def _client_as(user: tuple[int, int], address: str) -> list[str]:
             os.setgid(user[1])
             os.setuid(user[0])
             with Client(address, timeout=30) as client:
-                seen = [client.call("ping")["user"],
-                        str([s["session"] for s in client.call("status")["sessions"]])]
+                seen = [client.call("ping").user,
+                        str([s.session for s in client.status().sessions])]
                 try:
                     client.call("execute", session="mine", source="print(x)")
                 except RemoteError as exc:
@@ -224,12 +224,12 @@ def test_an_ipc_client_is_the_os_user_it_connects_as(other_user, tmp_path: Path)
         with serving(tmp_path / "store", bind=f"ipc://{shared}/s.sock") as server:
             (shared / "s.sock").chmod(0o666)  # the admin lets other local users connect
             with server.client() as me:
-                assert me.call("ping")["user"] == pwd.getpwuid(os.geteuid()).pw_name
+                assert me.call("ping").user == pwd.getpwuid(os.geteuid()).pw_name
                 me.call("open", session="mine", cwd=str(tmp_path))
                 execute(me, "mine", "x = 'root only'")
                 assert _client_as(other_user, server.address) == [
                     pwd.getpwuid(other_user[0]).pw_name, "[]", "unknown_session"]
-                assert [s["session"] for s in me.call("status")["sessions"]] == ["mine"]
+                assert [s.session for s in me.status().sessions] == ["mine"]
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -303,9 +303,9 @@ def test_a_user_past_their_stored_bytes_commits_no_more(tcp, users, tmp_path: Pa
         with pytest.raises(RemoteError) as err:  # the commit, not the disk, refuses it
             erin.call("execute", session="next", source="more = bytes(600 << 10)")
         assert err.value.kind == "limit" and "would store" in err.value.message
-        assert erin.call("status")["sessions"][0]["version"] == 0  # nothing was committed
+        assert erin.status().sessions[0].version == 0  # nothing was committed
         bob.call("open", session="small", cwd=str(tmp_path))  # the limit is erin's alone
-        assert bob.call("execute", session="small", source="1")["status"] == "ok"
+        assert bob.call("execute", session="small", source="1").status == "ok"
         bob.call("close", session="small")
         erin.call("close", session="next")
 
@@ -331,7 +331,7 @@ def test_keys_are_made_listed_and_revoked_and_run_uses_the_configured_one(
     assert out.stat().st_mode & 0o777 == 0o600
     assert "frank " in _cli("keys", "list", key_dir=key_dir).stdout
     with Client(server.address, key=Keys.client_from(out)) as frank:
-        assert frank.call("ping")["user"] == "frank"
+        assert frank.call("ping").user == "frank"
     assert _cli("keys", "new", "frank", "--out", str(tmp_path / "again.key"),
                 key_dir=key_dir).returncode != 0  # one key per user
     assert _cli("keys", "revoke", "frank", key_dir=key_dir).returncode == 0
@@ -354,7 +354,7 @@ def test_a_revoke_stops_the_users_running_cell(tcp, tmp_path: Path) -> None:
                 assert time.monotonic() - revoked < 60, "the cell ran on after the revoke"
     assert stopped.value.kind == "stopped" and "revoked" in stopped.value.message
     with _client(server, keys.new_client("gina")) as again:  # a new key: nothing of it runs
-        assert again.call("status")["leases"]["held"] == 0
+        assert again.status().leases.held == 0
 
 
 def test_a_refused_key_and_a_wrong_server_key_are_told_at_once(tcp, tmp_path: Path) -> None:

@@ -139,7 +139,7 @@ def test_a_cells_children_take_the_threads_of_its_lease(server: RunningServer,
               "print(subprocess.run([sys.executable, '-c', 'import kids; print(kids.threads())'],"
               " capture_output=True, text=True, check=True).stdout, end='')\n")
     with server.client() as client:
-        grant = client.call("status")["leases"]["threads"]
+        grant = client.status().leases.threads
         session = open_session(client, cwd)
         _, outputs = execute(client, session, source)
         assert text(outputs) == f"{grant}\n{grant}\n"

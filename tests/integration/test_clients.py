@@ -77,7 +77,7 @@ def _cli(address: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def _running(client: Client, name: str) -> bool:
-    return any(s["session"] == name and s["running"] for s in client.call("status")["sessions"])
+    return any(s.session == name and s.running for s in client.status().sessions)
 
 
 def test_ctrl_c_interrupts_the_cell_and_frees_its_slot(server, client, tmp_path) -> None:
@@ -89,8 +89,8 @@ def test_ctrl_c_interrupts_the_cell_and_frees_its_slot(server, client, tmp_path)
     assert process.returncode == 1
     assert "interrupting the cell" in err and "KeyboardInterrupt" in err
     # the run ended with the interrupted cell and closed its session: nothing holds a slot
-    assert all(s["session"] != name for s in client.call("status")["sessions"])
-    assert client.call("status")["leases"]["held"] == 0
+    assert all(s.session != name for s in client.status().sessions)
+    assert client.status().leases.held == 0
 
 
 def test_a_second_ctrl_c_detaches_and_stop_ends_the_cell(server, client, tmp_path) -> None:
@@ -108,7 +108,7 @@ def test_a_second_ctrl_c_detaches_and_stop_ends_the_cell(server, client, tmp_pat
     stopped = _cli(server.address, "stop", name)
     assert stopped.returncode == 0 and "stopped the cell" in stopped.stderr
     assert not _running(client, name)  # over once stop answers: its slot is back
-    assert client.call("status")["leases"]["held"] == 0
+    assert client.status().leases.held == 0
     assert execute(client, name, "1 + 1")[0]["status"] == "ok"  # the session takes cells
     assert "runs no cell" in _cli(server.address, "stop", name).stderr
 

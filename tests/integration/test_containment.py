@@ -127,10 +127,10 @@ def test_stopping_a_cell_that_swallows_its_interrupt_kills_its_children(server, 
                             "        pass\n")
         thread, run = _in_thread(runner, name, stubborn)
         wait_until((tmp_path / "started").exists, "the stubborn cell started")
-        status = next(s for s in ben.call("status")["sessions"] if s["session"] == name)
-        pids = [p.pid for p in psutil.Process(status["worker"]).children(recursive=True)]
+        status = next(s for s in ben.status().sessions if s.session == name)
+        pids = [p.pid for p in psutil.Process(status.worker).children(recursive=True)]
         assert len(pids) >= 4
-        assert ben.call("interrupt", session=name)["interrupted"]
+        assert ben.call("interrupt", session=name).interrupted
         thread.join(60)
     assert run["error"].kind == "stopped"
     _all_gone(pids, "once the interrupt escalated")
@@ -223,23 +223,23 @@ def test_a_restored_workers_children_are_killed_with_it(tmp_path: Path, source: 
         name = open_session(client, tmp_path)
         if source == "template":
             execute(client, name, "pass")
-            wait_until(lambda: any(t["state"] == "ready"
-                                   for t in client.call("status")["templates"]),
+            wait_until(lambda: any(t.state == "ready"
+                                   for t in client.status().templates),
                        "the template built")
             client.call("close", session=name)
             client.call("open", session=name, cwd=str(tmp_path))
         if source == "template":
             reply, _ = execute(client, name, SPAWN)
             # in its own PID namespace: the pids its cell printed are not this one's
-            worker = next(s for s in client.call("status")["sessions"]
-                          if s["session"] == name)["worker"]
+            worker = next(s for s in client.status().sessions
+                          if s.session == name).worker
             init = psutil.Process(worker).parent()
             pids = [p.pid for p in init.children(recursive=True) if p.pid != worker]
             assert len(pids) >= 5
         else:
             execute(client, name, "g = (i for i in range(3))")  # pinned: cooled, not retired
-            wait_until(lambda: next(s for s in client.call("status")["sessions"]
-                                    if s["session"] == name)["tier"] == "cool", "cooled")
+            wait_until(lambda: next(s for s in client.status().sessions
+                                    if s.session == name).tier == "cool", "cooled")
             reply, outputs = execute(client, name, "next(g)\n" + SPAWN)
             pids = _children(outputs)
         assert reply["source"] == source

@@ -43,7 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def _running(client: Client, name: str) -> bool:
-    return any(s["session"] == name and s["running"] for s in client.call("status")["sessions"])
+    return any(s.session == name and s.running for s in client.status().sessions)
 
 
 def _follow(client: Client, name: str) -> tuple[dict, list[dict]]:
@@ -52,7 +52,7 @@ def _follow(client: Client, name: str) -> tuple[dict, list[dict]]:
         if isinstance(message, Output):
             outputs.append(message.output)
         elif isinstance(message, Reply):
-            reply = message.fields
+            reply = message.to_map()
     return reply, outputs
 
 
@@ -107,7 +107,7 @@ def test_a_cell_nobody_follows_within_the_grace_is_stopped(server, client, tmp_p
         wait_until((tmp_path / "started").exists, "the cell started")
         events.done = True
     gone = time.monotonic()
-    wait_until(lambda: client.call("status")["leases"]["held"] == 0, "its slot came back",
+    wait_until(lambda: client.status().leases.held == 0, "its slot came back",
            timeout=30)
     assert time.monotonic() - gone >= GRACE - 0.5  # not at once: it had its grace
     assert not _running(client, name)

@@ -59,8 +59,8 @@ def _session(client: Client, cwd: Path, env: str) -> str:
 
 
 def _zygotes(client: Client, env: Env) -> dict[int, list[str]]:
-    return {z["pid"]: z["modules"] for z in client.call("status")["zygotes"]
-            if z["env"] == str(env.site)}
+    return {z.pid: z.modules for z in client.status().zygotes
+            if z.env == str(env.site)}
 
 
 def test_two_sessions_hold_two_versions_of_one_package_at_once(
@@ -74,7 +74,7 @@ def test_two_sessions_hold_two_versions_of_one_package_at_once(
             assert text(execute(client, second, SHOW)[1]) == "2.0\n"
         assert any("tinypkg" in m for m in _zygotes(client, one).values())
         assert any("tinypkg" in m for m in _zygotes(client, two).values())
-        status = {s["session"]: s["env"] for s in client.call("status")["sessions"]}
+        status = {s.session: s.env for s in client.status().sessions}
         assert (status[first], status[second]) == ("one", "two")
         # the server's own packages are untouched: a session on them has no tinypkg
         plain = open_session(client, tmp_path)
@@ -138,10 +138,10 @@ def test_a_checkout_across_an_install_says_which_versions_differ(
         execute(client, session, "x = 1")
         execute(client, session, _pip(wheels, "tinypkg==2.0"))
         reply = client.call("checkout", session=session, version=1)
-        assert reply["env"] == "moved"
-        assert reply["packages_differ"] == {"tinypkg": ["1.0", "2.0"]}
+        assert reply.env == "moved"
+        assert reply.packages_differ == {"tinypkg": ["1.0", "2.0"]}
         execute(client, session, _pip(wheels, "tinypkg==1.0"))  # what the message proposes
-        assert client.call("checkout", session=session, version=1)["packages_differ"] == {}
+        assert client.call("checkout", session=session, version=1).packages_differ == {}
 
 
 def test_installs_never_reach_the_servers_packages(server: RunningServer, wheels: Path,
@@ -198,9 +198,9 @@ def test_templates_are_kept_per_environment_and_rebuilt_after_an_install(
 
 def _ready_template(client: Client, env: Env) -> None:
     deadline = time.monotonic() + 120
-    while not any(t["env"] == str(env.site) and t["state"] == "ready" and
-                  "tinypkg" in t["modules"] for t in client.call("status")["templates"]):
-        assert time.monotonic() < deadline, client.call("status")["templates"]
+    while not any(t.env == str(env.site) and t.state == "ready" and
+                  "tinypkg" in t.modules for t in client.status().templates):
+        assert time.monotonic() < deadline, client.status().templates
         time.sleep(0.2)
 
 

@@ -55,7 +55,7 @@ def _started(path: Path) -> None:
 
 
 def _held(client: Client) -> int:
-    return client.call("status")["leases"]["held"]
+    return client.status().leases.held
 
 
 def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_path) -> None:
@@ -66,9 +66,9 @@ def test_interrupt_swallowing_cells_give_their_slots_back(server, client, tmp_pa
         _started(tmp_path / name)
     third = open_session(client, tmp_path)
     waiting, result = execute_in_thread(server, third, "print('third ran')")
-    wait_until(lambda: client.call("status")["leases"]["queued"] == 1, "the third cell queued")
+    wait_until(lambda: client.status().leases.queued == 1, "the third cell queued")
     for name in stubborn:
-        assert client.call("interrupt", session=name)["interrupted"]
+        assert client.call("interrupt", session=name).interrupted
     waiting.join(60)
     assert text(result["outputs"]) == "third ran\n"  # it got a slot the grace freed
     for thread, run in runs:
@@ -154,7 +154,7 @@ def test_a_client_that_stops_answering_has_its_cell_stopped(server, client, tmp_
 
 def test_a_second_server_on_the_same_store_or_socket_is_refused(server, client,
                                                                  tmp_path) -> None:
-    pid = client.call("status")["pid"]
+    pid = client.status().pid
     socket = Path(server.address[len("ipc://"):])
     for store, sockdir in ((server.store, tmp_path), (tmp_path / "other", socket.parent)):
         second = start_server_refused(store, sockdir)
@@ -177,7 +177,7 @@ def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_
     names = [open_session(client, tmp_path) for _ in range(2)]
     for name in names:
         execute(client, name, "v = 1")
-    base = next(z["pid"] for z in client.call("status")["zygotes"] if not z["modules"])
+    base = next(z.pid for z in client.status().zygotes if not z.modules)
     os.kill(base, signal.SIGKILL)
     sources = []
     for name in names:
@@ -187,7 +187,7 @@ def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_
     assert sources[0] == "cold"  # at once, while the new base zygote still imports
 
     def rebuilt() -> bool:
-        pids = [z["pid"] for z in client.call("status")["zygotes"] if not z["modules"]]
+        pids = [z.pid for z in client.status().zygotes if not z.modules]
         return bool(pids) and pids[0] != base
     wait_until(rebuilt, "a new base zygote")
     assert not Path(f"/proc/{base}").exists()  # reaped, not a zombie
@@ -197,12 +197,12 @@ def test_the_base_zygote_comes_back_and_cells_run_meanwhile(server, client, tmp_
 def test_a_dead_family_zygote_is_rebuilt(server, client, tmp_path) -> None:
     name = open_session(client, tmp_path)
     execute(client, name, "import numpy as np\na = np.arange(3)")
-    family = next(z["pid"] for z in client.call("status")["zygotes"] if "numpy" in z["modules"])
+    family = next(z.pid for z in client.status().zygotes if "numpy" in z.modules)
     os.kill(family, signal.SIGKILL)
-    wait_until(lambda: all(z["pid"] != family for z in client.call("status")["zygotes"]),
+    wait_until(lambda: all(z.pid != family for z in client.status().zygotes),
            "the dead zygote dropped")
     assert text(execute(client, name, "print(a.sum())")[1]) == "3\n"
-    assert any("numpy" in z["modules"] for z in client.call("status")["zygotes"])
+    assert any("numpy" in z.modules for z in client.status().zygotes)
 
 
 

@@ -62,9 +62,9 @@ def test_a_two_slot_cell_runs_beside_one_slot_sessions(tmp_path: Path) -> None:
         for began, ended in windows[big]:  # the gang holds both slots: nothing runs beside it
             assert not any(b < ended and began < e for name in small for b, e in windows[name])
         with server.client() as client:
-            status = client.call("status")
-        assert status["leases"]["held"] == 0 and status["leases"]["queued"] == 0
-        assert {s["session"]: s["gpus"] for s in status["sessions"]} == {
+            status = client.status()
+        assert status.leases.held == 0 and status.leases.queued == 0
+        assert {s.session: s.gpus for s in status.sessions} == {
             big: 2, small[0]: 1, small[1]: 1}
 
 

@@ -33,6 +33,7 @@ from notebook_compare import compare, notebook_env
 
 from fabric.client import Client
 from fabric.errors import FabricError
+from fabric.status import SessionStatus
 
 CI_EXAMPLES = int(os.environ.get("LLFABRIC_GENERATED_EXAMPLES", "20"))
 DEEP_EXAMPLES = int(os.environ.get("LLFABRIC_DEEP_EXAMPLES", "3000"))
@@ -81,9 +82,9 @@ class Fabric:
         finally:
             self.client.call("close", session=self.session)
 
-    def _status(self) -> dict:
-        return next(s for s in self.client.call("status")["sessions"]
-                    if s["session"] == self.session)
+    def _status(self) -> SessionStatus:
+        return next(s for s in self.client.status().sessions
+                    if s.session == self.session)
 
     def _disrupt(self, disruption: str, source: str) -> None:
         call, session = self.client.call, self.session
@@ -91,7 +92,7 @@ class Fabric:
             call("draft", session=session, source=source)
         elif disruption == "edit":
             call("draft", session=session, source=EDIT_DRAFT)
-        elif disruption == "retire" and (version := self._status()["version"]):
+        elif disruption == "retire" and (version := self._status().version):
             call("checkout", session=session, version=version)  # the head's state, cold
         elif disruption == "reopen":
             call("close", session=session)
@@ -100,7 +101,7 @@ class Fabric:
             self.server.stop()
             self.server.start()
             call("open", session=session, cwd=str(self.cwd))
-        elif disruption == "kill" and (pid := self._status()["worker"]):
+        elif disruption == "kill" and (pid := self._status().worker):
             _kill(pid)
 
     def _cell(self, step: Step) -> list[dict]:

@@ -176,7 +176,7 @@ def run_holding(server: RunningServer, session: str, source: str, flag: Path,
                     else:
                         outputs.append(message.output)
                 elif isinstance(message, Reply):
-                    reply = message.fields
+                    reply = message.to_map()
         finally:
             flag.touch()  # never leave the cell waiting, whatever failed
     assert seen is not None, text(outputs)
@@ -188,11 +188,11 @@ def test_a_prepared_cell_holds_no_gpu_until_its_lease_and_then_runs_on_it(
     session = open_session(client, tmp_path)
     reply, outputs = execute(client, session, "import torch\nx = torch.ones(4, device='cuda')")
     assert reply["status"] == "ok", outputs
-    assert client.call("status")["worker_source"] == "zygote"  # templates cannot carry CUDA
+    assert client.status().worker_source == "zygote"  # templates cannot carry CUDA
 
     cell = "print(torch.cuda.current_device(), (x * 2).sum().item())"
     client.call("draft", session=session, source=cell)
-    worker = wait_for(lambda: session_status(client, session)["worker"], "the drafted worker")
+    worker = wait_for(lambda: session_status(client, session).worker, "the drafted worker")
     time.sleep(2)  # a load that went ahead of the lease would have made its CUDA context
     assert not holders(tree(worker)), "a prepared worker not yet leased must hold no GPU"
     sent, first_output, outputs = time.monotonic(), None, []
@@ -201,7 +201,7 @@ def test_a_prepared_cell_holds_no_gpu_until_its_lease_and_then_runs_on_it(
             first_output = first_output or time.monotonic()
             outputs.append(message.output)
         elif isinstance(message, Reply):
-            reply = message.fields
+            reply = message.to_map()
     assert (reply["path"], reply["source"]) == ("draft", "zygote")
     assert text(outputs) == "0 8.0\n"
     # the visible delay (the lease, the state's load onto the GPU) is what the user waited for,
@@ -234,8 +234,8 @@ def _trains_parked_and_resumed(server: RunningServer, client: Client, tmp_path: 
     reply, outputs = execute(client, session, setup + TRAIN, gpus=count)
     assert reply["status"] == "ok" and "data" in reply["unsaved"], outputs
     status = session_status(client, session)
-    assert status["pinned"] and status["tier"] == "warm"
-    worker = tree(status["worker"])
+    assert status.pinned and status.tier == "warm"
+    worker = tree(status.worker)
     assert not gpus_held(worker), "a parked worker holds no GPU memory"
 
     flag = tmp_path / "go"
@@ -291,9 +291,9 @@ def test_cuda_tensors_through_the_store_come_back_on_a_fresh_worker(
 
 def test_leases_match_which_processes_nvml_sees_on_the_gpu(
         server: RunningServer, client: Client, devices: list[gpus.Gpu], tmp_path: Path) -> None:
-    leases = client.call("status")["leases"]
-    assert leases["kind"] == "gpu" and leases["slots"] == len(devices)
-    assert [s["uuid"] for s in leases["leases"]] == [g.uuid for g in devices]
+    leases = client.status().leases
+    assert leases.kind == "gpu" and leases.slots == len(devices)
+    assert [s.uuid for s in leases.leases] == [g.uuid for g in devices]
     served = lambda: tree(server.process.pid)  # noqa: E731
     sessions = [open_session(client, tmp_path) for _ in range(2)]
     flags = [tmp_path / f"go{i}" for i in range(2)]
@@ -307,7 +307,7 @@ def test_leases_match_which_processes_nvml_sees_on_the_gpu(
     def second_holds() -> dict:
         # the first cell's worker is retired just after its lease ends: wait until it is gone
         with server.client() as own:  # the main thread's client is busy: one per thread
-            mine = tree(session_status(own, sessions[1])["worker"])
+            mine = tree(session_status(own, sessions[1]).worker)
         return wait_for(lambda: (h := holders(served())) and set(h) <= mine and h,
                         "only the second cell's worker on the GPU", 60)
 
@@ -325,17 +325,17 @@ def test_leases_match_which_processes_nvml_sees_on_the_gpu(
     try:
         assert holding.wait(300), "the first cell never started"
         assert not isinstance(results.get(0), BaseException), results[0]
-        worker = tree(session_status(client, sessions[0])["worker"])
-        status = client.call("status")["leases"]
-        held = [s for s in status["leases"] if "session" in s]
-        assert [s["session"] for s in held] == [sessions[0]]
+        worker = tree(session_status(client, sessions[0]).worker)
+        status = client.status().leases
+        held = [s for s in status.leases if s.session is not None]
+        assert [s.session for s in held] == [sessions[0]]
         on_gpu = holders(served())
         assert on_gpu and set(on_gpu) <= worker  # the leased worker, and no other of ours
         assert {gpu for gpu, _ in on_gpu.values()} == {held[0]["uuid"]}  # on the leased GPU
         if len(devices) == 1:  # a second session waits for the lease, off the GPU meanwhile
             threads.append(threading.Thread(target=run, args=(1, second_holds)))
             threads[1].start()
-            wait_for(lambda: client.call("status")["leases"]["queued"] == 1, "a queued cell")
+            wait_for(lambda: client.status().leases.queued == 1, "a queued cell")
             assert set(holders(served())) <= worker
     finally:
         release.set()
@@ -348,9 +348,9 @@ def test_leases_match_which_processes_nvml_sees_on_the_gpu(
         assert results[1][0]["timings"]["queue"] > 0
         assert not set(results[1][2]) & worker
     wait_for(lambda: not holders(served()), "every worker off the GPU once no cell runs", 60)
-    status = client.call("status")
-    assert status["leases"]["held"] == 0
-    assert all(session_status(client, s)["lease_seconds"] > 0 for s in sessions[:len(threads)])
+    status = client.status()
+    assert status.leases.held == 0
+    assert all(session_status(client, s).lease_seconds > 0 for s in sessions[:len(threads)])
 
 
 @pytest.fixture(scope="module")
@@ -372,16 +372,16 @@ def test_a_warm_worker_leaves_the_gpu_between_cells_and_keeps_its_tensors(
                                  "x = torch.arange(1 << 20, device='cuda', dtype=torch.float64)")
         assert reply["status"] == "ok" and reply["unsaved"] == [], outputs
         status = session_status(client, session)
-        assert status["tier"] == "warm" and not status["pinned"]
-        assert not holders(tree(status["worker"])), "a parked worker holds no GPU memory"
-        (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == status["worker"]]
+        assert status.tier == "warm" and not status.pinned
+        assert not holders(tree(status.worker)), "a parked worker holds no GPU memory"
+        (worker,) = [w for w in client.status().workers if w.pid == status.worker]
         # its storages moved by the worker itself, at copy speed; the driver took the rest
-        assert worker["parked"] and worker["fallback"] is None and worker["moved"] >= 8 << 20
-        assert status["memory"] >= worker["moved"]  # its host copies: the host's memory now
+        assert worker.parked and worker.fallback is None and worker.moved >= 8 << 20
+        assert status.memory >= worker.moved  # its host copies: the host's memory now
         reply, outputs = execute(client, session, "print(x.device.type, int(x.sum().item()))")
         total = (1 << 20) * ((1 << 20) - 1) // 2
         assert (reply["path"], stdout(outputs)) == ("warm", f"cuda {total}\n")
-        assert session_status(client, session)["worker"] == status["worker"]
+        assert session_status(client, session).worker == status.worker
 
 
 def test_a_warm_worker_holding_a_cuda_graph_is_parked_whole_by_the_driver(
@@ -398,9 +398,9 @@ def test_a_warm_worker_holding_a_cuda_graph_is_parked_whole_by_the_driver(
             "with torch.cuda.graph(graph):\n    static.mul_(2)\n"))
         assert reply["status"] == "ok", outputs
         status = session_status(client, session)
-        (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == status["worker"]]
-        assert worker["parked"] and worker["moved"] == 0 and "CUDA graph" in worker["fallback"]
-        assert not holders(tree(status["worker"])), "a parked worker holds no GPU memory"
+        (worker,) = [w for w in client.status().workers if w.pid == status.worker]
+        assert worker.parked and worker.moved == 0 and "CUDA graph" in worker.fallback
+        assert not holders(tree(status.worker)), "a parked worker holds no GPU memory"
         reply, outputs = execute(client, session, "graph.replay()\nprint(static[0].item())")
         # the graph cannot be saved: the session is pinned to this worker, addresses kept
         assert (reply["path"], stdout(outputs)) == ("pinned", "4.0\n")
@@ -433,7 +433,7 @@ def test_a_parked_worker_resumes_on_the_gpu_its_next_lease_is_for(
         reply, outputs = execute(client, mine, "import torch\nx = torch.ones(1 << 20, "
                                  "device='cuda')")  # on GPU b, and parked off it
         assert reply["status"] == "ok", outputs
-        worker = session_status(client, mine)["worker"]
+        worker = session_status(client, mine).worker
         holders_.append(_hold_gpu(warm_server, second, tmp_path / "free-b"))  # now GPU b
         done: dict = {}
 
@@ -443,7 +443,7 @@ def test_a_parked_worker_resumes_on_the_gpu_its_next_lease_is_for(
 
         waiting = threading.Thread(target=run_mine)
         waiting.start()
-        wait_for(lambda: client.call("status")["leases"]["queued"], "the cell to queue")
+        wait_for(lambda: client.status().leases.queued, "the cell to queue")
         (tmp_path / "free-a").touch()  # GPU a comes free: the parked worker must move there
         waiting.join(300)
         (tmp_path / "free-b").touch()
@@ -452,6 +452,6 @@ def test_a_parked_worker_resumes_on_the_gpu_its_next_lease_is_for(
         reply, outputs = done["result"]
         assert reply["status"] == "ok" and stdout(outputs) == f"{1 << 20}\n", text(outputs)
         if reply["path"] == "warm":  # moved with the driver's GPU pairs, tensors and all
-            assert session_status(client, mine)["worker"] == worker
+            assert session_status(client, mine).worker == worker
         else:  # a driver that cannot move it: a fresh worker loaded x from the store
             assert reply["path"] == "cold"

@@ -66,7 +66,7 @@ def _interrupt_once_saving(server: RunningServer, session: str, folder: Path,
         assert time.monotonic() < deadline, "the save never began"
         time.sleep(0.05)
     with server.client() as client:
-        assert client.call("interrupt", session=session)["interrupted"]
+        assert client.call("interrupt", session=session).interrupted
     thread.join(60)
     assert not thread.is_alive()
     return result
@@ -81,7 +81,7 @@ def test_describing_a_value_runs_none_of_its_code_that_can_block(client: Client,
     client.call("close", session=session)  # no live worker: completion reads the catalog
     client.call("open", session=session, cwd=str(tmp_path))
     found = client.call("complete", session=session, source="r.", cursor=2)
-    assert {"own", "dtype", "shape"} <= set(found["matches"])
+    assert {"own", "dtype", "shape"} <= set(found.matches)
 
 
 def test_a_save_past_its_limit_leaves_the_value_with_its_worker(client: Client,

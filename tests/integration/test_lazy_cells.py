@@ -87,7 +87,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def _tier(client: Client, session: str) -> str:
-    return next(s for s in client.call("status")["sessions"] if s["session"] == session)["tier"]
+    return next(s for s in client.status().sessions if s.session == session).tier
 
 
 def test_a_kept_worker_loads_what_its_last_cell_never_needed(warm: RunningServer,

@@ -22,6 +22,7 @@ from helpers import (
 )
 
 from fabric.client import Client
+from fabric.status import SlotStatus
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +32,8 @@ def lingering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServe
         yield running
 
 
-def _slot(client: Client) -> dict:
-    return client.call("status")["leases"]["leases"][0]
+def _slot(client: Client) -> SlotStatus:
+    return client.status().leases.leases[0]
 
 
 def test_the_next_cell_starts_on_the_lingering_worker_with_no_wait(lingering: RunningServer,
@@ -41,17 +42,17 @@ def test_the_next_cell_starts_on_the_lingering_worker_with_no_wait(lingering: Ru
         session = open_session(client, tmp_path)
         first, _ = execute(client, session, "x = [1, 2]")
         slot = _slot(client)
-        assert (slot["session"], slot["lingering"]) == (session, True)
+        assert (slot.session, slot.lingering) == (session, True)
         status = session_status(client, session)
         # the linger counts as held time, before the lease goes back
-        assert status["lease_seconds"] >= first["timings"]["lease_held"] > 0
+        assert status.lease_seconds >= first["timings"]["lease_held"] > 0
         reply, outputs = execute(client, session, "x.append(3)\nprint(x)")
         assert (reply["path"], text(outputs)) == ("lingered", "[1, 2, 3]\n")
         assert reply["timings"]["queue"] == 0.0 and reply["timings"]["prepare"] == 0.0
-        assert session_status(client, session)["worker"] == status["worker"]
-        assert _slot(client)["lingering"]  # lingering again, after this cell
-        held = client.call("close", session=session)["lease_seconds"]
-        assert "session" not in _slot(client)  # a close gives the lease back at once
+        assert session_status(client, session).worker == status.worker
+        assert _slot(client).lingering  # lingering again, after this cell
+        held = client.call("close", session=session).lease_seconds
+        assert _slot(client).session is None  # a close gives the lease back at once
         assert held >= first["timings"]["lease_held"] + reply["timings"]["lease_held"]
 
 
@@ -60,7 +61,7 @@ def test_another_sessions_cell_takes_the_slot_from_a_lingering_worker(
     with lingering.client() as client:
         first = open_session(client, tmp_path)
         execute(client, first, "x = 1")
-        assert _slot(client)["session"] == first
+        assert _slot(client).session == first
         other = open_session(client, tmp_path)
         # done within the client's 120 s, long before the hour the first worker would linger
         reply, outputs = execute(client, other, "print('mine')")
@@ -77,8 +78,8 @@ def test_a_lingering_worker_that_dies_gives_its_lease_back(lingering: RunningSer
     with lingering.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 'committed'")
-        psutil.Process(session_status(client, session)["worker"]).kill()
-        wait_until(lambda: "session" not in _slot(client), "the lease's return")
+        psutil.Process(session_status(client, session).worker).kill()
+        wait_until(lambda: _slot(client).session is None, "the lease's return")
         reply, outputs = execute(client, session, "print(x)")
         assert (reply["path"], text(outputs)) == ("cold", "committed\n")
         client.call("close", session=session)
@@ -88,8 +89,8 @@ def test_the_worker_parks_when_the_linger_ends(tmp_path: Path) -> None:
     with serving(tmp_path / "store", slots=1, linger=1) as server, server.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
-        wait_until(lambda: "session" not in _slot(client), "the lease's return")
-        assert session_status(client, session)["tier"] == "warm"  # parked, kept
+        wait_until(lambda: _slot(client).session is None, "the lease's return")
+        assert session_status(client, session).tier == "warm"  # parked, kept
         reply, outputs = execute(client, session, "print(x + 1)")
         assert (reply["path"], text(outputs)) == ("warm", "42\n")
 
@@ -98,6 +99,6 @@ def test_no_linger_gives_the_lease_back_with_the_reply(tmp_path: Path) -> None:
     with serving(tmp_path / "store", slots=1, linger=0) as server, server.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
-        assert "session" not in _slot(client)
+        assert _slot(client).session is None
         reply, outputs = execute(client, session, "print(x + 1)")
         assert (reply["path"], text(outputs)) == ("warm", "42\n")

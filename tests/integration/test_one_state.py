@@ -78,8 +78,8 @@ def after_each(versions: list[dict], cells: range) -> list[dict]:
 
 def _wait_cool(client: Client, session: str) -> None:
     deadline = time.monotonic() + 60
-    while (status := next(s for s in client.call("status")["sessions"]
-                          if s["session"] == session))["tier"] != "cool":
+    while (status := next(s for s in client.status().sessions
+                          if s.session == session)).tier != "cool":
         assert time.monotonic() < deadline, status
         time.sleep(0.1)
 

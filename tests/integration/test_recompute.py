@@ -25,11 +25,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def _kill_worker(client: Client, session: str) -> None:
-    status = next(s for s in client.call("status")["sessions"] if s["session"] == session)
-    assert status["pinned"], status
+    status = next(s for s in client.status().sessions if s.session == session)
+    assert status.pinned, status
     deadline = time.monotonic() + 10
     with contextlib.suppress(psutil.NoSuchProcess):  # reaped by the server as soon as it died
-        process = psutil.Process(status["worker"])
+        process = psutil.Process(status.worker)
         process.kill()
         while process.status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline

@@ -11,6 +11,7 @@ from helpers import execute, execute_in_thread, open_session, pid_of_running_cel
 
 from fabric.errors import RemoteError
 from fabric.snapshot import Store, history
+from fabric.status import UpkeepStatus
 
 MODEL = """import numpy as np
 w = np.random.default_rng(0).standard_normal({n}, dtype=np.float32)
@@ -22,11 +23,11 @@ def _disk(store: Path) -> int:
     return sum(p.stat().st_size for p in (store / "blobs").rglob("*") if p.is_file())
 
 
-def _wait_for_upkeep(server, since: float) -> dict:
+def _wait_for_upkeep(server, since: float) -> UpkeepStatus:
     with server.client() as client:
         for _ in range(600):
-            upkeep = client.call("status")["upkeep"]
-            if upkeep.get("time", 0) > since:
+            upkeep = client.status().upkeep
+            if upkeep is not None and upkeep.time > since:
                 return upkeep
             time.sleep(0.1)
     raise AssertionError("the server ran no retention pass")
@@ -49,7 +50,7 @@ def _train(tmp_path: Path, store: Path, cells: int, floats: int, last: int) -> N
         # a pass keeps what was written in the second before it began (a save in flight may
         # name it): one that begins after that has freed what the policy releases
         upkeep = _wait_for_upkeep(server, done + 1.5)
-        assert upkeep["thinned"] >= 0 and "disk_percent" in upkeep
+        assert upkeep.thinned >= 0 and upkeep.disk_percent >= 0
         # the bound the policy implies: the newest `last`, the named two, and the newest of
         # this hour and of this day (at most two more), each a whole copy of the state
         assert _disk(store) <= (last + 2 + 2) * state * 1.05 + (1 << 20)
@@ -91,7 +92,7 @@ def test_a_session_is_removed_but_not_while_it_runs_a_cell(tmp_path: Path) -> No
         client.call("interrupt", session=name)
         thread.join(60)
         assert "reply" in result or "error" in result  # the cell is over
-        assert client.call("rm", session=name)["removed"]
+        assert client.call("rm", session=name).removed
         assert name not in Store(store).sessions()
         with pytest.raises(RemoteError, match="no open session"):
             client.call("execute", session=name, source="1")
@@ -111,7 +112,7 @@ def test_commits_run_retention_at_once_and_disk_pressure_is_told(tmp_path: Path)
         for _ in range(3):
             execute(client, name, MODEL.format(n=1 << 18))
         upkeep = _wait_for_upkeep(server, started)
-        assert upkeep["pressure"] and upkeep["disk_percent"] >= 1
+        assert upkeep.pressure and upkeep.disk_percent >= 1
         assert "full (disk_pressure = 1)" in server.log.read_text()
         for _ in range(300):  # the pass the last commit asked for
             if history.verify(Store(store)).held[name] < 2 << 20:  # one copy of 1 MB, not 3

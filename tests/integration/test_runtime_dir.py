@@ -11,7 +11,7 @@ from helpers import serving, start_server
 
 def _runtime_folder(server) -> Path:
     with server.client() as client:
-        return Path(client.call("ping")["wake_dir"])
+        return Path(client.call("ping").wake_dir)
 
 
 def test_a_killed_servers_runtime_folder_goes_when_the_next_server_starts(tmp_path) -> None:

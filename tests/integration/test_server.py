@@ -13,6 +13,7 @@ from helpers import execute, execute_in_thread, pid_of_running_cell, text
 
 from fabric.client import Client
 from fabric.errors import RemoteError
+from fabric.messages import Notice
 from fabric.snapshot import Manifest, Store
 
 
@@ -132,7 +133,7 @@ def test_fresh_sessions_get_fresh_random_numbers(client: Client, tmp_path) -> No
 def test_draft_prepares_the_worker_before_execute(client: Client, session: str) -> None:
     execute(client, session, "big = list(range(100000))\nsmall = 1")
     draft = client.call("draft", session=session, source="total = sum(big)")
-    assert draft["names"] == ["big"]
+    assert draft.names == ("big",)
     time.sleep(1.0)
     reply, _ = execute(client, session, "total = sum(big)")
     assert reply["path"] == "draft"
@@ -170,7 +171,7 @@ def test_interrupt_raises_keyboard_interrupt_in_the_cell(server, client: Client,
                                                          "time.sleep(60)\nafter = 1")
     while not (tmp_path / "started").exists():  # interrupted any sooner, before is not set
         time.sleep(0.05)
-    assert client.call("interrupt", session=session)["interrupted"]
+    assert client.call("interrupt", session=session).interrupted
     thread.join(30)
     assert result["reply"]["status"] == "error"
     assert result["reply"]["ename"] == "KeyboardInterrupt"
@@ -247,16 +248,16 @@ def test_session_resumes_from_the_store_after_close(client: Client, session: str
         execute(client, session, "kept")
     assert err.value.kind == "unknown_session"
     opened = client.call("open", session=session, cwd=str(tmp_path))
-    assert opened["version"] == 1
+    assert opened.version == 1
     assert text(execute(client, session, "kept")[1]) == "{'a': 1}\n"
 
 
 def test_status_reports_sessions_and_leases(client: Client, session: str) -> None:
     execute(client, session, "q = 1")
-    info = client.call("status")
-    assert info["leases"]["slots"] >= 1 and info["leases"]["held"] == 0
-    mine = next(s for s in info["sessions"] if s["session"] == session)
-    assert mine["version"] == 1 and mine["variables"] == 1 and mine["lease_seconds"] > 0
+    info = client.status()
+    assert info.leases.slots >= 1 and info.leases.held == 0
+    mine = next(s for s in info.sessions if s.session == session)
+    assert mine.version == 1 and mine.variables == 1 and mine.lease_seconds > 0
 
 
 def test_output_written_to_file_descriptors_reaches_the_cell(client: Client, session: str) -> None:
@@ -309,8 +310,8 @@ def test_unpicklable_state_pins_the_session_to_its_worker(client: Client, sessio
     assert outputs == []  # llfabric's notice is not the notebook's output: it goes to status
     [told] = reply["notices"]
     assert told["topic"] == "pinned" and told["text"].startswith("gen cannot be saved")
-    info = next(s for s in client.call("status")["sessions"] if s["session"] == session)
-    assert info["pinned"] and info["notices"][-1] == told
+    info = next(s for s in client.status().sessions if s.session == session)
+    assert info.pinned and info.notices[-1] == Notice(**told)
     reply, outputs = execute(client, session, "print(first, next(gen), next(it))")
     assert reply["path"].startswith("pinned")
     assert text(outputs) == "1 2 1\n"  # the live generator and iterator continued
@@ -339,9 +340,9 @@ def test_closed_files_are_saved_as_closed_files(client: Client, session: str) ->
 def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session: str) -> None:
     # a cell that writes a file is not run again to recompute what it made
     execute(client, session, "kept = 1\ngen = (i for i in range(3))\nopen('f', 'w').close()")
-    info = next(s for s in client.call("status")["sessions"] if s["session"] == session)
-    assert info["pinned"]
-    os.kill(info["worker"], signal.SIGKILL)
+    info = next(s for s in client.status().sessions if s.session == session)
+    assert info.pinned
+    os.kill(info.worker, signal.SIGKILL)
     time.sleep(0.5)
     reply, outputs = execute(client, session, "print(kept, 'gen' in dir())")
     assert reply["path"] == "cold"

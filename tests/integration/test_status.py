@@ -83,10 +83,10 @@ def test_a_missing_key_is_named() -> None:
 def test_a_real_servers_replies_read(server, client, session) -> None:
     """Keeps the classes and the server's status methods to one wire shape."""
     execute(client, session, "g = (i for i in range(3))")  # pinned, with a notice
-    status = ServerStatus.from_wire(client.call("status"))
+    status = client.status()
     mine = status.session(session)
     assert mine is not None and mine.pinned and mine.tier == "warm" and mine.notices
     assert status.leases.kind == "cpu" and len(status.leases.leases) == status.leases.slots
     assert status.address == server.address
-    opened = SessionStatus.from_wire(client.call("open", session=session))
+    opened = client.open(session)
     assert opened.session == session and opened.version == mine.version

@@ -28,7 +28,7 @@ def test_a_worker_under_a_lease_uses_the_threads_it_grants(settings: dict,
     grant = threads.granted(cores, settings.get("slots", cores), settings.get("threads", 0))
     # linger=0: the second cell resumes the worker parked after the first (path warm)
     with serving(tmp_path / "store", linger=0, **settings) as server, server.client() as client:
-        assert client.call("status")["leases"]["threads"] == grant
+        assert client.status().leases.threads == grant
         session = open_session(client, tmp_path)
         execute(client, session, "import os")  # torch is imported on this worker, in the cell
         reply, outputs = execute(client, session, PROBE)

@@ -209,9 +209,9 @@ def test_each_users_cells_run_as_them_and_reach_nothing_of_anothers(
         "list blobs": "PermissionError", "signal": "PermissionError", "ptrace": "PermissionError"}
 
     def status(client: Client) -> object:
-        seen = client.call("status")
-        return {"sessions": [(s["session"], s["version"]) for s in seen["sessions"]],
-                "names her": alice.pw_name in json.dumps(seen)}
+        seen = client.status()
+        return {"sessions": [(s.session, s.version) for s in seen.sessions],
+                "names her": alice.pw_name in json.dumps(seen.to_map())}
 
     assert _as(bob, server.address, status) == {"sessions": [["analysis", 1]],
                                                  "names her": False}
@@ -335,7 +335,7 @@ def test_a_pinned_worker_cools_and_comes_back_as_its_user_or_stays_warm(two_user
     cools = users.dumps_others()
 
     def tier(client: Client) -> str:
-        return next(s for s in client.call("status")["sessions"] if s["session"] == "kept")["tier"]
+        return next(s for s in client.status().sessions if s.session == "kept").tier
 
     def cells(client: Client) -> object:
         client.call("open", session="kept")

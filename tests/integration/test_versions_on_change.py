@@ -23,8 +23,8 @@ def _changes_nothing(client: Client, session: str) -> None:
     counts = [v["execution_count"] for v in client.versions(session)]
     assert counts == [1]  # newest first: only the cell that made `np` and `x`
     # the kernel's history (a restarted kernel reads it) has them all, in their order
-    assert client.call("history", session=session)["cells"] == \
-        [[n, source] for n, source in enumerate([FIRST, *READERS], 1)]
+    assert client.call("history", session=session).cells == \
+        tuple(enumerate([FIRST, *READERS], 1))
     status = client.status().session(session)
     assert status is not None and status.version == first["version"]
     assert status.execution_count == 1 + len(READERS)  # the prompt of the latest cell

@@ -15,6 +15,7 @@ import pytest
 from helpers import RunningServer, execute, open_session, serving, text
 
 from fabric.client import Client
+from fabric.status import SessionStatus
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +25,13 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-def _status(client: Client, session: str) -> dict:
-    return next(s for s in client.call("status")["sessions"] if s["session"] == session)
+def _status(client: Client, session: str) -> SessionStatus:
+    return next(s for s in client.status().sessions if s.session == session)
 
 
 def _wait_cold(client: Client, session: str) -> None:
     deadline = time.monotonic() + 30
-    while (status := _status(client, session))["tier"] != "cold":
+    while (status := _status(client, session)).tier != "cold":
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
 
@@ -42,11 +43,11 @@ def test_the_next_cell_runs_on_the_same_worker_with_nothing_loaded(warm: Running
         reply, _ = execute(client, session, "x = [1, 2]\nident = id(x)")
         assert reply["path"] == "cold"
         status = _status(client, session)
-        assert (status["tier"], status["pinned"]) == ("warm", False) and status["memory"] > 0
+        assert (status.tier, status.pinned) == ("warm", False) and status.memory > 0
         reply, outputs = execute(client, session, "x.append(3)\nprint(id(x) == ident, x)")
         # the very object the first cell made: not rebuilt from the store
         assert (reply["path"], text(outputs)) == ("warm", "True [1, 2, 3]\n")
-        assert _status(client, session)["worker"] == status["worker"]
+        assert _status(client, session).worker == status.worker
         assert reply["version"] == 2  # still committed after every cell
 
 
@@ -59,13 +60,13 @@ def test_a_cell_that_drops_its_streams_leaves_the_worker_whole(warm: RunningServ
         reply, outputs = execute(client, session, "import sys\nsys.stdout = sys.stderr = None\n"
                                                   "print('unseen')\nkept = 1")
         assert (reply["status"], text(outputs)) == ("ok", "")
-        worker = _status(client, session)["worker"]
+        worker = _status(client, session).worker
         reply, outputs = execute(client, session, "print(kept)\nprint(kept, file=sys.stderr)")
         streams = {name: "".join(o["text"] for o in outputs if o.get("name") == name)
                    for name in ("stdout", "stderr")}
         assert (reply["status"], reply["path"]) == ("ok", "warm")
         assert streams == {"stdout": "1\n", "stderr": "1\n"}
-        assert _status(client, session)["worker"] == worker
+        assert _status(client, session).worker == worker
 
 
 def test_the_warm_worker_loads_what_it_lacks(warm: RunningServer, tmp_path: Path) -> None:
@@ -86,7 +87,7 @@ def test_a_warm_worker_that_dies_between_cells_costs_nothing_committed(warm: Run
     with warm.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 'committed'")
-        psutil.Process(_status(client, session)["worker"]).kill()
+        psutil.Process(_status(client, session).worker).kill()
         reply, outputs = execute(client, session, "print(x)")
         # a fresh worker from the store, and no word of loss: the store held everything
         assert (reply["path"], text(outputs)) == ("cold", "committed\n")
@@ -107,7 +108,7 @@ def test_an_idle_warm_worker_is_retired_and_the_session_goes_on_from_the_store(
     with serving(tmp_path / "store", keep_warm=1, linger=0) as server, server.client() as client:
         session = open_session(client, tmp_path)
         execute(client, session, "x = 41")
-        worker = _status(client, session)["worker"]
+        worker = _status(client, session).worker
         _wait_cold(client, session)
         assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == "zombie"
         reply, outputs = execute(client, session, "print(x + 1)")

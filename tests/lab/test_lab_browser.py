@@ -40,8 +40,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 def _session_status(server: RunningServer, session: str) -> dict | None:
     with server.client() as client:
-        status = client.call("status")
-    return next((s for s in status["sessions"] if s["session"] == session), None)
+        status = client.status()
+    return next((s.to_map() for s in status.sessions if s.session == session), None)
 
 
 def _wait_until(check, timeout: float = 60) -> bool:

@@ -41,9 +41,9 @@ def _with_server(tmp_path: Path, driver: FakeDriver, scenario,
 
         async def main() -> None:
             server = Server(config)
-            server.pool.cuda = driver
+            server.host.pool.cuda = driver
             if gpus:
-                server.leases = Leases(devices=gpus)
+                server.host.leases = Leases(devices=gpus)
             ready = asyncio.Event()
             serving = asyncio.ensure_future(server.serve(ready))
             await ready.wait()
@@ -67,7 +67,7 @@ def test_a_kept_worker_is_checkpointed_between_cells(tmp_path: Path) -> None:
         session = open_session(client, tmp_path)
         reply, _ = execute(client, session, "g = (i for i in range(5))\nnext(g)")
         assert reply["unsaved"] == ["g"]
-        pid = server.sessions[session].prepared.task.result().process
+        pid = server.host.sessions[session].prepared.task.result().process
         assert driver.states[pid] is ProcessState.CHECKPOINTED  # off the GPU before the lease ended
         reply, outputs = execute(client, session, "next(g)")
         assert text(outputs) == "1\n" and reply["path"] == "pinned"
@@ -87,7 +87,7 @@ def test_processes_a_cell_started_are_parked_and_resumed_with_its_worker(tmp_pat
                            "rank = subprocess.Popen(['sleep', '300'])\n"
                            "g = (i for i in range(5))")
         assert reply["status"] == "ok" and "g" in reply["unsaved"]
-        worker = server.sessions[session].prepared.task.result()
+        worker = server.host.sessions[session].prepared.task.result()
         pid, child = worker.process, worker.tree()[1]
         assert driver.states[pid] is driver.states[child] is ProcessState.CHECKPOINTED
         reply, outputs = execute(client, session, "print(next(g), rank.poll())")
@@ -101,8 +101,8 @@ def test_processes_a_cell_started_are_parked_and_resumed_with_its_worker(tmp_pat
 
 def _wait_session(client: Client, session: str, check) -> None:
     deadline = time.monotonic() + 60
-    while not check(next(s for s in client.call("status")["sessions"]
-                         if s["session"] == session)):
+    while not check(next(s for s in client.status().sessions
+                         if s.session == session)):
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
@@ -158,7 +158,7 @@ def test_a_kept_worker_cooled_with_a_load_held_back_loads_it_when_it_comes_back(
         assert reply["unsaved"] == ["g"]
         cell = "print(early + 1, next(g))"
         client.call("draft", session=session, source=cell)  # parked: its load waits
-        _wait_session(client, session, lambda status: status["tier"] == "cool")
+        _wait_session(client, session, lambda status: status.tier == "cool")
         reply, outputs = execute(client, session, cell)
         assert (reply["path"], text(outputs)) == ("pinned", "42 0\n")
 
@@ -173,7 +173,7 @@ PROBE = (  # an object that says when, and with which GPUs visible, it is unpick
 
 def _drafted(client: Client, session: str, cell: str) -> None:
     client.call("draft", session=session, source=cell)
-    _wait_session(client, session, lambda status: status["worker"])
+    _wait_session(client, session, lambda status: status.worker)
     time.sleep(1)  # time enough for a load that goes ahead of the lease
 
 
@@ -263,11 +263,11 @@ def test_a_warm_worker_is_parked_after_its_cell_and_resumed_for_the_next(tmp_pat
         session = open_session(client, tmp_path)
         reply, _ = execute(client, session, "x = 41")
         assert reply["unsaved"] == []
-        pid = server.sessions[session].prepared.task.result().process
+        pid = server.host.sessions[session].prepared.task.result().process
         assert driver.states[pid] is ProcessState.CHECKPOINTED  # off the GPU before the lease ended
         # asked first to move its own storages: it has none (no torch), so the driver took all
-        (worker,) = [w for w in client.call("status")["workers"] if w["pid"] == pid]
-        assert (worker["parked"], worker["moved"], worker["fallback"]) == (True, 0, None)
+        (worker,) = [w for w in client.status().workers if w.pid == pid]
+        assert (worker.parked, worker.moved, worker.fallback) == (True, 0, None)
         reply, outputs = execute(client, session, "print(x + 1)")
         assert (reply["path"], text(outputs)) == ("warm", "42\n")
         steps = [step for step, p in driver.calls if p == pid and step != "state"]
@@ -284,7 +284,7 @@ def test_a_warm_worker_that_cannot_be_parked_is_retired_quietly(tmp_path: Path) 
         driver.fail["lock"] = ("CUDA_ERROR_TIMEOUT", None)
         reply, outputs = execute(client, session, "x = 41")
         assert reply["status"] == "ok" and outputs == []  # nothing was lost: nothing to tell
-        assert server.sessions[session].prepared is None
+        assert server.host.sessions[session].prepared is None
         reply, outputs = execute(client, session, "print(x + 1)")
         assert (reply["path"], text(outputs)) == ("cold", "42\n")
 
@@ -337,7 +337,7 @@ def _execute_when_queued(client: Client, address: str, session: str, source: str
     waiting = threading.Thread(target=run)
     waiting.start()
     deadline = time.monotonic() + 30
-    while client.call("status")["leases"]["queued"] == 0:
+    while client.status().leases.queued == 0:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     release.touch()
@@ -357,7 +357,7 @@ def test_a_parked_worker_moves_to_the_gpu_its_next_lease_is_for(tmp_path: Path,
         mine, first, second = (open_session(client, tmp_path) for _ in range(3))
         holders = [_hold_a_gpu(address, first, tmp_path / "free-a")]  # holds GPU a
         execute(client, mine, "x = 41")  # so this cell runs on GPU b, and parks off it
-        pid = server.sessions[mine].prepared.task.result().process
+        pid = server.host.sessions[mine].prepared.task.result().process
         holders.append(_hold_a_gpu(address, second, tmp_path / "free-b"))  # now GPU b too
         try:  # GPU a comes free first: the parked worker moves there
             reply, outputs = _execute_when_queued(client, address, mine, "print(x + 1)",
@@ -404,7 +404,7 @@ def test_a_worker_parked_off_two_gpus_moves_to_two_others_gpu_by_gpu(tmp_path: P
         reply, outputs = execute(client, mine, "import os\nx = 41\n"
                                  "print(os.environ['CUDA_VISIBLE_DEVICES'])", gpus=2)
         assert text(outputs) == f"{c},{d}\n"  # one value, in slot order; parked off c, d
-        pid = server.sessions[mine].prepared.task.result().process
+        pid = server.host.sessions[mine].prepared.task.result().process
         holders.append(_hold_a_gpu(address, second, tmp_path / "free-2", gpus=2))  # c and d
         (tmp_path / "free-1").touch()
         holders.pop(0).join(60)

@@ -15,6 +15,8 @@ import psutil
 import pytest
 from helpers import execute, open_session, require_criu, serving, start_server, text
 
+from fabric.status import SessionStatus
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -23,13 +25,13 @@ def _needs_criu() -> None:
     require_criu("the cool tier")
 
 
-def _session_status(client, session: str) -> dict:
-    return next(s for s in client.call("status")["sessions"] if s["session"] == session)
+def _session_status(client, session: str) -> SessionStatus:
+    return next(s for s in client.status().sessions if s.session == session)
 
 
-def _wait_tier(client, session: str, tier: str) -> dict:
+def _wait_tier(client, session: str, tier: str) -> SessionStatus:
     deadline = time.monotonic() + 30
-    while (status := _session_status(client, session))["tier"] != tier:
+    while (status := _session_status(client, session)).tier != tier:
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
     return status
@@ -44,17 +46,17 @@ def test_a_cooled_session_continues_its_half_consumed_generator(tmp_path: Path,
         if source == "template":  # a first cell makes the family's template
             execute(client, session, "pass")
             deadline = time.monotonic() + 60
-            while not any(t["state"] == "ready"
-                          for t in client.call("status")["templates"]):
+            while not any(t.state == "ready"
+                          for t in client.status().templates):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         reply, outputs = execute(client, session,
                                  "kept = 'committed'\ng = (i for i in range(10))\nnext(g)")
         assert reply["unsaved"] == ["g"], outputs
-        assert _session_status(client, session)["tier"] == "warm"
+        assert _session_status(client, session).tier == "warm"
 
         cool = _wait_tier(client, session, "cool")
-        assert cool["memory"] > 0 and cool["worker"] is None  # on disk, no process
+        assert cool.memory > 0 and cool.worker is None  # on disk, no process
 
         sent = time.monotonic()
         reply, outputs = execute(client, session, "print(next(g), next(g), kept)")
@@ -88,10 +90,10 @@ def test_a_worker_that_cannot_be_dumped_falls_back_to_the_store(tmp_path: Path) 
             "conn = socket.create_connection(srv.getsockname())\n"
             "peer, _ = srv.accept()"))
         assert {"conn", "peer", "srv"} <= set(reply["unsaved"]), outputs
-        worker = _session_status(client, session)["worker"]
+        worker = _session_status(client, session).worker
         deadline = time.monotonic() + 30
-        while _session_status(client, session)["worker"] == worker or \
-                _session_status(client, session)["tier"] != "cold":
+        while _session_status(client, session).worker == worker or \
+                _session_status(client, session).tier != "cold":
             assert time.monotonic() < deadline
             time.sleep(0.05)
         reply, outputs = execute(client, session, "print(kept)")
@@ -167,7 +169,7 @@ def test_a_restored_worker_does_not_outlive_a_server_killed_outright(tmp_path: P
                 _wait_tier(client, session, "cool")
                 reply, _ = execute(client, session, "next(g)")
                 assert reply["source"] == "cool"
-                worker = _session_status(client, session)["worker"]
+                worker = _session_status(client, session).worker
             server.process.kill()
             server.process.wait()
             deadline = time.monotonic() + 10
@@ -188,11 +190,11 @@ def test_a_worker_that_ran_the_debugger_stays_warm_rather_than_cool(tmp_path: Pa
         for command in ("initialize", "attach"):  # a frontend's debugger, as JupyterLab starts it
             reply = client.call("debug", session=debugged, content={
                 "type": "request", "seq": 1, "command": command, "arguments": {}})
-            assert reply["content"]["success"]
+            assert reply.content["success"]
         cell = "g = (i for i in range(10))\nnext(g)"
         assert execute(client, debugged, cell)[0]["unsaved"] == ["g"]
         assert execute(client, plain, cell)[0]["unsaved"] == ["g"]
         _wait_tier(client, plain, "cool")
-        assert _session_status(client, debugged)["tier"] == "warm"
+        assert _session_status(client, debugged).tier == "warm"
         reply, outputs = execute(client, debugged, "next(g)")
         assert (text(outputs), reply["path"]) == ("1\n", "pinned")

@@ -108,8 +108,8 @@ def test_a_restored_worker_runs_cells_through_a_real_server(tmp_path: Path) -> N
         reply, _ = execute(client, session, "x = 41")
         assert reply["source"] == "zygote"  # the family's template is still building
         deadline = time.monotonic() + 60
-        while not any(t["state"] == "ready" for t in client.call("status")["templates"]):
-            assert time.monotonic() < deadline, client.call("status")["templates"]
+        while not any(t.state == "ready" for t in client.status().templates):
+            assert time.monotonic() < deadline, client.status().templates
             time.sleep(0.1)
 
         reply, outputs = execute(client, session, "x += 1\nprint(x)")
@@ -125,8 +125,8 @@ def test_a_restored_worker_runs_cells_through_a_real_server(tmp_path: Path) -> N
         reply, outputs = execute(client, session, "print(x)")
         assert reply["source"] == "template"
         assert text(outputs) == "42\n"
-        status = client.call("status")
-        assert status["templates"][0]["restores"] >= 3
+        status = client.status()
+        assert status.templates[0].restores >= 3
 
 
 def test_a_gpu_host_forks_its_workers_from_zygotes_even_where_templates_are_configured(

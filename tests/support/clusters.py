@@ -76,5 +76,4 @@ def scrape(address: str) -> dict[str, float]:
 def host_of(client: Client, session: str) -> str | None:
     """The host the front door has the session on; None while no host lists it (between two
     hosts, as it moves)."""
-    return next((s["host"] for s in client.call("status")["sessions"]
-                 if s["session"] == session), None)
+    return next((s.host for s in client.status().sessions if s.session == session), None)

@@ -23,6 +23,7 @@ from fabric.errors import RemoteError
 from fabric.messages import Output, Reply
 from fabric.pool import criu
 from fabric.snapshot import Group, Manifest, Store, dumps
+from fabric.status import SessionStatus
 
 
 def execute(client: Client, session: str, source: str,
@@ -81,10 +82,10 @@ def pid_of_running_cell(server: RunningServer, session: str) -> int:
     """The pid of the worker running `session`'s cell, once it runs."""
     with server.client() as side:
         for _ in range(200):
-            info = side.call("status")
-            running = [s for s in info["sessions"] if s["session"] == session and s["running"]]
-            if running and info["workers"]:
-                return running[0]["worker"]
+            info = side.status()
+            running = [s for s in info.sessions if s.session == session and s.running]
+            if running and info.workers:
+                return running[0].worker
             time.sleep(0.05)
     raise AssertionError("the cell never started")
 
@@ -257,6 +258,6 @@ sys.meta_path.append(TextFinder())
 """
 
 
-def session_status(client: Client, session: str) -> dict:
+def session_status(client: Client, session: str) -> SessionStatus:
     """The session's entry in the server's status."""
-    return next(s for s in client.call("status")["sessions"] if s["session"] == session)
+    return next(s for s in client.status().sessions if s.session == session)
