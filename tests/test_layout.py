@@ -217,3 +217,18 @@ def test_the_store_opens_no_socket_of_its_own() -> None:
             {(n.module or "").split(".")[0] for n in ast.walk(tree)
              if isinstance(n, ast.ImportFrom) and not n.level}
         assert not imported & {"zmq", "socket", "ray"}, path
+
+
+MOST_METHODS = 30  # past this, a class holds more than one job
+
+
+def test_no_class_in_fabric_holds_more_than_thirty_methods() -> None:
+    crowded = {}
+    for path in sorted(FABRIC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = sum(isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef)
+                              for b in node.body)
+                if methods > MOST_METHODS:
+                    crowded[f"{path.relative_to(ROOT)}:{node.name}"] = methods
+    assert crowded == {}
