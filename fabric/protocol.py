@@ -8,7 +8,7 @@ defined once per wire: `fabric.messages` (client <-> server), `fabric.worker.mes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
@@ -22,6 +22,11 @@ WIRE_LIMIT = 1 << 30
 # output): its keys name fields, whose values its reader checks (`typed.record`); the framing
 # knows no more of it.
 Wire = dict[str, Any]
+
+
+def is_map(value: object) -> TypeGuard[Wire]:
+    """Whether `value` is a map as a wire carries it (msgpack decodes its keys as strings)."""
+    return isinstance(value, dict)
 
 
 def pack(message: Wire) -> bytes:
