@@ -40,7 +40,7 @@ def pack(message: Wire) -> bytes:
             message, use_bin_type=True, unicode_errors="replace")
 
 
-def unpack(frame: bytes, max_size: int = MAX_FRAME) -> Wire:
+def unpack(frame: bytes | memoryview, max_size: int = MAX_FRAME) -> Wire:
     """Decode one frame into a map, refusing anything that is not one."""
     if len(frame) > max_size:
         raise FrameTooLarge(f"frame of {len(frame)} bytes exceeds the limit of {max_size}",
