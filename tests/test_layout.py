@@ -137,14 +137,10 @@ def test_a_worker_imports_nothing_of_the_server_side() -> None:
 # Files whose public functions still return a bare dict while their replies become typed (the
 # host's typed face and its clients); each leaves this list once it is typed.
 BARE_DICT_PENDING = {
-    "fabric/front.py": "its handlers' replies, typed with the messages",
     "fabric/session.py": "its replies, typed with the messages",
     "fabric/client.py": "returns the server's replies, typed with the messages",
-    "fabric/cluster/host.py": "the cluster's host replies, typed with the messages",
     "fabric/cluster/link.py": "the door's link replies, typed with the messages",
-    "fabric/cluster/members.py": "the cluster's host replies, typed with the messages",
     "fabric/snapshot/catalog.py": "its completion and inspection replies, typed with the messages",
-    "fabric/attach/kernels.py": "reads the server's replies, typed with the messages",
 }
 
 
