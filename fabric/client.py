@@ -100,7 +100,7 @@ class Client:
         self._connected = False  # a handshake with the server succeeded and holds
         self.socket.connect(address)
         self._ids = (f"{os.getpid()}-{n}" for n in itertools.count(1))
-        self._pending: dict[str, deque[dict]] = {}  # frames of requests sent, not yet read
+        self._pending: dict[str, deque[protocol.Wire]] = {}  # frames of requests sent, not yet read
 
     def close(self) -> None:
         self.socket.disable_monitor()
@@ -164,7 +164,7 @@ class Client:
                              "another server, or the server's key was made again)",
                              address=self.address)
 
-    def receive(self, msg_ids: Collection[str], wait: float) -> dict | None:
+    def receive(self, msg_ids: Collection[str], wait: float) -> protocol.Wire | None:
         """The next frame answering one of `msg_ids`, or None after `wait` seconds of silence;
         an error frame raises RemoteError.
 
@@ -176,7 +176,7 @@ class Client:
             messages.from_server(message, Reply)  # raises
         return message
 
-    def _frame(self, msg_ids: Collection[str], wait: float) -> dict | None:
+    def _frame(self, msg_ids: Collection[str], wait: float) -> protocol.Wire | None:
         for msg_id in msg_ids:
             if self._pending.get(msg_id):
                 return self._settled(self._pending[msg_id].popleft())
@@ -197,7 +197,7 @@ class Client:
                 self._pending[msg_id].append(message)
         return None
 
-    def _settled(self, message: dict) -> dict:
+    def _settled(self, message: protocol.Wire) -> protocol.Wire:
         """A request's final frame ends the wait for it."""
         if message.get("type") in ("reply", "error"):
             self.forget(message["msg_id"])
@@ -361,7 +361,7 @@ class Events:
             return message
         raise StopIteration
 
-    def _aside(self, frame: dict) -> None:
+    def _aside(self, frame: protocol.Wire) -> None:
         """The answer to a request sent with `send` (or a probe): done once it is final."""
         if frame.get("type") not in ("reply", "error"):
             return

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import typing
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -74,24 +75,33 @@ class Front:
                     os.unlink(address[len("ipc://"):])
             claims.release()
 
-    async def receive(self) -> list[zmq.Frame]:
-        return await self.socket.recv_multipart(copy=False)
+    def _bound(self) -> zmq.asyncio.Socket:
+        if self.socket is None:
+            raise RuntimeError("the front is used outside its bound() block")
+        return self.socket
 
-    def send(self, identity: bytes, message: dict | bytes) -> None:
+    async def receive(self) -> list[zmq.Frame]:
+        return await self._bound().recv_multipart(copy=False)
+
+    def _send_now(self, frames: list[bytes]) -> asyncio.Future[object]:
+        # the cast: pyzmq's stubs say an Awaitable, zmq.asyncio returns a Future
+        return typing.cast("asyncio.Future[object]",
+                           self._bound().send_multipart(frames, flags=zmq.NOBLOCK))
+
+    def send(self, identity: bytes, message: protocol.Wire | bytes) -> None:
         """Send now or drop, as a ROUTER does: a client that does not read (its queue full) or
         has gone must never hold up the replies to the others."""
         frame = message if isinstance(message, bytes) else protocol.pack(message)
-        self.socket.send_multipart([identity, frame],
-                                   flags=zmq.NOBLOCK).add_done_callback(_undelivered)
+        self._send_now([identity, frame]).add_done_callback(_undelivered)
 
     def connected(self, identity: bytes) -> bool:
         """Whether the client is still connected (a heartbeat frame it ignores probes it)."""
-        probe = self.socket.send_multipart([identity, HEARTBEAT], flags=zmq.NOBLOCK)
+        probe = self._send_now([identity, HEARTBEAT])
         probe.add_done_callback(_undelivered)
-        return not (probe.done() and isinstance(probe.exception(), zmq.ZMQError)
-                    and probe.exception().errno == zmq.EHOSTUNREACH)
+        error = probe.exception() if probe.done() else None
+        return not (isinstance(error, zmq.ZMQError) and error.errno == zmq.EHOSTUNREACH)
 
-    def read(self, frames: list[zmq.Frame]) -> tuple[str, dict, Request]:
+    def read(self, frames: list[zmq.Frame]) -> tuple[str, protocol.Wire, Request]:
         """The user, message and request of a client's frames; a FabricError if they are not
         one request (`msg_id_of` names the request it answers, where it can)."""
         if len(frames) != 2:
@@ -123,7 +133,7 @@ def msg_id_of(frames: list[zmq.Frame]) -> str | None:
     return protocol.peek_msg_id(frames[-1].buffer) if len(frames) > 1 else None
 
 
-def failure(exc: Exception, msg_id: str | None) -> dict:
+def failure(exc: Exception, msg_id: str | None) -> protocol.Wire:
     """The error frame answering a request that raised `exc`: a bug is logged, and the client
     hears of it too."""
     if isinstance(exc, FabricError):
@@ -135,9 +145,10 @@ def failure(exc: Exception, msg_id: str | None) -> dict:
 def _property(frame: zmq.Frame, name: str) -> str:
     """A connection's metadata property on one of its frames ('' if it has none)."""
     try:
-        return frame.get(name) or ""
+        value = frame.get(name)
     except zmq.ZMQError:
         return ""
+    return value if isinstance(value, str) else ""
 
 
 def check_address(config: Config) -> auth.Keys | None:
@@ -162,7 +173,7 @@ def check_address(config: Config) -> auth.Keys | None:
     return keys
 
 
-def _undelivered(sent: asyncio.Future) -> None:
+def _undelivered(sent: asyncio.Future[object]) -> None:
     """A frame to a client that has gone away, or reads too slowly, is dropped, not an error."""
     if sent.exception() is not None:
         log.info("a frame to a client was dropped: %s", sent.exception())

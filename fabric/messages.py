@@ -33,12 +33,13 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from . import typed
 from .errors import ProtocolError, RemoteError
-from .protocol import Wire, valid_session_name
+from .protocol import Wire, is_map, valid_session_name
 
 Version = int | str  # a version number, or a name `Tag` gave one
 
@@ -54,7 +55,7 @@ _WORDS: dict[object, str] = {str: "a string", bool: "a boolean", int: "an intege
 def _required(hint: Any) -> Any:
     """`X | None` -> X."""
     if isinstance(hint, types.UnionType):
-        args = tuple(a for a in typing.get_args(hint) if a is not type(None))
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
         return functools.reduce(lambda a, b: a | b, args) if len(args) > 1 else args[0]
     return hint
 
@@ -63,9 +64,12 @@ class Message:
     """A message of this wire: a frozen dataclass whose fields' types are what `from_wire`
     checks on receipt."""
 
+    # what `@dataclass` sets on each subclass, declared so the checker reads them as dataclasses
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
     @classmethod
     @functools.cache
-    def _types(cls) -> dict[str, Any]:
+    def wire_types(cls) -> dict[str, Any]:
         """Each field's type, None stripped: an optional field is absent, never nil."""
         hints = typing.get_type_hints(cls)
         return {f.name: _required(hints[f.name]) for f in dataclasses.fields(cls)}
@@ -85,7 +89,7 @@ class Message:
                     typed.check(message[name], kind, name)
             except typed.Mismatch:
                 raise ProtocolError(f"field {name!r} must be {_WORDS.get(kind, kind)}") from None
-        return cls(**{name: message[name] for name in cls._types() if name in message})
+        return cls(**{name: message[name] for name in cls.wire_types() if name in message})
 
     def _fields(self) -> dict[str, Any]:
         """The fields that go on the wire: an unset optional one stays off it."""
@@ -102,7 +106,7 @@ class Record:
 
     @classmethod
     def from_wire(cls, raw: object) -> Self:
-        if not isinstance(raw, dict):
+        if not is_map(raw):
             raise ProtocolError(f"{cls.__name__} must be a map, not {type(raw).__name__}")
         try:
             return cls(**typed.record(cls, raw, cls.__name__))
@@ -118,14 +122,14 @@ class Record:
         return _plain(self)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """`value` as msgpack carries it: records as maps, tuples as lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(v) for f in dataclasses.fields(value)
                 if (v := getattr(value, f.name)) is not None or f.default is dataclasses.MISSING}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
+    if isinstance(value, list | tuple):  # the cast: isinstance cannot type the items
+        return [_plain(v) for v in typing.cast(Sequence[object], value)]
+    if is_map(value):
         return {k: _plain(v) for k, v in value.items()}
     return value
 
@@ -398,7 +402,7 @@ def _field_types(classes: typing.Iterable[type[Message]]) -> dict[str, Any]:
     """One type per field name across `classes`; two that disagree are a bug here."""
     table: dict[str, Any] = {}
     for cls in classes:
-        for name, kind in cls._types().items():
+        for name, kind in cls.wire_types().items():
             if table.setdefault(name, kind) != kind:
                 raise TypeError(f"field {name!r} has two types: {table[name]}, {kind}")
     return table
@@ -429,7 +433,7 @@ class Event(Message):
         if cls is None:
             raise ProtocolError(f"unknown event {kind!r}")
         cls._check(message)
-        return cls._build(message, f"event {kind!r}", cls._types())
+        return cls._build(message, f"event {kind!r}", cls.wire_types())
 
     @classmethod
     def _check(cls, message: Wire) -> None:
@@ -446,7 +450,7 @@ class Output(Event):
     @classmethod
     def _check(cls, message: Wire) -> None:
         output = message.get("output")
-        if isinstance(output, dict) and output.get("output_type") not in OUTPUT_TYPES:
+        if is_map(output) and output.get("output_type") not in OUTPUT_TYPES:
             raise ProtocolError(f"an output of unknown type {output.get('output_type')!r}")
 
 
@@ -500,9 +504,9 @@ class Notice(Event):
     @classmethod
     def from_wire(cls, message: object) -> Notice:  # type: ignore[override]
         """A notice on its own, as a session's status and a cell's reply list them."""
-        if not isinstance(message, dict):
+        if not is_map(message):
             raise ProtocolError("Notice must be a map")
-        return cls._build(message, "a notice", cls._types())
+        return cls._build(message, "a notice", cls.wire_types())
 
 
 @dataclass(frozen=True)
@@ -580,7 +584,7 @@ class Followed(Reply):
 
     @classmethod
     def from_wire(cls, raw: object) -> Self:
-        if not isinstance(raw, dict) or not isinstance(raw.get("followed"), bool):
+        if not is_map(raw) or not isinstance(raw.get("followed"), bool):
             raise ProtocolError("a follow's reply needs a boolean 'followed'")
         return cls(raw["followed"], Executed.from_wire(raw) if raw["followed"] else None)
 
@@ -730,7 +734,7 @@ class Error(Message):
 
     @classmethod
     def from_wire(cls, message: Wire) -> Error:
-        return cls._build(message, "an error frame", cls._types())
+        return cls._build(message, "an error frame", cls.wire_types())
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ defined once per wire: `fabric.messages` (client <-> server), `fabric.worker.mes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
@@ -24,6 +24,11 @@ WIRE_LIMIT = 1 << 30
 Wire = dict[str, Any]
 
 
+def is_map(value: object) -> TypeGuard[Wire]:
+    """Whether `value` is a map as a wire carries it (msgpack decodes its keys as strings)."""
+    return isinstance(value, dict)
+
+
 def pack(message: Wire) -> bytes:
     # the ignores: msgpack is untyped, and pyright reads a None into packb's result from its
     # pure-Python fallback's `pack`, whose packb always returns bytes
@@ -35,7 +40,7 @@ def pack(message: Wire) -> bytes:
             message, use_bin_type=True, unicode_errors="replace")
 
 
-def unpack(frame: bytes, max_size: int = MAX_FRAME) -> Wire:
+def unpack(frame: bytes | memoryview, max_size: int = MAX_FRAME) -> Wire:
     """Decode one frame into a map, refusing anything that is not one."""
     if len(frame) > max_size:
         raise FrameTooLarge(f"frame of {len(frame)} bytes exceeds the limit of {max_size}",

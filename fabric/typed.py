@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -48,10 +49,10 @@ def fields(cls: type) -> dict[str, tuple[Any, bool]]:
             for f in dataclasses.fields(cls)}
 
 
-def record(cls: type, wire: dict, where: str = "") -> dict[str, Any]:
+def record(cls: type, wire: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     """The values of dataclass `cls`'s fields in `wire`, checked (keys it does not declare are
     left for the caller to refuse or ignore); Mismatch names the first field that is wrong."""
-    values = {}
+    values: dict[str, Any] = {}
     for field, (hint, required) in fields(cls).items():
         at = f"{where}.{field}" if where else field
         if field in wire:

@@ -134,20 +134,6 @@ def test_a_worker_imports_nothing_of_the_server_side() -> None:
     assert loaded and {_part(m) for m in loaded} <= WORKER_MAY, loaded
 
 
-# Files whose public functions still return a bare dict while their replies become typed (the
-# host's typed face and its clients); each leaves this list once it is typed.
-BARE_DICT_PENDING = {
-    "fabric/front.py": "its handlers' replies, typed with the messages",
-    "fabric/session.py": "its replies, typed with the messages",
-    "fabric/client.py": "returns the server's replies, typed with the messages",
-    "fabric/cluster/host.py": "the cluster's host replies, typed with the messages",
-    "fabric/cluster/link.py": "the door's link replies, typed with the messages",
-    "fabric/cluster/members.py": "the cluster's host replies, typed with the messages",
-    "fabric/snapshot/catalog.py": "its completion and inspection replies, typed with the messages",
-    "fabric/attach/kernels.py": "reads the server's replies, typed with the messages",
-}
-
-
 def _bare_dict(hint: ast.expr) -> bool:
     """Whether a return annotation says only `dict` (or `dict | None`): nothing of what it holds."""
     if isinstance(hint, ast.Constant) and isinstance(hint.value, str):
@@ -183,7 +169,7 @@ def test_no_public_function_returns_a_bare_dict() -> None:
     like items (`dict[str, int]`); a map that travels as it is names its alias (`Wire`)."""
     bare = {str(path.relative_to(ROOT)): found for path in sorted(FABRIC.rglob("*.py"))
             if (found := _returning_bare_dicts(path.read_text()))}
-    assert {p: f for p, f in bare.items() if p not in BARE_DICT_PENDING} == {}
+    assert bare == {}
 
 
 def test_the_bare_dict_finder_finds_them() -> None:

@@ -177,7 +177,7 @@ class Answers:
         comm_id = content.get("comm_id")
         if msg_type == "comm_open" and isinstance(comm_id, str):
             self._comms[comm_id] = execution_count
-        elif msg_type == "comm_close":
+        elif msg_type == "comm_close" and isinstance(comm_id, str):
             self._comms.pop(comm_id, None)
 
     def close_comms(self) -> list[int]:

@@ -77,7 +77,7 @@ def detach(shell: InteractiveShell, forget: bool = True) -> bool:
         return False
     _attached = None
     for name in ("run_cell", "should_run_async"):
-        shell.__dict__.pop(name, None)
+        vars(shell).pop(name, None)
     attachment.frontend.close()
     restart.uninstall(attachment)
     atexit.unregister(attachment.close)

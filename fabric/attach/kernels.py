@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 from ..errors import KernelError
 
@@ -19,10 +20,20 @@ CURRENT = "__import__('fabric.attach', fromlist=['current']).current(get_ipython
 ENV_VARIABLE = "LLFABRIC_SESSION_ENV"  # the environment a kernel's session opens in
 
 
-def kernelspec(address: str | None = None, env: str | None = None) -> dict:
+class KernelSpec(TypedDict):
+    """A Jupyter kernelspec, as its kernel.json holds it."""
+
+    argv: list[str]
+    display_name: str
+    language: str
+    metadata: dict[str, bool]
+    env: NotRequired[dict[str, str]]
+
+
+def kernelspec(address: str | None = None, env: str | None = None) -> KernelSpec:
     """A python3 kernel that loads `fabric.attach` at start, so every cell runs on the fabric;
     with `env`, its session imports from that environment of the user's."""
-    spec: dict = {
+    spec: KernelSpec = {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                  "--ext=fabric.attach"],
         "display_name": DISPLAY_NAME if env is None else f"{DISPLAY_NAME[:-1]}, {env})",
@@ -50,7 +61,8 @@ def install_kernelspec(name: str = "llfabric", address: str | None = None, user:
 def attach_running(kernel: str, address: str, session: str | None = None,
                    timeout: float = 30.0) -> str:
     """Attach the kernel with connection file (or id) `kernel`; return the session name."""
-    from jupyter_client import BlockingKernelClient, find_connection_file
+    from jupyter_client import find_connection_file
+    from jupyter_client.blocking.client import BlockingKernelClient
 
     path = kernel if Path(kernel).is_file() else None
     if path is None:

@@ -16,7 +16,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..envs import describe_differences
 from ..errors import FabricError
-from ..messages import CheckedOut, Reply, Tagged
+from ..messages import CheckedOut, Reply, Tagged, Version
 from ..status import ServerStatus
 from .attaching import attach, current, detach
 from .relay import Attachment
@@ -52,6 +52,11 @@ def _options(words: list[str], names: tuple[str, ...]) -> tuple[list[str], dict[
 
 @magics_class
 class FabricMagics(Magics):
+    def _shell(self) -> InteractiveShell:
+        if self.shell is None:  # IPython gives a registered magic its shell
+            raise UsageError("llfabric's magics run in an IPython shell")
+        return self.shell
+
     @line_magic
     def llfabric(self, line: str) -> None:
         """Attach this kernel to an llfabric server, or manage the attachment."""
@@ -61,9 +66,9 @@ class FabricMagics(Magics):
             positional, options = _options(words, ("session", "notebook"))
             if len(positional) > 1:
                 raise UsageError(USAGE)
-            attach(self.shell, positional[0] if positional else None, **options)
+            attach(self._shell(), positional[0] if positional else None, **options)
         elif command == "detach" and not words:
-            if detach(self.shell):
+            if detach(self._shell()):
                 print("llfabric: detached; cells run in this kernel again")
         elif command == "status" and not words:
             attachment = current(self.shell)
@@ -93,7 +98,7 @@ class FabricMagics(Magics):
             reply = self._call("checkout", version=int(words[0]) if words[0].isdigit()
                                else words[0])
             if isinstance(reply, CheckedOut):  # prompt numbers go on, as after any cell
-                attachment = current(self.shell)
+                attachment = current_attachment(self.shell)
                 print(f"llfabric: session {attachment.session} is back at version "
                       f"{reply.checked_out}")
                 if closed := attachment.checked_out():
@@ -101,7 +106,7 @@ class FabricMagics(Magics):
                 if differ := reply.packages_differ:
                     print(describe_differences(differ, reply.env), file=sys.stderr)
         elif command == "tag" and len(words) in (1, 2):
-            fields = {"name": words[0]}
+            fields: dict[str, Version] = {"name": words[0]}
             if len(words) == 2:
                 fields["version"] = int(words[1]) if words[1].isdigit() else words[1]
             reply = self._call("tag", **fields)
@@ -160,7 +165,7 @@ class FabricMagics(Magics):
     def local(self, line: str, cell: str) -> None:
         """Run this cell in the kernel itself, not on the fabric (attached kernels route
         `%%local` cells here before this magic is reached)."""
-        self.shell.run_cell(cell)
+        self._shell().run_cell(cell)
 
 
 def current_attachment(shell: InteractiveShell | None) -> Attachment:
@@ -171,7 +176,7 @@ def current_attachment(shell: InteractiveShell | None) -> Attachment:
     return attachment
 
 
-def load_ipython_extension(shell: object) -> None:
+def load_ipython_extension(shell: InteractiveShell) -> None:
     shell.register_magics(FabricMagics)
 
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
@@ -56,6 +57,9 @@ from .kernels import ENV_VARIABLE
 from .notebook_file import next_cell_source
 from .routing import is_local
 
+if TYPE_CHECKING:
+    from ipykernel.zmqshell import ZMQInteractiveShell
+
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Reply)
 
@@ -78,7 +82,8 @@ class Attachment:
     def __init__(self, shell: InteractiveShell, address: str, session: str,
                  notebook: Path | None) -> None:
         self.shell = shell
-        self.kernel = shell.kernel
+        # the cast: an ipykernel's shell, as `require_kernel` checked; IPython's type has no kernel
+        self.kernel = typing.cast("ZMQInteractiveShell", shell).kernel
         self.address = address
         self.session = session
         self.notebook = notebook
@@ -156,7 +161,8 @@ class Attachment:
             return result
         finally:
             failed = result is None or result.error_in_exec is not None
-            self.frontend.cell_ended(count if result is None else result.execution_count,
+            ended = None if result is None else result.execution_count
+            self.frontend.cell_ended(count if ended is None else ended,
                                      "error" if failed else "ok")
 
     def _run(self, source: str, cell_id: str | None, count: int) -> ExecutionResult:
@@ -199,9 +205,11 @@ class Attachment:
 
     def _relay_payloads(self, payloads: tuple[dict, ...]) -> None:
         """The cell's pager text and next input, for the kernel's execute reply."""
+        manager = self.shell.payload_manager  # a kernel's shell has one
         for payload in payloads:
-            if isinstance(payload, dict) and isinstance(payload.get("source"), str):
-                self.shell.payload_manager.write_payload(payload)
+            if manager is not None and isinstance(payload, dict) \
+                    and isinstance(payload.get("source"), str):
+                manager.write_payload(payload)
 
     def _follow_running(self, count: int) -> int:
         """Show the outputs of the session's cell that runs on from a kernel gone (or ended
@@ -235,7 +243,7 @@ class Attachment:
     def _execute(self, source: str, count: int, result: ExecutionResult) -> Executed:
         parent = self.kernel.get_parent("shell") or {}
         events = self.client.execute(self.session, source, stdin=True,
-                                     cell_id=result.info.cell_id, gpus=self.gpus,
+                                     cell_id=result.info and result.info.cell_id, gpus=self.gpus,
                                      execution_count=count,
                                      parent_id=(parent.get("header") or {}).get("msg_id"),
                                      timeout=SILENCE)
@@ -329,7 +337,9 @@ class Attachment:
     def _publish_output(self, output: dict, result: ExecutionResult) -> None:
         if output["output_type"] == "error":
             traceback = output.get("traceback")
-            self.shell._last_traceback = traceback if isinstance(traceback, list) else []
+            # IPython sets it (showtraceback) without declaring it
+            self.shell._last_traceback = (  # pyright: ignore[reportAttributeAccessIssue]
+                traceback if isinstance(traceback, list) else [])
             result.error_in_exec = _remote_error(str(output.get("ename", "Error")),
                                                  str(output.get("evalue", "")))
         self.publish_event(Output(output))

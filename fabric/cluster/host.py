@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from ..auth import Keys
 from ..client import listening
@@ -44,6 +45,21 @@ _LAUNCH = ("import ctypes, os, signal, sys\n"
            "main()\n")
 
 
+class HostInfo(TypedDict):
+    """A started host, as the front door joins it: its server (`address`, `server_key`, the
+    cells it can run at once), its blobs' socket (`peer_*`) and its metrics' address."""
+
+    name: str
+    node: str
+    address: str
+    server_key: str
+    slots: int
+    pid: int
+    peer_address: str
+    peer_key: str
+    metrics: str
+
+
 class HostActor:
     """One node's host: `start` it, `admit` the front door's users, `stop` it."""
 
@@ -57,13 +73,13 @@ class HostActor:
         self.keys = Keys(private_dir(self.root / "keys"))
         self.peer_keys = Keys(private_dir(self.keys.root / "peers"))  # its blobs' socket
         self.port = self.peer_port = self.metrics_port = 0
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
         return f"tcp://{_node_ip()}:{self.port}"
 
-    def start(self, users: dict[str, str], key: bytes, peer: tuple[str, str]) -> dict:
+    def start(self, users: dict[str, str], key: bytes, peer: tuple[str, str]) -> HostInfo:
         """Admit `users` (name -> public key) and the cluster's `peer` key pair, start the
         server unless it runs, its store signing with the cluster's `key`; what the front door
         needs to reach it, and its peers to read its blobs."""
@@ -72,12 +88,13 @@ class HostActor:
         _admit(self.peer_keys, PEER, peer[0])
         self.share([], peer)
         self._use_key(key)
-        if self.process is None or self.process.poll() is not None:
-            self._spawn()
+        process = self.process
+        if process is None or process.poll() is not None:
+            process = self._spawn()
         public, _ = self.keys.server_pair()
         peer_public, _ = self.peer_keys.server_pair()
         return {"name": self.name, "node": self.node, "address": self.address,
-                "server_key": public, "slots": self.slots, "pid": self.process.pid,
+                "server_key": public, "slots": self.slots, "pid": process.pid,
                 "peer_address": self.peer_address, "peer_key": peer_public,
                 "metrics": self.metrics}
 
@@ -116,7 +133,8 @@ class HostActor:
                 self.process.kill()
                 self.process.wait()
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """The server's process, started and listening."""
         self.port = self.port or _free_port()
         self.peer_port = self.peer_port or _free_port()
         self.metrics_port = self.metrics_port or _free_port()
@@ -147,6 +165,7 @@ class HostActor:
                 raise FabricError(f"the llfabric server of host {self.name} did not start: "
                                   f"{log_tail(self.root / 'serve.log')}", host=self.name)
             time.sleep(0.1)
+        return self.process
 
 
 def host_name(node: str) -> str:

@@ -37,13 +37,13 @@ class Link:
         key.apply(self.socket)
         self.socket.connect(address)
         self.relay = relay
-        self.pending: dict[str, tuple[asyncio.Future, Request]] = {}
+        self.pending: dict[str, tuple[asyncio.Future[protocol.Wire], Request]] = {}
         self._tasks = Background(f"the link to host {host}")
         self._tasks.start(self._read(), "reading its frames")
 
-    async def call(self, message: dict, request: Request) -> dict:
+    async def call(self, message: protocol.Wire, request: Request) -> protocol.Wire:
         """Send a request's frame; its final frame."""
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[protocol.Wire] = asyncio.get_running_loop().create_future()
         self.pending[message["msg_id"]] = (future, request)
         try:
             await self.socket.send(protocol.pack(message))

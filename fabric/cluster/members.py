@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, FabricError
-from .host import HostActor, held_slots, node_slots
+from .host import HostActor, HostInfo, held_slots, node_slots
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +25,7 @@ class RayMembers:
     def __init__(self, address: str, root: str, settings: dict[str, str]) -> None:
         try:
             import ray
+            import ray.exceptions
         except ImportError as exc:
             raise ConfigError("serving on a Ray cluster needs Ray: pip install "
                               "'llfabric[ray]'", key="ray") from exc
@@ -39,7 +44,7 @@ class RayMembers:
         return {n["NodeID"]: n["Resources"] for n in self.ray.nodes() if n["Alive"]}
 
     def start(self, node: str, resources: dict, users: dict[str, str], key: bytes,
-              peer: tuple[str, str]) -> dict:
+              peer: tuple[str, str]) -> HostInfo:
         """The host actor of `node`, started (or found) and its server running: its info. It
         holds what its server leases to cells (the node's GPUs, else its declared slots) in
         Ray's books: Ray schedules nothing else on them, and its autoscaler takes back no node
@@ -69,7 +74,8 @@ class RayMembers:
     def _actor_of(self, node: str):
         return self.ray.get_actor(f"llfabric-host-{node}", namespace=NAMESPACE)
 
-    def _get(self, ref):
+    def _get(self, ref: ObjectRef[Any]) -> Any:
+        """What a host actor's call returned (Ray's handles do not say its type)."""
         try:
             return self.ray.get(ref, timeout=CALL_TIMEOUT)
         except self.ray.exceptions.RayError as exc:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..errors import FabricError, HostLost
 from ..host.face import Caller
 from ..messages import Execute, Ping, Request
-from .host import host_name
+from .host import HostInfo, host_name
 from .placement import HostView
 from .scaling import HEAD, demand
 
@@ -141,7 +141,7 @@ class Membership:
              for o in hosts if o is not h], door.peer_pair) for h in hosts),
             return_exceptions=True)
 
-    def _join(self, info: dict) -> Member:
+    def _join(self, info: HostInfo) -> Member:
         old = self.hosts.get(info["name"])
         host = self.hosts[info["name"]] = Member(
             info["name"], info["node"], info["address"], info["server_key"],

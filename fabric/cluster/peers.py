@@ -86,9 +86,10 @@ class PeerServer:
         started.wait(10)
 
     def stop(self) -> None:
-        if self._loop is not None and self._task is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._task.cancel)
-            self._thread.join(10)
+        loop, task, thread = self._loop, self._task, self._thread
+        if loop is not None and task is not None and thread is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+            thread.join(10)
 
     async def serve(self) -> None:
         context = zmq.asyncio.Context(io_threads=IO_THREADS)
@@ -124,7 +125,7 @@ class PeerServer:
             authenticator.close()
             context.term()
 
-    def _answer(self, frame: bytes) -> list[bytes | memoryview]:
+    def _answer(self, frame: bytes) -> list[bytes | bytearray | memoryview]:
         request = protocol.unpack(frame, 1 << 20)
         match request:
             case {"op": "sizes", "ids": list(ids)} if len(ids) <= MAX_IDS:
