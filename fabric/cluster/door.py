@@ -63,9 +63,10 @@ from ..snapshot.store import load_key
 from ..status import HostStatus, LeaseStatus, ServerStatus, SessionStatus
 from .link import Link
 from .members import RayMembers
-from .membership import Key, Member, Membership
+from .membership import HEALTH_EVERY, Member, Membership
 from .metrics import DoorMetrics
-from .moves import Moves, Opened
+from .moves import Moves
+from .opened import Key, Opened
 from .placement import OVERSUBSCRIBE, POLICIES
 from .remote import RemoteHost
 
@@ -87,20 +88,24 @@ class Door:
         self.key = load_key(private_dir(config.store) / "key")
         public, secret = (k.decode() for k in zmq.curve_keypair())
         self.peer_pair = (public, secret)  # the key pair hosts read each other's blobs with
-        self.membership = Membership(self)
-        self.moves = Moves(self)
-        self.metrics = DoorMetrics(self.membership.table)
+        self.metrics = DoorMetrics(lambda: self.membership.table())
         self.front = Front(config, lambda: self.metrics.auth_failures.inc())
         self.members = members
         self.owner = auth.owner_name()
         self.sessions: dict[Key, Opened] = {}
         self.links: dict[tuple[bytes, str], Link] = {}
         self.keys: dict[str, tuple[str, str]] = {}  # user -> the key pair hosts admit them by
-        self.oversubscribe = config.oversubscribe or OVERSUBSCRIBE
         if config.placement not in POLICIES:
             raise ConfigError(f"placement is locality or random, not {config.placement!r}",
                               key="placement")
-        self.random = random.Random() if config.placement == "random" else None
+        self.membership = Membership(
+            members, self.sessions, self.links, self.host, self.owner, self.keys, self.key,
+            self.peer_pair, self.metrics, config.idle_release, self.spawn,
+            waiting=lambda: len(self.moves.waiting), freed=lambda: self.moves.freed())
+        self.moves = Moves(
+            self.membership, self.sessions, self.host, self.owner, self.front.send, self.metrics,
+            config.oversubscribe or OVERSUBSCRIBE,
+            random.Random() if config.placement == "random" else None)
         self.context = zmq.asyncio.Context()
         self.started = time.time()
         self._stop = asyncio.Event()
@@ -121,8 +126,7 @@ class Door:
                      len(self.membership.hosts))
             if ready is not None:
                 ready.set()
-            workers = [asyncio.ensure_future(c) for c in (self._receive(),
-                                                          self.membership.watch())]
+            workers = [asyncio.ensure_future(c) for c in (self._receive(), self._watch())]
             try:
                 await self._stop.wait()
             finally:
@@ -139,6 +143,18 @@ class Door:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _watch(self) -> None:
+        """Every `HEALTH_EVERY` seconds: the hosts looked at and pinged, the links of clients
+        gone closed, sessions moved off hosts short of memory, the autoscaler asked."""
+        while True:
+            await asyncio.sleep(HEALTH_EVERY)
+            await self.membership.check()
+            self.forget_gone()
+            for host in self.membership.pressed():
+                self.spawn(self.moves.relieve(host))
+            if self.members is not None:
+                await self.membership.scale()
 
     async def _receive(self) -> None:
         while True:

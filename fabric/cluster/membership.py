@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import FabricError, HostLost
 from ..host.face import Caller
 from ..messages import Execute, Ping, Request
 from .host import HostInfo, host_name
+from .link import Link
+from .members import RayMembers
+from .metrics import DoorMetrics
+from .opened import Key, Opened
 from .placement import HostView
+from .remote import RemoteHost
 from .scaling import HEAD, demand
-
-if TYPE_CHECKING:
-    from .door import Door
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,6 @@ HEALTH_EVERY = 1.0  # seconds between the door's looks at its hosts
 MISSES = 5  # pings a host leaves unanswered in a row before it is lost
 PRESSED = 3  # pings in a row that find a host short of memory before sessions move off it
 START_RETRY = 10.0  # seconds before a node whose host did not start is tried again
-Key = tuple[str, str]  # (user, session)
 
 
 @dataclass
@@ -59,11 +61,32 @@ class Member:
     relieving: bool = False
 
 
+# a host, called over the link of a client (by identity; b"": the door's own) as a user
+Reach = Callable[[bytes, str, Member], RemoteHost]
+
+
 class Membership:
     """The door's hosts: started, watched, lost, released."""
 
-    def __init__(self, door: Door) -> None:
-        self.door = door
+    def __init__(self, members: RayMembers | None, sessions: dict[Key, Opened],
+                 links: dict[tuple[bytes, str], Link], host: Reach, owner: str,
+                 keys: dict[str, tuple[str, str]], key: bytes, peer_pair: tuple[str, str],
+                 metrics: DoorMetrics, idle_release: float,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+                 waiting: Callable[[], int], freed: Callable[[], None]) -> None:
+        self.members = members  # the cluster's nodes (None: hosts join by themselves)
+        self.sessions = sessions  # the door's, by (user, session)
+        self.links = links  # the door's, by (client identity, host name)
+        self.host = host
+        self.owner = owner  # the user the door calls hosts as for itself
+        self.keys = keys  # user -> the key pair hosts admit them by
+        self.key = key  # the key every host's store signs with
+        self.peer_pair = peer_pair  # the key pair hosts read each other's blobs with
+        self.metrics = metrics
+        self.idle_release = idle_release
+        self.spawn = spawn  # runs a task the door owns
+        self.waiting = waiting  # how many cells wait for a lease (`moves.Moves`)
+        self.freed = freed  # a lease may be free: the first cell waiting tries again
         self.hosts: dict[str, Member] = {}  # by name
         self.starts: dict[str, asyncio.Task] = {}  # hosts starting, by node
         self.released: set[str] = set()  # nodes whose idle hosts the door stopped
@@ -80,7 +103,7 @@ class Membership:
         return min(hosts, key=lambda h: h.running / h.slots)
 
     def view(self, host: Member, avoided: bool = False) -> HostView:
-        sessions = sum(1 for s in self.door.sessions.values() if s.host == host.name)
+        sessions = sum(1 for s in self.sessions.values() if s.host == host.name)
         return HostView(host.name, host.slots, host.running, sessions, host.draining or avoided)
 
     def table(self) -> list[dict]:
@@ -88,13 +111,13 @@ class Membership:
         return [{"name": h.name, "node": h.node, "address": h.address, "slots": h.slots,
                  "running": h.running, "alive": h.alive, "draining": h.draining,
                  "metrics": h.metrics,
-                 "sessions": sum(1 for s in list(self.door.sessions.values())
+                 "sessions": sum(1 for s in list(self.sessions.values())
                                  if s.host == h.name)}
                 for h in list(self.hosts.values())]
 
     async def look(self) -> None:
         """Start a host on each node that has none; lose the hosts whose nodes left."""
-        members = self.door.members
+        members = self.members
         if members is None:
             return
         nodes = await asyncio.to_thread(members.nodes)
@@ -104,23 +127,22 @@ class Membership:
             elif host.node not in nodes and host.node in self.released:  # taken back
                 del self.hosts[host.name]
                 self.released.discard(host.node)
-        if self.door.moves.waiting:  # released nodes the autoscaler kept: take them back
+        if self.waiting():  # released nodes the autoscaler kept: take them back
             self.released.clear()
         for node, resources in nodes.items():
             known = next((h for h in self.hosts.values() if h.node == node), None)
             if (known is None or not known.alive) and node not in self.starts \
                     and node not in self.released:
-                self.starts[node] = self.door.spawn(self._start(node, resources))
+                self.starts[node] = self.spawn(self._start(node, resources))
 
     async def _start(self, node: str, resources: dict) -> None:
         """The node's host actor and server, started (a node that fails is tried again at the
         next look, `START_RETRY` seconds on)."""
-        door = self.door
-        assert door.members is not None
-        users = {user: pair[0] for user, pair in door.keys.items()}
+        assert self.members is not None
+        users = {user: pair[0] for user, pair in self.keys.items()}
         try:
-            info = await asyncio.to_thread(door.members.start, node, resources, users,
-                                           door.key, door.peer_pair)
+            info = await asyncio.to_thread(self.members.start, node, resources, users,
+                                           self.key, self.peer_pair)
         except FabricError as exc:
             log.warning("node %s has no host: %s", host_name(node), exc.message)
             await asyncio.sleep(START_RETRY)
@@ -133,12 +155,12 @@ class Membership:
 
     async def share_peers(self) -> None:
         """Tell every host the others, whose blobs it reads before the remote tier's."""
-        door, hosts = self.door, self.alive()
-        assert door.members is not None
+        hosts = self.alive()
+        assert self.members is not None
         await asyncio.gather(*(asyncio.to_thread(
-            door.members.share, h.node,
+            self.members.share, h.node,
             [{"name": o.name, "address": o.peer_address, "server_key": o.peer_key}
-             for o in hosts if o is not h], door.peer_pair) for h in hosts),
+             for o in hosts if o is not h], self.peer_pair) for h in hosts),
             return_exceptions=True)
 
     def _join(self, info: HostInfo) -> Member:
@@ -149,37 +171,34 @@ class Membership:
         if old is not None:
             host.draining = old.draining
         log.info("host %s joined: %s, %d slots", host.name, host.address, host.slots)
-        self.door.moves.freed()
+        self.freed()
         return host
 
-    async def watch(self) -> None:
-        """Every `HEALTH_EVERY` seconds: the cluster's nodes, each host's answer to a ping."""
-        while True:
-            await asyncio.sleep(HEALTH_EVERY)
-            try:
-                await self.look()
-            except Exception:
-                log.exception("could not list the cluster's nodes")
-            await asyncio.gather(*(self.ping(h) for h in self.alive()))
-            self.door.forget_gone()
-            for host in self.hosts.values():
-                if host.alive and host.pressed >= PRESSED and not host.relieving:
-                    self.door.spawn(self.door.moves.relieve(host))
-            if self.door.members is not None:
-                await self._scale()
+    async def check(self) -> None:
+        """The cluster's nodes looked at, and each host's answer to a ping."""
+        try:
+            await self.look()
+        except Exception:
+            log.exception("could not list the cluster's nodes")
+        await asyncio.gather(*(self.ping(h) for h in self.alive()))
 
-    async def _scale(self) -> None:
+    def pressed(self) -> list[Member]:
+        """The hosts short of memory for `PRESSED` pings that no session is moving off yet."""
+        return [h for h in self.hosts.values()
+                if h.alive and h.pressed >= PRESSED and not h.relieving]
+
+    async def scale(self) -> None:
         """Ask the autoscaler for what the queue needs; release hosts idle too long."""
-        door, hosts = self.door, self.alive()
-        assert door.members is not None
-        wanted = demand(sum(h.running for h in hosts), len(door.moves.waiting),
+        hosts = self.alive()
+        assert self.members is not None
+        wanted = demand(sum(h.running for h in hosts), self.waiting(),
                         any(h.gpus for h in hosts))
         if wanted != self._asked:
-            await asyncio.to_thread(door.members.request, wanted)
+            await asyncio.to_thread(self.members.request, wanted)
             self._asked = wanted
-        now, idle_release = time.monotonic(), door.config.idle_release
+        now, idle_release = time.monotonic(), self.idle_release
         for host in hosts:
-            busy = host.running or any(s.host == host.name for s in door.sessions.values())
+            busy = host.running or any(s.host == host.name for s in self.sessions.values())
             if busy or host.head:
                 host.idle_since = None
             elif host.idle_since is None:
@@ -189,21 +208,20 @@ class Membership:
 
     async def _release(self, host: Member) -> None:
         """Stop an idle host's actor, so that the autoscaler may take its node back."""
-        assert self.door.members is not None
-        log.info("host %s idle for %d s: released", host.name, self.door.config.idle_release)
+        assert self.members is not None
+        log.info("host %s idle for %d s: released", host.name, self.idle_release)
         host.alive = False
         self.released.add(host.node)
         try:
-            await asyncio.to_thread(self.door.members.stop, host.node)
+            await asyncio.to_thread(self.members.stop, host.node)
         except FabricError as exc:
             log.warning("host %s could not be released: %s", host.name, exc.message)
         self.lose(host, "released: idle")
 
     async def ping(self, host: Member) -> None:
-        door = self.door
         try:
             pong = await asyncio.wait_for(
-                door.host(b"", door.owner, host).ping(Caller(door.owner), Ping()),
+                self.host(b"", self.owner, host).ping(Caller(self.owner), Ping()),
                 HEALTH_EVERY * 2)
         except TimeoutError:
             host.misses += 1
@@ -220,25 +238,24 @@ class Membership:
 
     def lose(self, host: Member, why: str) -> None:
         """The host is gone: what it served fails as lost, its sessions open elsewhere next."""
-        door = self.door
         log.warning("host %s is lost: %s", host.name, why)
-        door.metrics.hosts_lost.labels("released" if host.node in self.released
+        self.metrics.hosts_lost.labels("released" if host.node in self.released
                                        else "lost").inc()
         host.alive, host.running = False, 0
-        for (identity, name), link in list(door.links.items()):
+        for (identity, name), link in list(self.links.items()):
             if name == host.name:
                 link.fail(lambda request, u=link.user: self.lost_error(host, request, u))
                 link.close()
-                del door.links[(identity, name)]
-        for opened in door.sessions.values():
+                del self.links[(identity, name)]
+        for opened in self.sessions.values():
             if opened.host == host.name:
                 opened.host = None
-        door.moves.freed()
-        door.spawn(self.share_peers())  # its peers stop asking it
+        self.freed()
+        self.spawn(self.share_peers())  # its peers stop asking it
 
     def lost_error(self, host: Member, request: Request, user: str) -> HostLost:
         session = getattr(request, "session", None)
-        opened = self.door.sessions.get((user, session)) if session else None
+        opened = self.sessions.get((user, session)) if session else None
         if isinstance(request, Execute) and opened is not None:
             return HostLost(
                 f"host {host.name} was lost while it ran this cell; session {session} stays "

@@ -13,41 +13,34 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from random import Random
 
 from ..errors import FabricError, HostLost, UnknownHost
 from ..host.face import Caller
-from ..messages import Close, Drained, Emigrate, Holds, Immigrate, Moved, Open, Placement, Queued
-from .membership import Key, Member
+from ..messages import Close, Drained, Emigrate, Holds, Immigrate, Moved, Placement, Queued
+from .membership import Member, Membership, Reach
+from .metrics import DoorMetrics
+from .opened import Key, Opened
 from .placement import Decision, place, place_randomly
-
-if TYPE_CHECKING:
-    from .door import Door
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Opened:
-    """A session as the door knows it: how it was opened, where, its last version."""
-
-    request: Open
-    host: str | None = None
-    version: int = 0
-    running: bool = False
-    placement: Placement | None = None  # where the door last placed it, and why
-    placed: str | None = None
-    # slot-seconds it leased on each host it left (a host counts on if it comes back)
-    leased: dict[str, float] = field(default_factory=dict)
-    # held while a cell is placed (and the session moved for it), while it closes, and while a
-    # drain moves it: one of them at a time decides where it is
-    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
 class Moves:
-    def __init__(self, door: Door) -> None:
-        self.door = door
+    """The door's placements: where each session goes, and its moves between hosts."""
+
+    def __init__(self, membership: Membership, sessions: dict[Key, Opened], host: Reach,
+                 owner: str, tell: Callable[[bytes, dict], None], metrics: DoorMetrics,
+                 oversubscribe: int, random: Random | None) -> None:
+        self.membership = membership
+        self.sessions = sessions  # the door's, by (user, session)
+        self.host = host
+        self.owner = owner  # the user the door calls hosts as for itself
+        self.tell = tell  # sends a client (by identity) a frame before its reply
+        self.metrics = metrics
+        self.oversubscribe = oversubscribe
+        self.random = random  # placing at random (`placement = "random"`), else by locality
         self.waiting: deque[asyncio.Future] = deque()  # cells no host can take yet, in order
 
     async def where(self, identity: bytes, key: Key, source: str, msg_id: str) -> Decision:
@@ -56,11 +49,11 @@ class Moves:
         while True:
             decision = await self.place(identity, key, source)
             if decision.host is not None:
-                self.door.metrics.queue_wait.observe(time.monotonic() - since)
+                self.metrics.queue_wait.observe(time.monotonic() - since)
                 return decision
             if not told:
-                slots = sum(h.slots for h in self.door.membership.alive())
-                self.door.front.send(identity, Queued(len(self.waiting), slots).to_wire(msg_id))
+                slots = sum(h.slots for h in self.membership.alive())
+                self.tell(identity, Queued(len(self.waiting), slots).to_wire(msg_id))
                 told = True
             turn = asyncio.get_running_loop().create_future()
             self.waiting.append(turn)
@@ -78,21 +71,20 @@ class Moves:
                     avoid: frozenset[str] | set[str] = frozenset()) -> Decision:
         """Where the session goes; `lease`: for a cell that runs now, on a host with a free
         lease (else for a session that opens, on a host that takes it); not to `avoid`."""
-        door = self.door
-        opened = door.sessions[key]
-        hosts = door.membership.alive()
+        opened = self.sessions[key]
+        hosts = self.membership.alive()
         short = {h.name for h in hosts if h.pressed}
         if not lease and any(not h.draining and h.name not in short for h in hosts):
             avoid = {*avoid, *short}  # a session goes to a host short of memory only if it must
-        views = [door.membership.view(h, h.name in avoid) for h in hosts]
+        views = [self.membership.view(h, h.name in avoid) for h in hosts]
         current = opened.host
-        if door.random is not None:
-            return place_randomly(views, current, door.random, door.oversubscribe, lease)
+        if self.random is not None:
+            return place_randomly(views, current, self.random, self.oversubscribe, lease)
         held: dict[str, int] = {}
-        here = door.membership.hosts.get(current) if current else None
+        here = self.membership.hosts.get(current) if current else None
         if here is None or not here.alive or here.draining or here.running >= here.slots:
             held = await self._held(identity, key, source, hosts)
-        return place(views, current, held, door.oversubscribe, lease)
+        return place(views, current, held, self.oversubscribe, lease)
 
     async def _held(self, identity: bytes, key: Key, source: str,
                     hosts: list[Member]) -> dict[str, int]:
@@ -100,21 +92,21 @@ class Moves:
         ask, caller = Holds(key[1], source), Caller(key[0])
 
         async def one(host: Member) -> int:
-            held = await self.door.host(identity, key[0], host).holds(caller, ask)
+            held = await self.host(identity, key[0], host).holds(caller, ask)
             return held.bytes + held.memory
 
         found = await asyncio.gather(*(one(h) for h in hosts), return_exceptions=True)
         return {h.name: n for h, n in zip(hosts, found, strict=True) if isinstance(n, int)}
 
     def bind(self, key: Key, decision: Decision) -> None:
-        opened = self.door.sessions[key]
+        opened = self.sessions[key]
         opened.host = opened.placed = decision.host
-        self.door.metrics.placements.labels(decision.reason).inc()
+        self.metrics.placements.labels(decision.reason).inc()
         opened.placement = Placement(decision.reason, decision.held, decision.describe())
 
     async def host_of(self, key: Key) -> Member:
         """The host the session is open on; where it was lost, another one, opened there."""
-        opened, hosts = self.door.sessions[key], self.door.membership.hosts
+        opened, hosts = self.sessions[key], self.membership.hosts
         host = hosts.get(opened.host) if opened.host else None
         if host is not None and host.alive:
             return host
@@ -127,14 +119,14 @@ class Moves:
     async def move(self, key: Key, decision: Decision) -> None:
         """Close the session on its host (its commits are on the remote) and open it on the
         host `decision` chose, with the worker that alone held unsaveable values, if any."""
-        door, hosts = self.door, self.door.membership.hosts
+        hosts = self.membership.hosts
         assert decision.host is not None
-        opened, target = door.sessions[key], hosts[decision.host]
+        opened, target = self.sessions[key], hosts[decision.host]
         image = None
         if opened.host is not None and hosts[opened.host].alive:
             image = await self._leave(key, hosts[opened.host], target)
         try:
-            await door.host(b"", key[0], target).open(Caller(key[0]), opened.request)
+            await self.host(b"", key[0], target).open(Caller(key[0]), opened.request)
         except FabricError as exc:
             opened.host = None
             raise HostLost(f"session {key[1]} could not open on host {decision.host}: "
@@ -142,40 +134,38 @@ class Moves:
         if image is not None:
             await self._carry(key, target, image)
         self.bind(key, decision)
-        door.metrics.moves.inc()
+        self.metrics.moves.inc()
         log.info("session %s moved to host %s (%s)", key[1], decision.host, decision.reason)
 
     async def _leave(self, key: Key, source: Member, target: Member) -> dict | None:
         """Close the session on `source` for `target`; the image of its pinned worker, dumped
         to wake on `target`, if it had one."""
-        door = self.door
         if not target.wake_dir:  # it joined since the last look
-            await door.membership.ping(target)
+            await self.membership.ping(target)
         try:
             if target.wake_dir:
-                owner = door.owner
-                left = await door.host(b"", owner, source).emigrate(
+                owner = self.owner
+                left = await self.host(b"", owner, source).emigrate(
                     Caller(owner), Emigrate(key[1], key[0], target.wake_dir))
                 image = left.image
             else:  # unanswered: its values are recomputed, or reported lost
-                left = await door.host(b"", key[0], source).close(Caller(key[0]), Close(key[1]))
+                left = await self.host(b"", key[0], source).close(Caller(key[0]), Close(key[1]))
                 image = None
         except FabricError:
-            door.sessions[key].leased[source.name] = 0.0
+            self.sessions[key].leased[source.name] = 0.0
             return None
-        door.sessions[key].leased[source.name] = left.lease_seconds
+        self.sessions[key].leased[source.name] = left.lease_seconds
         return image
 
     async def _carry(self, key: Key, target: Member, image: dict) -> None:
         """Restore the carried worker `image` into the session, now open on `target`."""
-        door = self.door
         try:
-            arrived = await door.host(b"", door.owner, target).immigrate(
-                Caller(door.owner), Immigrate(key[1], key[0], image))
+            arrived = await self.host(b"", self.owner, target).immigrate(
+                Caller(self.owner), Immigrate(key[1], key[0], image))
             why = arrived.why
         except FabricError as exc:
             arrived, why = None, exc.message
-        door.metrics.carried.labels("arrived" if arrived and arrived.arrived
+        self.metrics.carried.labels("arrived" if arrived and arrived.arrived
                                     else "refused").inc()
         if not (arrived and arrived.arrived):
             log.warning("session %s moved to host %s without its pinned worker: %s", key[1],
@@ -184,8 +174,7 @@ class Moves:
     async def drain(self, name: str, undo: bool = False) -> Drained:
         """Open no new session on host `name` and move its sessions off it; `undo`: let it
         take sessions again."""
-        door = self.door
-        host = door.membership.hosts.get(name)
+        host = self.membership.hosts.get(name)
         if host is None:
             raise UnknownHost(f"no host {name!r}; `llfabric status` lists them", host=name)
         host.draining = not undo
@@ -193,13 +182,13 @@ class Moves:
             self.freed()
             return Drained(name, ())
         moved = []
-        for key, opened in list(door.sessions.items()):
+        for key, opened in list(self.sessions.items()):
             if opened.host != name:
                 continue
             while opened.running and opened.host == name:  # it finishes where it runs
                 await asyncio.sleep(0.1)
             async with opened.turn:
-                if opened.running or door.sessions.get(key) is not opened \
+                if opened.running or self.sessions.get(key) is not opened \
                         or opened.host != name:
                     continue  # a cell started or moved it meanwhile, or it closed
                 decision = await self.place(b"", key, "", lease=False)
@@ -212,14 +201,13 @@ class Moves:
     async def relieve(self, host: Member) -> None:
         """Move the idle session whose worker holds the most memory off `host`, short of memory
         for `PRESSED` looks, to a host that is not (one a look, until it is not)."""
-        door = self.door
         idle = [(memory, key) for key, memory in host.holding.items()
-                if (o := door.sessions.get(key)) is not None and o.host == host.name
+                if (o := self.sessions.get(key)) is not None and o.host == host.name
                 and not o.running and not o.turn.locked()]
         if not idle:
             return
         _, key = max(idle)
-        opened, host.relieving = door.sessions[key], True
+        opened, host.relieving = self.sessions[key], True
         try:
             async with opened.turn:
                 if opened.running or opened.host != host.name:
@@ -229,7 +217,7 @@ class Moves:
                     return  # every other host is full or draining
                 await self.move(key, decision)
             host.holding.pop(key, None)
-            door.metrics.relieved.inc()
+            self.metrics.relieved.inc()
             log.info("host %s is short of memory: session %s moved to host %s", host.name,
                      key[1], decision.host)
         except FabricError as exc:

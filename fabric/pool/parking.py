@@ -15,31 +15,38 @@ the worker and the session continues from its last committed version in the stor
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..errors import ParkFailed, WorkerDied
-from ..worker.messages import Park, Parked, Unpark
+from ..worker.messages import Park, Parked, Unpark, WorkerMessage
 from .cuda import CudaError, Driver, ProcessState
-
-if TYPE_CHECKING:
-    from .pool import WorkerHandle
 
 LOCK_TIMEOUT_MS = 10_000  # a cell's stray CUDA work (async kernels) must finish within this
 MOVE_TIMEOUT = 600.0  # seconds a worker has to copy its storages (GBs, through host memory)
 
 
-async def move_off(worker: WorkerHandle) -> Parked:
+class Parkable(Protocol):
+    """What parking asks of a worker: its pid and its socket (the pool's `WorkerHandle`)."""
+
+    pid: int
+
+    async def send(self, message: WorkerMessage) -> None: ...
+
+    async def recv(self, timeout: float | None = None) -> WorkerMessage: ...
+
+
+async def move_off(worker: Parkable) -> Parked:
     """Have the worker move its torch storages off the GPU; what it moved, or why nothing (its
     `fallback`: the driver's checkpoint takes the whole process)."""
     return await _ask(worker, Park(), "move its memory off the GPU")
 
 
-async def move_back(worker: WorkerHandle) -> Parked:
+async def move_back(worker: Parkable) -> Parked:
     """Have the worker put back on the GPU what `move_off` moved (after its restore)."""
     return await _ask(worker, Unpark(), "put its memory back on the GPU")
 
 
-async def _ask(worker: WorkerHandle, message: Park | Unpark, doing: str) -> Parked:
+async def _ask(worker: Parkable, message: Park | Unpark, doing: str) -> Parked:
     try:
         await worker.send(message)
         reply = await worker.recv(timeout=MOVE_TIMEOUT)
