@@ -63,7 +63,7 @@ def _prepared(server: RunningServer, session: str, timeout: float = 60) -> bool:
     while time.monotonic() < deadline:
         with server.client() as client:
             mine = [s for s in client.status().sessions if s.session == session]
-        if mine and mine[0]["prepared"]:
+        if mine and mine[0].prepared:
             return True
         time.sleep(0.1)
     return False
