@@ -331,7 +331,7 @@ def test_leases_match_which_processes_nvml_sees_on_the_gpu(
         assert [s.session for s in held] == [sessions[0]]
         on_gpu = holders(served())
         assert on_gpu and set(on_gpu) <= worker  # the leased worker, and no other of ours
-        assert {gpu for gpu, _ in on_gpu.values()} == {held[0]["uuid"]}  # on the leased GPU
+        assert {gpu for gpu, _ in on_gpu.values()} == {held[0].uuid}  # on the leased GPU
         if len(devices) == 1:  # a second session waits for the lease, off the GPU meanwhile
             threads.append(threading.Thread(target=run, args=(1, second_holds)))
             threads[1].start()

@@ -31,7 +31,7 @@ def test_closing_a_session_with_a_worker_lingering_on_its_lease_leaves_no_task_p
         finally:
             await keeper.stop()
             await pool.stop()
-        return reply["status"], lingering, asyncio.all_tasks() - {asyncio.current_task()}
+        return reply.status, lingering, asyncio.all_tasks() - {asyncio.current_task()}
 
     status, lingering, pending = asyncio.run(scenario())
     assert status == "ok" and lingering == 1
