@@ -368,6 +368,10 @@ class Pool:
         self._base_proc = subprocess.Popen(
             [sys.executable, "-m", "fabric.worker.zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=self.environ,
+            # a signal to the server's process group (Ctrl-C, a service's stop) is the server's
+            # to act on: it stops its zygotes in order, and one that died first would be
+            # restarted meanwhile; it dies with the server all the same (PDEATHSIG)
+            start_new_session=True,
         )
         theirs.close()
         base = ZygoteHandle(self, mine, self._base_proc.pid, frozenset())

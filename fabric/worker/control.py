@@ -138,7 +138,10 @@ def send(ctrl: socket.socket, message: ZygoteMessage, fds: Sequence[int] = ()) -
 def receive(ctrl: socket.socket, accepted: tuple[type[M], ...]) -> tuple[M, list[int]] | None:
     """The next message on `ctrl`, one of `accepted`, with its descriptors; None once the peer
     has closed. Raises what `recv` raises (BlockingIOError on a non-blocking socket)."""
-    data, fds, flags, _ = socket.recv_fds(ctrl, PACKET, MAX_FDS)
+    try:
+        data, fds, flags, _ = socket.recv_fds(ctrl, PACKET, MAX_FDS)
+    except ConnectionResetError:  # closed with our packets unread: closed all the same
+        return None
     if not data:
         _close(fds)
         return None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import clusters
 import pytest
-from clusters import free_port, host_of, scrape
+from clusters import host_of, scrape
 from helpers import RunningServer, execute, serving, session_status, text, wait_until
 
 from cli.status import describe
@@ -24,8 +24,6 @@ from fabric.status import HostStatus, SessionStatus
 
 pytest.importorskip("ray")
 
-DOOR_METRICS = f"127.0.0.1:{free_port()}"  # where Prometheus scrapes the front door
-
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[object]:
@@ -34,10 +32,11 @@ def ray_cluster() -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def door(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def door(ray_cluster, door_metrics: str,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("cluster")
     with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
-                 metrics_bind=DOOR_METRICS) as running:
+                 metrics_bind=door_metrics) as running:
         with running.client() as client:
             wait_until(lambda: len(client.status().hosts) == 3, "three hosts")
         yield running
@@ -58,7 +57,7 @@ def hosts(client: Client) -> dict[str, HostStatus]:
 
 
 def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(
-        client: Client, door: RunningServer, tmp_path: Path) -> None:
+        client: Client, door_metrics: str, tmp_path: Path) -> None:
     first = opened(client, "where", tmp_path)
     assert first.placement.reason == "least-loaded"
     reply, outputs = execute(client, "where", "x = 41\nprint(x + 1)")
@@ -73,9 +72,9 @@ def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(
     shown = "\n".join(describe(status))  # `llfabric status`
     assert f"session where on host {reply['host']}: version 1" in shown
     assert all(f"host {name} (" in shown for name in cluster)
-    door_metrics = scrape(DOOR_METRICS)
-    assert door_metrics['llfabric_hosts{state="up"}'] == 3
-    assert door_metrics['llfabric_placements_total{reason="kept"}'] >= 1
+    samples = scrape(door_metrics)
+    assert samples['llfabric_hosts{state="up"}'] == 3
+    assert samples['llfabric_placements_total{reason="kept"}'] >= 1
     host_metrics = scrape(cluster[reply["host"]].metrics)  # its own server's
     assert host_metrics['llfabric_cells_total{path="cold",status="ok"}'] >= 1
 
@@ -93,7 +92,7 @@ def test_a_session_opens_again_on_the_host_that_holds_its_state(client: Client,
     assert again.placement.held >= 2 << 20
 
 
-def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, door: RunningServer,
+def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, door_metrics: str,
                                                              tmp_path: Path) -> None:
     opened(client, "moving", tmp_path)
     # a generator cannot be saved: the host the session moves to rebuilds it from its lineage
@@ -115,13 +114,13 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
     fetched = scrape(hosts(client)[after].metrics)
     assert fetched['llfabric_state_fetched_bytes_total{tier="peer"}'] == sourced["peer"]
     assert fetched['llfabric_state_fetch_seconds_total{tier="peer"}'] > 0
-    assert scrape(DOOR_METRICS)["llfabric_session_moves_total"] >= 1
+    assert scrape(door_metrics)["llfabric_session_moves_total"] >= 1
     elsewhere = {opened(client, f"elsewhere-{i}", tmp_path).host for i in range(3)}
     client.call("drain", host=before, undo=True)
     assert before not in elsewhere  # a drained host takes no new session
 
 
-def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(client: Client,
+def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(client: Client, door_metrics: str,
                                                                tmp_path: Path) -> None:
     opened(client, "pinned", tmp_path)
     # a generator cannot be saved, and a cell that makes a folder is never run again: only the
@@ -138,7 +137,7 @@ def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(client: Client,
     result, outputs = execute(client, "pinned", "print(first, next(numbers), next(numbers))")
     assert text(outputs) == "0 1 4\n" and result["host"] == after
     assert session_status(client, "pinned").worker == worker  # restored, not forked anew
-    assert scrape(DOOR_METRICS)['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
+    assert scrape(door_metrics)['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
     client.call("drain", host=before, undo=True)
     with pytest.raises(RemoteError) as err:
         client.call("drain", host="no-such-host")

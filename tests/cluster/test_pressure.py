@@ -10,15 +10,13 @@ from pathlib import Path
 
 import clusters
 import pytest
-from clusters import free_port, host_of, scrape
+from clusters import host_of, scrape
 from helpers import execute, serving, text, wait_until
 
 from fabric.client import Client
 from fabric.cluster.host import host_name
 
 pytest.importorskip("ray")
-
-DOOR_METRICS = f"127.0.0.1:{free_port()}"
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +27,17 @@ def ray_cluster() -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def client(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+def client(ray_cluster, door_metrics: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     root = tmp_path_factory.mktemp("pressed")
     with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
-                 metrics_bind=DOOR_METRICS) as running, running.client(timeout=120) as client:
+                 metrics_bind=door_metrics) as running, running.client(timeout=120) as client:
         wait_until(lambda: len(client.status().hosts) == 2, "two hosts")
         yield client
 
 
 def test_a_host_short_of_memory_moves_its_session_off_with_its_worker(
-        ray_cluster, client: Client, tmp_path: Path) -> None:
+        ray_cluster, client: Client, door_metrics: str, tmp_path: Path) -> None:
     head = host_name(ray_cluster.head_node.node_id)
     client.call("drain", host=head)  # the session opens on the node short of memory
     client.call("open", session="pressed", cwd=str(tmp_path))
@@ -54,7 +53,7 @@ def test_a_host_short_of_memory_moves_its_session_off_with_its_worker(
     assert text(outputs) == "0 1\n" and result["host"] == head
     # a new session opens on the head, though the host short of memory has none
     assert client.call("open", session="fresh", cwd=str(tmp_path)).host == head
-    samples = scrape(DOOR_METRICS)
+    samples = scrape(door_metrics)
     assert samples["llfabric_sessions_relieved_total"] >= 1
     assert samples['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
 

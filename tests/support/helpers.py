@@ -133,7 +133,8 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
             if keep := os.environ.get("LLFABRIC_KEEP_LOGS"):  # bench/device_check.sh reads them
                 shutil.copy(server.log, Path(keep) / f"server-{sockdir.rsplit('-', 1)[-1]}.log")
         # its log lies in `sockdir`: read it before the directory goes
-        assert server.process.returncode == 0, server.log.read_text()
+        assert server.process.returncode == 0, \
+            f"the server exited with {server.process.returncode}:\n{server.log.read_text()}"
 
 
 def free_port() -> int:
