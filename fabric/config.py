@@ -71,8 +71,9 @@ class Config:
     # memory is short too, until below half of it; the kernel wakes the server as it starts. 0:
     # stalls are not read
     memory_stall: int = 10
-    # bytes of memory (PSS: pages shared with zygotes count once) all kept workers together may
-    # hold; past it they leave as under memory_pressure until it holds. 0: no limit
+    # bytes of memory (PSS: pages they share with zygotes or each other count once) all kept
+    # workers together may hold; past it they leave as under memory_pressure until they hold
+    # less. 0: no limit
     kept_memory: int = 0
     # bytes of memory (PSS) one user's workers, kept and running, may hold: past it their kept
     # workers leave first (as under memory_pressure), and a cell of theirs is refused while

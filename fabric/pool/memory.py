@@ -2,11 +2,13 @@
 
 Where the server runs in a cgroup v2 with a memory limit, what counts is the cgroup: memory in
 use is its working set (`memory.current` less the page cache it may drop, `inactive_file`) of
-`memory.max`, and stalls are its `memory.pressure`. Elsewhere it is the host: memory in use as
+`memory.max`, stalls are its `memory.pressure`, and the kernel throttling it or reclaiming at its
+limit shows in `memory.events` (`high`, `max`, `oom`). Elsewhere it is the host: memory in use as
 psutil reads it, stalls from `/proc/pressure/memory` (PSI).
 
-Pressure begins when memory in use reaches `enter` percent, or tasks stall on memory for `stall`
-percent of the time (PSI's "some", over its last 10 s); it ends only once memory in use is below
+Pressure begins when memory in use reaches `enter` percent, tasks stall on memory for `stall`
+percent of the time (PSI's "some", over its last 10 s), or the cgroup's events counted another
+throttle or reclaim at its limit since the last look; it ends only once memory in use is below
 `leave` and stalls below half of `stall`, so that the memory one eviction frees does not end it
 only for the next allocation to start it again. A PSI trigger on the same file (`trigger`) makes
 the kernel wake the server as soon as a stall passes that share of a window, between samples.
@@ -38,6 +40,7 @@ class Reading:
     used: float  # percent of the host's memory, or of the cgroup's limit, in use
     stall: float | None  # percent of the last 10 s some task stalled on memory; None: no PSI
     source: str  # "cgroup CGROUP" or "host"
+    events: int = 0  # the cgroup's throttles and reclaims at its limit so far (memory.events)
 
 
 def limited_cgroup(root: Path = CGROUP_ROOT, own: Path = Path("/proc/self/cgroup")
@@ -83,6 +86,14 @@ def cgroup_used(cgroup: Path) -> float | None:
         return None
 
 
+def cgroup_events(cgroup: Path) -> int:
+    """How many times `cgroup` was throttled past `memory.high`, reclaimed at `memory.max` or
+    ran out of memory so far (its `memory.events`)."""
+    counts = dict(line.split() for line in (_read(cgroup / "memory.events") or "").splitlines()
+                  if len(line.split()) == 2)
+    return sum(int(counts.get(key, 0)) for key in ("high", "max", "oom"))
+
+
 class Pressure:
     """Whether memory is short now (`check`), entering at `enter` percent in use (or `stall`
     percent of time stalled) and leaving below `leave` (0: RELIEF points below `enter`) and
@@ -104,18 +115,20 @@ class Pressure:
     def read(self) -> Reading:
         stall = psi_some(self.psi) if self.stall else None
         if self.cgroup is not None and (used := cgroup_used(self.cgroup)) is not None:
-            return Reading(used, stall, f"cgroup {self.cgroup}")
+            return Reading(used, stall, f"cgroup {self.cgroup}", cgroup_events(self.cgroup))
         return Reading(psutil.virtual_memory().percent, stall, "host")
 
 
     def check(self) -> bool:
         """Read memory and say whether it is short, with hysteresis (see the module's notes)."""
-        now = self.last = self.read()
+        before, now = self.last, self.read()
+        self.last = now
         stall = now.stall if now.stall is not None and self.stall else -1.0
         if self.on:
             self.on = now.used >= self.leave or stall >= self.stall / 2
         else:
-            self.on = now.used >= self.enter or stall >= self.stall
+            self.on = now.used >= self.enter or stall >= self.stall \
+                or now.events > before.events
         return self.on
 
     def trigger(self) -> Trigger | None:

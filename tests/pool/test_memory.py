@@ -14,15 +14,17 @@ PSI = "some avg10={some:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10=0.00 avg
       "avg300=0.00 total=1\n"
 
 
-def _cgroup(folder: Path, used: int, stall: float = 0.0, limit: int = 1000) -> Path:
+def _cgroup(folder: Path, used: int, stall: float = 0.0, limit: int = 1000, high: int = 0) -> Path:
     """A cgroup v2 folder as the kernel writes it: `used` bytes of `limit` in its working set
-    (more in use, the rest page cache it may drop), tasks stalled `stall` percent of 10 s."""
+    (more in use, the rest page cache it may drop), tasks stalled `stall` percent of 10 s,
+    throttled past memory.high `high` times."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "memory.max").write_text(f"{limit}\n")
     (folder / "memory.current").write_text(f"{used + 300}\n")
     (folder / "memory.stat").write_text("anon 1\nfile 400\nactive_file 100\n"
                                         "inactive_file 300\n")
     (folder / "memory.pressure").write_text(PSI.format(some=stall))
+    (folder / "memory.events").write_text(f"low 0\nhigh {high}\nmax 0\noom 0\noom_kill 0\n")
     return folder
 
 
@@ -43,6 +45,12 @@ def test_pressure_begins_at_one_level_and_ends_only_below_a_lower_one(tmp_path: 
         _cgroup(cgroup, 100, stall)
         stalls.append(pressure.check())
     assert stalls == [False, True, True, False, False]
+
+    throttled = []  # the kernel throttling the cgroup past memory.high, well under the limit
+    for used, high in ((650, 0), (650, 3), (650, 3), (550, 3)):
+        _cgroup(cgroup, used, high=high)
+        throttled.append(pressure.check())
+    assert throttled == [False, True, True, False]  # 65% holds it on; it ends below 60%
 
 
 def test_stalls_are_not_read_when_memory_stall_is_off(tmp_path: Path) -> None:
