@@ -367,6 +367,7 @@ class Keeper:
 
     def _stalled(self, trigger: Trigger) -> None:
         trigger.drain()
+        self.pool.pressure.stalled()
         self.changed()
 
     def _idle_down_expired(self) -> float:

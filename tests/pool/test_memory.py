@@ -52,6 +52,9 @@ def test_pressure_begins_at_one_level_and_ends_only_below_a_lower_one(tmp_path: 
         throttled.append(pressure.check())
     assert throttled == [False, True, True, False]  # 65% holds it on; it ends below 60%
 
+    pressure.stalled()  # the kernel's trigger: before the 10 s average shows the stall
+    assert [pressure.check(), pressure.check()] == [True, False]
+
 
 def test_stalls_are_not_read_when_memory_stall_is_off(tmp_path: Path) -> None:
     cgroup = _cgroup(tmp_path / "server", 100, stall=99.0)
