@@ -7,7 +7,7 @@ import json
 import click
 
 from fabric.client import Client
-from fabric.status import HostStatus, ServerStatus, SessionStatus, SlotStatus
+from fabric.status import HostStatus, MemoryStatus, ServerStatus, SessionStatus, SlotStatus
 
 from .common import config, mib
 
@@ -38,8 +38,19 @@ def describe(info: ServerStatus) -> list[str]:
     lines.append(f"workers ({info.worker_source}): {len(info.workers)}")
     lines += [f"template {', '.join(t.modules) or '(base)'}: {t.state}, {mib(t.bytes)} MiB, "
               f"{t.restores} restores {t.error}".rstrip() for t in info.templates]
+    lines += [_memory(info.memory)] if info.memory is not None else []
     lines += [_session(s) for s in info.sessions]
     return lines
+
+
+def _memory(m: MemoryStatus) -> str:
+    stall = f", {m.stall_percent:.1f}% stalled" if m.stall_percent is not None else ""
+    limit = f" of {mib(m.kept_memory)} MiB (kept_memory)" if m.kept_memory else ""
+    user = f", {mib(m.user_memory)} MiB a user (user_memory)" if m.user_memory else ""
+    evicted = "".join(f", {e.count} {e.how} for {e.why}" for e in m.evicted)
+    return (f"memory ({m.source}): {m.used_percent:.0f}% in use{stall}"
+            f"{', short' if m.pressure else ''}; kept workers {mib(m.kept)} MiB{limit}{user}"
+            f"{evicted}")
 
 
 def _slot(slot: SlotStatus) -> str:

@@ -60,8 +60,25 @@ class Config:
     # 0, the default: GPU_LINGER on a GPU host, 0 on CPU slots
     linger: int = -1
     cool_after: int = 600  # seconds a pinned worker idles before it is dumped to disk
-    # percent of host memory in use past which warm workers retire and pinned ones are dumped
+    # percent of memory in use (the host's, or its cgroup's limit where the server runs in a
+    # cgroup v2 that sets one) at which memory is short: kept workers leave one at a time, least
+    # likely to run next and cheapest to rebuild first (warm ones retire, pinned ones are dumped
+    # to disk, never dropped), until it is below memory_relief
     memory_pressure: int = 90
+    # percent in use below which memory is short no more; 0: 10 points under memory_pressure
+    memory_relief: int = 0
+    # percent of time tasks stall waiting for memory (the kernel's PSI, over 10 s) at which
+    # memory is short too, until below half of it; the kernel wakes the server as it starts. 0:
+    # stalls are not read
+    memory_stall: int = 10
+    # bytes of memory (PSS: pages they share with zygotes or each other count once) all kept
+    # workers together may hold; past it they leave as under memory_pressure until they hold
+    # less. 0: no limit
+    kept_memory: int = 0
+    # bytes of memory (PSS) one user's workers, kept and running, may hold: past it their kept
+    # workers leave first (as under memory_pressure), and a cell of theirs is refused while
+    # their workers still hold as much. 0: no limit
+    user_memory: int = 0
     max_frame: int = 16 * 1024 * 1024  # bytes of one message a client may send the server
     # CURVE keys: the server's pair, the admitted clients' public keys, this client's key
     key_dir: Path = field(default_factory=lambda: _config_home() / "llfabric")
@@ -129,6 +146,9 @@ class Config:
     # where a cluster places cells: locality (`fabric.cluster.placement`), or random (a baseline)
     placement: str = "locality"
 
+    def __post_init__(self) -> None:
+        _check_memory(self)
+
     @property
     def env_root(self) -> Path:
         return Path(self.envs).expanduser() if self.envs else self.store / "envs"
@@ -148,6 +168,24 @@ class Config:
     def with_overrides(self, **values: Any) -> Config:
         """Apply the non-None values (CLI flags), converting types as declared."""
         return replace(self, **_convert({k: v for k, v in values.items() if v is not None}))
+
+
+def _check_memory(config: Config) -> None:
+    """Memory settings that could not work are refused, naming the setting."""
+    percents = {"memory_pressure": (1, config.memory_pressure),
+                "memory_relief": (0, config.memory_relief),
+                "memory_stall": (0, config.memory_stall)}
+    for key, (least, value) in percents.items():
+        if not least <= value <= 100:
+            raise ConfigError(f"{key} is {value}: a percent, {least} to 100", key=key)
+    if config.memory_relief >= config.memory_pressure:
+        raise ConfigError(f"memory_relief is {config.memory_relief}: memory pressure must end "
+                          f"below where it begins (memory_pressure = {config.memory_pressure})",
+                          key="memory_relief")
+    for key in ("kept_memory", "user_memory"):
+        if getattr(config, key) < 0:
+            raise ConfigError(f"{key} is {getattr(config, key)}: bytes, or 0 for no limit",
+                              key=key)
 
 
 def _convert(values: dict[str, Any]) -> dict[str, Any]:

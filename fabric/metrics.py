@@ -5,9 +5,10 @@ Counted as cells end: how long each waited before its code ran (visible delay, a
 it spent queued for a lease), how its worker was readied (a draft ready before execute, a warm or
 pinned worker, a cold start, with a load when the draft missed) and from which source, what
 readying took, commits, and failures by exception. Read when scraped: leases held and queued,
-sessions by tier, workers and zygotes, and the bytes of state fetched from peers and the remote
-tier or copied to it. Refused connections are counted by `fabric.auth`. A cluster's front door
-has its own (`fabric.cluster.metrics`).
+sessions by tier and the memory each holds, workers and zygotes, host memory (in use, stalls,
+pressure, what kept workers hold, those made to leave), and the bytes of state fetched from
+peers and the remote tier or copied to it. Refused connections are counted by `fabric.auth`. A
+cluster's front door has its own (`fabric.cluster.metrics`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ DELAYS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 30
 
 class Metrics:
     """One server's metrics. `live` returns what is read at each scrape: `leases` (the
-    leases' status), `sessions` (each session's status), and the counts of `workers` and
-    `zygotes`."""
+    leases' status), `sessions` (each session's status), `memory` (the keeper's status), and
+    the counts of `workers` and `zygotes`."""
 
     def __init__(self, live: Callable[[], dict]) -> None:
         self.registry = CollectorRegistry()
@@ -118,6 +119,7 @@ class _Live(Collector):
         for (tier, pinned), count in sorted(counts.items()):
             tiers.add_metric([tier, pinned], count)
         yield tiers
+        yield from _memory(now["sessions"], now["memory"])
         yield GaugeMetricFamily("llfabric_workers", "Worker processes alive",
                                 value=now["workers"])
         yield GaugeMetricFamily("llfabric_zygotes", "Zygotes alive", value=now["zygotes"])
@@ -135,3 +137,31 @@ class _Live(Collector):
         yield seconds
         yield CounterMetricFamily("llfabric_replicated_bytes", "Saved state copied to the "
                                   "remote tier before its commit", value=now["replicated"])
+
+
+def _memory(sessions: list[dict], memory: dict) -> Iterator[Metric]:
+    """Each session's memory, and the host's as its keeper reads it."""
+    held = GaugeMetricFamily("llfabric_session_memory_bytes", "Memory each open session holds "
+                             "now, by tier: its worker's processes' PSS (hot, warm), or its "
+                             "image on disk (cool)", labels=["session", "tier"])
+    for session in sessions:
+        if session["memory"]:
+            held.add_metric([str(session["session"]), str(session["tier"])], session["memory"])
+    yield held
+    yield GaugeMetricFamily("llfabric_memory_used_percent", "Memory in use, percent of the "
+                            "host's or of its cgroup's limit", value=memory["used_percent"])
+    if memory["stall_percent"] is not None:
+        yield GaugeMetricFamily("llfabric_memory_stall_percent", "Percent of the last 10 s "
+                                "some task stalled waiting for memory (PSI)",
+                                value=memory["stall_percent"])
+    yield GaugeMetricFamily("llfabric_memory_pressure", "1 while memory is short (kept "
+                            "workers leave), else 0", value=int(memory["pressure"]))
+    yield GaugeMetricFamily("llfabric_kept_memory_bytes", "Memory (PSS) the kept workers hold",
+                            value=memory["kept"])
+    evicted = CounterMetricFamily("llfabric_workers_evicted", "Kept workers made to leave "
+                                  "before their idle time, by the limit passed "
+                                  "(memory_pressure, kept_memory, user_memory) and how (retired, "
+                                  "or cooled: dumped to disk)", labels=["why", "how"])
+    for entry in memory["evicted"]:
+        evicted.add_metric([entry["why"], entry["how"]], entry["count"])
+    yield evicted

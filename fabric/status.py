@@ -32,7 +32,9 @@ class SessionStatus(Reply):
     worker: int | None
     prepared: bool
     tier: str  # hot, warm, cool or cold
-    memory: int  # bytes that tier holds
+    # bytes that tier holds: its worker's processes' PSS (pages shared with a zygote or other
+    # workers count a share each), or its cool image's size on disk
+    memory: int
     lease_seconds: float  # slot-seconds: a lease of K slots counts K times
     notices: tuple[Notice, ...] = ()
     gpus: int = 1  # slots (GPUs) its cells lease together
@@ -136,6 +138,29 @@ class UpkeepStatus(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class EvictedStatus(Record):
+    """Kept workers made to leave before their idle time: why, how, how many."""
+
+    why: str  # memory_pressure, kept_memory or user_memory
+    how: str  # retired, or cooled (dumped to disk: it held values the store cannot keep)
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStatus(Record):
+    """Host memory as the server reads it, what its kept workers hold and its limits."""
+
+    pressure: bool  # memory is short now: kept workers leave, least worth first
+    used_percent: float  # of the host's memory, or of its cgroup's limit
+    stall_percent: float | None  # of the last 10 s some task stalled on memory (PSI); None: none
+    source: str  # host, or cgroup PATH
+    kept: int  # bytes (PSS) the kept workers hold
+    kept_memory: int  # its limit; 0: none
+    user_memory: int  # one user's workers' limit; 0: none
+    evicted: tuple[EvictedStatus, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class HostStatus(Record):
     """One host of a cluster, as its front door sees it."""
 
@@ -171,6 +196,7 @@ class ServerStatus(Reply):
     hosts: tuple[HostStatus, ...] = ()  # a cluster's front door: its hosts
     # bytes of state this host fetched, by the tier they came from (peer, remote)
     sourced: dict[str, int] = dataclasses.field(default_factory=dict)
+    memory: MemoryStatus | None = None  # a host's; None: a cluster's front door
 
     @classmethod
     def from_wire(cls, raw: object) -> Self:

@@ -122,3 +122,25 @@ def test_a_session_gpu_count_the_host_cannot_give_is_refused_at_start(tmp_path: 
     assert Config().gpus == 1
     with pytest.raises(ConfigError, match="gpus is 3; a session's cells may lease 1 to 2"):
         Server(Config(store=tmp_path / "store", runtime_dir=tmp_path / "run", slots=2, gpus=3))
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"memory_pressure": 0}, "memory_pressure is 0: a percent, 1 to 100"),
+    ({"memory_pressure": 101}, "memory_pressure is 101"),
+    ({"memory_stall": -1}, "memory_stall is -1: a percent, 0 to 100"),
+    ({"memory_pressure": 80, "memory_relief": 80}, "memory_relief is 80: memory pressure must "
+                                                   "end below where it begins"),
+    ({"kept_memory": -1}, "kept_memory is -1: bytes, or 0 for no limit"),
+    ({"user_memory": -5}, "user_memory is -5"),
+])
+def test_memory_settings_that_cannot_work_are_refused_naming_the_setting(
+        tmp_path: Path, settings: dict, named: str) -> None:
+    path = tmp_path / "llfabric.toml"
+    path.write_text("".join(f"{key} = {value}\n" for key, value in settings.items()))
+    with pytest.raises(FabricError, match=named) as refused:
+        load(path, env={})
+    assert refused.value.fields["key"] in settings
+    good = load(tmp_path / "absent.toml", env={
+        "LLFABRIC_MEMORY_PRESSURE": "80", "LLFABRIC_MEMORY_RELIEF": "70",
+        "LLFABRIC_KEPT_MEMORY": str(8 << 30), "LLFABRIC_USER_MEMORY": str(2 << 30)})
+    assert (good.memory_relief, good.kept_memory, good.user_memory) == (70, 8 << 30, 2 << 30)

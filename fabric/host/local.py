@@ -80,6 +80,7 @@ from ..pool import Leases, Pool, cuda
 from ..pool.cells import Emit
 from ..pool.environ import worker_environ
 from ..pool.lifecycle import Keeper
+from ..pool.memory import Pressure
 from ..private import private_dir
 from ..protocol import Wire
 from ..session import Session
@@ -122,12 +123,13 @@ class LocalHost:
         self.pool = Pool(config.store, max_zygotes=config.max_zygotes,
                          worker_source=config.worker_source, keep_warm=config.keep_warm,
                          cool_after=cool_after, zygote_memory=config.zygote_memory,
-                         pressure_percent=config.memory_pressure,
+                         pressure=Pressure.here(config.memory_pressure, config.memory_relief,
+                                                config.memory_stall),
                          gpu=self.leases.kind == "gpu", worker_memory=config.worker_memory,
                          user_pids=config.user_pids,
                          environ=worker_environ(config.worker_env, separate, os.environ),
                          save_limit=config.save_limit)
-        self.keeper = Keeper(self.pool)
+        self.keeper = Keeper(self.pool, config.kept_memory, config.user_memory)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()
             if self.pool.cuda is None:
@@ -273,6 +275,10 @@ class LocalHost:
         user = caller.user
         session = self.session(user, request.session)
         self.tenancy.check_cell(user)
+        if self.config.user_memory:  # the user's kept workers leave first, ranked
+            held = await self.keeper.fit(session.agent.user, session.prepared)
+            self.tenancy.check_limit(user, "user_memory", held, "bytes of memory in their "
+                                     "workers")
         running = self.tenancy.running
         running[user] = running.get(user, 0) + 1
         try:
@@ -341,7 +347,7 @@ class LocalHost:
         return ServerStatus.from_wire({
             "pid": os.getpid(), "uptime": time.time() - self.started,
             "address": self.config.address, "store": str(self.config.store), "user": user,
-            "leases": leases, **self.pool.status(),
+            "leases": leases, **self.pool.status(), "memory": self.keeper.status(),
             "sourced": dict(self.store.sourced),  # bytes fetched from peers and the remote
             "sessions": [self._public(user, self.sessions[s]).to_map() for s in mine],
         } | ({"upkeep": self.upkeep.last.to_map()} if self.upkeep.last is not None else {}))
@@ -392,6 +398,7 @@ class LocalHost:
             return {"leases": self.leases.status(), "workers": len(self.pool.workers),
                     "zygotes": len(self.pool.zygotes),
                     "sessions": [s.status() for s in self.sessions.values()],
+                    "memory": self.keeper.status(),
                     "sourced": dict(self.store.sourced),
                     "sourced_seconds": dict(self.store.sourced_seconds),
                     "replicated": self.store.replicated}

@@ -124,6 +124,7 @@ class SessionWorkers:
             self._extend(self.prepared, cl, events)
         else:
             self.prepared = self._replace(self.prepared, cl, head, events, running=self.busy)
+        self.prepared.touch(drafted=True)  # its user edits the next cell: keep it longest
 
     def _prepare(self, cl: Closure, head: Head, events: EventSink,
                  replay: lineage.Replay | None = None, at_once: bool = False) -> Life:
@@ -385,7 +386,7 @@ class SessionWorkers:
                 self.leases.release(lease)
         if kept:
             self._keep(worker, head, set(saved.owned) if saved is not None else set(), unsaved,
-                       lease if lingers else None)
+                       life.rebuild or life.seconds + life.loading, lease if lingers else None)
         spreading = time.monotonic()
         if saved is not None and durable.spreads(self.store):  # off the lease, before its reply
             await self._spread(head, events)
@@ -460,12 +461,14 @@ class SessionWorkers:
         return bool(unsaved) or (bool(self.pool.keep_warm) and not self._env_changed(worker))
 
     def _keep(self, worker: WorkerHandle, head: Head, owned: set[str], unsaved: list[str],
-              lease: Lease | None = None) -> None:
+              rebuild: float, lease: Lease | None = None) -> None:
         """Keep the worker as the session's next: it holds the state the head names, so the
         next cell needs no load (and, pinned, it alone holds what could not be saved); with
-        `lease`, lingering on it (parked already otherwise)."""
+        `lease`, lingering on it (parked already otherwise). `rebuild`: the seconds a fresh
+        worker took to ready the session's state."""
         self._discard(self.prepared)  # a draft sent while the cell ran was made for the old head
-        life = self.prepared = Life.after_cell(self.pool, worker, head.id, owned, unsaved)
+        life = self.prepared = Life.after_cell(self.pool, worker, head.id, owned, unsaved,
+                                               rebuild)
         if lease is None:
             self.keeper.keep(life)
             return

@@ -10,8 +10,12 @@
          failed: ParkFailed, and the session goes on from the store
 
 `Life` is the only code that moves a worker between these stages, and the `Keeper` alone decides
-when a kept worker idles down: a timer per kept worker (reset by every draft that touches it),
-and host memory sampled once a second while any worker is kept. Loads meant for a parked worker
+when a kept worker idles down: a timer per kept worker (reset by every draft or question that
+reaches it), and, while any worker is kept, memory: pressure (`memory`, sampled once a second and
+woken at once by the kernel's stall trigger) and the operator's limits, `kept_memory` (bytes all
+kept workers may hold) and `user_memory` (bytes one user's workers may hold). Past any of them,
+kept workers leave one at a time in `ranking`'s order (those of the user past their limit alone),
+memory read again after each is gone, until it is no longer short. Loads meant for a parked worker
 are deferred until its cell's lease puts it back on the GPU: unpickling CUDA tensors or seeding
 torch's CUDA RNG would block in the driver until then.
 """
@@ -25,17 +29,20 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from ..errors import FabricError, ParkFailed
 from ..snapshot import lineage
 from ..tasks import Background
 from ..worker import wake
 from ..worker.messages import Load, Sleep, Sleeping
-from . import criu
+from . import criu, ranking
 from .leases import Lease
+from .memory import Trigger
 from .pool import Pool, WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -127,7 +134,11 @@ class Life:
     starting: list[Load] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     loading: float = 0.0  # seconds its worker spent loading the session's state
-    touched: float = field(default_factory=time.monotonic)  # its last draft: idle since then
+    # its user's latest sign of working in its session (its cell's end, a draft, a question):
+    # idle since then
+    touched: float = field(default_factory=time.monotonic)
+    drafted: bool = False  # a draft reached it since its cell: the user edits the next one
+    rebuild: float = 0.0  # kept: seconds its session's state took to ready on a fresh worker
     ready_at: float | None = None
     cooled: CoolImage | None = None
     restored: bool = False  # its worker was cool, brought back from its image for a cell
@@ -145,12 +156,13 @@ class Life:
 
     @classmethod
     def after_cell(cls, pool: Pool, worker: WorkerHandle, base: str | None, owned: set[str],
-                   unsaved: list[str]) -> Life:
-        """The worker of the session's last cell, kept: its state is the head's (`base`)."""
+                   unsaved: list[str], rebuild: float = 0.0) -> Life:
+        """The worker of the session's last cell, kept: its state is the head's (`base`);
+        `rebuild`: the seconds its state took to ready on a fresh worker (`ranking`)."""
         future = asyncio.get_running_loop().create_future()
         future.set_result(worker)
         life = cls(pool, base, future, holds=owned, kept=True, unsaved=unsaved,
-                   stage=Stage.KEPT)
+                   stage=Stage.KEPT, rebuild=rebuild)
         life.ready_at = life.started
         return life
 
@@ -206,8 +218,10 @@ class Life:
 
         self.task = self.pool.tasks.start(chained())
 
-    def touch(self) -> None:
+    def touch(self, drafted: bool = False) -> None:
+        """A sign of use: a step on its worker, or (`drafted`) a draft of the next cell."""
         self.touched = time.monotonic()
+        self.drafted |= drafted
 
     def loaded(self) -> None:
         self.ready_at = time.monotonic()
@@ -224,9 +238,11 @@ class Life:
         self.demand.set()
         return True
 
-    def cool(self) -> None:
-        """Dump the kept worker to disk; `task` ends with it restored once `wake` is called."""
-        self._until_wanted(cool(self.pool, self.task.result()))
+    def cool(self) -> asyncio.Future:
+        """Dump the kept worker to disk; `task` ends with it restored once `wake` is called.
+        The future returned is done once it is on disk and its memory free, or its dump failed
+        (and it is retired)."""
+        return self._until_wanted(cool(self.pool, self.task.result()))
 
     async def hand_over(self, wake_dir: str) -> CoolImage:
         """Dump the kept worker for another host's server (see `cool`); it is retired here.
@@ -239,13 +255,17 @@ class Life:
         finally:
             self.stage = Stage.RETIRED
 
-    def _until_wanted(self, dumped: Coroutine) -> None:
+    def _until_wanted(self, dumped: Coroutine) -> asyncio.Future:
         """COOL: `task` ends with the worker `dumped` gives the image of, restored once `wake`
-        is called."""
+        is called; the future returned is done once `dumped` is."""
         demand = asyncio.Event()
+        on_disk = asyncio.get_running_loop().create_future()
 
         async def cooled() -> WorkerHandle:
-            image = self.cooled = await dumped
+            try:
+                image = self.cooled = await dumped
+            finally:
+                _settle(on_disk)
             try:
                 await demand.wait()
             finally:
@@ -260,6 +280,8 @@ class Life:
         self.stage, self.demand = Stage.COOL, demand
         self.task = self.pool.tasks.start(cooled())
         self.task.add_done_callback(self._failed)
+        self.task.add_done_callback(lambda _: _settle(on_disk))  # cancelled before it began
+        return on_disk
 
     def _failed(self, task: asyncio.Future) -> None:
         if task.cancelled() or task.exception() is not None:
@@ -284,12 +306,24 @@ class Life:
         return close()
 
 
-class Keeper:
-    """Decides, alone, when the host's kept workers idle down (see the module's notes)."""
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
-    def __init__(self, pool: Pool) -> None:
+
+class Keeper:
+    """Decides, alone, when the host's kept workers idle down (see the module's notes).
+
+    `kept_memory`: bytes all kept workers may hold; `user_memory`: bytes one user's workers
+    (kept or running) may hold; 0: no limit."""
+
+    def __init__(self, pool: Pool, kept_memory: int = 0, user_memory: int = 0) -> None:
         self.pool = pool
+        self.kept_memory, self.user_memory = kept_memory, user_memory
         self.kept: set[Life] = set()
+        # workers made to leave before their idle time, by why (memory_pressure, kept_memory,
+        # user_memory) and how (retired, cooled)
+        self.evicted: Counter[tuple[str, str]] = Counter()
         self._tasks = Background("keeper")  # its watch, and retired workers' closes
         self._changed = asyncio.Event()
         self._watch: asyncio.Task | None = None
@@ -314,24 +348,118 @@ class Keeper:
         return None if worker is not None and worker.debugged else self.pool.cool_after or None
 
     async def _run(self) -> None:
-        while self.kept:
-            self._changed.clear()
-            now, pressure = time.monotonic(), self.pool.memory_pressure()
-            wait = PRESSURE_EVERY
-            for life in list(self.kept):
-                if life.stage is not Stage.KEPT or life.demand is not None:
-                    self.kept.discard(life)  # claimed, retired or cooled: no longer idling
-                    continue
-                if not life.task.done():  # a draft's load in flight postpones it
-                    continue
-                left = life.touched + (self._idle(life) or 0.0) - now
-                if left <= 0 or pressure:
-                    self.kept.discard(life)
-                    self._idle_down(life)
-                else:
-                    wait = min(wait, left)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(wait, 0.05))
+        trigger = self.pool.pressure.trigger()
+        loop = asyncio.get_running_loop()
+        if trigger is not None:  # a stall wakes the watch at once
+            loop.add_reader(trigger.fileno(), self._stalled, trigger)
+        try:
+            while self.kept:
+                self._changed.clear()
+                wait = self._idle_down_expired()
+                while (short := self._short()) is not None:
+                    await self._evict(*short)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), max(wait, 0.05))
+        finally:
+            if trigger is not None:
+                loop.remove_reader(trigger.fileno())
+                trigger.close()
+
+    def _stalled(self, trigger: Trigger) -> None:
+        trigger.drain()
+        self.pool.pressure.stalled()
+        self.changed()
+
+    def _idle_down_expired(self) -> float:
+        """Idle down the kept workers whose idle time is up; the seconds until the next's is
+        (at most PRESSURE_EVERY: memory is read again then)."""
+        now, wait = time.monotonic(), PRESSURE_EVERY
+        for life in list(self.kept):
+            if life.stage is not Stage.KEPT or life.demand is not None:
+                self.kept.discard(life)  # claimed, retired or cooled: no longer idling
+                continue
+            if not life.task.done():  # a draft's load in flight postpones it
+                continue
+            left = life.touched + (self._idle(life) or 0.0) - now
+            if left <= 0:
+                self.kept.discard(life)
+                self._idle_down(life)
+            else:
+                wait = min(wait, left)
+        return wait
+
+    def _leavable(self) -> list[Life]:
+        """The kept workers that may leave now: idle (no load in flight), and, if pinned, able
+        to be dumped."""
+        return [life for life in self.kept if life.stage is Stage.KEPT and life.demand is None
+                and life.task.done() and life.worker() is not None
+                and self._idle(life) is not None]
+
+    def _short(self) -> tuple[Life, str] | None:
+        """The kept worker to leave first, and why, while memory is short or past a limit;
+        None while it is not (or no worker may leave)."""
+        leavable = self._leavable()
+        if not leavable:
+            return None
+        if self.pool.memory_pressure():
+            return self._ranked(leavable)[0], "memory_pressure"
+        if self.kept_memory:
+            held = sum(self.pool.memory(w) for life in self.kept
+                       if (w := life.worker()) is not None)
+            if held > self.kept_memory:
+                return self._ranked(leavable)[0], "kept_memory"
+        if self.user_memory:
+            for user, held in self.pool.memory_by_user().items():
+                theirs = [life for life in leavable if _user(life) == user]
+                if held > self.user_memory and theirs:
+                    return self._ranked(theirs)[0], "user_memory"
+        return None
+
+    def _ranked(self, lives: list[Life]) -> list[Life]:
+        now = time.monotonic()
+        ranked = ranking.rank(ranking.Kept(life, now - life.touched, life.drafted,
+                                           life.rebuild, bool(life.unsaved)) for life in lives)
+        return [kept.key for kept in ranked]  # type: ignore[misc]  # the lives given
+
+    async def _evict(self, life: Life, why: str) -> None:
+        """Make `life`'s worker leave now (`why`: the limit passed) and wait until its memory
+        is free: retired, or cooled if it holds what the store cannot."""
+        self.kept.discard(life)
+        how = "cooled" if life.unsaved else "retired"
+        log.info("%s: %s a kept worker (idle %.0f s%s)", why.replace("_", " "), how,
+                 time.monotonic() - life.touched, ", drafted" if life.drafted else "")
+        self.evicted[why, how] += 1
+        if life.unsaved:
+            await life.cool()
+        elif (closing := life.retire()) is not None:
+            await closing
+
+    async def fit(self, user: str, spare: Life | None) -> int:
+        """Before a cell of `user` (a worker's user, "" the server's own): while their workers
+        hold `user_memory` or more, their kept workers leave, ranked, except `spare` (the one
+        the cell runs on); the bytes their workers hold then."""
+        if not self.user_memory:
+            return 0
+        while (held := self.pool.memory_by_user().get(user, 0)) >= self.user_memory:
+            theirs = [life for life in self._leavable()
+                      if life is not spare and _user(life) == user]
+            if not theirs:
+                break
+            await self._evict(self._ranked(theirs)[0], "user_memory")
+        return held
+
+    def status(self) -> KeptMap:
+        """Memory as the keeper sees it: the latest reading, what kept workers hold, the limits
+        and the workers made to leave."""
+        short = self.pool.memory_pressure()  # read now: nothing may be kept to read it
+        reading = self.pool.pressure.last
+        return {"pressure": short, "used_percent": reading.used,
+                "stall_percent": reading.stall, "source": reading.source,
+                "kept": sum(self.pool.memory(w) for life in self.kept
+                            if (w := life.worker()) is not None),
+                "kept_memory": self.kept_memory, "user_memory": self.user_memory,
+                "evicted": [{"why": why, "how": how, "count": count}
+                            for (why, how), count in sorted(self.evicted.items())]}
 
     def _idle_down(self, life: Life) -> None:
         if life.worker() is None:
@@ -347,3 +475,27 @@ class Keeper:
 
     async def stop(self) -> None:
         await self._tasks.close()
+
+
+def _user(life: Life) -> str | None:
+    worker = life.worker()
+    return worker.user if worker is not None else None
+
+
+class Evicted(TypedDict):
+    why: str  # memory_pressure, kept_memory or user_memory
+    how: str  # retired or cooled
+    count: int
+
+
+class KeptMap(TypedDict):
+    """Host memory and the kept workers, as `status` reports them."""
+
+    pressure: bool
+    used_percent: float  # of the host's memory, or its cgroup's limit
+    stall_percent: float | None  # of the last 10 s, some task stalled on memory (PSI)
+    source: str  # host, or cgroup PATH
+    kept: int  # bytes (PSS) the kept workers hold
+    kept_memory: int
+    user_memory: int
+    evicted: list[Evicted]

@@ -53,6 +53,7 @@ from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, decode
 from . import criu, cuda, parking, rundir
 from .contain import Containment
+from .memory import Pressure
 from .templates import Template, TemplateMap, Templates, worker_of
 
 if TYPE_CHECKING:
@@ -324,7 +325,7 @@ class WorkerHandle:
 class Pool:
     def __init__(self, store_root: Path, max_zygotes: int = 4,
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
-                 zygote_memory: int = 0, pressure_percent: int = 90, gpu: bool = False,
+                 zygote_memory: int = 0, pressure: Pressure | None = None, gpu: bool = False,
                  worker_memory: int = 0, user_pids: int = 0,
                  environ: dict[str, str] | None = None, save_limit: float = 0.0) -> None:
         self.store_root = store_root
@@ -340,8 +341,8 @@ class Pool:
         self.keep_warm = keep_warm
         # seconds a pinned worker idles before it is dumped to disk; 0: never
         self.cool_after = cool_after if cool_after > 0 and not criu.unavailable() else 0.0
-        # host memory in use past which warm workers retire and pinned ones cool at once
-        self.pressure_percent = pressure_percent
+        # whether memory is short, when warm workers retire and pinned ones cool (`lifecycle`)
+        self.pressure = pressure or Pressure.here(90)
         self.context = zmq.asyncio.Context()
         self.socket_dir, self._held = rundir.make()  # a dead server's folder goes first
         # A worker running as its session's user reconnects here after a cool restore: it
@@ -611,15 +612,26 @@ class Pool:
             worker.parked, worker.device, worker.moved = False, device or worker.device, None
 
     def memory_pressure(self) -> bool:
-        return psutil.virtual_memory().percent >= self.pressure_percent
+        return self.pressure.check()
 
     def memory(self, worker: WorkerHandle) -> int:
-        """Resident bytes of the worker's processes (with its init, if it has one)."""
+        """The worker's share of host memory: the proportional bytes (PSS) of its processes
+        (with its init, if it has one), so that pages it shares with its zygote, or with other
+        workers, count once across them all."""
         try:
             process = psutil.Process(worker.pid)
-            return sum(p.memory_info().rss for p in (process, *process.children(recursive=True)))
+            tree = (process, *process.children(recursive=True))
         except psutil.Error:
             return 0
+        return sum(_proportional_memory(p) for p in tree)
+
+    def memory_by_user(self) -> dict[str, int]:
+        """The memory (`memory`) each user's workers hold, by `WorkerHandle.user`."""
+        held: dict[str, int] = {}
+        for worker in list(self.workers.values()):
+            if not worker.died.done():
+                held[worker.user] = held.get(worker.user, 0) + self.memory(worker)
+        return held
 
     def child_exited(self, pid: int, status: int | None) -> None:
         worker = self.workers.get(pid)
@@ -740,6 +752,18 @@ def _give(path: Path, pid: int) -> None:
         raise WorkerDied(f"restored worker {pid} is gone: {exc}", pid=pid) from exc
     if uid != os.geteuid():
         os.chown(path, uid, -1)
+
+
+def _proportional_memory(process: psutil.Process) -> int:
+    """`process`'s PSS; its resident bytes where its smaps cannot be read (another user's
+    process, to a server without the right to trace it); 0 once it is gone."""
+    try:
+        try:
+            return process.memory_full_info().pss
+        except psutil.AccessDenied:
+            return process.memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 def _unique_memory(pid: int) -> int:
