@@ -102,7 +102,7 @@ class LocalHost:
         self.config = config
         separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
-        self.store = Store(private_dir(config.store, shared=separate), remote=config.remote,
+        self.store = Store(private_dir(config.store, shared=separate), remote=config.remote_tier,
                            peers=peers, copies=config.copies, tiers=config.tiers.split(","))
         self.tenancy = Tenancy(config, self.store, separate)
         self.envs = Envs(config.env_root)
@@ -175,7 +175,8 @@ class LocalHost:
             if account is None and not os.path.isdir(cwd):
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             store = self.tenancy.store_of(user)
-            store.adopt_head(stored)  # it may have moved on another host
+            # it may have moved on another host; a slow remote holds no other request up
+            await asyncio.to_thread(store.adopt_head, stored)
             session = Session(stored, cwd, store, self.pool, self.leases, self.keeper,
                               interrupt_grace=self.config.interrupt_grace, gpus=self.config.gpus,
                               env=chosen if env is not None else self._head_env(user, stored),

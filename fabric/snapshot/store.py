@@ -50,6 +50,7 @@ from .manifest import Manifest
 from .mapped import Region, mappable
 from .packing import UnpackError, pack, unpack
 from .peers import PeerList
+from .remote import Remote
 from .tiers import (
     Buffer,
     DiskTier,
@@ -141,7 +142,7 @@ class BlobStore:
     memory cache: all a worker sees of the store."""
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
-                 owner: tuple[int, int] | None = None, remote: str = "",
+                 owner: tuple[int, int] | None = None, remote: str | Remote = "",
                  peers: PeerList | None = None, copies: int = 1,
                  tiers: Sequence[str | Tier] = ORDER) -> None:
         """`owner`: the (uid, gid) of the user whose part of a store this is, whose blobs folder
@@ -496,7 +497,7 @@ class Store(BlobStore):
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
-                 owner: tuple[int, int] | None = None, remote: str = "",
+                 owner: tuple[int, int] | None = None, remote: str | Remote = "",
                  peers: PeerList | None = None, copies: int = 1,
                  tiers: Sequence[str | Tier] = ORDER) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's

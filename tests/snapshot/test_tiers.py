@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fabric.errors import ConfigError
-from fabric.snapshot import Store, codec
+from fabric.snapshot import Manifest, Store, codec
 from fabric.snapshot.commit import CellRecord, Report, commit, replicate, spreads
 from fabric.snapshot.layers import Place
 from fabric.snapshot.tiers import Buffer, Role
@@ -89,7 +89,7 @@ def test_a_commit_is_durable_through_a_tier_named_in_configuration(tmp_path: Pat
     report = Report(groups=[(group, ["x"], 4_800_000)], kept=[], imports={}, refs={},
                     packages={}, ambient=ambient, owned=["x"], unsaved={})
     assert not spreads(store)  # a durable far tier holds each commit: none goes to peers
-    assert replicate(store, report) > 4_800_000  # before the head moves
+    assert replicate(store, "s", Manifest(session="s"), report) > 4_800_000  # before it moves
     assert all(map(keeper.has, [group, ambient, *store.object_chunks(group)]))
     head, manifest = commit(store, "s", None, report, CellRecord("x = ...", 1, "ok", 0.1,
                                                                 frozenset()))
