@@ -7,7 +7,7 @@ import json
 import click
 
 from fabric.client import Client
-from fabric.status import HostStatus, ServerStatus, SessionStatus, SlotStatus
+from fabric.status import BacklogStatus, HostStatus, ServerStatus, SessionStatus, SlotStatus
 
 from .common import config, mib
 
@@ -38,8 +38,15 @@ def describe(info: ServerStatus) -> list[str]:
     lines.append(f"workers ({info.worker_source}): {len(info.workers)}")
     lines += [f"template {', '.join(t.modules) or '(base)'}: {t.state}, {mib(t.bytes)} MiB, "
               f"{t.restores} restores {t.error}".rstrip() for t in info.templates]
+    lines += [_backlog(info.backlog)] if info.backlog is not None else []
     lines += [_session(s) for s in info.sessions]
     return lines
+
+
+def _backlog(b: BacklogStatus) -> str:
+    failing = f"; failing ({b.failing}), next try in {b.retry_in:.0f} s" if b.failing else ""
+    return (f"remote {b.remote}, filled behind: {b.versions} versions of {b.sessions} sessions "
+            f"to send, {mib(b.sent_bytes)} MiB sent{failing}")
 
 
 def _slot(slot: SlotStatus) -> str:

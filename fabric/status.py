@@ -136,6 +136,18 @@ class UpkeepStatus(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class BacklogStatus(Record):
+    """What a remote filled behind the commits still lacks (`fabric.snapshot.behind`)."""
+
+    remote: str
+    sessions: int  # sessions whose head it lacks
+    versions: int  # versions it lacks, over them all
+    sent_bytes: int  # bytes sent to it since the host started
+    failing: str  # why the last pass failed; "" if it did not
+    retry_in: float  # seconds to the next try after a failed pass
+
+
+@dataclasses.dataclass(frozen=True)
 class HostStatus(Record):
     """One host of a cluster, as its front door sees it."""
 
@@ -171,6 +183,7 @@ class ServerStatus(Reply):
     hosts: tuple[HostStatus, ...] = ()  # a cluster's front door: its hosts
     # bytes of state this host fetched, by the tier they came from (peer, remote)
     sourced: dict[str, int] = dataclasses.field(default_factory=dict)
+    backlog: BacklogStatus | None = None  # a remote filled behind the commits; None: none
 
     @classmethod
     def from_wire(cls, raw: object) -> Self:

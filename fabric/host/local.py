@@ -84,6 +84,7 @@ from ..private import private_dir
 from ..protocol import Wire
 from ..session import Session
 from ..snapshot import Manifest, Store, history
+from ..snapshot.behind import Backlog
 from ..snapshot.peers import PeerList
 from ..status import ServerStatus, SessionStatus
 from . import moves
@@ -102,8 +103,13 @@ class LocalHost:
         self.config = config
         separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
+        if separate and config.remote and config.remote_writes == "behind":
+            raise ConfigError("remote_writes = \"behind\" is not served with users = "
+                              "\"separate\": each user's part of the store commits to the "
+                              "remote (\"commit\")", key="remote_writes")
         self.store = Store(private_dir(config.store, shared=separate), remote=config.remote_tier,
                            peers=peers, copies=config.copies, tiers=config.tiers.split(","))
+        self.backlog = Backlog.of(self.store)  # what a remote filled behind lacks
         self.tenancy = Tenancy(config, self.store, separate)
         self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
@@ -143,8 +149,12 @@ class LocalHost:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await self.pool.start()
+        if self.backlog is not None:
+            self.backlog.start()
 
     async def shut(self) -> None:
+        if self.backlog is not None:
+            self.backlog.stop()
         await self.keeper.stop()
         await self.pool.stop()
 
@@ -345,7 +355,8 @@ class LocalHost:
             "leases": leases, **self.pool.status(),
             "sourced": dict(self.store.sourced),  # bytes fetched from peers and the remote
             "sessions": [self._public(user, self.sessions[s]).to_map() for s in mine],
-        } | ({"upkeep": self.upkeep.last.to_map()} if self.upkeep.last is not None else {}))
+        } | ({"upkeep": self.upkeep.last.to_map()} if self.upkeep.last is not None else {})
+          | ({"backlog": self.backlog.status()} if self.backlog is not None else {}))
 
     async def ping(self, caller: Caller, request: Ping) -> Pong:
         """To the user who runs the host (a cluster's front door, which moves sessions): where
@@ -395,7 +406,8 @@ class LocalHost:
                     "sessions": [s.status() for s in self.sessions.values()],
                     "sourced": dict(self.store.sourced),
                     "sourced_seconds": dict(self.store.sourced_seconds),
-                    "replicated": self.store.replicated}
+                    "replicated": self.store.replicated,
+                    "backlog": self.backlog.status() if self.backlog is not None else None}
 
         if self._loop is None:
             raise RuntimeError("the host is not serving")

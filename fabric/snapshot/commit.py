@@ -17,7 +17,9 @@ manifest and the head, on this disk and on the far tiers that hold heads, which 
 first), then `spread` (where no far tier holds whole commits, other hosts keep the version, up
 to `copies` of them). Its host runs the first two under the cell's lease, the third after it.
 A remote that fails either of the first two fails the commit (`RemoteFailed`, `RemoteFull`):
-the head stays where it was, and the cell is told that nothing of it was committed.
+the head stays where it was, and the cell is told that nothing of it was committed. A remote
+filled behind the commits (`fabric.snapshot.behind`) is no durable tier: a commit only wakes
+its sender.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RemoteFailed, StoreError
 from . import catalog
 from .manifest import Group, Manifest
+from .remote import BehindTier
 from .store import Store
 from .tiers import Located, Shared
 
@@ -127,11 +130,19 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
             admit(manifest)
         ident = store.put_manifest(manifest.encode())
         store.set_head(session, ident, head)  # refused if the head moved
+    _wake_behind(store)
     return ident, manifest
 
 
+def _wake_behind(store: Store) -> None:
+    """Wake the sender of a remote filled behind, if the store has one: a head moved."""
+    for tier in store.far:
+        if isinstance(tier, BehindTier):
+            tier.committed.set()
+
+
 @contextlib.contextmanager
-def uncommitted(session: str, version: int) -> Iterator[None]:
+def uncommitted(session: str, version: int) -> Generator[None, None, None]:
     """A remote's failure in the block, told as what it means to the cell: its state is not
     committed, and the session stays at `version`."""
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .peers import PeerList, PeerTier
-from .remote import Remote, RemoteTier
+from .remote import BehindTier, Remote, RemoteTier
 from .tiers import DiskTier, MemoryTier, Role, Tier
 
 ORDER = ("memory", "disk", "peer", "remote")  # nearest first: reads are sourced in this order
@@ -44,12 +44,12 @@ KINDS: dict[str, Callable[[Place], Tier | None]] = {
 
 
 def _remote(place: Place) -> Tier:
-    """The remote tier, written before each commit is acknowledged."""
+    """The remote tier: written before each commit is acknowledged, or filled behind them."""
     remote = place.remote if isinstance(place.remote, Remote) else Remote(place.remote)
     manifests = place.blobs.parent / "manifests"  # the store's own, beside its blobs
     tier = RemoteTier(remote.url, remote.timeout,
                       abandoned=lambda ident: (manifests / ident).is_file())
-    return tier
+    return BehindTier(tier) if remote.behind else tier
 
 
 def build(order: Sequence[str | Tier], place: Place) -> list[Tier]:

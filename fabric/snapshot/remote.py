@@ -23,6 +23,9 @@ names the remote and the cause, and one that hangs is left to finish on its thre
 whose claim went through after it was reported failed (its answer lost, or late) leaves a claim
 behind that names a version no head reached: this host's next move passes over it
 (`RemoteTier.move`), so the session is never stuck behind its own failed commit.
+
+A remote filled behind the commits (`Remote.behind`) is a `BehindTier` in the store's order: the
+same files, read like a peer's, and written by the host's backlog (`fabric.snapshot.behind`).
 """
 
 from __future__ import annotations
@@ -48,10 +51,12 @@ TIMEOUT = 60.0
 
 @dataclass(frozen=True)
 class Remote:
-    """A store's remote tier, as configured (`remote`, `remote_timeout`)."""
+    """A store's remote tier, as configured (`remote`, `remote_timeout`, `remote_writes`)."""
 
     url: str
     timeout: float = TIMEOUT  # seconds one call to it may take before it counts as failed
+    # filled behind the commits (`fabric.snapshot.behind`), not before each is acknowledged
+    behind: bool = False
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -272,3 +277,59 @@ class RemoteTier:
         shown = str(exc) or type(exc).__name__
         return RemoteFailed(f"the remote tier {self.url} cannot {what}: {shown}",
                             remote=self.url, cause=cause)
+
+
+class BehindTier:
+    """A remote filled behind the commits (`fabric.snapshot.behind`), as a far tier read like
+    a peer (`fabric.snapshot.tiers.Located`): never counted durable, and one that cannot
+    answer holds nothing."""
+
+    name, role, durable, copies = "remote", Role.FAR, False, 1
+
+    def __init__(self, remote: RemoteTier) -> None:
+        self.remote = remote
+        self.committed = threading.Event()  # a commit left the remote behind: the sender wakes
+
+    def __str__(self) -> str:
+        return str(self.remote)
+
+    def has(self, ident: str) -> bool:
+        return self.remote.has(ident)
+
+    def size(self, ident: str) -> int | None:
+        return self.remote.size(ident)
+
+    def read_into(self, ident: str, out: memoryview) -> int | None:
+        return self.remote.read_into(ident, out)
+
+    def write(self, ident: str, data: Buffer) -> None:
+        self.remote.write(ident, data)
+
+    # `Located`: what a remote that lags is asked; one that cannot answer holds nothing
+    def locate(self, idents: list[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        try:
+            for ident in idents:
+                if (size := self.remote.size(ident)) is not None:
+                    found[ident] = size
+        except RemoteFailed as exc:
+            log.warning("%s", exc.message)
+        return found
+
+    def manifest(self, ident: str) -> bytes | None:
+        try:
+            return self.remote.manifest(ident)
+        except RemoteFailed as exc:
+            log.warning("%s", exc.message)
+            return None
+
+    def heads(self, session: str) -> list[str]:
+        try:
+            head = self.remote.adopt(session)
+        except StoreError as exc:
+            log.warning("the remote's head of session %s is not read: %s", session, exc.message)
+            return []
+        return [] if head is None else [head]
+
+    def keep(self, session: str, head: str) -> list[str]:
+        return []  # one copy: no commit is spread to it

@@ -235,16 +235,18 @@ class BlobStore:
         raise StoreError(f"the store {self.root} has no {kind.__name__}")
 
     # far tiers: blobs go to the durable ones at each commit, and come back when the disk lacks
-    def replicate(self, idents: Iterable[str]) -> int:
-        """Copy to each durable far tier each of `idents` (blobs, objects with their chunks)
-        that it lacks, read from this disk and verified first; the bytes copied (none without
-        one)."""
-        if not self.durable:
+    def replicate(self, idents: Iterable[str], to: Sequence[Tier] | None = None) -> int:
+        """Copy to each durable far tier (or each of `to`) each of `idents` (blobs, objects with
+        their chunks) that it lacks, read from this disk and verified first; the bytes copied
+        (none without one)."""
+        targets = self.durable if to is None else to
+        if not targets:
             return 0
         wanted = [i for ident in idents for i in (ident, *self._chunks_of(ident))]
         copied = sum(self._copy([i for i in wanted if not tier.has(i)], self.disk, tier)
-                     for tier in self.durable)
-        self.replicated += copied
+                     for tier in targets)
+        if to is None:  # a commit's, before its head moves
+            self.replicated += copied
         return copied
 
     def fetch(self, idents: Iterable[str]) -> int:

@@ -1,19 +1,24 @@
 """A remote tier that misbehaves under a real server (`flaky_remote`): slow, refusing writes,
 full, hanging. A commit that needs the remote is acknowledged only once the remote holds it;
 one the remote fails tells its cell what failed and commits nothing, and the next cells go on
-once the remote heals."""
+once the remote heals. A remote filled behind keeps its backlog, in status and metrics, through
+a restart, until it is sent."""
 
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flaky_remote import Flaky
-from helpers import execute, execute_in_thread, serving, text
+from helpers import execute, execute_in_thread, free_port, serving, text
+from prometheus_client.parser import text_string_to_metric_families
 
+from cli.status import describe
+from fabric.client import Client
 from fabric.errors import RemoteError
 from fabric.snapshot import Manifest, Store, codec
 
@@ -113,3 +118,46 @@ def test_a_commit_the_remote_never_answers_fails_at_its_deadline_and_the_next_go
         assert client.status().session("nb").version == 2
     assert _on_the_remote(flaky, tmp_path / "store", "nb", tmp_path / "there")["x"] == 3
 
+
+def test_a_remote_filled_behind_keeps_its_backlog_through_a_restart(tmp_path: Path) -> None:
+    """Its cells are acknowledged once this disk holds them, the remote down; the backlog is in
+    status and metrics, outlives the server, and is sent once the remote heals."""
+    flaky = Flaky(tmp_path / "remote")
+    flaky.set(fail="TimeoutError")  # down from the start
+    store = tmp_path / "store"
+    settings = {"keep_warm": 0, "remote": flaky.url, "remote_writes": "behind"}
+
+    def lags(client: Client, versions: int, failing: bool) -> bool:
+        backlog = client.status().backlog
+        assert backlog is not None and backlog.remote == flaky.url
+        return backlog.versions == versions and ("TimeoutError" in backlog.failing) == failing
+
+    with serving(store, env=flaky.env(), **settings) as server, server.client() as client:
+        client.call("open", session="nb", cwd=str(tmp_path))
+        for cell in ("import numpy as np\na = np.arange(500_000)", "b = 2", "a = a + b"):
+            reply, _ = execute(client, "nb", cell)
+            assert reply["status"] == "ok"
+        _until("the backlog counts the three versions", lambda: lags(client, 3, True))
+    assert flaky.files("sessions") == set()
+    port = free_port()
+    with serving(store, env=flaky.env(), metrics_bind=f"127.0.0.1:{port}", **settings) \
+            as server, server.client() as client:
+        _until("the restarted server counts them", lambda: lags(client, 3, True))
+        assert f"remote {flaky.url}, filled behind: 3 versions of 1 sessions to send" \
+            in "\n".join(describe(client.status()))  # `llfabric status`
+        scraped = _scrape(port)
+        assert scraped["llfabric_remote_backlog_versions"] == 3
+        assert scraped["llfabric_remote_failing"] == 1
+        flaky.set()  # healed: the next try sends them
+        _until("the backlog is sent", lambda: lags(client, 0, False))
+        assert _scrape(port)["llfabric_remote_backlog_versions"] == 0
+    values = _on_the_remote(flaky, store, "nb", tmp_path / "there")
+    assert np.array_equal(values["a"], np.arange(500_000) + 2)
+    assert len(flaky.files("manifests")) == 3  # every version's, for its history
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return {sample.name: sample.value
+                for family in text_string_to_metric_families(response.read().decode())
+                for sample in family.samples if not sample.labels}
