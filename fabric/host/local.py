@@ -186,7 +186,7 @@ class LocalHost:
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             store = self.tenancy.store_of(user)
             # it may have moved on another host; a slow remote holds no other request up
-            await asyncio.to_thread(store.adopt_head, stored)
+            await asyncio.to_thread(_adopt, store, stored)
             session = Session(stored, cwd, store, self.pool, self.leases, self.keeper,
                               interrupt_grace=self.config.interrupt_grace, gpus=self.config.gpus,
                               env=chosen if env is not None else self._head_env(user, stored),
@@ -239,14 +239,16 @@ class LocalHost:
             await session.close()
             del self.sessions[stored]
             self.runs.forget(stored)
-        if not history.remove(self.tenancy.store_of(caller.user), stored):
+        if not await asyncio.to_thread(history.remove, self.tenancy.store_of(caller.user),
+                                       stored):  # the remote's copy too: off the loop
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         return Removed(True)
 
     # the store's, open or not
     async def tag(self, caller: Caller, request: Tag) -> Tagged:
         stored, store = self._stored(caller.user, request.session)
-        manifest = history.tag(store, stored, request.version, request.name)
+        manifest = await asyncio.to_thread(history.tag, store, stored, request.version,
+                                           request.name)  # named on the remote too
         return Tagged(manifest.version, request.name)
 
     async def history(self, caller: Caller, request: History) -> CellHistory:
@@ -337,7 +339,8 @@ class LocalHost:
         return self.session(caller.user, request.session).answer(request.value, request.error)
 
     async def checkout(self, caller: Caller, request: Checkout) -> CheckedOut:
-        return self.session(caller.user, request.session).checkout(request.version)
+        session = self.session(caller.user, request.session)
+        return await asyncio.to_thread(session.checkout, request.version)  # a remote move
 
     # the host's
     async def status(self, caller: Caller, request: Status) -> ServerStatus:
@@ -412,6 +415,14 @@ class LocalHost:
         if self._loop is None:
             raise RuntimeError("the host is not serving")
         return asyncio.run_coroutine_threadsafe(now(), self._loop).result(timeout=10)
+
+
+def _adopt(store: Store, stored: str) -> None:
+    """Take the session's head where it may have moved (`Store.adopt_head`), and its manifest
+    onto this disk, where the session reads it as it opens."""
+    head = store.adopt_head(stored)
+    if head is not None:
+        store.get_manifest(head)
 
 
 def _emitter(caller: Caller) -> Emit:
