@@ -170,7 +170,11 @@ def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report)
                         manifest.session, parent.version, exc.message)
     names = manifest.names() | set(report.unsaved)
     merged = catalog.merge(earlier, report.described, names)
-    return store.put(catalog.encode(merged)) if merged["names"] else None
+    if not merged["names"]:
+        return None
+    blob = store.put(catalog.encode(merged))
+    store.replicate([blob])  # a durable far tier that lacks it gets it, though this disk had it
+    return blob
 
 
 def replicate(store: Store, session: str, head: Manifest, report: Report) -> int:

@@ -40,7 +40,9 @@ def _on_the_remote(flaky: Flaky, store: Path, session: str, there: Path) -> dict
     head = here.head(session)
     assert head is not None and elsewhere.adopt_head(session) == head
     manifest = Manifest.decode(elsewhere.get_manifest(head))  # checked against the key
-    elsewhere.fetch([g.blob for g in manifest.groups])
+    wanted = [g.blob for g in manifest.groups] + manifest.blobs()  # its ambient and catalog too
+    elsewhere.fetch(wanted)
+    assert all(map(elsewhere.has, wanted))
     return {n: v for g in manifest.groups
             for n, v in codec.loads(elsewhere.get_object(g.blob), {}).items()}
 
