@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from fabric.config import Config
+from fabric.errors import ConfigError
 from fabric.snapshot import Group, Manifest, Store
 from fabric.snapshot.behind import Backlog
 from fabric.snapshot.remote import Remote, RemoteTier
@@ -50,3 +54,15 @@ def test_a_host_takes_the_newer_of_its_head_and_the_remotes(tmp_path: Path) -> N
     assert store.adopt_head("s") == second
     there = Store(tmp_path / "there", key=store.key, remote=Remote(url, behind=True))
     assert there.adopt_head("s") == first  # an empty disk: the remote's
+
+
+def test_the_settings_say_when_a_commit_is_durable(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/remote"
+    assert Config(remote=url).remote_tier == Remote(url, 60, behind=False)
+    assert Config(remote=url, remote_writes="behind", remote_timeout=5).remote_tier == \
+        Remote(url, 5, behind=True)
+    assert Config(remote_writes="behind").remote_tier == ""  # no remote: this disk alone
+    with pytest.raises(ConfigError, match="remote_writes is 'later'"):
+        _ = Config(remote=url, remote_writes="later").remote_tier
+    with pytest.raises(ConfigError, match="remote_timeout"):
+        _ = Config(remote=url, remote_timeout=0).remote_tier
