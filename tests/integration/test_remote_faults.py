@@ -81,6 +81,8 @@ def test_a_remote_that_refuses_writes_or_is_full_fails_the_cell_and_loses_nothin
         for how, kind, cause in [({"fail": "PermissionError"}, "remote_failed", "refuses"),
                                  ({"fail": "OSError", "only": "/manifests/"}, "remote_failed",
                                   "refuses"),
+                                 ({"fail": "PermissionError", "only": "/after/"},
+                                  "remote_failed", "refuses"),  # the head's move
                                  ({"capacity": 0}, "remote_full", "No space left")]:
             flaky.set(**how)
             with pytest.raises(RemoteError) as err:
@@ -114,7 +116,7 @@ def test_a_commit_the_remote_never_answers_fails_at_its_deadline_and_the_next_go
         assert err.value.kind == "remote_failed"
         assert "no answer in 5 s" in err.value.message, err.value.message
         flaky.set()
-        _until("the late claim lands", lambda: not flaky.holding)
+        _until("the late claim lands", lambda: len(flaky.files("sessions/nb/after")) == 2)
         _, outputs = execute(client, "nb", "print(x)\nx = 3")
         assert text(outputs) == "1\n"
         assert client.status().session("nb").version == 2
