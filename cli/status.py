@@ -7,7 +7,14 @@ import json
 import click
 
 from fabric.client import Client
-from fabric.status import HostStatus, MemoryStatus, ServerStatus, SessionStatus, SlotStatus
+from fabric.status import (
+    BacklogStatus,
+    HostStatus,
+    MemoryStatus,
+    ServerStatus,
+    SessionStatus,
+    SlotStatus,
+)
 
 from .common import config, mib
 
@@ -39,6 +46,7 @@ def describe(info: ServerStatus) -> list[str]:
     lines += [f"template {', '.join(t.modules) or '(base)'}: {t.state}, {mib(t.bytes)} MiB, "
               f"{t.restores} restores {t.error}".rstrip() for t in info.templates]
     lines += [_memory(info.memory)] if info.memory is not None else []
+    lines += [_backlog(info.backlog)] if info.backlog is not None else []
     lines += [_session(s) for s in info.sessions]
     return lines
 
@@ -51,6 +59,12 @@ def _memory(m: MemoryStatus) -> str:
     return (f"memory ({m.source}): {m.used_percent:.0f}% in use{stall}"
             f"{', short' if m.pressure else ''}; kept workers {mib(m.kept)} MiB{limit}{user}"
             f"{evicted}")
+
+
+def _backlog(b: BacklogStatus) -> str:
+    failing = f"; failing ({b.failing}), next try in {b.retry_in:.0f} s" if b.failing else ""
+    return (f"remote {b.remote}, filled behind: {b.versions} versions of {b.sessions} sessions "
+            f"to send, {mib(b.sent_bytes)} MiB sent{failing}")
 
 
 def _slot(slot: SlotStatus) -> str:

@@ -13,6 +13,7 @@ from .errors import ConfigError
 from .output_limit import OUTPUT_LIMIT
 
 if TYPE_CHECKING:
+    from .snapshot.remote import Remote
     from .snapshot.retention import RetentionPolicy
 
 
@@ -126,6 +127,13 @@ class Config:
     # an fsspec URL (a shared folder, s3://...) where every commit is kept too, and where a
     # host whose disk lacks a session's state finds it; empty: this host's disk alone
     remote: str = ""
+    # when a commit counts as durable with a remote: "commit", once the remote holds its blobs,
+    # manifest and head (a remote that fails, is full or does not answer fails the cell, which
+    # is told so, and nothing of it is committed; hosts sharing a remote need this); "behind",
+    # once this host's disk holds it: the remote is filled behind (`fabric.snapshot.behind`),
+    # its backlog in status and metrics, retried until sent, a restart included
+    remote_writes: str = "commit"
+    remote_timeout: int = 60  # seconds one call to the remote may take before it has failed
     # a cluster's host: where it serves its blobs to its peers, and the file naming them and
     # the key they share (`fabric.cluster.peers`; its host agent sets both); empty: no peers
     peer_bind: str = ""
@@ -156,6 +164,20 @@ class Config:
     @property
     def address(self) -> str:
         return self.bind or f"ipc://{self.runtime_dir / 'server.sock'}"
+
+    @property
+    def remote_tier(self) -> Remote | str:
+        """The remote as the store takes it (`fabric.snapshot.remote.Remote`); "": none."""
+        if not self.remote:
+            return ""
+        if self.remote_writes not in ("commit", "behind"):
+            raise ConfigError(f"remote_writes is {self.remote_writes!r}: \"commit\" or "
+                              "\"behind\"", key="remote_writes")
+        if self.remote_timeout < 1:
+            raise ConfigError("remote_timeout is at least 1 second", key="remote_timeout")
+        from .snapshot.remote import Remote  # the store's code, loaded only by its users
+
+        return Remote(self.remote, self.remote_timeout, self.remote_writes == "behind")
 
     @property
     def policy(self) -> RetentionPolicy:

@@ -120,6 +120,19 @@ class DiskFull(StoreError):
     kind = "disk_full"
 
 
+class RemoteFailed(StoreError):
+    """The remote tier refused a write or a read, or did not answer in time (`remote_timeout`):
+    its message names the remote and the cause; a commit that needed it committed nothing."""
+
+    kind = "remote_failed"
+
+
+class RemoteFull(RemoteFailed):
+    """The remote tier (or its quota) is full; a commit that needed it committed nothing."""
+
+    kind = "remote_full"
+
+
 class UnsafePath(FabricError):
     """A directory or file that another user could have made or could change."""
 

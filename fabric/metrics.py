@@ -137,6 +137,18 @@ class _Live(Collector):
         yield seconds
         yield CounterMetricFamily("llfabric_replicated_bytes", "Saved state copied to the "
                                   "remote tier before its commit", value=now["replicated"])
+        if (backlog := now.get("backlog")) is not None:  # a remote filled behind
+            yield GaugeMetricFamily("llfabric_remote_backlog_versions", "Committed versions "
+                                    "the remote tier filled behind still lacks",
+                                    value=backlog["versions"])
+            yield GaugeMetricFamily("llfabric_remote_backlog_sessions", "Sessions whose head "
+                                    "the remote tier filled behind still lacks",
+                                    value=backlog["sessions"])
+            yield GaugeMetricFamily("llfabric_remote_failing", "1 while the remote tier filled "
+                                    "behind fails (its backlog is retried)",
+                                    value=1 if backlog["failing"] else 0)
+            yield CounterMetricFamily("llfabric_remote_sent_bytes", "State sent to the remote "
+                                      "tier filled behind", value=backlog["sent_bytes"])
 
 
 def _memory(sessions: list[dict], memory: dict) -> Iterator[Metric]:

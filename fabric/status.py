@@ -161,6 +161,18 @@ class MemoryStatus(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class BacklogStatus(Record):
+    """What a remote filled behind the commits still lacks (`fabric.snapshot.behind`)."""
+
+    remote: str
+    sessions: int  # sessions whose head it lacks
+    versions: int  # versions it lacks, over them all
+    sent_bytes: int  # bytes sent to it since the host started
+    failing: str  # why the last pass failed; "" if it did not
+    retry_in: float  # seconds to the next try after a failed pass
+
+
+@dataclasses.dataclass(frozen=True)
 class HostStatus(Record):
     """One host of a cluster, as its front door sees it."""
 
@@ -197,6 +209,7 @@ class ServerStatus(Reply):
     # bytes of state this host fetched, by the tier they came from (peer, remote)
     sourced: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: MemoryStatus | None = None  # a host's; None: a cluster's front door
+    backlog: BacklogStatus | None = None  # a remote filled behind the commits; None: none
 
     @classmethod
     def from_wire(cls, raw: object) -> Self:

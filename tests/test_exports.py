@@ -22,7 +22,7 @@ PUBLIC = [
     "FabricError",
     "Forbidden", "FrameTooLarge", "HostLost", "InUse", "InvalidName", "KernelError", "LimitReached",
     "LoadFailed", "Manifest", "NoZygote", "NotReplayable", "NotWaiting", "NotebookError",
-    "ParkFailed", "ProtocolError", "RemoteError",
+    "ParkFailed", "ProtocolError", "RemoteError", "RemoteFailed", "RemoteFull",
     "ServerStatus", "SessionBusy", "SessionStatus", "SlotsUnavailable", "StaleHead", "Store",
     "StoreError", "TraceError",
     "UnknownEnv", "UnknownHost", "UnknownSession", "UnknownUser", "Unreachable", "UnsafePath",

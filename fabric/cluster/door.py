@@ -83,6 +83,10 @@ class Door:
                 "keeps each commit on `copies` hosts, at least 2; and serving separate users, it "
                 "needs the remote: their parts of the store are not shared between hosts",
                 key="remote")
+        if config.remote_writes != "commit":
+            raise ConfigError("a cluster's hosts share the remote tier, whose heads are their "
+                              "authority: each commit is there before its cell is reported "
+                              "done (remote_writes = \"commit\")", key="remote_writes")
         self.config = config
         # its claim, the hosts' folders on this node, and the key every host's store signs with
         self.key = load_key(private_dir(config.store) / "key")
@@ -377,5 +381,6 @@ def _placed(reply: Placed, opened: Opened) -> Placed:
 def run(config: Config) -> None:
     """Serve the Ray cluster at `config.ray` until SIGTERM or SIGINT."""
     members = RayMembers(config.ray, str(config.store), {
-        "LLFABRIC_REMOTE": config.remote, "LLFABRIC_COPIES": str(config.copies)})
+        "LLFABRIC_REMOTE": config.remote, "LLFABRIC_REMOTE_TIMEOUT": str(config.remote_timeout),
+        "LLFABRIC_COPIES": str(config.copies)})
     asyncio.run(Door(config, members).serve())

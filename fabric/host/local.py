@@ -85,6 +85,7 @@ from ..private import private_dir
 from ..protocol import Wire
 from ..session import Session
 from ..snapshot import Manifest, Store, history
+from ..snapshot.behind import Backlog
 from ..snapshot.peers import PeerList
 from ..status import ServerStatus, SessionStatus
 from . import moves
@@ -103,8 +104,13 @@ class LocalHost:
         self.config = config
         separate = users.check_mode(config.users)  # each user's cells as their OS user
         # a host serving several users opens the store's root to passing through (`users.part`)
-        self.store = Store(private_dir(config.store, shared=separate), remote=config.remote,
+        if separate and config.remote and config.remote_writes == "behind":
+            raise ConfigError("remote_writes = \"behind\" is not served with users = "
+                              "\"separate\": each user's part of the store commits to the "
+                              "remote (\"commit\")", key="remote_writes")
+        self.store = Store(private_dir(config.store, shared=separate), remote=config.remote_tier,
                            peers=peers, copies=config.copies, tiers=config.tiers.split(","))
+        self.backlog = Backlog.of(self.store)  # what a remote filled behind lacks
         self.tenancy = Tenancy(config, self.store, separate)
         self.envs = Envs(config.env_root)
         self.leases = Leases.for_host(config.slots, config.threads)
@@ -145,8 +151,12 @@ class LocalHost:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await self.pool.start()
+        if self.backlog is not None:
+            self.backlog.start()
 
     async def shut(self) -> None:
+        if self.backlog is not None:
+            self.backlog.stop()
         await self.keeper.stop()
         await self.pool.stop()
 
@@ -177,7 +187,8 @@ class LocalHost:
             if account is None and not os.path.isdir(cwd):
                 raise FabricError(f"working directory {cwd!r} does not exist", session=name)
             store = self.tenancy.store_of(user)
-            store.adopt_head(stored)  # it may have moved on another host
+            # it may have moved on another host; a slow remote holds no other request up
+            await asyncio.to_thread(_adopt, store, stored)
             session = Session(stored, cwd, store, self.pool, self.leases, self.keeper,
                               interrupt_grace=self.config.interrupt_grace, gpus=self.config.gpus,
                               env=chosen if env is not None else self._head_env(user, stored),
@@ -230,14 +241,16 @@ class LocalHost:
             await session.close()
             del self.sessions[stored]
             self.runs.forget(stored)
-        if not history.remove(self.tenancy.store_of(caller.user), stored):
+        if not await asyncio.to_thread(history.remove, self.tenancy.store_of(caller.user),
+                                       stored):  # the remote's copy too: off the loop
             raise UnknownSession(f"no session {name!r} in the store", session=name)
         return Removed(True)
 
     # the store's, open or not
     async def tag(self, caller: Caller, request: Tag) -> Tagged:
         stored, store = self._stored(caller.user, request.session)
-        manifest = history.tag(store, stored, request.version, request.name)
+        manifest = await asyncio.to_thread(history.tag, store, stored, request.version,
+                                           request.name)  # named on the remote too
         return Tagged(manifest.version, request.name)
 
     async def history(self, caller: Caller, request: History) -> CellHistory:
@@ -332,7 +345,8 @@ class LocalHost:
         return self.session(caller.user, request.session).answer(request.value, request.error)
 
     async def checkout(self, caller: Caller, request: Checkout) -> CheckedOut:
-        return self.session(caller.user, request.session).checkout(request.version)
+        session = self.session(caller.user, request.session)
+        return await asyncio.to_thread(session.checkout, request.version)  # a remote move
 
     # the host's
     async def status(self, caller: Caller, request: Status) -> ServerStatus:
@@ -350,7 +364,8 @@ class LocalHost:
             "leases": leases, **self.pool.status(), "memory": self.keeper.status(),
             "sourced": dict(self.store.sourced),  # bytes fetched from peers and the remote
             "sessions": [self._public(user, self.sessions[s]).to_map() for s in mine],
-        } | ({"upkeep": self.upkeep.last.to_map()} if self.upkeep.last is not None else {}))
+        } | ({"upkeep": self.upkeep.last.to_map()} if self.upkeep.last is not None else {})
+          | ({"backlog": self.backlog.status()} if self.backlog is not None else {}))
 
     async def ping(self, caller: Caller, request: Ping) -> Pong:
         """To the user who runs the host (a cluster's front door, which moves sessions): where
@@ -401,11 +416,20 @@ class LocalHost:
                     "memory": self.keeper.status(),
                     "sourced": dict(self.store.sourced),
                     "sourced_seconds": dict(self.store.sourced_seconds),
-                    "replicated": self.store.replicated}
+                    "replicated": self.store.replicated,
+                    "backlog": self.backlog.status() if self.backlog is not None else None}
 
         if self._loop is None:
             raise RuntimeError("the host is not serving")
         return asyncio.run_coroutine_threadsafe(now(), self._loop).result(timeout=10)
+
+
+def _adopt(store: Store, stored: str) -> None:
+    """Take the session's head where it may have moved (`Store.adopt_head`), and its manifest
+    onto this disk, where the session reads it as it opens."""
+    head = store.adopt_head(stored)
+    if head is not None:
+        store.get_manifest(head)
 
 
 def _emitter(caller: Caller) -> Emit:

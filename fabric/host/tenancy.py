@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from .. import auth, users
 from ..config import Config
 from ..errors import Forbidden, LimitReached, StoreError
 from ..snapshot import Manifest, Store, history
+from ..snapshot.remote import Remote
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,9 @@ class Tenancy:
         if user not in self._parts:
             account = self.account(user)
             assert account is not None  # separate: every user has one
-            remote = f"{self.config.remote.rstrip('/')}/users/{user}" if self.config.remote \
-                else ""
+            remote = self.config.remote_tier
+            if isinstance(remote, Remote):  # each user's part of it
+                remote = replace(remote, url=f"{remote.url.rstrip('/')}/users/{user}")
             self._parts[user] = Store(Path(account.store), key=self.store.key,
                                       owner=(account.uid, account.gid), remote=remote,
                                       tiers=self.config.tiers.split(","))

@@ -365,7 +365,8 @@ class SessionWorkers:
                 raise RemoteError(done.failed)
             replicating = time.monotonic()
             if done.saved is not None and self.store.durable:  # durable there first
-                await asyncio.to_thread(durable.replicate, self.store, done.saved)
+                await asyncio.to_thread(durable.replicate, self.store, self.name,
+                                        head.manifest, done.saved)
             committed = time.monotonic()
             self.running = None  # the cell is over: no stop may kill it as it commits and parks
             head = await asyncio.to_thread(commit, done)  # the store's files: off the loop

@@ -16,20 +16,26 @@ A commit is durable in three steps, in this order, before its cell is reported d
 manifest and the head, on this disk and on the far tiers that hold heads, which claim the move
 first), then `spread` (where no far tier holds whole commits, other hosts keep the version, up
 to `copies` of them). Its host runs the first two under the cell's lease, the third after it.
+A remote that fails either of the first two fails the commit (`RemoteFailed`, `RemoteFull`):
+the head stays where it was, and the cell is told that nothing of it was committed. A remote
+filled behind the commits (`fabric.snapshot.behind`) is no durable tier: a commit only wakes
+its sender.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import RemoteFailed, StoreError
 from . import catalog
 from .manifest import Group, Manifest
+from .remote import BehindTier
 from .store import Store
 from .tiers import Located, Shared
 
@@ -117,12 +123,33 @@ def commit(store: Store, session: str, head: str | None, report: Report, cell: C
     )
     if _same_state(parent, manifest) and not report.unsaved and not parent.cell.get("unsaved"):
         return head, parent
-    manifest = dataclasses.replace(manifest, catalog=_catalog(store, parent, manifest, report))
-    if admit is not None:
-        admit(manifest)
-    ident = store.put_manifest(manifest.encode())
-    store.set_head(session, ident, head)  # refused if the head moved
+    with uncommitted(session, parent.version):
+        manifest = dataclasses.replace(manifest,
+                                       catalog=_catalog(store, parent, manifest, report))
+        if admit is not None:
+            admit(manifest)
+        ident = store.put_manifest(manifest.encode())
+        store.set_head(session, ident, head)  # refused if the head moved
+    _wake_behind(store)
     return ident, manifest
+
+
+def _wake_behind(store: Store) -> None:
+    """Wake the sender of a remote filled behind, if the store has one: a head moved."""
+    for tier in store.far:
+        if isinstance(tier, BehindTier):
+            tier.committed.set()
+
+
+@contextlib.contextmanager
+def uncommitted(session: str, version: int) -> Generator[None, None, None]:
+    """A remote's failure in the block, told as what it means to the cell: its state is not
+    committed, and the session stays at `version`."""
+    try:
+        yield
+    except RemoteFailed as exc:
+        raise type(exc)(f"{exc.message}; nothing of the cell is committed: session {session} "
+                        f"stays at version {version}", **exc.fields) from exc
 
 
 def _same_state(parent: Manifest, manifest: Manifest) -> bool:
@@ -143,13 +170,18 @@ def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report)
                         manifest.session, parent.version, exc.message)
     names = manifest.names() | set(report.unsaved)
     merged = catalog.merge(earlier, report.described, names)
-    return store.put(catalog.encode(merged)) if merged["names"] else None
+    if not merged["names"]:
+        return None
+    blob = store.put(catalog.encode(merged))
+    store.replicate([blob])  # a durable far tier that lacks it gets it, though this disk had it
+    return blob
 
 
-def replicate(store: Store, report: Report) -> int:
-    """Before the head moves: every durable far tier holds the blobs `report` names (objects
-    with their chunks); the bytes copied."""
-    return store.replicate([*(blob for blob, _, _ in report.groups), report.ambient])
+def replicate(store: Store, session: str, head: Manifest, report: Report) -> int:
+    """Before the head moves from `head`: every durable far tier holds the blobs `report` names
+    (objects with their chunks); the bytes copied."""
+    with uncommitted(session, head.version):
+        return store.replicate([*(blob for blob, _, _ in report.groups), report.ambient])
 
 
 @dataclass(frozen=True)

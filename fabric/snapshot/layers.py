@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .peers import PeerList, PeerTier
-from .remote import RemoteTier
+from .remote import BehindTier, Remote, RemoteTier
 from .tiers import DiskTier, MemoryTier, Role, Tier
 
 ORDER = ("memory", "disk", "peer", "remote")  # nearest first: reads are sourced in this order
@@ -30,7 +30,7 @@ class Place:
     blobs: Path  # the store's blobs folder, on this host's disk
     owner: tuple[int, int] | None = None  # the user its blobs belong to (`DiskTier`)
     cache_bytes: int = CACHE_BYTES  # the memory tier's size
-    remote: str = ""  # an fsspec URL (`RemoteTier`); empty: none
+    remote: str | Remote = ""  # an fsspec URL, or one with its settings (`RemoteTier`); "": none
     peers: PeerList | None = None  # a cluster's other hosts (`PeerTier`); None: none
     copies: int = 1  # the hosts each commit is kept on where no durable tier holds it
 
@@ -39,8 +39,17 @@ KINDS: dict[str, Callable[[Place], Tier | None]] = {
     "memory": lambda place: MemoryTier(place.cache_bytes),
     "disk": lambda place: DiskTier(place.blobs, place.owner),
     "peer": lambda place: None if place.peers is None else PeerTier(place.peers, place.copies),
-    "remote": lambda place: RemoteTier(place.remote) if place.remote else None,
+    "remote": lambda place: _remote(place) if place.remote else None,
 }
+
+
+def _remote(place: Place) -> Tier:
+    """The remote tier: written before each commit is acknowledged, or filled behind them."""
+    remote = place.remote if isinstance(place.remote, Remote) else Remote(place.remote)
+    manifests = place.blobs.parent / "manifests"  # the store's own, beside its blobs
+    tier = RemoteTier(remote.url, remote.timeout,
+                      abandoned=lambda ident: (manifests / ident).is_file())
+    return BehindTier(tier) if remote.behind else tier
 
 
 def build(order: Sequence[str | Tier], place: Place) -> list[Tier]:

@@ -16,17 +16,47 @@ written as a hint, and a reader follows the claims past it (`RemoteTier.adopt`),
 between the two writes leaves nothing behind. A version's name (a tag) is a file of its own,
 ``sessions/<name>/tags/<the tag's hex>``, so that two hosts naming versions never overwrite
 each other's names.
+
+Each call to the remote runs on a thread of its own, given `Remote.timeout` seconds: one that
+fails, or does not answer in time, is a `RemoteFailed` (a `RemoteFull` for a full remote) that
+names the remote and the cause, and one that hangs is left to finish on its thread. A commit
+whose claim went through after it was reported failed (its answer lost, or late) leaves a claim
+behind that names a version no head reached: this host's next move passes over it
+(`RemoteTier.move`), so the session is never stuck behind its own failed commit.
+
+A remote filled behind the commits (`Remote.behind`) is a `BehindTier` in the store's order: the
+same files, read like a peer's, and written by the host's backlog (`fabric.snapshot.behind`).
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+import threading
 import uuid
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from ..errors import ConfigError, StaleHead, StoreError
+from ..errors import ConfigError, RemoteFailed, RemoteFull, StaleHead, StoreError
 from .tiers import Buffer, Role, valid_id
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 ROOT = "first"  # the claim of a session's first version, which has no parent
+TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A store's remote tier, as configured (`remote`, `remote_timeout`, `remote_writes`)."""
+
+    url: str
+    timeout: float = TIMEOUT  # seconds one call to it may take before it counts as failed
+    # filled behind the commits (`fabric.snapshot.behind`), not before each is acknowledged
+    behind: bool = False
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -48,10 +78,15 @@ class RemoteTier:
 
     name, role, durable = "remote", Role.FAR, True
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: float = TIMEOUT,
+                 abandoned: Callable[[str], bool] = lambda _: False) -> None:
+        """`timeout`: the seconds one call may take; `abandoned`: whether a manifest is one of
+        this host's whose commit was reported failed, so that a claim naming it is passed
+        over (`move`)."""
         self.url = url.rstrip("/")
         self.fs, self.root = filesystem(self.url)
         self.root = self.root.rstrip("/")
+        self.timeout, self.abandoned = timeout, abandoned
 
     def __str__(self) -> str:
         return self.url
@@ -65,7 +100,7 @@ class RemoteTier:
 
     def size(self, ident: str) -> int | None:
         try:
-            return int(self.fs.size(self._blob(ident)))
+            return int(self._call("be read", lambda: self.fs.size(self._blob(ident))))
         except FileNotFoundError:
             return None
 
@@ -101,14 +136,26 @@ class RemoteTier:
         return ident
 
     def move(self, session: str, manifest: str, parent: str | None) -> None:
-        taken = self.claim(f"sessions/{session}/after/{parent or ROOT}",
-                           manifest.encode() + b"\n")
-        if taken is not None and self._checked(session, taken) != manifest:
-            raise StaleHead(
-                f"session {session} moved on from {parent} on another host (to "
-                f"{taken.decode(errors='replace').strip()}) before this commit: it is refused "
-                "and nothing was overwritten", session=session, parent=parent)
-        self.put(f"sessions/{session}/head", manifest.encode() + b"\n")
+        """Claim the move from `parent`, past any claim of this host's own abandoned commits
+        (`abandoned`), then write the head as a hint: once the claim holds, the move is made,
+        and a hint not written only costs a reader a step (`adopt`)."""
+        base = parent or ROOT
+        while (taken := self.claim(f"sessions/{session}/after/{base}",
+                                   manifest.encode() + b"\n")) is not None:
+            ident = self._checked(session, taken)
+            if ident == manifest:
+                break
+            if not self.abandoned(ident):
+                raise StaleHead(
+                    f"session {session} moved on from {base} on another host (to {ident}) "
+                    "before this commit: it is refused and nothing was overwritten",
+                    session=session, parent=parent)
+            base = ident
+        try:
+            self.put(f"sessions/{session}/head", manifest.encode() + b"\n")
+        except RemoteFailed as exc:
+            log.warning("session %s: its head hint is not written (%s); its claim stands",
+                        session, exc.message)
 
     def tags(self, session: str) -> dict[str, str]:
         """The tags of the session, those whose files this tier's writers made (others are
@@ -140,58 +187,149 @@ class RemoteTier:
     def get(self, name: str) -> bytes | None:
         """The file `name` (relative to the URL), None if it is not there."""
         try:
-            return bytes(self.fs.cat_file(f"{self.root}/{name}"))
+            return bytes(self._call("be read", lambda: self.fs.cat_file(f"{self.root}/{name}")))
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            raise StoreError(f"the remote tier {self.url} cannot be read: {exc}") from exc
 
     def put(self, name: str, data: Buffer) -> None:
         path = f"{self.root}/{name}"
         parent, _, leaf = path.rpartition("/")
         temporary = f"{parent}/.tmp-{uuid.uuid4().hex}-{leaf}"
-        try:
+
+        def write() -> None:
             self.fs.makedirs(parent, exist_ok=True)
             self.fs.pipe_file(temporary, bytes(data))
             self.fs.mv(temporary, path)
-        except OSError as exc:
-            raise StoreError(f"the remote tier {self.url} cannot be written: {exc}") from exc
+
+        self._call("be written", write)
 
     def files(self, folder: str) -> dict[str, bytes]:
         """The files in `folder` (relative to the URL), by name; none if it is not there."""
-        try:
+        def read() -> dict[str, bytes]:
             paths = self.fs.ls(f"{self.root}/{folder}", detail=False)
             return {path.rsplit("/", 1)[-1]: bytes(data)
                     for path, data in self.fs.cat(paths, on_error="omit").items()}
+
+        try:
+            return self._call("be read", read)
         except FileNotFoundError:
             return {}
-        except OSError as exc:
-            raise StoreError(f"the remote tier {self.url} cannot be read: {exc}") from exc
 
     def claim(self, name: str, data: bytes) -> bytes | None:
         """Create the file `name` holding `data` unless it exists (the backend's exclusive
         create: atomic on a file system, and on object stores that take conditional writes);
         None when this call created it, else what the file holds."""
         path = f"{self.root}/{name}"
-        try:
+
+        def create() -> None:
             self.fs.makedirs(path.rpartition("/")[0], exist_ok=True)
             with self.fs.open(path, "xb") as f:
                 f.write(data)
+
+        try:
+            self._call("be written", create)
         except FileExistsError:
             return self.get(name) or b""
-        except OSError as exc:
-            raise StoreError(f"the remote tier {self.url} cannot be written: {exc}") from exc
         return None
 
     def remove(self, name: str, recursive: bool = False) -> bool:
         """Remove the file `name` (`recursive`: the folder); False if it was not there."""
+        path = f"{self.root}/{name}"
         try:
-            if recursive:
-                self.fs.rm(f"{self.root}/{name}", recursive=True)
-            else:
-                self.fs.rm_file(f"{self.root}/{name}")
+            self._call("be written", lambda: self.fs.rm(path, recursive=True) if recursive
+                       else self.fs.rm_file(path))
         except FileNotFoundError:
             return False
-        except OSError as exc:
-            raise StoreError(f"the remote tier {self.url} cannot be written: {exc}") from exc
         return True
+
+    def _call(self, what: str, call: Callable[[], T]) -> T:
+        """`call`, one request to the remote, on a thread of its own for `timeout` seconds.
+        FileNotFoundError and FileExistsError are answers and pass as they are; any other
+        failure, or no answer in time, is RemoteFailed (RemoteFull: no space), saying that the
+        remote cannot `what` and why. A call past its time is left to end on its thread, which
+        holds no exit up."""
+        answer: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                answer.set_result(call())
+            except BaseException as exc:  # handed to the caller, whatever it is
+                answer.set_exception(exc)
+
+        threading.Thread(target=run, name="remote-call", daemon=True).start()
+        try:
+            return answer.result(self.timeout)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except Exception as exc:
+            raise self._failed(what, exc, answer.done()) from exc
+
+    def _failed(self, what: str, exc: Exception, answered: bool) -> RemoteFailed:
+        if not answered:
+            return RemoteFailed(f"the remote tier {self.url} cannot {what}: no answer in "
+                                f"{self.timeout:g} s (remote_timeout)", remote=self.url,
+                                cause="timeout")
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return RemoteFull(f"the remote tier {self.url} is full: it cannot {what} ({exc})",
+                              remote=self.url, cause="full")
+        cause = "timeout" if isinstance(exc, TimeoutError) else \
+            "refused" if isinstance(exc, PermissionError) else "error"
+        shown = str(exc) or type(exc).__name__
+        return RemoteFailed(f"the remote tier {self.url} cannot {what}: {shown}",
+                            remote=self.url, cause=cause)
+
+
+class BehindTier:
+    """A remote filled behind the commits (`fabric.snapshot.behind`), as a far tier read like
+    a peer (`fabric.snapshot.tiers.Located`): never counted durable, and one that cannot
+    answer holds nothing."""
+
+    name, role, durable, copies = "remote", Role.FAR, False, 1
+
+    def __init__(self, remote: RemoteTier) -> None:
+        self.remote = remote
+        self.committed = threading.Event()  # a commit left the remote behind: the sender wakes
+
+    def __str__(self) -> str:
+        return str(self.remote)
+
+    def has(self, ident: str) -> bool:
+        return self.remote.has(ident)
+
+    def size(self, ident: str) -> int | None:
+        return self.remote.size(ident)
+
+    def read_into(self, ident: str, out: memoryview) -> int | None:
+        return self.remote.read_into(ident, out)
+
+    def write(self, ident: str, data: Buffer) -> None:
+        self.remote.write(ident, data)
+
+    # `Located`: what a remote that lags is asked; one that cannot answer holds nothing
+    def locate(self, idents: list[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        try:
+            for ident in idents:
+                if (size := self.remote.size(ident)) is not None:
+                    found[ident] = size
+        except RemoteFailed as exc:
+            log.warning("%s", exc.message)
+        return found
+
+    def manifest(self, ident: str) -> bytes | None:
+        try:
+            return self.remote.manifest(ident)
+        except RemoteFailed as exc:
+            log.warning("%s", exc.message)
+            return None
+
+    def heads(self, session: str) -> list[str]:
+        try:
+            head = self.remote.adopt(session)
+        except StoreError as exc:
+            log.warning("the remote's head of session %s is not read: %s", session, exc.message)
+            return []
+        return [] if head is None else [head]
+
+    def keep(self, session: str, head: str) -> list[str]:
+        return []  # one copy: no commit is spread to it

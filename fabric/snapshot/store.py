@@ -50,6 +50,7 @@ from .manifest import Manifest
 from .mapped import Region, mappable
 from .packing import UnpackError, pack, unpack
 from .peers import PeerList
+from .remote import Remote
 from .tiers import (
     Buffer,
     DiskTier,
@@ -141,7 +142,7 @@ class BlobStore:
     memory cache: all a worker sees of the store."""
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
-                 owner: tuple[int, int] | None = None, remote: str = "",
+                 owner: tuple[int, int] | None = None, remote: str | Remote = "",
                  peers: PeerList | None = None, copies: int = 1,
                  tiers: Sequence[str | Tier] = ORDER) -> None:
         """`owner`: the (uid, gid) of the user whose part of a store this is, whose blobs folder
@@ -234,16 +235,18 @@ class BlobStore:
         raise StoreError(f"the store {self.root} has no {kind.__name__}")
 
     # far tiers: blobs go to the durable ones at each commit, and come back when the disk lacks
-    def replicate(self, idents: Iterable[str]) -> int:
-        """Copy to each durable far tier each of `idents` (blobs, objects with their chunks)
-        that it lacks, read from this disk and verified first; the bytes copied (none without
-        one)."""
-        if not self.durable:
+    def replicate(self, idents: Iterable[str], to: Sequence[Tier] | None = None) -> int:
+        """Copy to each durable far tier (or each of `to`) each of `idents` (blobs, objects with
+        their chunks) that it lacks, read from this disk and verified first; the bytes copied
+        (none without one)."""
+        targets = self.durable if to is None else to
+        if not targets:
             return 0
         wanted = [i for ident in idents for i in (ident, *self._chunks_of(ident))]
         copied = sum(self._copy([i for i in wanted if not tier.has(i)], self.disk, tier)
-                     for tier in self.durable)
-        self.replicated += copied
+                     for tier in targets)
+        if to is None:  # a commit's, before its head moves
+            self.replicated += copied
         return copied
 
     def fetch(self, idents: Iterable[str]) -> int:
@@ -496,7 +499,7 @@ class Store(BlobStore):
 
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  key: bytes | None = None, signs: bool = True,
-                 owner: tuple[int, int] | None = None, remote: str = "",
+                 owner: tuple[int, int] | None = None, remote: str | Remote = "",
                  peers: PeerList | None = None, copies: int = 1,
                  tiers: Sequence[str | Tier] = ORDER) -> None:
         """`key`: the signing key of the store this one is a user's part of (else the root's

@@ -4,6 +4,7 @@ order, is read from in that order and makes commits durable, as the remote does.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from fabric.errors import ConfigError
-from fabric.snapshot import Store, codec
+from fabric.snapshot import Manifest, Store, catalog, codec
 from fabric.snapshot.commit import CellRecord, Report, commit, replicate, spreads
 from fabric.snapshot.layers import Place
 from fabric.snapshot.tiers import Buffer, Role
@@ -89,7 +90,7 @@ def test_a_commit_is_durable_through_a_tier_named_in_configuration(tmp_path: Pat
     report = Report(groups=[(group, ["x"], 4_800_000)], kept=[], imports={}, refs={},
                     packages={}, ambient=ambient, owned=["x"], unsaved={})
     assert not spreads(store)  # a durable far tier holds each commit: none goes to peers
-    assert replicate(store, report) > 4_800_000  # before the head moves
+    assert replicate(store, "s", Manifest(session="s"), report) > 4_800_000  # before it moves
     assert all(map(keeper.has, [group, ambient, *store.object_chunks(group)]))
     head, manifest = commit(store, "s", None, report, CellRecord("x = ...", 1, "ok", 0.1,
                                                                 frozenset()))
@@ -99,6 +100,26 @@ def test_a_commit_is_durable_through_a_tier_named_in_configuration(tmp_path: Pat
     assert store.fetch([g.blob for g in manifest.groups])
     assert np.array_equal(codec.loads(store.get_object(group), {})["x"], values["x"])
     assert store.sourced["shelf"] > 4_800_000
+
+
+def test_a_commit_names_no_blob_its_durable_tier_lacks_though_this_disk_held_it(
+        tmp_path: Path) -> None:
+    """A version's catalog, which the server writes, is on the durable far tier before the
+    head moves, even where this disk held it already and the tier did not (its write failed
+    there after it was made here, or the tier lost it)."""
+    shelf = Shelf()
+    store = Store(tmp_path / "host", tiers=["memory", "disk", shelf])
+    worker = Store(tmp_path / "host", signs=False)
+    report = Report(groups=[(worker.put_object(codec.dumps({"x": 1}, {})), ["x"], 8)], kept=[],
+                    imports={}, refs={}, packages={}, ambient=worker.put(b"ambient"),
+                    owned=["x"], unsaved={}, described=catalog.describe({"x": 1}, ["x"]))
+    cell = CellRecord("x = 1", 1, "ok", 0.1, frozenset())
+    head, first = commit(store, "s", None, report, cell)
+    assert first.catalog is not None and shelf.has(first.catalog)
+    del shelf.blobs[first.catalog]
+    report = dataclasses.replace(report, ambient=worker.put(b"another ambient"))
+    _, second = commit(store, "s", head, report, cell)
+    assert second.catalog == first.catalog and shelf.has(second.catalog)
 
 
 def test_a_tier_the_configuration_names_that_does_not_exist_is_refused(tmp_path: Path) -> None:
