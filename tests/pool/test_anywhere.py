@@ -8,16 +8,15 @@ Needs root, CRIU, pycriu and llfabric-init (skipped without them, failed under C
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import subprocess
-from collections.abc import Iterator
+import shutil
 from pathlib import Path
 
 import pytest
-from helpers import require_criu
+from helpers import holding_pid, require_criu
 
-from fabric.pool import Pool, WorkerHandle, lifecycle
-from fabric.worker.messages import CellOutput, Done, RunCell
+from fabric.pool import Pool, WorkerHandle, criu, lifecycle, migration
+from fabric.snapshot import Store
+from fabric.worker.messages import CellOutput, Done, Loaded, Rehome, RunCell
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,26 +37,6 @@ async def _run(worker: WorkerHandle, source: str) -> str:
     return "".join(out)
 
 
-@contextlib.contextmanager
-def _holding(pid: int) -> Iterator[subprocess.Popen]:
-    """A process of this host under `pid`, made so by setting the last pid handed out."""
-    for _ in range(50):  # another process may take it first on a busy host
-        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
-            last.write(str(pid - 1))
-        holder = subprocess.Popen(["sleep", "600"])
-        if holder.pid == pid:
-            break
-        holder.kill()
-        holder.wait()
-    else:
-        pytest.fail(f"could not take pid {pid}")
-    try:
-        yield holder
-    finally:
-        holder.kill()
-        holder.wait()
-
-
 # the pid a cell sees, what its /proc calls it, and how many processes that /proc lists
 PROBE = ("import os\nprint(os.getpid(), os.readlink('/proc/self'), "
          "sum(name.isdigit() for name in os.listdir('/proc')))")
@@ -73,7 +52,7 @@ def test_a_cooled_worker_restores_in_a_nest_where_its_pid_is_taken(tmp_path: Pat
             old = worker.process
             image = await lifecycle.cool(pool, worker)
             assert not image.init  # the worker's own tree
-            with _holding(old):
+            with holding_pid(old):
                 worker = await lifecycle.thaw(pool, image)
                 assert worker.process != old and worker.init
                 pid, proc_self, listed = (await _run(worker, PROBE)).split()
@@ -93,4 +72,63 @@ def test_a_cooled_worker_restores_in_a_nest_where_its_pid_is_taken(tmp_path: Pat
             await pool.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_carried_worker_restores_where_its_store_and_directory_live_elsewhere(
+        tmp_path: Path) -> None:
+    """The worker maps a file of its host's store (as its arrays map chunks) and runs in its
+    notebook's directory; carried to a host whose store and directory are at other paths, the
+    old ones gone and its pid taken, it restores with the mapping, uses the new store and runs
+    in the new directory, or says the directory is not there."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    (there / "notebooks").mkdir(parents=True)
+    chunk = here / "store" / "blobs" / "ab" / "chunk"
+    remote = f"file://{tmp_path}/remote"
+
+    async def carry(directory: Path) -> tuple[str, Loaded]:
+        (here / "notebooks").mkdir(parents=True)
+        shutil.rmtree(there / "arrived", ignore_errors=True)
+        sender, receiver = Pool(here / "store"), Pool(there / "store")
+        await sender.start()
+        await receiver.start()
+        try:
+            worker = await sender.fork_worker(frozenset())
+            chunk.parent.mkdir(parents=True, exist_ok=True)
+            chunk.write_bytes(b"carried" * 1000)
+            await _run(worker, (
+                f"import mmap, os\nos.chdir({str(here / 'notebooks')!r})\n"
+                f"with open({str(chunk)!r}, 'rb') as f:\n"
+                "    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+                "g = (i for i in range(10))\nnext(g)"))
+            old = worker.process
+            image = await lifecycle.cool(sender, worker, str(receiver.socket_dir))
+            # between the hosts, through the stores (a remote tier stands for the peer)
+            sent = Store(here / "store", chunk=1 << 16, remote=remote)
+            held = lifecycle.Life.after_cell(sender, worker, "h" * 32, {"g", "m"}, ["g", "m"])
+            carried = migration.pack(sent, image, held)
+            sent.replicate([b for _, blobs in carried.files for b in blobs])
+            arrived = there / "arrived"
+            arrived.mkdir()
+            landed = migration.unpack(Store(there / "store", key=sent.key, remote=remote),
+                                      migration.Carried.from_wire(carried.to_wire()), arrived)
+            criu.remove(image.images)
+            shutil.rmtree(here)  # the old host's store and directory are not on this one
+            with holding_pid(old):
+                worker = await lifecycle.thaw(receiver, landed)
+                await worker.send(Rehome(str(there / "store"), str(directory)))
+                rehomed = await worker.recv(timeout=30)
+                out = await _run(worker, "print(next(g), m[:7].decode(), os.getcwd())")
+            await worker.close()
+            return out, rehomed
+        finally:
+            await sender.stop()
+            await receiver.stop()
+
+    out, rehomed = asyncio.run(carry(there / "notebooks"))
+    assert isinstance(rehomed, Loaded) and rehomed.error is None
+    assert out == f"1 carried {there / 'notebooks'}\n"
+    missing = there / "no-such-directory"
+    out, rehomed = asyncio.run(carry(missing))
+    assert f"the notebook's directory {missing} is not on this host" in rehomed.error
+    assert out == "1 carried /\n"
 
