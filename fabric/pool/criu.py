@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,13 +173,13 @@ def dump(pid: int, images: Path, log_name: str = "dump.log", keep_under: Path | 
     os.kill(pid, signal.SIGKILL)
 
 
-def restore(images: Path, log_name: str) -> int:
+def restore(images: Path, log_name: str, store: Path | None = None) -> int:
     """Restore the tree in `images`, the init of its own PID namespace (a template's), as a
     child of this process; return its root's pid. It comes back in a new namespace, so the same
-    images can be restored many times at once."""
-    _put_back(images / _MAPPED)  # CRIU opens a mapped file by its path
-    response = _call("restore", images, log_name, rst_sibling=True,
-                     manage_cgroups_mode=_CGROUPS_IGNORED)
+    images can be restored many times at once. `store`: this host's (see `_put_back`)."""
+    with _put_back(images / _MAPPED, store):  # CRIU opens a mapped file by its path
+        response = _call("restore", images, log_name, rst_sibling=True,
+                         manage_cgroups_mode=_CGROUPS_IGNORED)
     return int(response.pid)
 
 
@@ -193,18 +194,19 @@ class Nest:
 
 
 class Nesting:
-    """A nest being made for the tree in `images`: its init runs a `criu swrk` that restores
-    the tree when asked (`restore`, blocking, from any thread). The init dies with the thread
-    that made it (PR_SET_PDEATHSIG): make it in one that lives as long as the server."""
+    """A nest being made for the tree in `images`, dumped on a host whose store was `store`'s
+    folder or another: its init runs a `criu swrk` that restores the tree when asked
+    (`restore`, blocking, from any thread). The init dies with the thread that made it
+    (PR_SET_PDEATHSIG): make it in one that lives as long as the server."""
 
-    def __init__(self, images: Path) -> None:
-        self.images = images
+    def __init__(self, images: Path, store: Path) -> None:
+        self.images, self.store = images, store
         self.swrk, self.images_fd, self.init = _swrk(images, "--pidns", "--proc", "--adopt")
 
     def restore(self, log_name: str) -> Nest:
         try:
-            with self.swrk:  # closed, it ends the restorer: the init adopts what it restored
-                _put_back(self.images / _MAPPED)
+            # the socket closed ends the restorer: the init adopts what it restored
+            with self.swrk, _put_back(self.images / _MAPPED, self.store):
                 response = _call("restore", self.images, log_name, self.swrk, self.images_fd,
                                  rst_sibling=True, manage_cgroups_mode=_CGROUPS_IGNORED)
             root = next((child for child in _children(worker_of(self.init))
@@ -293,20 +295,38 @@ def _keep_mapped(pid: int, kept: Path, root: Path) -> None:
     (kept / "paths.json").write_text(json.dumps(paths))
 
 
-def _put_back(kept: Path) -> None:
-    """Link back the mapped files that were unlinked since the dump (content-addressed blobs:
-    the same bytes under the same name)."""
+@contextlib.contextmanager
+def _put_back(kept: Path, store: Path | None) -> Iterator[None]:
+    """Link back, for the restore in the block, the mapped files that were unlinked since the
+    dump (content-addressed blobs: the same bytes under the same name), at the paths they had
+    where they were dumped. Those in this host's `store` stay, for its gc to collect; those
+    elsewhere (another host's store) are taken away after the block, with the folders made for
+    them: the restored tree maps them, and this host's disk is left as it was."""
     index = kept / "paths.json"
-    if not index.exists():
-        return
-    for name, path in json.loads(index.read_text()).items():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(kept / name, path)
-        except FileExistsError:
-            continue
-        except OSError:  # another file system (an image carried from another host)
-            shutil.copyfile(kept / name, path)
+    made: list[Path] = []  # files and folders, each after the folder it is in
+    try:
+        for name, path in json.loads(index.read_text()).items() if index.exists() else ():
+            target = Path(path)
+            ours = store is not None and target.is_relative_to(store)
+            missing = [folder for folder in target.parents if not folder.exists()]
+            for folder in reversed(missing):
+                folder.mkdir()
+            try:
+                os.link(kept / name, target)
+            except FileExistsError:
+                continue
+            except OSError:  # another file system (an image carried from another host)
+                shutil.copyfile(kept / name, target)
+            if not ours:
+                made += [*reversed(missing), target]
+        yield
+    finally:
+        for path in reversed(made):
+            with contextlib.suppress(OSError):  # a folder others wrote into since stays
+                if path.is_dir():
+                    path.rmdir()
+                else:
+                    path.unlink()
 
 
 def remove(images: Path) -> None:

@@ -99,10 +99,11 @@ async def thaw(pool: Pool, image: CoolImage) -> WorkerHandle:
     this host's processes hold; the loop's thread makes the nest, which dies with it."""
     try:
         if image.init:
-            root = await asyncio.to_thread(criu.restore, image.images, "restore.log")
+            root = await asyncio.to_thread(criu.restore, image.images, "restore.log",
+                                           pool.store_root)
             process = None
         else:
-            nesting = criu.Nesting(image.images)
+            nesting = criu.Nesting(image.images, pool.store_root)
             nest = await asyncio.to_thread(nesting.restore, "restore.log")
             root, process = nest.init, nest.root
         return await pool.wake_restored(root, process, "cool", parked=image.parked,

@@ -194,7 +194,7 @@ class WorkerHandle:
         self.cage = pool.containment.cage(ident, user)
         self.zygote = zygote
         self.source = source
-        self.init = False  # `pid` is an llfabric-init's, the worker its only child
+        self.init = False  # `pid` is an llfabric-init's, under which the worker runs
         # `pid` is pid 1 of the worker's namespace (a template's copy): a dump takes the
         # namespace whole; otherwise it takes the worker's own tree (see `criu`)
         self.namespace = False
@@ -569,9 +569,11 @@ class Pool:
         try:
             pid = criu.worker_of(root) if process is None else process
             path = wake.restored_socket(self.socket_dir, wake.name_of(pid))
-        except BaseException:
+        except BaseException as exc:
             os.kill(root, signal.SIGKILL)
             os.waitpid(root, 0)
+            if isinstance(exc, OSError):
+                raise WorkerDied(f"the restored worker under {root} is gone: {exc}") from exc
             raise
         worker = WorkerHandle(self, next(self._ids), None, path=path, source=source, user=user)
         worker.process, worker.namespace = pid, process is None

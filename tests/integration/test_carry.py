@@ -63,6 +63,7 @@ def test_a_pinned_worker_is_carried_to_a_host_with_other_paths(tmp_path: Path,
                 reply, outputs = execute(b, "carried",
                                          "print(first, next(numbers), os.getpid(), os.getcwd())")
             assert reply["status"] == "ok" and reply["source"] == "cool", outputs
+            assert not here.exists()  # its old store's path, put back for the restore only
             notices = [n["text"] for n in reply["notices"] if n["topic"] == "directory"]
             if directory == "there":
                 assert text(outputs) == f"0 1 {old} {cwd}\n" and not notices

@@ -78,8 +78,9 @@ def test_a_carried_worker_restores_where_its_store_and_directory_live_elsewhere(
         tmp_path: Path) -> None:
     """The worker maps a file of its host's store (as its arrays map chunks) and runs in its
     notebook's directory; carried to a host whose store and directory are at other paths, the
-    old ones gone and its pid taken, it restores with the mapping, uses the new store and runs
-    in the new directory, or says the directory is not there."""
+    old ones gone and its pid taken, it restores with the mapping (leaving no trace of the old
+    store's path), uses the new store and runs in the new directory, or says the directory is
+    not there."""
     here, there = tmp_path / "here", tmp_path / "there"
     (there / "notebooks").mkdir(parents=True)
     chunk = here / "store" / "blobs" / "ab" / "chunk"
@@ -93,7 +94,7 @@ def test_a_carried_worker_restores_where_its_store_and_directory_live_elsewhere(
         await receiver.start()
         try:
             worker = await sender.fork_worker(frozenset())
-            chunk.parent.mkdir(parents=True, exist_ok=True)
+            chunk.parent.mkdir(parents=True)
             chunk.write_bytes(b"carried" * 1000)
             await _run(worker, (
                 f"import mmap, os\nos.chdir({str(here / 'notebooks')!r})\n"
@@ -115,6 +116,7 @@ def test_a_carried_worker_restores_where_its_store_and_directory_live_elsewhere(
             shutil.rmtree(here)  # the old host's store and directory are not on this one
             with holding_pid(old):
                 worker = await lifecycle.thaw(receiver, landed)
+                assert not here.exists()  # what was put back for the restore is taken away
                 await worker.send(Rehome(str(there / "store"), str(directory)))
                 rehomed = await worker.recv(timeout=30)
                 out = await _run(worker, "print(next(g), m[:7].decode(), os.getcwd())")
