@@ -210,7 +210,7 @@ class Nesting:
                 response = _call("restore", self.images, log_name, self.swrk, self.images_fd,
                                  rst_sibling=True, manage_cgroups_mode=_CGROUPS_IGNORED)
             root = next((child for child in _children(worker_of(self.init))
-                         if _pid_inside(child) == response.pid), None)
+                         if _is_inside(child, response.pid)), None)
             if root is None:
                 raise CheckpointError(f"the restored tree's root ({response.pid} in its "
                                       "namespace) is not in its nest", images=str(self.images))
@@ -254,6 +254,15 @@ def _pid_inside(pid: int) -> int | None:
         raise CheckpointError(f"process {pid} is gone: {exc}") from exc
     inner = int(line.split()[-1])
     return None if len(line.split()) == 2 or inner == 1 else inner
+
+
+def _is_inside(pid: int, inner: int) -> bool:
+    """Whether `pid` is `inner` in its own namespace (False once gone: the nest's restorer
+    leaves as it is looked at)."""
+    try:
+        return _pid_inside(pid) == inner
+    except CheckpointError:
+        return False
 
 
 def _children(pid: int) -> list[int]:
