@@ -16,7 +16,7 @@ from helpers import holding_pid, require_criu
 
 from fabric.pool import Pool, WorkerHandle, criu, lifecycle, migration
 from fabric.snapshot import Store
-from fabric.worker.messages import CellOutput, Done, Loaded, Rehome, RunCell
+from fabric.worker.messages import CellOutput, Done, Loaded, Rehome, RunCell, Started
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +64,14 @@ def test_a_cooled_worker_restores_in_a_nest_where_its_pid_is_taken(tmp_path: Pat
                 worker = await lifecycle.thaw(pool, again)
                 assert await _run(worker, "import os\nprint(next(g), os.getpid())") == \
                     f"2 {old}\n"
-            # signals reach it through its inits; a kill ends the nest with it
+            # signals reach it through its inits: an interrupt stops its cell; a kill ends it
+            await worker.send(RunCell("import time\ntime.sleep(60)", 2))
+            while not isinstance(await worker.recv(timeout=60), Started):
+                pass
+            worker.interrupt()
+            while not isinstance(done := await worker.recv(timeout=60), Done):
+                pass
+            assert (done.status, done.ename) == ("error", "KeyboardInterrupt")
             worker.kill()
             assert await asyncio.wait_for(worker.died, 30) is not None
             await worker.close()
