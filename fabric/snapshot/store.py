@@ -80,11 +80,30 @@ INDEX_BYTES = 256 << 20
 
 Progress = Callable[[int, int], None]  # bytes done, bytes in all
 Chunked = tuple[int, list[str]]  # a large buffer of an object: its bytes, its chunks' ids
+# the chunk ids of large buffers cut in pieces of a size: `hash_chunks`, or `written.Hashing`
+ChunkIds = Callable[[list[memoryview], int], list[list[str]]]
 T = TypeVar("T")
 
 
 def blob_id(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def hash_parts(parts: list[memoryview]) -> list[str]:
+    """The ids of `parts`, hashed on a few threads when there are several (xxhash releases the
+    interpreter: 1 GiB hashes in about half the time on two cores)."""
+    if len(parts) <= 1:
+        return [blob_id(part) for part in parts]
+    with ThreadPoolExecutor(min(THREADS, len(parts))) as pool:
+        return list(pool.map(blob_id, parts))
+
+
+def hash_chunks(views: list[memoryview], chunk: int) -> list[list[str]]:
+    """The ids of each view's `chunk`-byte pieces, all hashed in one batch."""
+    cuts = [[view[start:start + chunk] for start in range(0, view.nbytes, chunk)]
+            for view in views]
+    ids = iter(hash_parts([part for cut in cuts for part in cut]))
+    return [[next(ids) for _ in cut] for cut in cuts]
 
 
 @dataclass(frozen=True)
@@ -352,32 +371,34 @@ class BlobStore:
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
 
     # objects: a pickled group, its buffers chunked
-    def fingerprint(self, encoded: Encoded) -> tuple[str, bytes, list[tuple[str, memoryview]]]:
-        """The object's id, its index and its chunks, from hashing alone (no I/O)."""
-        parts = [[view[start:start + self.chunk] for start in range(0, view.nbytes, self.chunk)]
-                 for view in encoded.buffers if view.nbytes >= INLINE]  # flat byte views
-        ids = iter(_hashes([part for cut in parts for part in cut]))
+    def fingerprint(self, encoded: Encoded, chunk_ids: ChunkIds = hash_chunks
+                    ) -> tuple[str, bytes, list[tuple[str, memoryview]]]:
+        """The object's id, its index and its chunks, from hashing alone (no I/O); `chunk_ids`
+        names the chunks of its large buffers (`written.Hashing` hashes only what changed)."""
+        large = [view for view in encoded.buffers if view.nbytes >= INLINE]  # flat byte views
+        named = iter(chunk_ids(large, self.chunk))
         chunks: list[tuple[str, memoryview]] = []
         buffers: list[object] = []
-        cuts = iter(parts)
         for view in encoded.buffers:
             if view.nbytes < INLINE:
                 buffers.append(bytes(view))
                 continue
-            cut = [(next(ids), part) for part in next(cuts)]
-            chunks += cut
-            buffers.append([view.nbytes, [ident for ident, _ in cut]])
+            ids = next(named)
+            chunks += [(ident, view[i * self.chunk:(i + 1) * self.chunk])
+                       for i, ident in enumerate(ids)]
+            buffers.append([view.nbytes, ids])
         index = _OBJECT + pack({"stream": encoded.stream, "chunk": self.chunk,
                                  "buffers": buffers})
         return blob_id(index), index, chunks
 
     def put_object(self, encoded: Encoded, known: str | None = None,
-                   progress: Progress | None = None, writes: Writes | None = None) -> str:
+                   progress: Progress | None = None, writes: Writes | None = None,
+                   chunk_ids: ChunkIds = hash_chunks) -> str:
         """Store a pickled group durably; return its id. Nothing is written if it equals `known`
         (the group as last loaded or saved) and is still on disk, and otherwise only chunks
         missing or corrupt on disk: an index already there is no proof that its chunks are
         intact. With `writes`, the writes are only begun: durable once `writes.finish()`."""
-        ident, index, chunks = self.fingerprint(encoded)
+        ident, index, chunks = self.fingerprint(encoded, chunk_ids)
         if ident == known:
             with contextlib.suppress(FileNotFoundError):  # gone: written again below
                 self.disk.touch(ident)  # named again: a gc running meanwhile keeps it
@@ -916,14 +937,3 @@ def _allocate(nbytes: int) -> memoryview:
         return memoryview(bytearray())
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return memoryview(mmap.mmap(-1, nbytes, flags=flags))
-
-
-def _hashes(parts: list[memoryview]) -> list[str]:
-    """The ids of `parts`, hashed on a few threads when there are several (xxhash releases the
-    interpreter: 1 GiB hashes in about half the time on two cores)."""
-    if len(parts) <= 1:
-        return [blob_id(part) for part in parts]
-    with ThreadPoolExecutor(min(THREADS, len(parts))) as pool:
-        return list(pool.map(blob_id, parts))
-
-

@@ -41,7 +41,7 @@ from .. import protocol
 from ..closure.groups import group_variables
 from ..closure.plan import plan
 from ..errors import CellStopped, FabricError, LoadFailed, ProtocolError
-from ..snapshot import ambient, catalog, codec
+from ..snapshot import ambient, catalog, codec, written
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
@@ -207,6 +207,7 @@ class Worker:
                               else Refused(f"a worker takes no {message.op!r} here"))
 
     def sleep(self, message: Sleep) -> Hello:
+        written.reset()  # a restored copy's pages say nothing of what its saves hashed
         self.channel.send(Sleeping(os.getpid()))
         self.channel.sleep(message.wake_dir)
         return Hello(os.getpid())
