@@ -116,6 +116,11 @@ def _pages(address: int, nbytes: int) -> tuple[int, int]:
     return address - address % PAGE, -(-(address + nbytes) // PAGE) * PAGE
 
 
+def _inner_pages(address: int, nbytes: int) -> tuple[int, int]:
+    """The whole pages within `nbytes` at `address` (an empty range if none)."""
+    return -(-address // PAGE) * PAGE, (address + nbytes) // PAGE * PAGE
+
+
 @dataclass
 class _Buffer:
     """A tracked buffer: each chunk's id as last hashed (None: being hashed, or never was),
@@ -217,10 +222,12 @@ class Tracker:
             buffer.ids[i] = ident
             if buffer.previous[i] not in (None, ident):
                 buffer.stale[i] = True
-                first, end = _pages(address + i * chunk, min(chunk, nbytes - i * chunk))
+                # its own pages only: one it shares with the next chunk stays protected for it
+                first, end = _inner_pages(address + i * chunk, min(chunk, nbytes - i * chunk))
                 with contextlib.suppress(OSError):  # still protected: only slower to write
-                    _ioctl(self._libc, self._uffd, _UFFDIO_WRITEPROTECT,
-                           _WriteProtect(_Range(first, end - first), 0))
+                    if end > first:
+                        _ioctl(self._libc, self._uffd, _UFFDIO_WRITEPROTECT,
+                               _WriteProtect(_Range(first, end - first), 0))
 
     def _scan(self, first: int, end: int) -> None:
         """Find the pages in [first, end) not provably unwritten (written, or not present) and

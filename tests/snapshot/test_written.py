@@ -48,9 +48,19 @@ def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
+def _own_pages(fill: int = 0) -> np.ndarray:
+    """A buffer on pages of its own: one from the heap shares its edge pages with what malloc
+    writes there, so its edge chunks are hashed again now and then."""
+    memory = mmap.mmap(-1, SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    array = np.frombuffer(memory, dtype=np.uint8)
+    array[:] = fill
+    return array
+
+
 def test_a_buffer_nothing_wrote_is_neither_hashed_nor_written(tmp_path: Path) -> None:
     cells = _Cells(tmp_path)
-    cells.ns["x"] = np.random.default_rng(0).random(SIZE // 8)
+    cells.ns["x"] = _own_pages()
+    cells.ns["x"][:] = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8)
     first = cells.save()
     assert (first.hashed, first.reused) == (SIZE, 0)
     files = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
@@ -92,9 +102,7 @@ def test_a_write_through_any_path_is_seen(tmp_path: Path, how: str) -> None:
 
 def test_one_byte_written_costs_one_chunk(tmp_path: Path) -> None:
     cells = _Cells(tmp_path)
-    # memory of its own: a buffer from the heap shares its edge pages with what malloc writes
-    memory = mmap.mmap(-1, SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    cells.ns["t"] = torch.from_numpy(np.frombuffer(memory, dtype=np.uint8))
+    cells.ns["t"] = torch.from_numpy(_own_pages())
     cells.save()
     cells.ns["t"][_middle(SIZE)] = 1
     saved = cells.save()
@@ -170,7 +178,7 @@ def test_after_a_reset_everything_is_hashed_again(tmp_path: Path) -> None:
 
 def test_a_forked_child_tracks_on_its_own(tmp_path: Path) -> None:
     cells = _Cells(tmp_path)
-    cells.ns["x"] = np.ones(SIZE, dtype=np.uint8)
+    cells.ns["x"] = _own_pages(1)
     cells.save()
     pid = os.fork()
     if pid == 0:  # its pages are its own copies, unprotected: it must hash them
@@ -201,3 +209,19 @@ def test_buffers_sharing_a_page_each_see_its_writes(tmp_path: Path) -> None:
     base[SIZE + 150] = 2  # now in b, on the same page
     saved = cells.save()
     assert cells.saved(saved, "b")[50] == 2
+
+
+def test_an_unchanged_buffer_of_a_changed_group_is_kept_and_rewritten_if_gone(
+        tmp_path: Path) -> None:
+    cells = _Cells(tmp_path)
+    cells.ns["pair"] = {"same": _own_pages(1), "other": _own_pages(0)}
+    first = cells.save()
+    chunks = set(cells.store.object_chunks(first.groups[0][0]))
+    cells.ns["pair"]["other"][0] = 1
+    gone = cells.store.disk.path(cells.store.object_chunks(first.groups[0][0])[0])
+    gone.unlink()  # a chunk of "same": kept where the disk has it, written again where not
+    saved = cells.save()
+    assert saved.hashed == CHUNK
+    assert len(set(cells.store.object_chunks(saved.groups[0][0])) - chunks) == 1
+    assert gone.exists()
+    assert cells.saved(saved, "pair")["same"].all()
