@@ -35,7 +35,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -397,18 +397,23 @@ class BlobStore:
         """Store a pickled group durably; return its id. Nothing is written if it equals `known`
         (the group as last loaded or saved) and is still on disk, and otherwise only chunks
         missing or corrupt on disk: an index already there is no proof that its chunks are
-        intact. With `writes`, the writes are only begun: durable once `writes.finish()`."""
+        intact. A chunk `known` has too is trusted as `known` is: kept, unread, if on disk.
+        With `writes`, the writes are only begun: durable once `writes.finish()`."""
         ident, index, chunks = self.fingerprint(encoded, chunk_ids)
         if ident == known:
             with contextlib.suppress(FileNotFoundError):  # gone: written again below
                 self.disk.touch(ident)  # named again: a gc running meanwhile keeps it
                 return ident
+        kept = set[str]()
+        if known is not None and chunks:
+            with contextlib.suppress(StoreError):  # its index unreadable: nothing is trusted
+                kept = set(self.object_chunks(known))
         reporter = _Reporter(progress, sum(part.nbytes for _, part in chunks))
         if writes is not None:
-            writes.add(ident, index, chunks, reporter)
+            writes.add(ident, index, chunks, reporter, kept)
             return ident
         own = Writes(self)
-        own.add(ident, index, chunks, reporter)
+        own.add(ident, index, chunks, reporter, kept)
         for exc in own.finish().values():
             raise exc
         return ident
@@ -813,13 +818,18 @@ class Writes:
         self._objects: dict[str, Future[None]] = {}
 
     def add(self, ident: str, index: bytes, chunks: list[tuple[str, memoryview]],
-            reporter: _Reporter) -> None:
+            reporter: _Reporter, kept: Collection[str] = ()) -> None:
+        """Write an object: its chunks, then its index. Those in `kept` (the chunks of the
+        version it replaces, durable when that was saved or loaded) are only touched if the disk
+        has them whole, without being read again."""
         if ident in self._objects:  # the same object twice in one save
             return
         written: list[str] = []
 
         def put_chunk(chunk: tuple[str, memoryview]) -> None:
-            if self.store.store_blob(*chunk):
+            if chunk[0] in kept and self._keep(*chunk):
+                pass
+            elif self.store.store_blob(*chunk):
                 written.append(chunk[0])
             reporter.add(chunk[1].nbytes)
 
@@ -837,6 +847,15 @@ class Writes:
                 raise
 
         self._objects[ident] = self._indexes.submit(put_index)
+
+    def _keep(self, ident: str, data: memoryview) -> bool:
+        try:
+            if self.store.disk.size(ident) == data.nbytes:
+                self.store.disk.touch(ident)  # a gc running meanwhile keeps it
+                return True
+        except (StoreError, FileNotFoundError):  # not the store's file, or just collected
+            pass
+        return False
 
     def finish(self) -> dict[str, Exception]:
         """Wait for every write: the objects whose writes failed, with why; a full disk raises
