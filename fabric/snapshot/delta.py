@@ -24,6 +24,7 @@ from typing import Any
 
 from ..closure.groups import group_variables
 from . import codec, written
+from .codec import Encoded
 from .store import Progress, Store, Writes
 
 SavedGroup = tuple[str, list[str], int]  # object id, names, bytes
@@ -58,6 +59,19 @@ class DeltaSaver:
 
     def loaded(self, names: Iterable[str], blob: str, nbytes: int) -> None:
         self.objects[frozenset(names)] = (blob, nbytes)
+
+    def seed(self, blob: str, encoded: Encoded) -> None:
+        """Give the object `blob`, just loaded as `encoded` (its chunks verified), to the write
+        tracker, before anything else can reach its buffers: a later cell that only reads them
+        is saved without hashing them."""
+        tracker = written.tracker() if self.track else None
+        if tracker is None:
+            return
+        index = self.store.object_index(blob)
+        large = [view for view, entry in zip(encoded.buffers, index.buffers, strict=True)
+                 if not isinstance(entry, bytes)]
+        written.Hashing(tracker, self.store.disk.root).seed(
+            large, index.chunk, [ids for _, ids in index.large])
 
     def _closure(self, names: set[str]) -> set[str]:
         todo, out = list(names), set[str]()

@@ -339,6 +339,13 @@ class Hashing:
             out.append(chunk_ids)
         return out
 
+    def seed(self, views: list[memoryview], chunk: int, ids: list[list[str]]) -> None:
+        """Track buffers whose chunks are known to have the ids `ids` (a load verified them)
+        and that nothing can have written since: their next save hashes only what is."""
+        for view, known in zip(views, ids, strict=True):
+            if self._prepare(view, chunk) is not None and self.tracker is not None:
+                self.tracker.hashed(_address(view), view.nbytes, chunk, known)
+
     def _prepare(self, view: memoryview, chunk: int) -> list[str | None] | None:
         if self.tracker is None or _pinned(view):
             return None

@@ -282,6 +282,7 @@ class Worker:
             objects = self.store.get_objects([blob for blob, _ in message.groups],
                                              self._progress("loading"))
             for (blob, names), encoded in zip(message.groups, objects, strict=True):
+                self.saver.seed(blob, encoded)  # before the values exist: none can write them
                 try:
                     values = codec.loads(encoded, ns)
                 except Exception as exc:  # a class gone, a __setstate__ that fails: see `run`

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fabric.pool import Pool
-from fabric.snapshot import Store, loads, written
+from fabric.snapshot import Store, dumps, loads, written
 from fabric.worker.messages import Done, Load, Loaded, RunCell
 
 pytestmark = [pytest.mark.timeout(120),
@@ -63,3 +63,36 @@ def test_a_worker_saves_each_write_after_cells_that_only_read(tmp_path: Path) ->
         expected[written_at[-1]] = len(written_at)
         assert np.array_equal(saved[i], expected), i
     assert np.array_equal(saved[1], saved[0]) and np.array_equal(saved[3], saved[2])
+
+
+def test_a_worker_saves_a_write_to_a_buffer_it_loaded(tmp_path: Path) -> None:
+    """A loaded buffer is tracked from its load on (its chunks were verified as they were
+    read): a write to it in a later cell is saved."""
+    x = np.zeros(SIZE, dtype=np.uint8)
+    blob = Store(tmp_path).put_object(dumps({"x": x}, {}))
+
+    async def scenario() -> list[Done]:
+        pool = Pool(tmp_path)
+        await pool.start()
+        try:
+            worker = await pool.fork_worker(frozenset())
+            await worker.send(Load(cwd=str(tmp_path), groups=[(blob, ["x"])]))
+            loaded = await worker.recv(timeout=60)
+            assert isinstance(loaded, Loaded) and loaded.error is None, loaded
+            dones = []
+            for i, cell in enumerate(["total = int(x.sum())", f"x[{AT}] = 9"], 1):
+                await worker.send(RunCell(cell, execution_count=i))
+                while not isinstance(done := await worker.recv(timeout=60), Done):
+                    pass
+                dones.append(done)
+            await worker.close()
+            return dones
+        finally:
+            await pool.stop()
+
+    read, wrote = asyncio.run(scenario())
+    assert read.saved is not None and wrote.saved is not None
+    assert [b for b, names, _ in read.saved.groups if names == ["x"]] == [blob]
+    [after] = [b for b, names, _ in wrote.saved.groups if names == ["x"]]
+    x[AT] = 9
+    assert np.array_equal(loads(Store(tmp_path).get_object(after), {})["x"], x)
