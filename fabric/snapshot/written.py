@@ -204,10 +204,11 @@ class Tracker:
             self._scan(first, end)
         except OSError:  # registered by someone else's userfaultfd, not private memory, ...
             return None
-        self._buffers[key] = _Buffer([None] * count, [False] * count, [None] * count)
+        unknown: list[str | None] = [None] * count
+        self._buffers[key] = _Buffer(list(unknown), [False] * count, list(unknown))
         while len(self._buffers) > KEEP:
             self._buffers.popitem(last=False)
-        return [None] * count
+        return unknown
 
     def hashed(self, address: int, nbytes: int, chunk: int, ids: list[str]) -> None:
         """Remember the ids of a buffer hashed after `prepare`. A chunk whose id changed since
@@ -240,7 +241,12 @@ class Tracker:
             scan = _Scan(ctypes.sizeof(_Scan), flags, start, end, 0, ctypes.addressof(runs),
                          _RUNS, 0, _PAGE_IS_PRESENT, 0, _PAGE_IS_PRESENT | _PAGE_IS_WRITTEN,
                          _PAGE_IS_PRESENT | _PAGE_IS_WRITTEN)
-            found = _ioctl(self._libc, self._pagemap, _PAGEMAP_SCAN, scan)
+            try:
+                found = _ioctl(self._libc, self._pagemap, _PAGEMAP_SCAN, scan)
+            except OSError:  # it may have protected pages before it stopped, untold which
+                if end > start:
+                    self._stale([(start, end)])
+                raise
             if found:
                 self._stale([(runs[i].start, runs[i].end) for i in range(found)])
             if scan.walk_end >= end or found == 0:
@@ -299,8 +305,7 @@ def _forget_in_child() -> None:
     parent's: it must never use it (protecting through it would hide the parent's writes)."""
     global _tracker
     if _tracker is not None:
-        for fd in _tracker._files:
-            os.close(fd)
+        _tracker.close()  # the child's copies of the descriptors: the parent's stay open
         _tracker = None
 
 
@@ -370,7 +375,7 @@ class Hashing:
 
 def _private_maps(immutable: str) -> list[tuple[int, int, bool]]:
     """This process's mappings, each with whether its pages change only through its writes."""
-    out = []
+    out: list[tuple[int, int, bool]] = []
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)

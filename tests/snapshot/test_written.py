@@ -226,3 +226,19 @@ def test_an_unchanged_buffer_of_a_changed_group_is_kept_and_rewritten_if_gone(
     assert len(set(cells.store.object_chunks(saved.groups[0][0])) - chunks) == 1
     assert gone.exists()
     assert cells.saved(saved, "pair")["same"].all()
+
+
+def test_memory_mapped_anew_at_the_same_address_is_hashed(tmp_path: Path) -> None:
+    cells = _Cells(tmp_path)
+    cells.ns["x"] = _own_pages(1)
+    cells.save()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    address = _address(cells.ns["x"])
+    fixed = 0x10  # MAP_FIXED: fresh zero pages replace the array's, none of them written
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | fixed
+    assert libc.mmap(address, SIZE, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0) == address
+    saved = cells.save()
+    assert saved.hashed == SIZE and not cells.saved(saved, "x").any()
