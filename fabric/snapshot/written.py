@@ -32,6 +32,7 @@ protected.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import ctypes
@@ -47,6 +48,7 @@ from .store import hash_parts
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KEEP = 16384  # buffers remembered at most, the least recently saved forgotten first
+_BIG = 1 << 26  # bytes from which a buffer is looked for apart when finding what shares pages
 
 _NR_USERFAULTFD = {"x86_64": 323, "aarch64": 282}
 _UFFD_USER_MODE_ONLY = 1  # enough for write-protect: its faults are resolved by the kernel
@@ -155,8 +157,12 @@ class Tracker:
         self._files = {fd: os.fstat(fd), self._pagemap: os.fstat(self._pagemap)}
         self._buffers: collections.OrderedDict[tuple[int, int, int], _Buffer] = \
             collections.OrderedDict()
+        self._keys: list[tuple[int, int, int]] = []  # the same, sorted: by address
+        self._big: set[tuple[int, int, int]] = set()  # those of _BIG bytes or more
+        # each buffer's others on a page of its own: what protecting its pages hides from them
+        self._near: dict[tuple[int, int, int], set[tuple[int, int, int]]] = {}
         try:
-            self._scan(0, 0)  # ENOTTY: a kernel before 6.7, without PAGEMAP_SCAN
+            self._scan(0, 0, set())  # ENOTTY: a kernel before 6.7, without PAGEMAP_SCAN
         except OSError:
             self.close()
             raise
@@ -164,6 +170,9 @@ class Tracker:
     def close(self) -> None:
         """Give up every protection (closing the userfaultfd unregisters its ranges)."""
         self._buffers.clear()
+        self._keys.clear()
+        self._big.clear()
+        self._near.clear()
         for fd in (self._uffd, self._pagemap):
             os.close(fd)
 
@@ -183,13 +192,13 @@ class Tracker:
         key = (address, nbytes, chunk)
         first, end = _pages(address, nbytes)
         count = -(-nbytes // chunk)
-        buffer = self._buffers.pop(key, None)
+        buffer = self._buffers.get(key)
         if buffer is not None:
-            self._buffers[key] = buffer  # the most recently saved, last
+            self._buffers.move_to_end(key)  # the most recently saved, last
             try:
-                self._scan(first, end)
+                self._scan(first, end, {key, *self._near[key]})
             except OSError:  # part of it was unmapped, or mapped anew: tracked afresh below
-                del self._buffers[key]
+                self._drop(key)
             else:
                 reuse = [None if stale else ident
                          for ident, stale in zip(buffer.ids, buffer.stale, strict=True)]
@@ -198,17 +207,39 @@ class Tracker:
                 return reuse
         if not trusted(first, end):
             return None
+        near = self._sharing(first, end)
         try:
             _ioctl(self._libc, self._uffd, _UFFDIO_REGISTER,
                    _Register(_Range(first, end - first), _REGISTER_MODE_WP, 0))
-            self._scan(first, end)
+            self._scan(first, end, near)
         except OSError:  # registered by someone else's userfaultfd, not private memory, ...
             return None
         unknown: list[str | None] = [None] * count
         self._buffers[key] = _Buffer(list(unknown), [False] * count, list(unknown))
+        bisect.insort(self._keys, key)
+        if nbytes >= _BIG:
+            self._big.add(key)
+        self._near[key] = near
+        for other in near:
+            self._near[other].add(key)
         while len(self._buffers) > KEEP:
-            self._buffers.popitem(last=False)
+            self._drop(next(iter(self._buffers)))
         return unknown
+
+    def _sharing(self, first: int, end: int) -> set[tuple[int, int, int]]:
+        """The buffers with a page in [first, end): the big ones, and those that start at most
+        _BIG bytes before it."""
+        lo = bisect.bisect_left(self._keys, (first - _BIG - PAGE,))
+        hi = bisect.bisect_left(self._keys, (end,))
+        return {key for key in (*self._keys[lo:hi], *self._big)
+                if _pages(key[0], key[1])[0] < end and _pages(key[0], key[1])[1] > first}
+
+    def _drop(self, key: tuple[int, int, int]) -> None:
+        del self._buffers[key]
+        del self._keys[bisect.bisect_left(self._keys, key)]
+        self._big.discard(key)
+        for other in self._near.pop(key):
+            self._near[other].discard(key)
 
     def hashed(self, address: int, nbytes: int, chunk: int, ids: list[str]) -> None:
         """Remember the ids of a buffer hashed after `prepare`. A chunk whose id changed since
@@ -230,10 +261,10 @@ class Tracker:
                         _ioctl(self._libc, self._uffd, _UFFDIO_WRITEPROTECT,
                                _WriteProtect(_Range(first, end - first), 0))
 
-    def _scan(self, first: int, end: int) -> None:
+    def _scan(self, first: int, end: int, on: set[tuple[int, int, int]]) -> None:
         """Find the pages in [first, end) not provably unwritten (written, or not present) and
-        write-protect them in the same walk; every buffer on them is marked stale there.
-        OSError if part of the range is not registered with us."""
+        write-protect them in the same walk; the buffers `on` (every one with a page there) are
+        marked stale there. OSError if part of the range is not registered with us."""
         runs = (_Run * _RUNS)()
         flags = _SCAN_CHECK_WPASYNC | _SCAN_WP_MATCHING
         start = first
@@ -245,19 +276,18 @@ class Tracker:
                 found = _ioctl(self._libc, self._pagemap, _PAGEMAP_SCAN, scan)
             except OSError:  # it may have protected pages before it stopped, untold which
                 if end > start:
-                    self._stale([(start, end)])
+                    self._stale([(start, end)], on)
                 raise
             if found:
-                self._stale([(runs[i].start, runs[i].end) for i in range(found)])
+                self._stale([(runs[i].start, runs[i].end) for i in range(found)], on)
             if scan.walk_end >= end or found == 0:
                 return
             start = scan.walk_end
 
-    def _stale(self, runs: list[tuple[int, int]]) -> None:
-        low, high = runs[0][0], runs[-1][1]
-        for (address, nbytes, chunk), buffer in self._buffers.items():
-            if address >= high or address + nbytes <= low:
-                continue
+    def _stale(self, runs: list[tuple[int, int]], on: set[tuple[int, int, int]]) -> None:
+        for key in on:
+            address, nbytes, chunk = key
+            buffer = self._buffers[key]
             for start, end in runs:
                 if start >= address + nbytes or end <= address:
                     continue
