@@ -15,14 +15,17 @@ through them are not seen, so their memory is never trusted:
 
 - memory shared with other processes, or mapped from a file that may change: only private
   anonymous memory and the store's own chunk files (never written in place) are tracked;
-- pinned host memory, which a device writes by DMA: not tracked once CUDA is initialized.
+- pinned host memory, which a device writes by DMA: a buffer CUDA has pinned (asked of torch
+  once CUDA is initialized) is not tracked, and nothing is while the process has pages pinned
+  for DMA otherwise (VmPin: RDMA, io_uring's fixed buffers).
 
 A page that is not present proves nothing (swapped out, released by madvise, remapped): its
 chunk is hashed. A range that is no longer registered (unmapped and mapped again, moved by
 mremap) is tracked afresh. Reading the marks and protecting the pages again is one atomic scan,
 whose findings go to every buffer on those pages, so buffers sharing pages never hide a write
 from each other. A forked child starts with nothing (its pages are not protected), and a process
-about to be dumped calls `reset`: its restored copies start afresh too.
+about to be dumped calls `reset` (CRIU refuses to dump a userfaultfd): its restored copies start
+afresh too.
 
 A write to a protected page traps once (a few microseconds a 4 KiB page, several times the cost
 of hashing it), so a chunk found changed is left unprotected after its hash, since it is likely
@@ -349,7 +352,8 @@ class Hashing:
 
     def __init__(self, tracker: Tracker | None, immutable: Path) -> None:
         """`immutable`: the folder of the store's blob files, whose mappings may be tracked."""
-        self.tracker = tracker
+        # pages pinned for a device or io_uring (VmPin) may be written by it, unseen
+        self.tracker = tracker if tracker is not None and not _pinned_pages() else None
         self.immutable = os.path.realpath(immutable) + os.sep
         self.hashed = self.reused = 0
         self._maps: list[tuple[int, int, bool]] | None = None  # read once a save, when needed
@@ -415,6 +419,15 @@ def _private_maps(immutable: str) -> list[tuple[int, int, bool]]:
             ok = fields[1][3] == "p" and (anonymous or path.startswith(immutable))
             out.append((int(start, 16), int(stop, 16), ok))
     return out
+
+
+def _pinned_pages() -> bool:
+    """Whether this process has pages pinned for DMA (RDMA, io_uring's fixed buffers)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmPin:"):
+                return line.split()[1] != "0"
+    return True  # a kernel that does not say: doubtful
 
 
 def _address(view: memoryview) -> int:
