@@ -10,6 +10,8 @@ A worker remembers, for each group it loaded or saved, the object that holds it.
   code reads;
 - every other group is pickled with its buffers out of band and fingerprinted by hashing them;
   one whose fingerprint matches the object it came from costs no I/O (`Store.put_object`).
+  Only the chunks of its large buffers written since this process last hashed them are hashed
+  again, where the kernel tracks writes (`written`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..closure.groups import group_variables
-from . import codec
+from . import codec, written
+from .codec import Encoded
 from .store import Progress, Store, Writes
 
 SavedGroup = tuple[str, list[str], int]  # object id, names, bytes
@@ -38,11 +41,16 @@ class Saved:
     unsaved: dict[str, str] = field(default_factory=dict[str, str])
     bounded: bool = False
     devices: list[str] = field(default_factory=list[str])  # objects of groups holding CUDA memory
+    hashed: int = 0  # bytes of large buffers hashed
+    reused: int = 0  # bytes of large buffers not hashed: unwritten since they last were
 
 
 class DeltaSaver:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, track: bool = True) -> None:
+        """`track`: learn which large buffers changed from the kernel where it can tell
+        (`written`), else by hashing them all."""
         self.store = store
+        self.track = track
         self.objects: dict[frozenset[str], tuple[str, int]] = {}  # group -> (object, bytes)
         self.refs: dict[str, set[str]] = {}  # names grouped here -> globals their code reads
         # name -> (value, why): a value whose pickling ran past its limit or was interrupted,
@@ -51,6 +59,19 @@ class DeltaSaver:
 
     def loaded(self, names: Iterable[str], blob: str, nbytes: int) -> None:
         self.objects[frozenset(names)] = (blob, nbytes)
+
+    def seed(self, blob: str, encoded: Encoded) -> None:
+        """Give the object `blob`, just loaded as `encoded` (its chunks verified), to the write
+        tracker, before anything else can reach its buffers: a later cell that only reads them
+        is saved without hashing them."""
+        tracker = written.tracker() if self.track else None
+        if tracker is None:
+            return
+        index = self.store.object_index(blob)
+        large = [view for view, entry in zip(encoded.buffers, index.buffers, strict=True)
+                 if not isinstance(entry, bytes)]
+        written.Hashing(tracker, self.store.disk.root).seed(
+            large, index.chunk, [ids for _, ids in index.large])
 
     def _closure(self, names: set[str]) -> set[str]:
         todo, out = list(names), set[str]()
@@ -90,13 +111,15 @@ class DeltaSaver:
                       packages={n: sorted(p) for n, p in grouping.packages.items() if p})
         # each group written while the next is pickled; a full disk fails the save at finish
         writes = Writes(self.store)
+        hashing = written.Hashing(written.tracker() if self.track else None,
+                                  self.store.disk.root)
         try:
             for members in grouping.groups:
-                if not self._put(ns, members, saved, progress, writes, limit) and \
+                if not self._put(ns, members, saved, progress, writes, hashing, limit) and \
                         len(members) > 1:
                     # Saved member by member instead, so that one generator costs only itself.
                     for name in members:
-                        self._put(ns, [name], saved, progress, writes, limit)
+                        self._put(ns, [name], saved, progress, writes, hashing, limit)
         except KeyboardInterrupt:
             done = {n for _, names, _ in saved.groups for n in names}
             for name in rest:
@@ -105,6 +128,7 @@ class DeltaSaver:
                     self.stuck[name] = (ns[name], saved.unsaved[name])
         finally:
             failed = writes.finish()
+        saved.hashed, saved.reused = hashing.hashed, hashing.reused
         self._unwritten(saved, failed)
         self._forget_stale(present, set(rest), saved)
         return saved
@@ -128,7 +152,7 @@ class DeltaSaver:
                         or (key <= present and key.isdisjoint(regrouped))}
 
     def _put(self, ns: dict[str, Any], names: list[str], saved: Saved,
-             progress: Progress | None, writes: Writes,
+             progress: Progress | None, writes: Writes, hashing: written.Hashing,
              limit: Callable[[], AbstractContextManager[object]]) -> bool:
         """Save `names` as one group; on failure record why, per name."""
         key = frozenset(names)
@@ -142,7 +166,8 @@ class DeltaSaver:
         try:
             with limit():
                 encoded = codec.dumps({n: ns[n] for n in names}, ns)
-            blob = self.store.put_object(encoded, known and known[0], progress, writes)
+            blob = self.store.put_object(encoded, known and known[0], progress, writes,
+                                         hashing)
         except Exception as exc:  # user objects may fail in any way; the server tells the user
             saved.unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
             if isinstance(exc, TimeoutError) and len(names) == 1:

@@ -35,7 +35,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,11 +81,30 @@ INDEX_BYTES = 256 << 20
 
 Progress = Callable[[int, int], None]  # bytes done, bytes in all
 Chunked = tuple[int, list[str]]  # a large buffer of an object: its bytes, its chunks' ids
+# the chunk ids of large buffers cut in pieces of a size: `hash_chunks`, or `written.Hashing`
+ChunkIds = Callable[[list[memoryview], int], list[list[str]]]
 T = TypeVar("T")
 
 
 def blob_id(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def hash_parts(parts: list[memoryview]) -> list[str]:
+    """The ids of `parts`, hashed on a few threads when there are several (xxhash releases the
+    interpreter: 1 GiB hashes in about half the time on two cores)."""
+    if len(parts) <= 1:
+        return [blob_id(part) for part in parts]
+    with ThreadPoolExecutor(min(THREADS, len(parts))) as pool:
+        return list(pool.map(blob_id, parts))
+
+
+def hash_chunks(views: list[memoryview], chunk: int) -> list[list[str]]:
+    """The ids of each view's `chunk`-byte pieces, all hashed in one batch."""
+    cuts = [[view[start:start + chunk] for start in range(0, view.nbytes, chunk)]
+            for view in views]
+    ids = iter(hash_parts([part for cut in cuts for part in cut]))
+    return [[next(ids) for _ in cut] for cut in cuts]
 
 
 @dataclass(frozen=True)
@@ -355,42 +374,49 @@ class BlobStore:
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
 
     # objects: a pickled group, its buffers chunked
-    def fingerprint(self, encoded: Encoded) -> tuple[str, bytes, list[tuple[str, memoryview]]]:
-        """The object's id, its index and its chunks, from hashing alone (no I/O)."""
-        parts = [[view[start:start + self.chunk] for start in range(0, view.nbytes, self.chunk)]
-                 for view in encoded.buffers if view.nbytes >= INLINE]  # flat byte views
-        ids = iter(_hashes([part for cut in parts for part in cut]))
+    def fingerprint(self, encoded: Encoded, chunk_ids: ChunkIds = hash_chunks
+                    ) -> tuple[str, bytes, list[tuple[str, memoryview]]]:
+        """The object's id, its index and its chunks, from hashing alone (no I/O); `chunk_ids`
+        names the chunks of its large buffers (`written.Hashing` hashes only what changed)."""
+        large = [view for view in encoded.buffers if view.nbytes >= INLINE]  # flat byte views
+        named = iter(chunk_ids(large, self.chunk))
         chunks: list[tuple[str, memoryview]] = []
         buffers: list[object] = []
-        cuts = iter(parts)
         for view in encoded.buffers:
             if view.nbytes < INLINE:
                 buffers.append(bytes(view))
                 continue
-            cut = [(next(ids), part) for part in next(cuts)]
-            chunks += cut
-            buffers.append([view.nbytes, [ident for ident, _ in cut]])
+            ids = next(named)
+            chunks += [(ident, view[i * self.chunk:(i + 1) * self.chunk])
+                       for i, ident in enumerate(ids)]
+            buffers.append([view.nbytes, ids])
         index = _OBJECT + pack({"stream": encoded.stream, "chunk": self.chunk,
                                  "buffers": buffers})
         return blob_id(index), index, chunks
 
     def put_object(self, encoded: Encoded, known: str | None = None,
-                   progress: Progress | None = None, writes: Writes | None = None) -> str:
+                   progress: Progress | None = None, writes: Writes | None = None,
+                   chunk_ids: ChunkIds = hash_chunks) -> str:
         """Store a pickled group durably; return its id. Nothing is written if it equals `known`
         (the group as last loaded or saved) and is still on disk, and otherwise only chunks
         missing or corrupt on disk: an index already there is no proof that its chunks are
-        intact. With `writes`, the writes are only begun: durable once `writes.finish()`."""
-        ident, index, chunks = self.fingerprint(encoded)
+        intact. A chunk `known` has too is trusted as `known` is: kept, unread, if on disk.
+        With `writes`, the writes are only begun: durable once `writes.finish()`."""
+        ident, index, chunks = self.fingerprint(encoded, chunk_ids)
         if ident == known:
             with contextlib.suppress(FileNotFoundError):  # gone: written again below
                 self.disk.touch(ident)  # named again: a gc running meanwhile keeps it
                 return ident
+        kept = set[str]()
+        if known is not None and chunks:
+            with contextlib.suppress(StoreError):  # its index unreadable: nothing is trusted
+                kept = set(self.object_chunks(known))
         reporter = _Reporter(progress, sum(part.nbytes for _, part in chunks))
         if writes is not None:
-            writes.add(ident, index, chunks, reporter)
+            writes.add(ident, index, chunks, reporter, kept)
             return ident
         own = Writes(self)
-        own.add(ident, index, chunks, reporter)
+        own.add(ident, index, chunks, reporter, kept)
         for exc in own.finish().values():
             raise exc
         return ident
@@ -795,13 +821,18 @@ class Writes:
         self._objects: dict[str, Future[None]] = {}
 
     def add(self, ident: str, index: bytes, chunks: list[tuple[str, memoryview]],
-            reporter: _Reporter) -> None:
+            reporter: _Reporter, kept: Collection[str] = ()) -> None:
+        """Write an object: its chunks, then its index. Those in `kept` (the chunks of the
+        version it replaces, durable when that was saved or loaded) are only touched if the disk
+        has them whole, without being read again."""
         if ident in self._objects:  # the same object twice in one save
             return
         written: list[str] = []
 
         def put_chunk(chunk: tuple[str, memoryview]) -> None:
-            if self.store.store_blob(*chunk):
+            if chunk[0] in kept and self._keep(*chunk):
+                pass
+            elif self.store.store_blob(*chunk):
                 written.append(chunk[0])
             reporter.add(chunk[1].nbytes)
 
@@ -819,6 +850,15 @@ class Writes:
                 raise
 
         self._objects[ident] = self._indexes.submit(put_index)
+
+    def _keep(self, ident: str, data: memoryview) -> bool:
+        try:
+            if self.store.disk.size(ident) == data.nbytes:
+                self.store.disk.touch(ident)  # a gc running meanwhile keeps it
+                return True
+        except (StoreError, FileNotFoundError):  # not the store's file, or just collected
+            pass
+        return False
 
     def finish(self) -> dict[str, Exception]:
         """Wait for every write: the objects whose writes failed, with why; a full disk raises
@@ -919,14 +959,3 @@ def _allocate(nbytes: int) -> memoryview:
         return memoryview(bytearray())
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return memoryview(mmap.mmap(-1, nbytes, flags=flags))
-
-
-def _hashes(parts: list[memoryview]) -> list[str]:
-    """The ids of `parts`, hashed on a few threads when there are several (xxhash releases the
-    interpreter: 1 GiB hashes in about half the time on two cores)."""
-    if len(parts) <= 1:
-        return [blob_id(part) for part in parts]
-    with ThreadPoolExecutor(min(THREADS, len(parts))) as pool:
-        return list(pool.map(blob_id, parts))
-
-

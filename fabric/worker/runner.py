@@ -42,7 +42,7 @@ from .. import protocol
 from ..closure.groups import group_variables
 from ..closure.plan import plan
 from ..errors import CellStopped, FabricError, LoadFailed, ProtocolError
-from ..snapshot import ambient, catalog, codec
+from ..snapshot import ambient, catalog, codec, written
 from ..snapshot.commit import Report
 from ..snapshot.delta import DeltaSaver
 from ..snapshot.store import Store
@@ -209,6 +209,7 @@ class Worker:
                               else Refused(f"a worker takes no {message.op!r} here"))
 
     def sleep(self, message: Sleep) -> Hello:
+        written.reset()  # a restored copy's pages say nothing of what its saves hashed
         self.channel.send(Sleeping(os.getpid()))
         cwd = os.getcwd()
         os.chdir("/")  # the image names no directory that the host restoring it may lack
@@ -288,6 +289,7 @@ class Worker:
             objects = self.store.get_objects([blob for blob, _ in message.groups],
                                              self._progress("loading"))
             for (blob, names), encoded in zip(message.groups, objects, strict=True):
+                self.saver.seed(blob, encoded)  # before the values exist: none can write them
                 try:
                     values = codec.loads(encoded, ns)
                 except Exception as exc:  # a class gone, a __setstate__ that fails: see `run`
