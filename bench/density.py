@@ -303,6 +303,7 @@ class Fabric:
             client.open(name, str(folder))
         self.sessions += 1
         with self.session(self.sessions - 1) as cells:
+            cells.draft(setup)  # its worker forks from a zygote that has imported torch
             ran = cells.execute(setup, time.monotonic())
         if ran.error:
             raise RuntimeError(f"an llfabric session's setup cell failed: {ran.error}")
