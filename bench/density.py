@@ -13,12 +13,13 @@ cells between bursts). So most sessions think at any time, and a few run a cell.
 Plain: python3 ipykernels (jupyter_client) with the same cells and think times, added one at a
 time: M is the most whose memory stays within `--memory-gb`. llfabric: one `llfabric serve` with
 N sessions, its sweep going on past M (to 10 M, or `--max-sessions`) while its memory stays
-within the budget and the store's disk holds their state. Its settings make an idle session
-cheap: keep_warm `--keep-warm` seconds (a worker idle longer is retired, its session's state in
-the store alone, no process), linger 0 (a cell's slot and worker go back as soon as its state is
-saved), cool_after 30 (a worker holding values the store cannot keep is dumped to disk after 30 s
-idle), one slot per core, and retention keep_versions 1, keep_hourly 0, keep_daily 0 (the store
-holds the heads alone: the disk, not memory, grows with N).
+within the budget and half the free space of the store's disk (under TMPDIR) holds their
+state. Its settings make an idle session cheap: keep_warm `--keep-warm` seconds (a worker idle
+longer is retired, its session's state in the store alone, no process), linger 0 (a cell's slot
+and worker go back as soon as its state is saved), cool_after 30 (a worker holding values the
+store cannot keep is dumped to disk after 30 s idle), one slot per core, and retention
+keep_versions 1, keep_hourly 0, keep_daily 0 (the store holds the heads alone: the disk, not
+memory, grows with N).
 
 Per N and side: host memory in use (the peak over the phase of PSS summed over the server's
 process tree, or over the kernels', so pages a zygote shares with its workers count once),
@@ -432,14 +433,17 @@ class Workload:
     edit: float
     seed: int
 
-    def setup(self, index: int) -> str:
-        size = random.Random(self.seed * 1_000_003 + index).uniform(*self.model_mb)
-        return setup_cell(size, self.data_mb, self.seed + index)
+    def model(self, index: int) -> float:
+        """The size of session `index`'s model, MB."""
+        return random.Random(self.seed * 1_000_003 + index).uniform(*self.model_mb)
 
-    def state_bytes(self) -> float:
-        """The most a session's state takes: its model three times (the weights and Adam's
-        two moments) and its data."""
-        return (3 * self.model_mb[1] + self.data_mb) * MB
+    def setup(self, index: int) -> str:
+        return setup_cell(self.model(index), self.data_mb, self.seed + index)
+
+    def stored(self, sessions: int) -> float:
+        """The bytes the first `sessions` sessions' state takes in a store: each model three
+        times (the weights and Adam's two moments) and its data."""
+        return sum(3 * self.model(i) + self.data_mb for i in range(sessions)) * MB
 
     def run(self, side: Plain | Fabric) -> Row:
         """A phase of every session `side` has open."""
@@ -568,11 +572,12 @@ def main() -> None:
               "each power of two", flush=True)
         plain_rows, fitted, budget = plain_sweep(work, root / "plain", budget, cap)
         upto = args.max_sessions or 10 * fitted
-        room = int(shutil.disk_usage(root).free / 2 // work.state_bytes())
-        if upto > room:
-            print(f"the store's disk holds the state of {room} sessions in half its free space: "
-                  f"llfabric's sweep stops there, not at {upto}")
-            upto = room
+        room = shutil.disk_usage(root).free / 2
+        if work.stored(upto) > room:
+            fitting = max(n for n in range(1, upto) if work.stored(n) <= room)
+            print(f"half the free space of the store's disk holds the state of {fitting} "
+                  f"sessions: llfabric's sweep stops there, not at {upto} (TMPDIR: another disk)")
+            upto = fitting
         print(f"llfabric sessions to {upto}, the budget {budget / GB:.2f} GB", flush=True)
         fabric_rows = fabric_sweep(work, root / "fabric", budget, upto, args.keep_warm)
     print(f"\nmemory budget {budget / GB:.2f} GB; models {args.model_mb[0]:g}-"
