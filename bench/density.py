@@ -14,8 +14,9 @@ Plain: python3 ipykernels (jupyter_client) with the same cells and think times, 
 time: M is the most whose memory stays within `--memory-gb`. llfabric: one `llfabric serve` with
 N sessions, its sweep going on past M (to 10 M, or `--max-sessions`) while its memory stays
 within the budget and half the free space of the store's disk (under TMPDIR) holds their
-state. Its settings make an idle session cheap: keep_warm `--keep-warm` seconds (a worker idle
-longer is retired, its session's state in the store alone, no process), linger 0 (a cell's slot
+state. Its settings make an idle session cheap: keep_warm `--keep-warm` seconds, 0 by default
+(a worker idle longer is retired, its session's state in the store alone, no process; the next
+cell's draft readies a worker with its closure while the user edits it), linger 0 (a cell's slot
 and worker go back as soon as its state is saved), cool_after 30 (a worker holding values the
 store cannot keep is dumped to disk after 30 s idle), one slot per core, and retention
 keep_versions 1, keep_hourly 0, keep_daily 0 (the store holds the heads alone: the disk, not
@@ -33,7 +34,7 @@ the same memory (R.Rx); active cells' p95 visible delay D ms`.
 `--quick` (tiny models, at most 3 sessions, short phases; the budget 2.5 times the first plain
 kernel's memory unless `--memory-gb` is given) proves the bench works end to end.
 Usage: python bench/density.py [--memory-gb 6] [--model-mb 50-200] [--data-mb 16] [--phase 120]
-    [--compress 1] [--max-think 300] [--edit 3] [--keep-warm 10] [--max-sessions 0] [--quick]
+    [--compress 1] [--max-think 300] [--edit 3] [--keep-warm 0] [--max-sessions N] [--quick]
 """
 
 from __future__ import annotations
@@ -115,18 +116,18 @@ def trace_cells(trace: Path) -> list[tuple[float, bool]]:
 
 def plan(cells: list[tuple[float, bool]], phase: float, compress: float, max_think: float,
          seed: int) -> list[Planned]:
-    """One session's cells for a phase of `phase` seconds, from `seed` (both sides get the same):
-    drawn from the trace, the first think cut at random, as if the phase began mid-think."""
+    """One session's cells for a phase of `phase` seconds, from `seed` (both sides get the same),
+    drawn from the trace. The phase begins in the middle of a think: one drawn in proportion to
+    its length (a moment taken at random more often falls in a long think), cut at random."""
     rng = random.Random(seed)
-    out: list[Planned] = []
-    total = 0.0
+    thinks = [min(max_think, think / compress) for think, _ in cells]
+    [first] = rng.choices(range(len(cells)), weights=thinks)
+    out = [Planned(rng.uniform(0, thinks[first]), TRAIN if cells[first][1] else EVALUATE)]
+    total = out[0].think
     while total < phase:
-        think, training = rng.choice(cells)
-        think = min(max_think, think / compress)
-        if not out:
-            think = rng.uniform(0, think)
-        out.append(Planned(think, TRAIN if training else EVALUATE))
-        total += think
+        drawn = rng.randrange(len(cells))
+        out.append(Planned(thinks[drawn], TRAIN if cells[drawn][1] else EVALUATE))
+        total += thinks[drawn]
     return out
 
 
@@ -554,9 +555,9 @@ def main() -> None:
                         help="tiny models, a few sessions, short phases: the bench end to end")
     args = parser.parse_args()
     defaults = (dict(memory_gb=None, model_mb=(2.0, 4.0), data_mb=1.0, phase=3.0, compress=30.0,
-                     max_think=2.0, edit=0.5, keep_warm=2, max_sessions=3) if args.quick else
+                     max_think=2.0, edit=0.5, keep_warm=0, max_sessions=3) if args.quick else
                 dict(memory_gb=6.0, model_mb=(50.0, 200.0), data_mb=16.0, phase=120.0,
-                     compress=1.0, max_think=300.0, edit=3.0, keep_warm=10, max_sessions=0))
+                     compress=1.0, max_think=300.0, edit=3.0, keep_warm=0, max_sessions=0))
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
