@@ -525,28 +525,51 @@ def table(rows: list[Row]) -> None:
               f"{'-' if row.cooled is None else row.cooled:>6}")
 
 
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not above 0")
+    return value
+
+
+def whole(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
 def megabytes(text: str) -> tuple[float, float]:
+    """LOW-HIGH (or one size) in MB."""
     low, _, high = text.partition("-")
-    return float(low), float(high or low)
+    try:
+        sizes = float(low), float(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LOW-HIGH in MB") from None
+    if not 0 < sizes[0] <= sizes[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be above 0, LOW at most HIGH")
+    return sizes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--memory-gb", type=float, default=None,
+    parser.add_argument("--memory-gb", type=positive, default=None,
                         help="the memory budget (default 6; --quick: 2.5 plain kernels)")
     parser.add_argument("--model-mb", type=megabytes, default=None,
                         help="a session's model size, MB, drawn from LOW-HIGH (default 50-200)")
-    parser.add_argument("--data-mb", type=float, default=None, help="a session's data, MB")
-    parser.add_argument("--phase", type=float, default=None, help="seconds each N is driven")
-    parser.add_argument("--compress", type=float, default=None,
+    parser.add_argument("--data-mb", type=positive, default=None, help="a session's data, MB")
+    parser.add_argument("--phase", type=positive, default=None, help="seconds each N is driven")
+    parser.add_argument("--compress", type=positive, default=None,
                         help="the trace's think times are divided by this")
-    parser.add_argument("--max-think", type=float, default=None,
+    parser.add_argument("--max-think", type=positive, default=None,
                         help="longest think time, seconds after compression")
-    parser.add_argument("--edit", type=float, default=None,
+    parser.add_argument("--edit", type=positive, default=None,
                         help="seconds between a cell's draft and its execute")
-    parser.add_argument("--keep-warm", type=int, default=None,
+    parser.add_argument("--keep-warm", type=whole, default=None,
                         help="the server's keep_warm, seconds")
-    parser.add_argument("--max-sessions", type=int, default=None,
+    parser.add_argument("--max-sessions", type=whole, default=None,
                         help="neither side goes past this many sessions (default: plain "
                         "kernels to the budget, llfabric to 10 M)")
     parser.add_argument("--trace", type=Path, default=TRACE)
@@ -575,7 +598,10 @@ def main() -> None:
         upto = args.max_sessions or 10 * fitted
         room = shutil.disk_usage(root).free / 2
         if work.stored(upto) > room:
-            fitting = max(n for n in range(1, upto) if work.stored(n) <= room)
+            fitting = max((n for n in range(1, upto) if work.stored(n) <= room), default=0)
+            if not fitting:
+                raise SystemExit("half the free space of the store's disk holds no session's "
+                                 "state (TMPDIR: another disk)")
             print(f"half the free space of the store's disk holds the state of {fitting} "
                   f"sessions: llfabric's sweep stops there, not at {upto} (TMPDIR: another disk)")
             upto = fitting
