@@ -263,7 +263,12 @@ def _byte_tensor(torch: Any, data: bytes) -> Any:
 def _write_torch(torch: Any, part: Mapping[str, Any]) -> None:
     torch.set_rng_state(_byte_tensor(torch, part["rng"]))
     torch.set_default_dtype(getattr(torch, part["dtype"]))
-    torch.use_deterministic_algorithms(part["deterministic"], warn_only=part["warn_only"])
+    # set only when it changes: torch's setter imports torch._inductor (hundreds of modules, a
+    # second or more) on every call, which every fresh worker's first load would pay for nothing
+    deterministic = (part["deterministic"], part["warn_only"])
+    if deterministic != (torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled()):
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
     torch.set_grad_enabled(part["grad"])
     torch.set_float32_matmul_precision(part["matmul_precision"])
     cudnn = torch.backends.cudnn

@@ -141,6 +141,18 @@ def test_state_of_a_module_is_restored_when_it_is_imported_later(tmp_path: Path)
     assert restored.stdout == expected
 
 
+def test_restoring_torch_s_default_switches_imports_nothing_more() -> None:
+    """A fresh worker's first load restores the switches: left at their defaults, that must not
+    import torch's compiler stack (torch._inductor), a second or more on every worker."""
+    restored = subprocess.run([sys.executable, "-c", (
+        "import sys, torch\n"
+        "from fabric.snapshot import ambient\n"
+        "state = ambient.capture({}, {})\n"
+        "ambient.restore(state)\n"
+        "print('torch._inductor' in sys.modules)\n")], capture_output=True, text=True)
+    assert restored.returncode == 0, restored.stderr
+    assert restored.stdout == "False\n"
+
 
 CUDA_CAPTURE = """\
 import os, pickle, sys, torch
