@@ -790,7 +790,7 @@ class Store(BlobStore):
         """The sessions whose head or index was written, or that were removed, since the last
         call (in any process), their marks taken: taken before the caller reads them, so a
         write meanwhile marks its session again for the next call."""
-        taken = []
+        taken: list[str] = []
         for entry in os.scandir(self.root / "changed"):
             with contextlib.suppress(FileNotFoundError):  # another process took it first
                 os.unlink(entry.path)
