@@ -48,7 +48,8 @@ class Ledger:
         self.refs: collections.Counter[str] = collections.Counter()  # file -> sessions holding it
         self.thinnings: dict[str, history.Thinning] = {}  # session -> its last retention
         self.damaged: dict[str, str] = {}  # session -> why its history cannot be read whole
-        self.pending: set[str] = set()  # changed sessions gc has not looked at since
+        self.unthinned: set[str] = set()  # changed sessions retention has not looked at since
+        self.pending: set[str] = set()  # and gc
         self.unsettled: set[str] = set()  # sessions whose releases wait for the next pass
         self.listed = -math.inf  # when a pass last listed every file
         self.kept = 0  # files and bytes kept: as last listed, since counted as they change
@@ -61,6 +62,7 @@ class Ledger:
         if not self._seen:
             changed |= set(self.store.sessions())
             self._seen = True
+        self.unthinned |= changed
         self.pending |= changed
         return changed
 
@@ -69,9 +71,11 @@ class Ledger:
         """Thin, by `policy`, the sessions whose retention may have changed (`history.retain`);
         the versions thinned."""
         now = time.time() if now is None else now
+        self._changes()
         stale = {s for s, t in self.thinnings.items() if t.due <= now or t.protected - protect}
         thinned = 0
-        for session in sorted(self._changes() | stale):
+        for session in sorted(self.unthinned | stale):
+            self.unthinned.discard(session)  # a pass that fails leaves the rest for the next
             try:
                 thinning = history.thin(self.store, session, policy, protect, now) \
                     if self.store.head(session) is not None else None
