@@ -553,9 +553,9 @@ class Store(BlobStore):
         one this disk lacks comes from a far tier, and is kept here once it checks."""
         if not valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
-        path = self.root / "manifests" / ident
         data = self.manifest_data(ident)
         if data is None:
+            path = self.root / "manifests" / ident
             data = self._manifest_elsewhere(ident)
             if data is None:
                 raise StoreError(f"manifest {ident} is missing from {path.parent}",
