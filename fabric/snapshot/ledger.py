@@ -98,8 +98,14 @@ class Ledger:
         sessions = sorted(self.pending | self.unsettled | set(self.damaged))
         dropped: set[str] = set()
         added: set[str] = set()
-        for session in sessions:
-            gone, new = self._hold(session, self._holds(session, result.damaged))
+        holds = {s: self._holds(s, result.damaged) for s in sessions}
+        if result.damaged:  # what they may still need: one read of every manifest for all
+            kept: set[str] = set()
+            history.keep_damaged(self.store, set(result.damaged), kept)
+            for session in result.damaged:
+                holds[session] |= kept
+        for session, held in holds.items():
+            gone, new = self._hold(session, held)
             dropped |= gone
             added |= new
         held = [s for s in sessions if s in self.held]
@@ -122,15 +128,14 @@ class Ledger:
         return result
 
     def _holds(self, session: str, damaged: dict[str, str]) -> set[str]:
-        """What the session's history holds now (nothing, once removed); a damaged one (added
-        to `damaged`, with why) holds every version of it that still reads."""
+        """What the session's history holds now (nothing, once removed); of a damaged one,
+        added to `damaged` with why, what it could read."""
         holds: set[str] = set()
         try:
             if self.store.head(session) is not None:
                 history.mark(self.store, session, holds)
         except StoreError as exc:
             damaged[session] = exc.message
-            history.keep_damaged(self.store, {session}, holds)
         return holds
 
     def _hold(self, session: str, holds: set[str]) -> tuple[set[str], set[str]]:

@@ -3,6 +3,7 @@ every session, `history.gc`) on copies of the same store, across restarts and cu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from helpers import commit_values
 
+from fabric.errors import StoreError
 from fabric.snapshot import Encoded, Group, Manifest, Store, dumps, history
 from fabric.snapshot.ledger import Ledger
 from fabric.snapshot.retention import HOUR, RetentionPolicy
@@ -36,7 +38,8 @@ def _full_pass(root: Path, protect: set[str], now: float) -> set[str]:
     shutil.copytree(root, copy)  # file times kept: gc's rules see the same store
     store = Store(copy, chunk=CHUNK)
     for session in store.sessions():
-        history.retain(store, session, POLICY, protect, now)
+        with contextlib.suppress(StoreError):  # a damaged one keeps everything
+            history.retain(store, session, POLICY, protect, now)
     history.gc(store)
     return _files(copy)
 
@@ -195,3 +198,23 @@ def test_a_chunk_list_a_crash_cut_short_is_read_again_from_its_index(tmp_path: P
 
 def _head(store: Store) -> Manifest:
     return Manifest.decode(store.get_manifest(store.head("a")))
+
+
+def test_a_damaged_session_keeps_what_still_reads_while_the_others_are_collected(
+        tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = Store(root, chunk=CHUNK)
+    for i in range(3):
+        _commit(store, "broken", i)
+        _commit(store, "fine", 10 + i)
+    ledger = Ledger(store)
+    _pass(ledger, set(), time.time())
+    head = store.head("broken")
+    path = root / "manifests" / head
+    path.write_bytes(path.read_bytes()[:-1] + b"\0")  # its head cannot be read
+    for i in range(3, 6):
+        _commit(store, "fine", 10 + i)
+    expected = _full_pass(root, set(), time.time())
+    result = _pass(ledger, set(), time.time())
+    assert set(result.damaged) == {"broken"} and _files(root) == expected
+    assert path.exists() and history.log(store, "fine")[0][1].version == 6
