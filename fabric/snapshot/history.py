@@ -15,6 +15,9 @@ keeps its manifest, a tombstone `log` still shows, and loses its data. The sessi
 records when each was thinned; gc frees what only thinned versions (or removed sessions) name
 at once, not after the grace period, unless a save touched it after it was released: a save
 that finds an intact blob already there touches it, and a commit then names it.
+
+`retain` and `gc` look at the whole store; the server's upkeep does the same work for what
+changed since its last pass (`ledger.Ledger`), with `thin`, `mark` and `sweep`.
 """
 
 from __future__ import annotations
