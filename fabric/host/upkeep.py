@@ -2,8 +2,9 @@
 
 After cells commit, and every `gc_interval` seconds besides (versions age out of the policy's
 hours and days without any commit), a thread thins each session's history by the retention
-policy and collects what that released (`history.retain`, `history.gc`): one pass at a time,
-and commits during a pass ask for one more. What open sessions build on (their heads, what
+policy and collects what that released: one pass at a time, and commits during a pass ask for
+one more. Each store's `Ledger` keeps what the passes learned, so that a pass costs what changed
+since the last one rather than the whole store. What open sessions build on (their heads, what
 their drafts loaded) is never thinned. Past `disk_pressure` percent of the store's disk, the
 operator is told (log and `status`).
 """
@@ -16,11 +17,12 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 from ..config import Config
-from ..errors import StoreError
 from ..session import Session
-from ..snapshot import Store, history
+from ..snapshot import Store
+from ..snapshot.ledger import Ledger
 from ..status import UpkeepStatus
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class Upkeep:
         self.wanted = asyncio.Event()  # a cell committed: retention and gc now
         self.pressure: float | None = None  # the disk's percent in use, while past its limit
         self.last: UpkeepStatus | None = None  # the latest pass, for `status`
+        self.ledgers: dict[Path, Ledger] = {}  # by store root
 
     async def serve(self) -> None:
         """Retention and gc in a thread, when cells have committed and every `gc_interval`
@@ -75,12 +78,11 @@ class Upkeep:
         store, and in each user's part of it); `saving_since`: see `history.gc`."""
         started, thinned, removed, freed, kept = time.time(), 0, 0, 0, 0
         for store in self.stores():
-            for name in store.sessions():
-                try:
-                    thinned += len(history.retain(store, name, self.config.policy, protect))
-                except StoreError as exc:  # a damaged session keeps everything; gc reports it
-                    log.warning("retention skipped session %s: %s", name, exc.message)
-            result = history.gc(store, saving_since=saving_since)
+            ledger = self.ledgers.get(store.root)
+            if ledger is None:  # its store object kept too: it remembers the chunk lists read
+                ledger = self.ledgers[store.root] = Ledger(store)
+            thinned += ledger.retain(self.config.policy, protect)
+            result = ledger.collect(saving_since)
             removed, freed = removed + result.removed, freed + result.freed
             kept += result.kept_bytes
         log.info("retention thinned %d versions; gc freed %d bytes in %d files", thinned,

@@ -15,6 +15,9 @@ keeps its manifest, a tombstone `log` still shows, and loses its data. The sessi
 records when each was thinned; gc frees what only thinned versions (or removed sessions) name
 at once, not after the grace period, unless a save touched it after it was released: a save
 that finds an intact blob already there touches it, and a commit then names it.
+
+`retain` and `gc` look at the whole store; the server's upkeep does the same work for what
+changed since its last pass (`ledger.Ledger`), with `thin`, `mark` and `sweep`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,6 +318,23 @@ def retain(store: Store, session: str, policy: retention.RetentionPolicy,
     """Thin the session's history by `policy` (its own, if it set one); `protect`: manifest ids
     kept whatever the policy says (what drafts and running cells build on). Returns the
     numbers of the versions thinned now."""
+    return thin(store, session, policy, protect, now).numbers
+
+
+@dataclass(frozen=True)
+class Thinning:
+    """What a retention pass did to a session, and until when it stands."""
+
+    numbers: list[int]  # the versions thinned now
+    due: float  # when the policy may thin more with no new version (`retention.due`)
+    protected: frozenset[str]  # the versions kept only because they were protected
+
+
+def thin(store: Store, session: str, policy: retention.RetentionPolicy,
+         protect: Iterable[str] = (), now: float | None = None) -> Thinning:
+    """`retain`, telling also until when what it kept stands: until `due`, with no new
+    version, no new name and its `protected` versions still protected, a pass again thins
+    nothing."""
     now = time.time() if now is None else now
     protect = set(protect)
     with store.locked(session):
@@ -323,14 +343,18 @@ def retain(store: Store, session: str, policy: retention.RetentionPolicy,
         policy = own_policy(policy, index)
         named = set(index.tags.values())
         alive = [(i, m) for i, m in versions if i not in index.thinned]
-        kept = retention.keep([retention.Version(m.version, float(m.cell.get("time", 0)),
-                                                 i in named, i in protect)
-                               for i, m in alive], policy, now)
+        candidates = [retention.Version(m.version, float(m.cell.get("time", 0)), i in named,
+                                        i in protect) for i, m in alive]
+        kept = retention.keep(candidates, policy, now)
         thinned = [(i, m) for i, m in alive if m.version not in kept]
         if thinned:
             index.thinned.update((i, now) for i, _ in thinned)
             store.set_index(session, index)
-    return [m.version for _, m in thinned]
+    unprotected = retention.keep([dataclasses.replace(v, protected=False) for v in candidates],
+                                 policy, now)
+    return Thinning([m.version for _, m in thinned],
+                    retention.due([v for v in candidates if v.number in kept], policy, now),
+                    frozenset(i for i, m in alive if m.version in kept - unprotected))
 
 
 def remove(store: Store, session: str) -> bool:
@@ -404,10 +428,10 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
                                    "retention policy are lost; `verify --repair` rebuilds it")
         names[session] = set()
         try:
-            _mark(store, session, names[session])
+            mark(store, session, names[session])
         except StoreError as exc:
             result.problems.append(f"session {session}: {exc.message}")
-        result.held[session] = sum(_size(store, ident) for ident in names[session])
+        result.held[session] = sum(size_of(store, ident) for ident in names[session])
     for ident, why in corrupt.items():
         users = sorted(s for s, named in names.items() if ident in named)
         result.problems.append(f"blob {ident} {why}"
@@ -416,7 +440,7 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
     return result
 
 
-def _mark(store: Store, session: str, live: set[str]) -> set[str]:
+def mark(store: Store, session: str, live: set[str]) -> set[str]:
     """Add to `live` every manifest of the session's history and every object, chunk and blob
     its versions that are not thinned name; raise if any of them is missing."""
     thinned = store.index(session).thinned
@@ -452,7 +476,7 @@ def _reused(path: Path, stat: os.stat_result) -> bool:
         return False  # gone already: removing it again is harmless
 
 
-def _size(store: Store, ident: str) -> int:
+def size_of(store: Store, ident: str) -> int:
     """The bytes a blob or a manifest takes on disk (0 if it is gone)."""
     for path in (store.disk.path(ident), store.root / "manifests" / ident):
         with contextlib.suppress(FileNotFoundError):
@@ -460,10 +484,10 @@ def _size(store: Store, ident: str) -> int:
     return 0
 
 
-def _released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dict[str, float]:
+def released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dict[str, float]:
     """What retention and removal released and gc has not freed yet: file name -> when
     (the latest time, if released more than once). A removed session's manifests too."""
-    released: dict[str, float] = {}
+    found: dict[str, float] = {}
 
     def release(ident: str, when: float, manifest_too: bool) -> None:
         try:
@@ -475,7 +499,7 @@ def _released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dic
             with contextlib.suppress(StoreError, OSError):
                 names += store.object_chunks(blob)
         for name in [*names, ident] if manifest_too else names:
-            released[name] = max(released.get(name, 0.0), when)
+            found[name] = max(found.get(name, 0.0), when)
 
     for session in sessions:
         if session not in damaged:
@@ -486,7 +510,7 @@ def _released(store: Store, sessions: list[str], damaged: dict[str, str]) -> dic
         with contextlib.suppress(OSError, StoreError, ValueError, TypeError, KeyError):
             for ident, when in Index.decode(record.read_bytes()).thinned.items():
                 release(ident, when, True)
-    return released
+    return found
 
 
 def _records(store: Store) -> list[Path]:
@@ -519,7 +543,7 @@ def _freed(store: Store, sessions: list[str], damaged: dict[str, str], done: flo
                 leftover.unlink()
 
 
-def _keep_damaged(store: Store, sessions: set[str], live: set[str]) -> None:
+def keep_damaged(store: Store, sessions: set[str], live: set[str]) -> None:
     """Add to `live` what damaged `sessions` may still need, their histories being unreadable:
     their heads, every manifest of theirs that still reads, and whatever those name."""
     for session in sessions:
@@ -559,39 +583,56 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
     A damaged session (its history cannot be read completely) is reported and keeps every
     version that still reads; the others are collected as usual."""
     started = time.time()
-    young = started - grace
-    # what was released after this may have been kept for a save: the next pass decides it
-    # (file times lag the clock by up to a tick: a second's margin keeps a little more)
-    settled = started if saving_since is None else min(started, saving_since - 1.0)
     live: set[str] = set()
     result = Collected()
     sessions = store.sessions()
     for session in sessions:
         try:
-            _mark(store, session, live)
+            mark(store, session, live)
         except StoreError as exc:
             result.damaged[session] = exc.message
     if result.damaged:
-        _keep_damaged(store, set(result.damaged), live)
-    released = _released(store, sessions, result.damaged)
+        keep_damaged(store, set(result.damaged), live)
+    sweep(store, live, sessions, listing(store), released(store, sessions, result.damaged),
+          result, started, grace, saving_since)
+    return result
+
+
+def listing(store: Store) -> dict[Path, os.stat_result]:
+    """Every file gc may remove: blobs, manifests and what a crash left among them."""
     stats: dict[Path, os.stat_result] = {}
     for path in [*store.disk.files(), *(store.root / "manifests").iterdir()]:
         with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
             stats[path] = path.lstat()  # a link a user put there: itself
+    return stats
+
+
+def sweep(store: Store, live: Container[str], sessions: list[str],
+          stats: dict[Path, os.stat_result], freeable: dict[str, float], result: Collected,
+          started: float, grace: float, saving_since: float | None) -> None:
+    """gc's second half: remove, of the files in `stats`, those not `live` that are older than
+    `grace` or that retention or removal released (`freeable`: what `released` says of
+    `sessions`) and nothing touched since; then mark in `sessions`' indexes what was freed.
+    `started`: when the pass began, before it read what is live."""
+    young = started - grace
+    # what was released after this may have been kept for a save: the next pass decides it
+    # (file times lag the clock by up to a tick: a second's margin keeps a little more)
+    settled = started if saving_since is None else min(started, saving_since - 1.0)
 
     def touched(path: Path, stat: os.stat_result) -> bool:
         """Written or reused since it was released (or since `saving_since`, if earlier)."""
-        mark = released.get(path.name, 0.0)
-        return stat.st_mtime >= min(mark, settled)
+        when = freeable.get(path.name, 0.0)
+        return stat.st_mtime >= min(when, settled)
 
+    spared: set[str] = set()  # the chunks of saves in flight
     for path, stat in stats.items():
         if stat.st_mtime >= young and path.parent.parent == store.disk.root \
                 and touched(path, stat) and store.is_object(path.name):
             with contextlib.suppress(StoreError):  # a corrupt one names nothing to keep
-                live.update(store.object_chunks(path.name))  # a save in flight: its chunks
+                spared.update(store.object_chunks(path.name))
     for path, stat in stats.items():
         free = stat.st_mtime < young or not touched(path, stat)
-        if path.name in live or not free or _reused(path, stat):
+        if path.name in live or path.name in spared or not free or _reused(path, stat):
             result.kept += 1
             result.kept_bytes += stat.st_size
         else:
@@ -600,4 +641,3 @@ def gc(store: Store, grace: float = GRACE_SECONDS, saving_since: float | None = 
             result.removed += 1
             result.freed += stat.st_size
     _freed(store, sessions, result.damaged, settled, young)
-    return result

@@ -17,6 +17,7 @@ frees is where the bytes are: the objects and chunks only thinned versions name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -68,3 +69,15 @@ def keep(versions: Iterable[Version], policy: RetentionPolicy, now: float) -> se
                 newest.setdefault(bucket, v.number)
         kept |= set(newest.values())
     return kept
+
+
+def due(versions: Iterable[Version], policy: RetentionPolicy, now: float) -> float:
+    """The earliest time after `now` at which `keep` may keep fewer of `versions` with no new
+    one: when the oldest clock hour or day that holds one of them leaves its window (never,
+    `math.inf`, if none is in one). Until then, running the policy again keeps all it kept."""
+    versions, soonest = list(versions), math.inf
+    for width, count in ((HOUR, policy.hourly), (DAY, policy.daily)):
+        held = [b for v in versions if 0 <= now // width - (b := int(v.time // width)) < count]
+        if held:
+            soonest = min(soonest, (min(held) + count) * width)
+    return soonest

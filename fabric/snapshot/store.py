@@ -7,6 +7,8 @@ Layout under the store root::
     manifests/<hex>              signed msgpack manifests, named by the hash of their bytes
     sessions/<name>/head         the id of the session's latest committed manifest
     sessions/<name>/index        its tags, thinned versions and retention override (msgpack)
+    changed/<name>               the session changed since upkeep last looked (`take_changed`)
+    chunks                       the chunks each object names, as read (`chunklists`)
 
 A group of variables is stored as an *object*: an index blob holding the pickle stream, small
 buffers inline and, for each large buffer, the ids of its chunks (CHUNK bytes each). Chunks are
@@ -44,6 +46,7 @@ from typing import TypeVar, cast
 import xxhash
 
 from ..errors import ConfigError, DiskFull, StaleHead, StoreError
+from .chunklists import ChunkLists
 from .codec import Encoded
 from .layers import CACHE_BYTES, ORDER, Place, build
 from .manifest import Manifest
@@ -163,14 +166,16 @@ class BlobStore:
     def __init__(self, root: Path, cache_bytes: int = CACHE_BYTES, chunk: int = CHUNK,
                  owner: tuple[int, int] | None = None, remote: str | Remote = "",
                  peers: PeerList | None = None, copies: int = 1,
-                 tiers: Sequence[str | Tier] = ORDER) -> None:
+                 tiers: Sequence[str | Tier] = ORDER, chunk_lists: Path | None = None) -> None:
         """`owner`: the (uid, gid) of the user whose part of a store this is, whose blobs folder
         the server writes in as them (`DiskTier`). `tiers`: where its blobs live, nearest
         first, by kind or as tier objects (`fabric.snapshot.layers`): `remote`, an fsspec URL
         where manifests, heads and (`replicate`) blobs are kept too, and read from (`fetch`)
         when this disk lacks them (`RemoteTier`); `peers`, a cluster's other hosts, read from
         before the remote (`PeerTier`); `copies`, the hosts, this one included, each commit is
-        kept on where no durable tier holds it (`fabric.snapshot.commit.spread`)."""
+        kept on where no durable tier holds it (`fabric.snapshot.commit.spread`).
+        `chunk_lists`: the file the chunks each object names are remembered in (`chunklists`);
+        None: in memory only."""
         self.root = Path(root)
         self.chunk = chunk  # for new objects; each index records the size it was cut with
         (self.root / "blobs").mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -190,8 +195,8 @@ class BlobStore:
             collections.defaultdict(float)  # and the seconds it took, by tier
         self.replicated = 0  # bytes `replicate` copied to durable far tiers
         # object id -> the chunks its index names: an id names one content, so this never goes
-        # stale; gc, which asks for every live object's on each pass, reads each index once
-        self._chunks: dict[str, tuple[str, ...]] = {}
+        # stale; gc, which asks for every live object's, reads each index once, ever
+        self._chunks = ChunkLists(chunk_lists)
 
     # blobs
     def _checked(self, ident: str) -> str:
@@ -334,14 +339,16 @@ class BlobStore:
         with ThreadPoolExecutor(THREADS) as pool:
             return sum(pool.map(copy, dict.fromkeys(idents)))
 
-    def get(self, ident: str, limit: int | None = None) -> bytes:
+    def get(self, ident: str, limit: int | None = None, cache: bool = True) -> bytes:
         """Read a blob and check it against its name before anyone unpickles it; one this host
         lacks (or holds as something other than a file) is fetched first, from a peer or the
         remote tier (`fetch`). `limit`: the most bytes its reader expects: a larger blob is
-        refused unread."""
+        refused unread. Not `cache`: read past the memory tier, and not kept there (what only
+        upkeep reads, once)."""
         refused = None
+        near = self.near if cache else [t for t in self.near if t.role is not Role.CACHE]
         for attempt in range(2):
-            for tier in self.near:
+            for tier in near:
                 try:
                     size = tier.size(self._checked(ident))
                 except StoreError as exc:  # a user's FIFO or link, say: as if missing
@@ -353,7 +360,7 @@ class BlobStore:
                     raise StoreError(f"blob {ident} holds {size} bytes, more than the {limit} "
                                      "its reader expects: refused unread", blob=ident)
                 out = bytearray(size)
-                self._read_into(ident, memoryview(out))
+                self._read_into(ident, memoryview(out), near)
                 return bytes(out)
             if attempt == 0 and not self.fetch([ident]):
                 break
@@ -361,14 +368,17 @@ class BlobStore:
             raise StoreError(f"blob {ident} is refused: {refused.message}", blob=ident)
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
 
-    def _read_into(self, ident: str, out: memoryview) -> None:
-        for i, tier in enumerate(self.near):
+    def _read_into(self, ident: str, out: memoryview, near: list[Tier] | None = None) -> None:
+        """Fill `out` from the first of the `near` tiers (all near ones by default) that holds
+        the blob, checked, and give it to those before it."""
+        near = self.near if near is None else near
+        for i, tier in enumerate(near):
             size = tier.read_into(ident, out)
             if size is None:
                 continue
             if size != len(out) or blob_id(out) != ident:
                 raise StoreError(f"blob {ident} is corrupt (hash mismatch)", blob=ident)
-            for upper in self.near[:i]:
+            for upper in near[:i]:
                 upper.write(ident, out)
             return
         raise StoreError(f"blob {ident} is missing from {self.disk.root}", blob=ident)
@@ -421,9 +431,9 @@ class BlobStore:
             raise exc
         return ident
 
-    def object_index(self, ident: str) -> ObjectIndex:
-        """An object's index, validated as input from outside."""
-        data = self.get(ident)
+    def object_index(self, ident: str, cache: bool = True) -> ObjectIndex:
+        """An object's index, validated as input from outside; `cache`: see `get`."""
+        data = self.get(ident, cache=cache)
         try:
             if not data.startswith(_OBJECT):
                 raise ValueError("not an object index")
@@ -508,15 +518,19 @@ class BlobStore:
             return f.read(len(_OBJECT)) == _OBJECT
 
     def object_chunks(self, ident: str) -> list[str]:
+        """The chunks an object names: as remembered (`chunklists`), else from its index, read
+        past the memory tier (gc asks for every live object's: they would only crowd out what
+        workers read)."""
         chunks = self._chunks.get(ident)
         if chunks is None:
-            chunks = tuple(cid for _, ids in self.object_index(ident).large for cid in ids)
-            self._chunks[ident] = chunks
+            index = self.object_index(ident, cache=False)
+            chunks = tuple(cid for _, ids in index.large for cid in ids)
+            self._chunks.add(ident, chunks)
         return list(chunks)
 
     def forget_object(self, ident: str) -> None:
         """Drop what is remembered of a blob gc removed."""
-        self._chunks.pop(ident, None)
+        self._chunks.forget(ident)
 
 
 class Store(BlobStore):
@@ -532,8 +546,9 @@ class Store(BlobStore):
         own `key`, made on first use); without `signs`, blobs only: a worker's view, which never
         reads the key (user code could read it from the worker's memory). The rest: see
         `BlobStore`."""
-        super().__init__(root, cache_bytes, chunk, owner, remote, peers, copies, tiers)
-        for sub in ("manifests", "sessions"):
+        super().__init__(root, cache_bytes, chunk, owner, remote, peers, copies, tiers,
+                         Path(root) / "chunks" if signs else None)
+        for sub in ("manifests", "sessions", "changed"):
             (self.root / sub).mkdir(mode=0o700, exist_ok=True)
         # the far tiers that hold sessions' heads (their authority, where there is one), and peers
         self._shared = [t for t in self.far if isinstance(t, Shared)]
@@ -567,9 +582,9 @@ class Store(BlobStore):
         one this disk lacks comes from a far tier, and is kept here once it checks."""
         if not valid_id(ident):
             raise StoreError(f"invalid manifest id {ident!r}")
-        path = self.root / "manifests" / ident
         data = self.manifest_data(ident)
         if data is None:
+            path = self.root / "manifests" / ident
             data = self._manifest_elsewhere(ident)
             if data is None:
                 raise StoreError(f"manifest {ident} is missing from {path.parent}",
@@ -787,9 +802,30 @@ class Store(BlobStore):
         if not os.path.lexists(path) and not self.has_index(session):  # its first head
             self._write_index(session, Index())
         write_atomic(path, manifest.encode() + b"\n")
+        self._changed(session)
 
     def _write_index(self, session: str, index: Index) -> None:
         write_atomic(self._head_path(session).with_name("index"), index.encode())
+        self._changed(session)
+
+    def _changed(self, session: str) -> None:
+        """Mark the session changed, after the write that changed it: upkeep's next pass looks
+        at it again (`take_changed`). Not synced: a server starts by looking at every session."""
+        fd = os.open(self.root / "changed" / session,
+                     os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+
+    def take_changed(self) -> list[str]:
+        """The sessions whose head or index was written, or that were removed, since the last
+        call (in any process), their marks taken: taken before the caller reads them, so a
+        write meanwhile marks its session again for the next call."""
+        taken: list[str] = []
+        for entry in os.scandir(self.root / "changed"):
+            with contextlib.suppress(FileNotFoundError):  # another process took it first
+                os.unlink(entry.path)
+                if not entry.name.startswith("."):
+                    taken.append(entry.name)
+        return sorted(taken)
 
     def remove_session(self, session: str) -> bool:
         """Forget the session: its head, index and lock go; gc frees what only it named."""
@@ -801,6 +837,7 @@ class Store(BlobStore):
             for name in ("index", "head"):  # the head last: a session without one is gone
                 (folder / name).unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
+        self._changed(session)
         return True
 
     def sessions(self) -> list[str]:

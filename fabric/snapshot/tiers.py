@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -128,10 +129,12 @@ class Shared(Tier, Protocol):
         ...
 
 
+_ID = re.compile("[0-9a-f]{32}")
+
+
 def valid_id(ident: object) -> TypeGuard[str]:
     """Whether `ident` is a blob's (or a manifest's) name: 32 lowercase hex digits."""
-    return isinstance(ident, str) and len(ident) == 32 and \
-        all(c in "0123456789abcdef" for c in ident)
+    return isinstance(ident, str) and _ID.fullmatch(ident) is not None
 
 
 def fsync_dir(path: Path) -> None:

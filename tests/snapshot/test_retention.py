@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fabric.errors import FabricError, StoreError
 from fabric.snapshot import Manifest, Store, dumps, history, loads
-from fabric.snapshot.retention import DAY, HOUR, RetentionPolicy, Version, keep
+from fabric.snapshot.retention import DAY, HOUR, RetentionPolicy, Version, due, keep
 
 CHUNK = 1 << 16
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -44,6 +44,17 @@ def test_the_policy_keeps_head_named_and_protected_and_a_bounded_rest(versions, 
     pinned = sum(v.named or v.protected for v in versions)
     assert len(kept) <= policy.bound() + pinned
     assert keep([v for v in versions if v.number in kept], policy, NOW) == kept  # stable
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), policies, st.floats(0, 1))
+def test_what_the_policy_kept_stays_kept_until_it_is_due(versions, policy, share) -> None:
+    kept = [v for v in versions if v.number in keep(versions, policy, NOW)]
+    until = due(kept, policy, NOW)
+    assert until > NOW
+    later = NOW + share * (min(until, NOW + 30 * DAY) - NOW)
+    if later < until:  # a pass before it is due thins nothing
+        assert keep(kept, policy, later) == {v.number for v in kept}
 
 
 def test_the_policy_thins_old_versions_to_one_per_hour_then_one_per_day() -> None:

@@ -190,7 +190,8 @@ def test_no_temp_files_are_left_after_writes(tmp_path: Path) -> None:
     files = _files(tmp_path)
     assert files  # something was written
     assert not [p for p in files if p.name.startswith(".tmp-")]
-    assert len(files) == 20 + 1 + 1 + 1 + 1 + 1  # blobs, manifest, head, index, lock, key
+    # blobs, manifest, head, index, lock, key, the session's mark for upkeep
+    assert len(files) == 20 + 1 + 1 + 1 + 1 + 1 + 1
 
 
 def test_manifest_encode_decode_round_trip() -> None:

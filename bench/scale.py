@@ -1,0 +1,242 @@
+"""The server's costs as its store fills: each operation at 10, 100 and 1,000 sessions.
+
+Each store holds `--versions` versions per session (100: 100,000 at 1,000 sessions), one every
+ten minutes, each a cell that changed one of three variables, already thinned by the retention
+policy and collected, as a server that ran all along would have left it. Building one through
+commits and fsyncs would take hours, so the builder writes the store's on-disk format directly
+(`build`): the objects' indexes and chunks (one 4 KiB chunk each) and the manifests, signed by
+the store's key, unsynced, with their cell's time as file time; the thinned versions are those
+`retention.keep` thins, their manifests kept and their data not written, as after gc.
+
+Timed on each store (medians of a few, in seconds), in this order:
+
+  first pass   the first retention and gc pass of a server started anew, with the chunk
+               lists a server that ran before left (`fabric.snapshot.chunklists`); against the
+               I/O it is bounded by: listing and stat'ing every file (`listing`), reading every
+               manifest and the chunk lists (`reading`)
+  open         opening a session (its head, its manifest), on a host of that store
+  status       the host's status with a few sessions open
+  commit       a cell's commit: its manifest written, its head moved
+  retention    the retention pass after a commit (`fabric.snapshot.ledger`)
+  gc           the gc pass after it
+  verify       `store verify`: it hashes every byte kept, so it grows with them by design;
+               shown per byte as well
+
+The ratio is each operation's time at the most sessions against its time at the fewest. Usage:
+python bench/scale.py [--sessions 10,100,1000] [--versions 100] [--dir DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fabric import auth
+from fabric.config import Config
+from fabric.host.face import Caller
+from fabric.host.local import LocalHost
+from fabric.messages import Close, Open, Status
+from fabric.snapshot import Group, Manifest, Store, blob_id, history, retention
+from fabric.snapshot.commit import CellRecord, Report, commit
+from fabric.snapshot.ledger import Ledger
+from fabric.snapshot.packing import pack
+from fabric.snapshot.store import _MANIFEST, _OBJECT, Index
+
+STEP = 600.0  # seconds between a session's versions
+CHUNK = 4096
+VARIABLES = ("a", "b", "c")
+POLICY = retention.RetentionPolicy()
+REPEAT = 5
+
+
+def _write(path: Path, data: bytes, when: float | None = None) -> None:
+    """Write `data` at `path`, as if at `when` (its file time)."""
+    with open(path, "wb") as f:
+        f.write(data)
+    if when is not None:
+        os.utime(path, (when, when))
+
+
+def new_object(store: Store, seed: bytes, when: float | None = None) -> str:
+    """An object of one 4 KiB chunk, written as `put_object` lays it out (at `when`); its id."""
+    chunk = seed.ljust(CHUNK, b"\0")
+    chunk_id = blob_id(chunk)
+    index = _OBJECT + pack({"stream": seed, "chunk": CHUNK, "buffers": [[CHUNK, [chunk_id]]]})
+    ident = blob_id(index)
+    for blob, data in ((chunk_id, chunk), (ident, index)):
+        path = store.disk.path(blob)
+        path.parent.mkdir(exist_ok=True)
+        _write(path, data, when)
+    return ident
+
+
+def _manifest_id(store: Store, manifest: Manifest) -> tuple[str, bytes]:
+    body = manifest.encode()
+    data = _MANIFEST + store._sign(body) + body  # the layout `put_manifest` writes
+    return blob_id(data), data
+
+
+def build(root: Path, sessions: int, versions: int, now: float) -> Store:
+    """A store of `sessions` sessions of `versions` versions each, thinned and collected."""
+    store = Store(root)
+    for s in range(sessions):
+        name = f"s{s:04d}"
+        ambient = store.put(f"ambient {name}".encode())
+        # each version's groups, by a placeholder per object: only kept versions' are written
+        placed: dict[str, Group] = {}
+        cells: list[tuple[int, float, str, tuple[Group, ...]]] = []
+        for number in range(1, versions + 1):
+            var = VARIABLES[number % len(VARIABLES)]
+            placed[var] = Group(f"{name}/{number}", (var,), CHUNK)
+            cells.append((number, now - (versions - number) * STEP, var, tuple(placed.values())))
+        kept = retention.keep([retention.Version(number, when) for number, when, _, _ in cells],
+                              POLICY, now)
+        objects = {g.blob: new_object(store, g.blob.encode(), when)
+                   for number, when, _, groups in cells if number in kept for g in groups}
+        thinned: dict[str, float] = {}
+        parent = None
+        for number, when, var, groups in cells:
+            manifest = Manifest(
+                session=name, version=number, parent=parent, ambient=ambient,
+                groups=tuple(Group(objects.get(g.blob) or blob_id(g.blob.encode()), g.names,
+                                   g.size) for g in groups),
+                cell={"execution_count": number, "status": "ok", "time": when,
+                      "source": f"{var} = step({number})"})
+            ident, data = _manifest_id(store, manifest)
+            _write(store.root / "manifests" / ident, data, when)
+            if number not in kept:
+                thinned[ident] = 0.0  # thinned, and freed by gc
+            parent = ident
+        folder = store.root / "sessions" / name
+        folder.mkdir(parents=True)
+        _write(folder / "index", Index(thinned=thinned).encode())
+        _write(folder / "head", f"{parent}\n".encode())
+    return store
+
+
+def timed(run: Callable[[], object], repeat: int = 1) -> float:
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def listing(root: Path) -> None:
+    """List and stat every file of the store: the least a pass that looks at each does."""
+    for top in (root / "blobs", root / "manifests"):
+        for entry in os.scandir(top):
+            for inner in os.scandir(entry.path) if entry.is_dir() else [entry]:
+                inner.stat(follow_symlinks=False)
+
+
+def reading(root: Path) -> None:
+    """Read every manifest and the chunk lists: what a first pass must read besides."""
+    for entry in os.scandir(root / "manifests"):
+        with open(entry.path, "rb") as f:
+            f.read()
+    (root / "chunks").read_bytes()
+
+
+def measure(root: Path, sessions: int, versions: int) -> dict[str, float]:
+    now = time.time()
+    began = time.perf_counter()
+    store = build(root, sessions, versions, now)
+    built = time.perf_counter() - began
+    names = store.sessions()
+    out: dict[str, float] = {"build": built}
+    out["listing"] = timed(lambda: listing(root))
+    full_pass(Ledger(store))  # a server that ran all along: the chunk lists are on disk
+    host = LocalHost(Config(store=root, runtime_dir=root.parent / "run"), send=lambda *a: None)
+    ledger = Ledger(host.store)  # a server started anew
+    out["first pass"] = timed(lambda: full_pass(ledger))
+    out["reading"] = timed(lambda: reading(root))
+    caller = Caller(auth.owner_name())
+
+    async def open_close(name: str) -> None:
+        await host.open(caller, Open(name))
+        await host.close(caller, Close(name))
+
+    picks = itertools.cycle(names)
+    out["open"] = timed(lambda: asyncio.run(open_close(next(picks))), REPEAT)
+    for name in names[:3]:
+        asyncio.run(host.open(caller, Open(name)))
+    out["status"] = timed(lambda: asyncio.run(host.status(caller, Status())), REPEAT)
+    rounds: dict[str, list[float]] = {"commit": [], "retention": [], "gc": []}
+    protect = {s.head for s in host.sessions.values() if s.head}
+    for name in itertools.islice(itertools.cycle(names[-REPEAT:]), REPEAT):
+        rounds["commit"].append(timed(lambda name=name: one_commit(host.store, name)))
+        rounds["retention"].append(timed(lambda: ledger.retain(POLICY, protect)))
+        rounds["gc"].append(timed(lambda: ledger.collect(time.time())))
+    out |= {op: statistics.median(times) for op, times in rounds.items()}
+    out["verify"] = timed(lambda: history.verify(host.store))
+    out["bytes"] = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    return out
+
+
+def full_pass(ledger: Ledger) -> None:
+    ledger.retain(POLICY, set())
+    ledger.collect()
+
+
+def one_commit(store: Store, name: str) -> None:
+    """Commit a cell that changed `a` on `name`'s head (its object written beforehand)."""
+    head = store.head(name)
+    blob = new_object(store, os.urandom(16))
+    report = Report(groups=[(blob, ["a"], CHUNK)], kept=[], imports={}, refs={}, packages={},
+                    ambient=Manifest.decode(store.get_manifest(head)).ambient or "",
+                    owned=["a"], unsaved={})
+    commit(store, name, head, report, CellRecord("a = 1", 1, "ok", 0.0, frozenset()))
+
+
+OPERATIONS = ("first pass", "open", "status", "commit", "retention", "gc", "verify")
+BOUNDED = ("open", "status", "commit", "retention", "gc")  # held to a constant factor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", default="10,100,1000", help="store sizes, in sessions")
+    parser.add_argument("--versions", type=int, default=100, help="versions per session")
+    parser.add_argument("--dir", type=Path, default=None, help="where to build (default: $TMPDIR)")
+    parser.add_argument("--quick", action="store_true", help="2, 4 and 8 sessions of 30 versions")
+    args = parser.parse_args()
+    sizes = [2, 4, 8] if args.quick else [int(n) for n in args.sessions.split(",")]
+    versions = 30 if args.quick else args.versions
+    results: dict[int, dict[str, float]] = {}
+    for n in sizes:
+        with tempfile.TemporaryDirectory(dir=args.dir, prefix="llf-scale-") as tmp:
+            results[n] = measure(Path(tmp) / "store", n, versions)
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(f"built {n} sessions ({n * versions} versions) in {results[n]['build']:.1f} s",
+              flush=True)
+    low, high = sizes[0], sizes[-1]
+    print(f"\n{'seconds':12}" + "".join(f"{f'{n} sessions':>14}" for n in sizes)
+          + f"{f'{high}/{low}':>10}")
+    ratios: dict[str, float] = {}
+    for op in (*OPERATIONS, "listing", "reading"):
+        ratios[op] = results[high][op] / results[low][op]
+        print(f"{op:12}" + "".join(f"{results[n][op]:14.4f}" for n in sizes)
+              + f"{ratios[op]:9.1f}x")
+    grown = results[high]["bytes"] / results[low]["bytes"]
+    floor = {n: results[n]["listing"] + results[n]["reading"] for n in sizes}
+    print(f"\nverify per byte: {ratios['verify'] / grown:.1f}x ({grown:.0f}x the bytes); "
+          "first pass against listing every file and reading every manifest: "
+          + ", ".join(f"{results[n]['first pass'] / floor[n]:.1f}x at {n}" for n in sizes))
+    print("first pass and verify grow with what is kept, by design: the first pass after a "
+          "start reads every session's history and lists every file once; verify hashes every "
+          "byte")
+    worst = max(BOUNDED, key=lambda op: ratios[op])
+    print(f"scale: worst ratio {ratios[worst]:.1f}x ({worst}) at {high} sessions against {low}")
+
+
+if __name__ == "__main__":
+    main()
