@@ -51,6 +51,8 @@ from ..messages import (
     Emigrated,
     Execute,
     Executed,
+    GivenUp,
+    GiveUp,
     Held,
     History,
     Holds,
@@ -384,6 +386,27 @@ class LocalHost:
         self.tenancy.check_owner(caller.user, request.op)
         return await moves.take_in(self.session(request.user, request.session), self.pool,
                                    self.store, request.image)
+
+    async def give_up(self, caller: Caller, request: GiveUp) -> GivenUp:
+        """Close every session open here (see `GiveUp`). A running cell is stopped, and the
+        client that follows it, if any, told why; one already past its save ends first: the
+        head's compare-and-set keeps its commit, or refuses it if the session moved on."""
+        self.tenancy.check_owner(caller.user, request.op)
+        given: list[tuple[str, str]] = []
+        for stored, session in list(self.sessions.items()):
+            user = self.tenancy.user_of(stored)
+            name = self.tenancy.public_name(user, stored)
+            self.runs.stopping(stored)
+            session.stop("moved")
+            async with session.lock:  # its cell is over
+                pass
+            if self.sessions.get(stored) is session:
+                await self.close(Caller(user), Close(name))
+                given.append((user, name))
+        if given:
+            log.warning("the front door lost this host: its %d sessions open elsewhere now, "
+                        "and are closed here", len(given))
+        return GivenUp(tuple(given))
 
     def _scrape(self) -> Wire:
         """What the metrics read at a scrape (in the HTTP server's thread), taken in the loop
