@@ -180,27 +180,14 @@ class LocalHost:
             store.adopt_head(stored)  # it may have moved on another host
             session = Session(stored, cwd, store, self.pool, self.leases, self.keeper,
                               interrupt_grace=self.config.interrupt_grace, gpus=self.config.gpus,
-                              env=chosen if env is not None else self._head_env(user, stored),
+                              env=chosen if env is not None else
+                              _head_env(self.tenancy, self.envs, user, stored),
                               account=account)
             session.admit = lambda manifest: self.tenancy.admit(user, stored, manifest)
             self.sessions[stored] = session
         elif env is not None:
             session.use_env(chosen)
         return self._public(user, session)
-
-    def _head_env(self, user: str, stored: str) -> Env | None:
-        """The environment the session's head version ran in, if its user still has it."""
-        store = self.tenancy.store_of(user)
-        head = store.head(stored)
-        if head is None or self.tenancy.separate:  # not served there (`open`)
-            return None
-        name = Manifest.decode(store.get_manifest(head)).env.get("name")
-        try:
-            return self.envs.get(user, name) if name else None
-        except UnknownEnv:
-            log.warning("session %s ran in environment %s, which is gone: it runs on the "
-                        "server's packages", stored, name)
-            return None
 
     def _public(self, user: str, session: Session) -> SessionStatus:
         """A session's status as its user sees it: their name for it, and how long its running
@@ -422,6 +409,21 @@ class LocalHost:
         if self._loop is None:
             raise RuntimeError("the host is not serving")
         return asyncio.run_coroutine_threadsafe(now(), self._loop).result(timeout=10)
+
+
+def _head_env(tenancy: Tenancy, envs: Envs, user: str, stored: str) -> Env | None:
+    """The environment the session's head version ran in, if its user still has it."""
+    store = tenancy.store_of(user)
+    head = store.head(stored)
+    if head is None or tenancy.separate:  # not served there (`open`)
+        return None
+    name = Manifest.decode(store.get_manifest(head)).env.get("name")
+    try:
+        return envs.get(user, name) if name else None
+    except UnknownEnv:
+        log.warning("session %s ran in environment %s, which is gone: it runs on the "
+                    "server's packages", stored, name)
+        return None
 
 
 def _emitter(caller: Caller) -> Emit:
