@@ -178,10 +178,14 @@ class Session:
                 CellRecord(cell.source, count, done.status, done.run, cell.modules,
                            self._env_record()), self.admit)
         except StaleHead as exc:  # committed elsewhere meanwhile: the next cell runs on that
-            newest = self.store.adopt_head(self.name)
-            version = Manifest.decode(self.store.get_manifest(newest)).version if newest else 0
-            raise StaleHead(f"{exc.message}; this cell's work is not kept, and the session "
-                            f"goes on from version {version}, the newest",
+            try:
+                newest = self.store.adopt_head(self.name)
+                version = Manifest.decode(self.store.get_manifest(newest)).version \
+                    if newest else 0
+                then = f"the session goes on from version {version}, the newest"
+            except StoreError as unread:  # the next refusal tries again
+                then = f"the newest version could not be read ({unread.message})"
+            raise StaleHead(f"{exc.message}; this cell's work is not kept, and {then}",
                             **exc.fields) from exc
         if self.head == before:
             self.unversioned.append((before, count, cell.source))
