@@ -304,10 +304,12 @@ class Door:
         raise HostLost("no host is up")
 
     async def _status(self, identity: bytes, user: str) -> ServerStatus:
-        """The cluster as `user` sees it: every host's status merged, and the hosts."""
+        """The cluster as `user` sees it: every host's status merged (of those that answer in
+        time), and the hosts."""
         hosts = self.membership.alive()
-        done = await asyncio.gather(*(self.host(identity, user, h).status(Caller(user), Status())
-                                      for h in hosts), return_exceptions=True)
+        done = await asyncio.gather(*(  # a host silent until it is lost is left out meanwhile
+            asyncio.wait_for(self.host(identity, user, h).status(Caller(user), Status()),
+                             HEALTH_EVERY * 2) for h in hosts), return_exceptions=True)
         parts = [(h, p) for h, p in zip(hosts, done, strict=True) if isinstance(p, ServerStatus)]
         first = parts[0][1] if parts else None
         zygotes, workers, templates, sessions, slots, queue = [], [], [], [], [], []
