@@ -85,6 +85,18 @@ def lost_mid_cell(thread: threading.Thread, result: dict) -> RemoteError:
     return error
 
 
+def not_taken_back(cluster: LocalCluster, client: Client, host: str) -> None:
+    """The door, which finds the lost `host` still running (its node is there), tries to take
+    it back, twice, and does not: it cannot answer."""
+    tried = cluster.starts(host)
+
+    def tried_twice() -> bool:
+        assert not hosts(client)[host].alive, "a host that cannot answer was taken back"
+        return cluster.starts(host) >= tried + 2
+
+    wait_until(tried_twice, "the door tries to take the lost host back", LOST)
+
+
 def hosts(client: Client) -> dict[str, HostStatus]:
     return {h.name: h for h in client.status().hosts}
 
@@ -121,6 +133,8 @@ def test_a_host_paused_past_its_heartbeat_gives_its_session_up_when_it_resumes(
     worker = next(s.worker for s in client.status().sessions if s.session == "paused")
     with paused(cluster.pid(host)) as stopped:
         assert worker in {p.pid for p in stopped}  # the server, its zygotes and workers
+        with cluster.client(timeout=10) as quick:  # well before the door loses the host
+            assert "paused" not in {s.session for s in quick.status().sessions}
         error = lost_mid_cell(thread, result)
         assert error.fields["version"] == 1 and "kept" in error.message
         assert not hosts(client)[host].alive
@@ -128,6 +142,7 @@ def test_a_host_paused_past_its_heartbeat_gives_its_session_up_when_it_resumes(
         assert shown == "2\n" and reply["version"] == 2
         assert reply["host"] == other(client, host)
         assert door_lists(client, "paused") == [reply["host"]]
+        not_taken_back(cluster, client, host)
         (tmp_path / "go").touch()  # the paused cell would end now: it must not commit
     wait_until(lambda: hosts(client)[host].alive, "the resumed host is taken back", LOST)
     served_once(cluster, client, "paused", reply["host"])
@@ -146,6 +161,7 @@ def test_a_host_cut_off_between_cells_is_fenced_and_gives_its_session_up_when_he
     relay.cut()
     try:
         wait_until(lambda: not hosts(client)[host].alive, "the cut-off host is lost", LOST)
+        not_taken_back(cluster, client, host)
         reply, shown, _ = run(client, "between", "x += 1\nprint(x)")
         assert shown == "2\n" and reply["version"] == 2
         moved_to = reply["host"]

@@ -102,6 +102,7 @@ class LocalMembers:
                        for node in (uuid.uuid4().hex for _ in range(nodes))}
         self.names = {host_name(node): node for node in self.actors}
         self.relays: dict[str, Relay] = {}  # by node
+        self.started = dict.fromkeys(self.actors, 0)  # the door's starts of each node's host
 
     def nodes(self) -> dict[str, dict]:
         from fabric.cluster.host import SLOTS
@@ -113,6 +114,7 @@ class LocalMembers:
     def start(self, node: str, resources: dict, users: dict[str, str], key: bytes,
               peer: tuple[str, str]) -> dict:
         info = self.actors[node].start(users, key, peer)
+        self.started[node] += 1
         relay = self.relays.get(node)
         if relay is None or relay.target != info["address"]:
             relay = self.relays[node] = Relay(info["address"])
@@ -181,6 +183,10 @@ class LocalCluster:
 
     def relay(self, host: str) -> Relay:
         return self.members.relays[self.members.names[host]]
+
+    def starts(self, host: str) -> int:
+        """How many times the door started `host` (or found it running and took it)."""
+        return self.members.started[self.members.names[host]]
 
     def pid(self, host: str) -> int:
         process = self.members.actors[self.members.names[host]].process
