@@ -76,7 +76,7 @@ from ..snapshot.store import load_key
 from ..status import HostStatus, LeaseStatus, ServerStatus, SessionStatus
 from .link import Link
 from .members import Members, RayMembers
-from .membership import HEALTH_EVERY, Member, Membership
+from .membership import HEALTH_EVERY, MISSES, Member, Membership
 from .metrics import DoorMetrics
 from .moves import Moves
 from .opened import Key, Opened
@@ -309,7 +309,7 @@ class Door:
         hosts = self.membership.alive()
         done = await asyncio.gather(*(  # a host silent until it is lost is left out meanwhile
             asyncio.wait_for(self.host(identity, user, h).status(Caller(user), Status()),
-                             HEALTH_EVERY * 2) for h in hosts), return_exceptions=True)
+                             HEALTH_EVERY * MISSES) for h in hosts), return_exceptions=True)
         parts = [(h, p) for h, p in zip(hosts, done, strict=True) if isinstance(p, ServerStatus)]
         first = parts[0][1] if parts else None
         zygotes, workers, templates, sessions, slots, queue = [], [], [], [], [], []
