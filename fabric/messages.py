@@ -387,6 +387,16 @@ class Immigrate(Request):
 
 
 @dataclass(frozen=True)
+class GiveUp(Request):
+    """Close every session open here, stopping the cells they run: a cluster's front door lost
+    this host (silent, cut off or paused), and its sessions opened elsewhere, or open here again
+    from the store's newest version. The door sends it, as the user who runs the hosts, before
+    it takes the host back."""
+
+    op = "give_up"
+
+
+@dataclass(frozen=True)
 class Ping(Request):
     op = "ping"
 
@@ -394,7 +404,7 @@ class Ping(Request):
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in (
     Open, Draft, Execute, Follow, Interrupt, Stop, Answer, Checkout, Close, Tag, Remove, Complete,
     Inspect, CommMessage, Debug, History, Versions, Status, Ping, Holds, Drain, Emigrate,
-    Immigrate)}
+    Immigrate, GiveUp)}
 CLIENT_OPS = frozenset(REQUESTS)
 
 
@@ -630,6 +640,11 @@ class Closed(Reply):
 @dataclass(frozen=True)
 class Emigrated(Closed):
     image: Wire | None  # the pinned worker's carried image (`pool.migration.Carried`)
+
+
+@dataclass(frozen=True)
+class GivenUp(Reply):
+    given_up: tuple[tuple[str, str], ...]  # (user, session) of each session closed
 
 
 @dataclass(frozen=True)

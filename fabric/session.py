@@ -20,7 +20,7 @@ from collections.abc import Callable
 from . import notices
 from .closure import CellPlan, Closure, closure, plan
 from .envs import Env, differences
-from .errors import SessionBusy, StoreError
+from .errors import SessionBusy, StaleHead, StoreError
 from .messages import (
     CheckedOut,
     ClosureSummary,
@@ -172,10 +172,21 @@ class Session:
         if done.saved is None:
             raise StoreError("the worker ran the cell but sent no save report")
         before = self.head
-        self.head, self.manifest = commit(
-            self.store, self.name, self.head, done.saved,
-            CellRecord(cell.source, count, done.status, done.run, cell.modules,
-                       self._env_record()), self.admit)
+        try:
+            self.head, self.manifest = commit(
+                self.store, self.name, self.head, done.saved,
+                CellRecord(cell.source, count, done.status, done.run, cell.modules,
+                           self._env_record()), self.admit)
+        except StaleHead as exc:  # committed elsewhere meanwhile: the next cell runs on that
+            try:
+                newest = self.store.adopt_head(self.name)
+                version = Manifest.decode(self.store.get_manifest(newest)).version \
+                    if newest else 0
+                then = f"the session goes on from version {version}, the newest"
+            except StoreError as unread:  # the next refusal tries again
+                then = f"the newest version could not be read ({unread.message})"
+            raise StaleHead(f"{exc.message}; this cell's work is not kept, and {then}",
+                            **exc.fields) from exc
         if self.head == before:
             self.unversioned.append((before, count, cell.source))
         return Head(self.head, self.manifest)

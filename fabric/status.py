@@ -237,4 +237,4 @@ REPLIES: dict[str, type[Reply]] = {cls.op: reply for cls, reply in (
     (messages.Versions, messages.VersionHistory), (messages.Status, ServerStatus),
     (messages.Holds, messages.Held), (messages.Drain, messages.Drained),
     (messages.Emigrate, messages.Emigrated), (messages.Immigrate, messages.Immigrated),
-    (messages.Ping, messages.Pong))}
+    (messages.Ping, messages.Pong), (messages.GiveUp, messages.GivenUp))}

@@ -22,6 +22,7 @@ from fabric.messages import (
     Error,
     Execute,
     Follow,
+    GiveUp,
     History,
     Holds,
     Immigrate,
@@ -56,7 +57,7 @@ EVERY_REQUEST = [
     CommMessage("s", "comm_msg", {"comm_id": "c", "data": {}}, [b"\x00"]),
     Versions("s"), Follow("s"), Stop("s"), Status(), Ping(), Holds("s"), Holds("s", "x + 1"),
     Drain("host-a"), Drain("host-a", undo=True), Emigrate("s", "ann", "/run/llfabric-x"),
-    Immigrate("s", "ann", {"files": [["pages-1.img", ["a" * 32]]], "init": False}),
+    Immigrate("s", "ann", {"files": [["pages-1.img", ["a" * 32]]], "init": False}), GiveUp(),
     Debug("s", {"type": "request", "seq": 1, "command": "stackTrace",
                 "arguments": {"threadId": 1}}),
 ]

@@ -19,7 +19,10 @@ A worker that alone holds values that could not be saved moves with its session 
 When a host is lost (its node gone, its server silent), the requests it was serving fail with
 `host_lost`, naming the version the session stays at, and the session's next request opens it
 on another host; values only that host's worker held are rebuilt there from their lineage, or
-reported lost.
+reported lost. A lost host that comes back (resumed, or reached again) gives up every session it
+had before the door takes it back (`membership`); a version it committed after the door last
+heard from it is kept if no other host moved the session's head first (its next cell's client
+is told, a `kept` notice), else refused by the head's compare-and-set.
 """
 
 from __future__ import annotations
@@ -40,7 +43,15 @@ import zmq.asyncio
 from .. import auth
 from ..auth import ClientKey
 from ..config import Config
-from ..errors import ConfigError, FabricError, Forbidden, HostLost, SessionBusy, UnknownSession
+from ..errors import (
+    ConfigError,
+    FabricError,
+    Forbidden,
+    HostLost,
+    ProtocolError,
+    SessionBusy,
+    UnknownSession,
+)
 from ..front import Front, failure, msg_id_of
 from ..host.face import Caller, call
 from ..messages import (
@@ -48,6 +59,8 @@ from ..messages import (
     Drain,
     Execute,
     Executed,
+    GiveUp,
+    Notice,
     Open,
     Ping,
     Pong,
@@ -62,8 +75,8 @@ from ..private import private_dir
 from ..snapshot.store import load_key
 from ..status import HostStatus, LeaseStatus, ServerStatus, SessionStatus
 from .link import Link
-from .members import RayMembers
-from .membership import HEALTH_EVERY, Member, Membership
+from .members import Members, RayMembers
+from .membership import HEALTH_EVERY, MISSES, Member, Membership
 from .metrics import DoorMetrics
 from .moves import Moves
 from .opened import Key, Opened
@@ -76,7 +89,7 @@ STORE_OPS = frozenset({"tag", "history", "versions", "holds"})  # served by any 
 
 
 class Door:
-    def __init__(self, config: Config, members: RayMembers | None = None) -> None:
+    def __init__(self, config: Config, members: Members | None = None) -> None:
         if not config.remote and (config.copies < 2 or config.users == "separate"):
             raise ConfigError(
                 "a cluster without a remote tier (`remote`, an fsspec URL every host reaches) "
@@ -118,9 +131,6 @@ class Door:
     # serving
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         async with self.front.bound():
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._stop.set)
             await self._key_of(self.owner)
             await self.membership.look()
             await asyncio.gather(*self.membership.starts.values())
@@ -195,6 +205,9 @@ class Door:
                 return await self.moves.drain(name, undo)
             case Remove():
                 return await self._everywhere(identity, user, request)
+            case GiveUp():
+                raise ProtocolError("give_up is what a cluster's front door asks of a host "
+                                    "it takes back, not a client's", op=request.op)
         name = getattr(request, "session", None)  # every other request names one
         assert isinstance(name, str)
         key = (user, name)
@@ -266,6 +279,10 @@ class Door:
                 opened.running = False
                 self.moves.freed()
                 raise
+            if opened.kept is not None:  # told before the cell's outputs
+                self.front.send(identity, Notice("kept", opened.kept, time.time())
+                                .to_wire(caller.msg_id))
+                opened.kept = None
         try:
             reply = await self.host(identity, key[0], host).execute(caller, request)
         finally:
@@ -291,10 +308,12 @@ class Door:
         raise HostLost("no host is up")
 
     async def _status(self, identity: bytes, user: str) -> ServerStatus:
-        """The cluster as `user` sees it: every host's status merged, and the hosts."""
+        """The cluster as `user` sees it: every host's status merged (of those that answer in
+        time), and the hosts."""
         hosts = self.membership.alive()
-        done = await asyncio.gather(*(self.host(identity, user, h).status(Caller(user), Status())
-                                      for h in hosts), return_exceptions=True)
+        done = await asyncio.gather(*(  # a host silent until it is lost is left out meanwhile
+            asyncio.wait_for(self.host(identity, user, h).status(Caller(user), Status()),
+                             HEALTH_EVERY * MISSES) for h in hosts), return_exceptions=True)
         parts = [(h, p) for h, p in zip(hosts, done, strict=True) if isinstance(p, ServerStatus)]
         first = parts[0][1] if parts else None
         zygotes, workers, templates, sessions, slots, queue = [], [], [], [], [], []
@@ -383,4 +402,12 @@ def run(config: Config) -> None:
     members = RayMembers(config.ray, str(config.store), {
         "LLFABRIC_REMOTE": config.remote, "LLFABRIC_REMOTE_TIMEOUT": str(config.remote_timeout),
         "LLFABRIC_COPIES": str(config.copies)})
-    asyncio.run(Door(config, members).serve())
+    door = Door(config, members)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, door.stop)
+        await door.serve()
+
+    asyncio.run(serve())

@@ -1,4 +1,5 @@
-"""A Ray cluster's nodes, and the host actor on each (`fabric.cluster.host`).
+"""A Ray cluster's nodes, and the host actor on each (`fabric.cluster.host`): the front door's
+`Members`.
 
 Every call here blocks (Ray's client is synchronous): the front door makes them in a thread.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, FabricError
 from .host import HostActor, HostInfo, held_slots, node_slots
@@ -19,6 +20,19 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "llfabric"
 CALL_TIMEOUT = 180.0  # seconds a host actor may take to start its server
+
+
+class Members(Protocol):
+    """A cluster's nodes and the host on each, as its front door asks for them (blocking)."""
+
+    def nodes(self) -> dict[str, dict]: ...
+    def start(self, node: str, resources: dict, users: dict[str, str], key: bytes,
+              peer: tuple[str, str]) -> HostInfo: ...
+    def admit(self, node: str, user: str, public: str) -> None: ...
+    def share(self, node: str, peers: list[dict], pair: tuple[str, str]) -> None: ...
+    def stop(self, node: str) -> None: ...
+    def request(self, bundles: list[dict]) -> None: ...
+    def close(self) -> None: ...
 
 
 class RayMembers:

@@ -2,9 +2,13 @@
 
 Every `HEALTH_EVERY` seconds the door lists the cluster's nodes, starts a host on each node that
 has none (`members.RayMembers`), pings each host, and loses one whose node left or whose server
-missed `MISSES` pings in a row: the requests it was serving fail with `host_lost`. A host short
-of memory for `PRESSED` pings has its largest idle session moved off it; the autoscaler is asked
-for what the queue needs, and a host idle past `idle_release` is given back.
+missed `MISSES` pings in a row: the requests it was serving fail with `host_lost`, and its
+sessions open elsewhere next. A lost host whose node is still there (paused, or cut off) is
+taken back only once it answers and has given up every session it had (`GiveUp`): from then on
+it serves none of them unless the door opens one on it again. What it committed meanwhile the
+head's compare-and-set settles: kept if no other host moved the head first, else refused.
+A host short of memory for `PRESSED` pings has its largest idle session moved off it; the
+autoscaler is asked for what the queue needs, and a host idle past `idle_release` is given back.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from typing import Any
 
 from ..errors import FabricError, HostLost
 from ..host.face import Caller
-from ..messages import Execute, Ping, Request
+from ..messages import Execute, GiveUp, Ping, Request
 from .host import HostInfo, host_name
 from .link import Link
-from .members import RayMembers
+from .members import Members
 from .metrics import DoorMetrics
 from .opened import Key, Opened
 from .placement import HostView
@@ -34,6 +38,7 @@ HEALTH_EVERY = 1.0  # seconds between the door's looks at its hosts
 MISSES = 5  # pings a host leaves unanswered in a row before it is lost
 PRESSED = 3  # pings in a row that find a host short of memory before sessions move off it
 START_RETRY = 10.0  # seconds before a node whose host did not start is tried again
+GIVE_UP_TIMEOUT = 60.0  # seconds a host that is back may take to close its sessions
 
 
 @dataclass
@@ -68,7 +73,7 @@ Reach = Callable[[bytes, str, Member], RemoteHost]
 class Membership:
     """The door's hosts: started, watched, lost, released."""
 
-    def __init__(self, members: RayMembers | None, sessions: dict[Key, Opened],
+    def __init__(self, members: Members | None, sessions: dict[Key, Opened],
                  links: dict[tuple[bytes, str], Link], host: Reach, owner: str,
                  keys: dict[str, tuple[str, str]], key: bytes, peer_pair: tuple[str, str],
                  metrics: DoorMetrics, idle_release: float,
@@ -143,6 +148,9 @@ class Membership:
         try:
             info = await asyncio.to_thread(self.members.start, node, resources, users,
                                            self.key, self.peer_pair)
+            known = self.hosts.get(info["name"])
+            if known is not None and not known.alive and not await self._given_up(info):
+                return  # still silent (paused, cut off): asked again at the next look
         except FabricError as exc:
             log.warning("node %s has no host: %s", host_name(node), exc.message)
             await asyncio.sleep(START_RETRY)
@@ -163,11 +171,28 @@ class Membership:
              for o in hosts if o is not h], self.peer_pair) for h in hosts),
             return_exceptions=True)
 
+    async def _given_up(self, info: HostInfo) -> bool:
+        """Whether a host the door lost, back (its server resumed, or reached again), answers
+        and has closed every session it had open: the door moved them, or opens them on it
+        again from the store, and nothing it kept from before serves them."""
+        back = _member(info)
+        reach = self.host(b"", self.owner, back)
+        try:
+            await asyncio.wait_for(reach.ping(Caller(self.owner), Ping()), HEALTH_EVERY * 2)
+            given = await asyncio.wait_for(reach.give_up(Caller(self.owner), GiveUp()),
+                                           GIVE_UP_TIMEOUT)
+        except (TimeoutError, FabricError):
+            link = self.links.pop((b"", back.name), None)
+            if link is not None:  # the next try connects afresh
+                link.close()
+            return False
+        log.warning("host %s is back: it gave up %d sessions it had when it was lost",
+                    back.name, len(given.given_up))
+        return True
+
     def _join(self, info: HostInfo) -> Member:
         old = self.hosts.get(info["name"])
-        host = self.hosts[info["name"]] = Member(
-            info["name"], info["node"], info["address"], info["server_key"],
-            max(1, info["slots"]), info["peer_address"], info["peer_key"], info["metrics"])
+        host = self.hosts[info["name"]] = _member(info)
         if old is not None:
             host.draining = old.draining
         log.info("host %s joined: %s, %d slots", host.name, host.address, host.slots)
@@ -260,5 +285,12 @@ class Membership:
             return HostLost(
                 f"host {host.name} was lost while it ran this cell; session {session} stays "
                 f"at version {opened.version}, its last commit, and its next cell runs on "
-                "another host", host=host.name, session=session, version=opened.version)
+                "another host (if this cell committed on the lost host before it was cut "
+                "off, that version is kept, and the next cell says so)", host=host.name,
+                session=session, version=opened.version)
         return HostLost(f"host {host.name} was lost", host=host.name)
+
+
+def _member(info: HostInfo) -> Member:
+    return Member(info["name"], info["node"], info["address"], info["server_key"],
+                  max(1, info["slots"]), info["peer_address"], info["peer_key"], info["metrics"])

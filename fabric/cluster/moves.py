@@ -125,12 +125,19 @@ class Moves:
         image = None
         if opened.host is not None and hosts[opened.host].alive:
             image = await self._leave(key, hosts[opened.host], target)
+        lost = opened.host is None and opened.placed is not None
         try:
-            await self.host(b"", key[0], target).open(Caller(key[0]), opened.request)
+            status = await self.host(b"", key[0], target).open(Caller(key[0]), opened.request)
         except FabricError as exc:
             opened.host = None
             raise HostLost(f"session {key[1]} could not open on host {decision.host}: "
                            f"{exc.message}", session=key[1], host=decision.host) from None
+        if lost and status.version > opened.version:
+            opened.kept = (f"version {status.version} of session {key[1]}, which host "
+                           f"{opened.placed} committed before it was lost, is kept: the "
+                           "session goes on from it")
+            log.warning("session %s: %s", key[1], opened.kept)
+        opened.version = status.version
         if image is not None:
             await self._carry(key, target, image)
         self.bind(key, decision)

@@ -21,6 +21,8 @@ class Opened:
     running: bool = False
     placement: Placement | None = None  # where the door last placed it, and why
     placed: str | None = None
+    # what its next cell's client is told first: a version a lost host committed is kept
+    kept: str | None = None
     # slot-seconds it leased on each host it left (a host counts on if it comes back)
     leased: dict[str, float] = field(default_factory=dict)
     # held while a cell is placed (and the session moved for it), while it closes, and while a

@@ -38,6 +38,8 @@ from ..messages import (
     Executed,
     Follow,
     Followed,
+    GivenUp,
+    GiveUp,
     Held,
     History,
     Holds,
@@ -154,3 +156,6 @@ class RemoteHost:
 
     async def immigrate(self, caller: Caller, request: Immigrate) -> Immigrated:
         return await self._call(caller, request, Immigrated)
+
+    async def give_up(self, caller: Caller, request: GiveUp) -> GivenUp:
+        return await self._call(caller, request, GivenUp)

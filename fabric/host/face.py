@@ -36,6 +36,8 @@ from ..messages import (
     Event,
     Execute,
     Executed,
+    GivenUp,
+    GiveUp,
     Held,
     History,
     Holds,
@@ -102,6 +104,7 @@ class Host(Protocol):
     async def drain(self, caller: Caller, request: Drain) -> Drained: ...
     async def emigrate(self, caller: Caller, request: Emigrate) -> Emigrated: ...
     async def immigrate(self, caller: Caller, request: Immigrate) -> Immigrated: ...
+    async def give_up(self, caller: Caller, request: GiveUp) -> GivenUp: ...
 
 
 # the ops whose method is named otherwise

@@ -51,6 +51,8 @@ from ..messages import (
     Emigrated,
     Execute,
     Executed,
+    GivenUp,
+    GiveUp,
     Held,
     History,
     Holds,
@@ -191,27 +193,14 @@ class LocalHost:
             await asyncio.to_thread(_adopt, store, stored)
             session = Session(stored, cwd, store, self.pool, self.leases, self.keeper,
                               interrupt_grace=self.config.interrupt_grace, gpus=self.config.gpus,
-                              env=chosen if env is not None else self._head_env(user, stored),
+                              env=chosen if env is not None else
+                              _head_env(self.tenancy, self.envs, user, stored),
                               account=account)
             session.admit = lambda manifest: self.tenancy.admit(user, stored, manifest)
             self.sessions[stored] = session
         elif env is not None:
             session.use_env(chosen)
         return self._public(user, session)
-
-    def _head_env(self, user: str, stored: str) -> Env | None:
-        """The environment the session's head version ran in, if its user still has it."""
-        store = self.tenancy.store_of(user)
-        head = store.head(stored)
-        if head is None or self.tenancy.separate:  # not served there (`open`)
-            return None
-        name = Manifest.decode(store.get_manifest(head)).env.get("name")
-        try:
-            return self.envs.get(user, name) if name else None
-        except UnknownEnv:
-            log.warning("session %s ran in environment %s, which is gone: it runs on the "
-                        "server's packages", stored, name)
-            return None
 
     def _public(self, user: str, session: Session) -> SessionStatus:
         """A session's status as its user sees it: their name for it, and how long its running
@@ -406,6 +395,27 @@ class LocalHost:
         return await moves.take_in(self.session(request.user, request.session), self.pool,
                                    self.store, request.image)
 
+    async def give_up(self, caller: Caller, request: GiveUp) -> GivenUp:
+        """Close every session open here (see `GiveUp`). A running cell is stopped, and the
+        client that follows it, if any, told why; one already past its save ends first: the
+        head's compare-and-set keeps its commit, or refuses it if the session moved on."""
+        self.tenancy.check_owner(caller.user, request.op)
+        given: list[tuple[str, str]] = []
+        for stored, session in list(self.sessions.items()):
+            user = self.tenancy.user_of(stored)
+            name = self.tenancy.public_name(user, stored)
+            self.runs.stopping(stored)
+            session.stop("moved")
+            async with session.lock:  # its cell is over
+                pass
+            if self.sessions.get(stored) is session:
+                await self.close(Caller(user), Close(name))
+                given.append((user, name))
+        if given:
+            log.warning("the front door lost this host: its %d sessions open elsewhere now, "
+                        "and are closed here", len(given))
+        return GivenUp(tuple(given))
+
     def _scrape(self) -> Wire:
         """What the metrics read at a scrape (in the HTTP server's thread), taken in the loop
         that changes it."""
@@ -430,6 +440,21 @@ def _adopt(store: Store, stored: str) -> None:
     head = store.adopt_head(stored)
     if head is not None:
         store.get_manifest(head)
+
+
+def _head_env(tenancy: Tenancy, envs: Envs, user: str, stored: str) -> Env | None:
+    """The environment the session's head version ran in, if its user still has it."""
+    store = tenancy.store_of(user)
+    head = store.head(stored)
+    if head is None or tenancy.separate:  # not served there (`open`)
+        return None
+    name = Manifest.decode(store.get_manifest(head)).env.get("name")
+    try:
+        return envs.get(user, name) if name else None
+    except UnknownEnv:
+        log.warning("session %s ran in environment %s, which is gone: it runs on the "
+                    "server's packages", stored, name)
+        return None
 
 
 def _emitter(caller: Caller) -> Emit:

@@ -38,6 +38,8 @@ STOPS = {  # why the server stopped a running cell, as the user is told
     "detached": "the client that ran the cell went away and no other followed it in time",
     "stop": "`llfabric stop` stopped it",
     "revoked": "the key of the user who ran it was revoked",
+    "moved": "the cluster's front door lost this host while the cell ran (cut off or paused), "
+             "and the session moves to another host",
 }
 
 

@@ -132,8 +132,8 @@ def test_a_user_sees_and_runs_only_their_own_sessions(tcp, users, tmp_path: Path
             who.call("close", session=name)
 
 
-def test_only_the_hosts_owner_carries_a_users_worker_to_another_host(tcp, users,
-                                                                       tmp_path: Path) -> None:
+def test_only_the_hosts_owner_moves_a_users_worker_or_closes_its_sessions(
+        tcp, users, tmp_path: Path) -> None:
     server, _ = tcp
     name = f"nb-{uuid.uuid4().hex[:6]}"
     image = {"files": [], "init": False, "parked": False, "device": None, "base": None,
@@ -148,6 +148,9 @@ def test_only_the_hosts_owner_carries_a_users_worker_to_another_host(tcp, users,
                 with pytest.raises(RemoteError) as err:
                     who.call(op, session=name, user="bob", **fields)
                 assert err.value.kind == "forbidden", op
+            with pytest.raises(RemoteError) as err:  # nor closes every session of the host
+                who.call("give_up")
+            assert err.value.kind == "forbidden"
         _, outputs = execute(bob, name, "print(next(numbers))")  # neither dumped nor replaced
         assert text(outputs) == "0\n"
         bob.call("close", session=name)
