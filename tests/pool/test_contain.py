@@ -9,6 +9,7 @@ import uuid
 
 import psutil
 import pytest
+from helpers import wait_until
 
 from fabric.pool.contain import Cage, Containment
 
@@ -50,9 +51,14 @@ def test_a_cgroup_cage_kills_its_orphans_too() -> None:
         leader.stdin.write(b"go\n")
         leader.stdin.flush()
         pids = _tree(leader)
-        orphans = [p.pid for p in psutil.process_iter(["cmdline"])
-                   if p.info["cmdline"] == SLEEP.split() and p.pid not in pids]
-        assert orphans
+        orphans: list[int] = []
+
+        def orphaned() -> bool:  # its subshell has forked it, maybe not yet exec'd `sleep`
+            orphans[:] = [p.pid for p in psutil.process_iter(["cmdline"])
+                          if p.info["cmdline"] == SLEEP.split() and p.pid not in pids]
+            return bool(orphans)
+
+        wait_until(orphaned, "the orphaned sleep")
         cage.remove()
         leader.wait()
         assert _gone(pids + orphans)
