@@ -117,6 +117,15 @@ def served_once(cluster: LocalCluster, client: Client, session: str, host: str) 
         assert (session in cluster.sessions_on(name)) == (name == host), name
 
 
+def started(client: Client, session: str, cwd: Path) -> str:
+    """Open `session` and run its first cell (x = 1); the host it runs on."""
+    client.open(session, str(cwd))
+    run(client, session, "x = 1")
+    host = host_of(client, session)
+    assert host is not None
+    return host
+
+
 def versions(client: Client, session: str) -> list[tuple[int, str]]:
     """The session's versions in its store, oldest first: each with its cell's first line."""
     return sorted((v["version"], v["first_line"])
@@ -125,10 +134,7 @@ def versions(client: Client, session: str) -> list[tuple[int, str]]:
 
 def test_a_host_paused_past_its_heartbeat_gives_its_session_up_when_it_resumes(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    client.open("paused", str(tmp_path))
-    run(client, "paused", "x = 1")
-    host = host_of(client, "paused")
-    assert host is not None
+    host = started(client, "paused", tmp_path)
     thread, result = waiting_cell(cluster, "paused", tmp_path)
     worker = next(s.worker for s in client.status().sessions if s.session == "paused")
     with paused(cluster.pid(host)) as stopped:
@@ -153,10 +159,7 @@ def test_a_host_paused_past_its_heartbeat_gives_its_session_up_when_it_resumes(
 
 def test_a_host_cut_off_between_cells_is_fenced_and_gives_its_session_up_when_healed(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    client.open("between", str(tmp_path))
-    run(client, "between", "x = 1")
-    host = host_of(client, "between")
-    assert host is not None
+    host = started(client, "between", tmp_path)
     relay = cluster.relay(host)
     relay.cut()
     try:
@@ -181,10 +184,7 @@ def test_a_host_cut_off_between_cells_is_fenced_and_gives_its_session_up_when_he
 
 def test_a_cell_cut_off_mid_run_is_kept_where_it_committed_and_the_next_cell_says_so(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    client.open("midcell", str(tmp_path))
-    run(client, "midcell", "x = 1")
-    host = host_of(client, "midcell")
-    assert host is not None
+    host = started(client, "midcell", tmp_path)
     thread, result = waiting_cell(cluster, "midcell", tmp_path)
     relay = cluster.relay(host)
     relay.cut()
@@ -209,10 +209,7 @@ def test_a_cell_cut_off_mid_run_is_kept_where_it_committed_and_the_next_cell_say
 
 def test_a_commit_on_a_moved_session_by_its_cut_off_host_refuses_the_new_hosts_next(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    client.open("raced", str(tmp_path))
-    run(client, "raced", "x = 1")
-    host = host_of(client, "raced")
-    assert host is not None
+    host = started(client, "raced", tmp_path)
     thread, result = waiting_cell(cluster, "raced", tmp_path)
     relay = cluster.relay(host)
     relay.cut()
