@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from clusters import LocalCluster, host_of
-from cuts import paused
+from cuts import Relay, paused
 from helpers import text, wait_until
 
 from fabric.client import Client
@@ -126,6 +126,17 @@ def started(client: Client, session: str, cwd: Path) -> str:
     return host
 
 
+def cut_mid_cell(cluster: LocalCluster, client: Client, session: str,
+                 cwd: Path) -> tuple[str, Relay, threading.Thread, dict]:
+    """`started`, then a `WAITING` cell, and its host's link to the door cut meanwhile: the
+    host, its relay (to heal), and the cell's thread and result."""
+    host = started(client, session, cwd)
+    thread, result = waiting_cell(cluster, session, cwd)
+    relay = cluster.relay(host)
+    relay.cut()
+    return host, relay, thread, result
+
+
 def versions(client: Client, session: str) -> list[tuple[int, str]]:
     """The session's versions in its store, oldest first: each with its cell's first line."""
     return sorted((v["version"], v["first_line"])
@@ -184,10 +195,7 @@ def test_a_host_cut_off_between_cells_is_fenced_and_gives_its_session_up_when_he
 
 def test_a_cell_cut_off_mid_run_is_kept_where_it_committed_and_the_next_cell_says_so(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    host = started(client, "midcell", tmp_path)
-    thread, result = waiting_cell(cluster, "midcell", tmp_path)
-    relay = cluster.relay(host)
-    relay.cut()
+    host, relay, thread, result = cut_mid_cell(cluster, client, "midcell", tmp_path)
     try:
         error = lost_mid_cell(thread, result)
         assert error.fields["version"] == 1
@@ -209,10 +217,7 @@ def test_a_cell_cut_off_mid_run_is_kept_where_it_committed_and_the_next_cell_say
 
 def test_a_commit_on_a_moved_session_by_its_cut_off_host_refuses_the_new_hosts_next(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    host = started(client, "raced", tmp_path)
-    thread, result = waiting_cell(cluster, "raced", tmp_path)
-    relay = cluster.relay(host)
-    relay.cut()
+    host, relay, thread, result = cut_mid_cell(cluster, client, "raced", tmp_path)
     try:
         lost_mid_cell(thread, result)
         reply, shown, _ = run(client, "raced", "print(x)")  # open elsewhere, on version 1
