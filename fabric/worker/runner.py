@@ -21,6 +21,7 @@ alone signs and commits manifests, and a worker never reads the store's key.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import getpass
 import importlib
 import os
@@ -138,6 +139,7 @@ class Worker:
         self.saver = DeltaSaver(store)
         self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
+        self.slept_in = ""  # its directory when it last slept through a dump
         # names whose group could not be unpickled -> (why, traceback): never bound here; a
         # cell that reads them fails as the load would have, one that only deletes them runs
         self.unloadable: dict[str, tuple[str, str]] = {}
@@ -209,7 +211,12 @@ class Worker:
     def sleep(self, message: Sleep) -> Hello:
         written.reset()  # a restored copy's pages say nothing of what its saves hashed
         self.channel.send(Sleeping(os.getpid()))
+        cwd = os.getcwd()
+        os.chdir("/")  # the image names no directory that the host restoring it may lack
         self.channel.sleep(message.wake_dir)
+        with contextlib.suppress(OSError):  # not there: a move says where cells run (`rehome`)
+            os.chdir(cwd)
+        self.slept_in = cwd
         return Hello(os.getpid())
 
     def park(self, message: Park) -> Parked:
@@ -320,9 +327,18 @@ class Worker:
 
     def rehome(self, message: Rehome) -> Loaded:
         """Use the store of the host that restored this worker (it is where the server looks
-        for what the next cell saves)."""
+        for what the next cell saves), and run cells in the session's directory there."""
         self.store = Store(Path(message.store), signs=False)
         self.saver = DeltaSaver(self.store)
+        if message.cwd is None:
+            return Loaded()
+        try:
+            os.chdir(message.cwd)
+        except OSError as exc:
+            return Loaded(error=f"the notebook's directory {message.cwd} is not on this host "
+                                f"({exc.strerror}): its cells run in {os.getcwd()}")
+        # where its modules were imported from, as the first load put it on sys.path
+        sys.path[:] = [message.cwd if p == self.slept_in else p for p in sys.path]
         return Loaded()
 
     def run(self, message: RunCell) -> Done:
