@@ -1,0 +1,47 @@
+"""The server's interrupt, sent once the worker says a cell started, stops the cell with a
+KeyboardInterrupt wherever it lands: before the cell's code (in IPython's own steps), in it, or
+as it ends; it is never lost and never ends the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from fabric.pool import Pool
+from fabric.worker.messages import Done, RunCell, Started
+
+TRIES = 40
+STEP = 50e-6  # seconds: each try interrupts this much later after `started` than the last
+
+
+def _spin(seconds: float) -> None:
+    """Wait `seconds` on this thread, finer than the loop's timers."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_an_interrupt_sent_as_a_cell_starts_stops_it_and_the_worker_lives(
+        tmp_path: Path) -> None:
+    async def scenario() -> list[tuple[str, str | None]]:
+        pool = Pool(tmp_path / "store", worker_source="zygote")
+        await pool.start()
+        try:
+            worker = await pool.fork_worker(frozenset())
+            ended = []
+            for count in range(1, TRIES + 1):
+                await worker.send(RunCell("import time\ntime.sleep(30)", count))
+                while not isinstance(await worker.recv(timeout=60), Started):
+                    pass
+                _spin(count * STEP)
+                worker.interrupt()
+                while not isinstance(done := await worker.recv(timeout=60), Done):
+                    pass
+                ended.append((done.status, done.ename))
+            await worker.close()
+            return ended
+        finally:
+            await pool.stop()
+
+    assert asyncio.run(scenario()) == [("error", "KeyboardInterrupt")] * TRIES
