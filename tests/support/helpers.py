@@ -266,8 +266,11 @@ def session_status(client: Client, session: str) -> SessionStatus:
 
 @contextlib.contextmanager
 def holding_pid(pid: int) -> Iterator[subprocess.Popen]:
-    """A process of this host under `pid`, made so by setting the last pid handed out (root)."""
-    for _ in range(50):  # another process may take it first on a busy host
+    """A process of this host under `pid`, made so by setting the last pid handed out (root).
+    On a busy host another process may fork first and take it: it is tried again once that
+    process is gone."""
+    for _ in range(50):
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), f"pid {pid} being free")
         with open("/proc/sys/kernel/ns_last_pid", "w") as last:
             last.write(str(pid - 1))
         holder = subprocess.Popen(["sleep", "600"])
