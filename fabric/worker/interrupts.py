@@ -24,21 +24,22 @@ class Interrupts:
     def __init__(self) -> None:
         self.armed = False
 
-    def install(self) -> None:
-        """Take SIGINT here (again, where a cell put a handler of its own in its place)."""
-        if signal.getsignal(signal.SIGINT) != self._take:
-            signal.signal(signal.SIGINT, self._take)
-
     def during(self, work: Callable[[], T]) -> T | KeyboardInterrupt:
         """`work()`'s result, or the KeyboardInterrupt an interrupt raised in it (also one
         taken as it returned); its other exceptions pass."""
         try:
+            self._install()
             self.armed = True
             return work()
         except KeyboardInterrupt as interrupt:
             return interrupt
         finally:
             self.armed = False
+            self._install()  # until the next cell too, where this one put a handler of its own
+
+    def _install(self) -> None:
+        if signal.getsignal(signal.SIGINT) != self._take:
+            signal.signal(signal.SIGINT, self._take)
 
     def _take(self, signum: int, frame: FrameType | None) -> None:
         if self.armed:

@@ -371,9 +371,8 @@ class Worker:
         self.shell.handling(message.parent_id)
         introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
-        self.interrupts.install()  # before `started`: the server may interrupt once it hears it
         outcome = None
-        try:
+        try:  # armed before `started`: the server may interrupt once it hears it
             outcome = self.interrupts.during(lambda: self._run_started(message.source))
         finally:
             error = _error_of(outcome)

@@ -45,3 +45,31 @@ def test_an_interrupt_sent_as_a_cell_starts_stops_it_and_the_worker_lives(
             await pool.stop()
 
     assert asyncio.run(scenario()) == [("error", "KeyboardInterrupt")] * TRIES
+
+
+def test_a_cell_that_lets_sigint_kill_the_process_leaves_the_worker_its_own_handling(
+        tmp_path: Path) -> None:
+    """After it, an interrupt between cells is dropped, and the next cell's stops that cell."""
+    async def scenario() -> tuple[str, str | None]:
+        pool = Pool(tmp_path / "store", worker_source="zygote")
+        await pool.start()
+        try:
+            worker = await pool.fork_worker(frozenset())
+            await worker.send(RunCell("import signal\nsignal.signal(signal.SIGINT, "
+                                      "signal.SIG_DFL)", 1))
+            while not isinstance(done := await worker.recv(timeout=60), Done):
+                pass
+            assert done.status == "ok"
+            worker.interrupt()
+            await worker.send(RunCell("import time\ntime.sleep(30)", 2))
+            while not isinstance(await worker.recv(timeout=60), Started):
+                pass
+            worker.interrupt()
+            while not isinstance(done := await worker.recv(timeout=60), Done):
+                pass
+            await worker.close()
+            return done.status, done.ename
+        finally:
+            await pool.stop()
+
+    assert asyncio.run(scenario()) == ("error", "KeyboardInterrupt")
