@@ -6,9 +6,9 @@ lost silently: the cell's reply, or a notice of the next one, says what became o
 
 The hosts run without Ray (`clusters.LocalCluster`), twice: as processes of this machine, each
 host's server reached through a relay the test cuts; and in namespaces of their own (network,
-PID, mount, UTS), on a network the test makes and cuts for real, where the door's link to a host
-and the link between two hosts (their reads of each other's blobs) are cut apart. A pause stops
-the server and every process under it."""
+PID, mount, UTS; the second host's monotonic clocks a day ahead), on a network the test makes
+and cuts for real, where the door's link to a host and the link between two hosts (their reads
+of each other's blobs) are cut apart. A pause stops the server and every process under it."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ pytest.importorskip("ray")  # the host actor finds its node's address with it (n
 # runs until the file `go` appears in its working directory, then sets `late`
 WAITING = ("import os, time\nopen('started', 'w').close()\n"
            "while not os.path.exists('go'):\n    time.sleep(0.05)\nlate = 'from the cut side'")
+DAY = 86400  # seconds the second host's clocks run ahead, where it has namespaces of its own
 LOST = 90  # seconds within which the door loses a silent host (MISSES pings and their timeouts)
 
 
@@ -43,8 +44,8 @@ def cluster(request: pytest.FixtureRequest,
     namespaced = request.param == "namespaced"
     if namespaced and (why := unavailable()):
         pytest.skip(why)
-    with LocalCluster(tmp_path_factory.mktemp("partitions"), nodes=2,
-                      namespaced=namespaced) as running:
+    with LocalCluster(tmp_path_factory.mktemp("partitions"), nodes=2, namespaced=namespaced,
+                      ahead=(None, DAY)) as running:
         yield running
 
 

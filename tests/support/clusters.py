@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -16,12 +17,12 @@ import tempfile
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from cuts import Relay
 from helpers import wait_until
-from namespaces import Cut, Host, Network, unavailable
+from namespaces import Cut, Host, Network, no_time_offsets, unavailable
 
 from fabric.client import Client
 from fabric.cluster.host import HostActor, host_name
@@ -102,13 +103,15 @@ class LocalMembers:
     without Ray: a host actor per node (`HostActor`, the very object Ray would run there),
     called in this process, and each host's server reached through a `Relay` a test cuts. The
     first node is the head. On a `network`, each host runs in namespaces of its own there
-    (`NamespacedHostActor`), and its relay reaches it across that network."""
+    (`NamespacedHostActor`), its clocks `ahead` as that says (by node, in order), and its relay
+    reaches it across that network."""
 
     def __init__(self, root: str, settings: dict[str, str], nodes: int,
-                 network: Network | None = None) -> None:
+                 network: Network | None = None, ahead: Sequence[int | None] = ()) -> None:
         self.network = network
-        self.actors = {node: self._actor(node, root, settings)
-                       for node in (uuid.uuid4().hex for _ in range(nodes))}
+        self.actors = {node: self._actor(node, root, settings, clock)
+                       for node, clock in itertools.zip_longest(
+                           (uuid.uuid4().hex for _ in range(nodes)), ahead[:nodes])}
         self.names = {host_name(node): node for node in self.actors}
         self.relays: dict[str, Relay] = {}  # by node
         self.started = dict.fromkeys(self.actors, 0)  # the door's starts of each node's host
@@ -131,13 +134,14 @@ class LocalMembers:
                 else self.network.connect)
         return {**info, "address": relay.address}
 
-    def _actor(self, node: str, root: str, settings: dict[str, str]) -> HostActor:
+    def _actor(self, node: str, root: str, settings: dict[str, str],
+               ahead: int | None) -> HostActor:
         if self.network is None:
             return HostActor(node, root, settings, 1)
         name = host_name(node)
         temp = private_dir(Path(root) / "hosts" / name / "tmp")  # its own runtime folders
         return NamespacedHostActor(node, root, {**settings, "TMPDIR": str(temp)}, 1,
-                                   self.network.host(name))
+                                   self.network.host(name, ahead))
 
     def admit(self, node: str, user: str, public: str) -> None:
         self.actors[node].admit(user, public)
@@ -184,9 +188,11 @@ class LocalCluster:
     """The front door (`fabric.cluster.door.Door`, in a thread of this process) over `nodes`
     hosts on this machine (`LocalMembers`), with a remote tier in `root`; `namespaced`: each
     host in namespaces of its own on a network the cluster makes (`namespaces.Network`), where
-    this machine allows it (else plain processes, and a warning that says why)."""
+    this machine allows it (else plain processes, and a warning that says why), the clocks of
+    each `ahead` of this machine's by as many seconds (where the kernel has time namespaces)."""
 
-    def __init__(self, root: Path, nodes: int, namespaced: bool = False) -> None:
+    def __init__(self, root: Path, nodes: int, namespaced: bool = False,
+                 ahead: Sequence[int | None] = ()) -> None:
         from fabric.cluster.door import Door
         from fabric.config import Config
 
@@ -195,6 +201,9 @@ class LocalCluster:
             log.warning("the cluster's hosts run as processes of this machine: %s", why)
         elif namespaced:
             self.network = Network()
+        if any(ahead) and self.network is not None and (why := no_time_offsets()):
+            log.warning("the cluster's hosts keep this machine's clocks: %s", why)
+            ahead = ()
 
         self.remote = f"file://{root}/remote"
         self.sockets = Path(tempfile.mkdtemp(prefix="llf-door-"))
@@ -202,7 +211,7 @@ class LocalCluster:
                              bind=f"ipc://{self.sockets}/door.sock", remote=self.remote)
         self.members = LocalMembers(str(self.config.store), {
             "LLFABRIC_REMOTE": self.remote, "LLFABRIC_COPIES": str(self.config.copies)}, nodes,
-            self.network)
+            self.network, ahead)
         self.door = Door(self.config, self.members)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._serve, name="door")
