@@ -10,7 +10,8 @@ machine's own network is touched: every interface and address lives in a namespa
 Each namespace set is held by a small init process (pid 1 of its PID namespace, reaping
 orphans); killing it ends the PID namespace's processes, and with them every namespace, veth
 and mount made here. `Network.close` kills them all and waits; were the test process to die
-first, the kernel kills them for it (a parent-death signal).
+first, the kernel kills them for it (a parent-death signal: it follows the thread that made
+them, so make a network from one that outlives it, such as the test's own).
 
 A `Cut` drops every packet between two ends of a network, both ways, and `heal`s: each end's
 neighbour entry for the other points at a hardware address nobody has, so what is sent goes out
@@ -93,9 +94,8 @@ class Namespaces:
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert self._holder.stdout is not None
         if self._holder.stdout.readline() != b"ready\n":
-            self._holder.wait()
-            raise OSError(f"namespaces for {name} were refused: "
-                          f"{self._holder.stderr.read().decode().strip()}")  # type: ignore[union-attr]
+            _, why = self._holder.communicate()
+            raise OSError(f"namespaces for {name} were refused: {why.decode().strip()}")
         # pid 1 there: the only child of `unshare`, which `setpriv` became
         self.init = int(Path(f"/proc/{self._holder.pid}/task/{self._holder.pid}/children")
                         .read_text().split()[0])
