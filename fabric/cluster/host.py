@@ -39,7 +39,8 @@ START_TIMEOUT = 300.0  # seconds a live host's server may take to listen (its fi
 # A child that dies with the process that started it: set before the server's own code runs.
 _LAUNCH = ("import ctypes, os, signal, sys\n"
            "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG
-           "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"  # its starter died first
+           # its starter died first (0: a starter alive outside its PID namespace)
+           "if os.getppid() not in (0, int(sys.argv[1])): sys.exit(1)\n"
            "from cli.main import main\n"
            "sys.argv = ['llfabric', 'serve']\n"
            "main()\n")
@@ -76,8 +77,13 @@ class HostActor:
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
+    def ip(self) -> str:
+        """The address its server binds, and is reached at: its node's."""
+        return _node_ip()
+
+    @property
     def address(self) -> str:
-        return f"tcp://{_node_ip()}:{self.port}"
+        return f"tcp://{self.ip}:{self.port}"
 
     def start(self, users: dict[str, str], key: bytes, peer: tuple[str, str]) -> HostInfo:
         """Admit `users` (name -> public key) and the cluster's `peer` key pair, start the
@@ -108,11 +114,11 @@ class HostActor:
 
     @property
     def metrics(self) -> str:
-        return f"{_node_ip()}:{self.metrics_port}"
+        return f"{self.ip}:{self.metrics_port}"
 
     @property
     def peer_address(self) -> str:
-        return f"tcp://{_node_ip()}:{self.peer_port}"
+        return f"tcp://{self.ip}:{self.peer_port}"
 
     def _use_key(self, key: bytes) -> None:
         """Sign with the cluster's key: a manifest one host commits, the next one reads."""
@@ -123,6 +129,10 @@ class HostActor:
             raise FabricError(f"the store of host {self.name} ({path.parent}) signs with "
                               "another key than this cluster's: it served another cluster; "
                               "move it away to join this one", host=self.name)
+
+    def _command(self) -> list[str]:
+        """The server's command line."""
+        return [sys.executable, "-c", _LAUNCH, str(os.getpid())]
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -135,9 +145,9 @@ class HostActor:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         """The server's process, started and listening."""
-        self.port = self.port or _free_port()
-        self.peer_port = self.peer_port or _free_port()
-        self.metrics_port = self.metrics_port or _free_port()
+        self.port = self.port or _free_port(self.ip)
+        self.peer_port = self.peer_port or _free_port(self.ip)
+        self.metrics_port = self.metrics_port or _free_port(self.ip)
         # a cluster's host does not linger unless told to: a move of a session whose worker
         # lingered raced the worker's park, and the dump found it killed
         env = {"LLFABRIC_LINGER": "0", **os.environ, **self.settings,
@@ -156,7 +166,7 @@ class HostActor:
         log_file = open(self.root / "serve.log", "ab")  # noqa: SIM115 - the child holds it
         with log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _LAUNCH, str(os.getpid())], env=env,
+                self._command(), env=env,
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT
         while not listening(self.address):
@@ -195,7 +205,7 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
-def _free_port() -> int:
+def _free_port(ip: str) -> int:
     with socket.socket() as probe:
-        probe.bind((_node_ip(), 0))
+        probe.bind((ip, 0))
         return probe.getsockname()[1]

@@ -7,7 +7,10 @@ process a restore brings back with it; whatever they start is born inside it. Ki
 kills them all: when its cell is stopped, when the worker is retired or dies, when the server
 stops. The layout, in each cgroup hierarchy used, below the server's own cgroup:
 
-    llfabric-<server pid>-<pool>/u-<user>/w<worker id>
+    llfabric-<server>-<pool>/u-<user>/w<worker id>
+
+where <server> is the server's pid after its PID namespace's inode: servers in PID namespaces
+of their own (containers, a cluster's test hosts) share this machine's cgroups, not their pids.
 
 `worker_memory` limits each cage's memory (the kernel's OOM killer ends what passes it, and the
 cage's OOM count tells the worker's death apart from a plain SIGKILL), `user_pids` the
@@ -119,7 +122,7 @@ class Containment:
         self._users: set[str] = set()
         self._warden: subprocess.Popen | None = None
         self._leaf: Path | None = None  # where this process moved to delegate v2 controllers
-        name = f"llfabric-{os.getpid()}-{next(_pools)}"
+        name = f"llfabric-{_server()}-{next(_pools)}"
         for hierarchy in _chosen(hierarchies()):
             root = hierarchy.base / name
             try:
@@ -160,7 +163,7 @@ class Containment:
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
-            self._leaf = base / f"llfabric-{os.getpid()}-server"
+            self._leaf = base / f"llfabric-{_server()}-server"
             self._leaf.mkdir(exist_ok=True)
             _write(self._leaf / "cgroup.procs", str(os.getpid()))
             _enable(base, controllers)
@@ -192,6 +195,11 @@ class Containment:
         if self._warden is not None and self._warden.stdin is not None:  # its stdin: a pipe
             self._warden.stdin.close()  # it finds nothing left, and exits
             self._warden.wait()
+
+
+def _server() -> str:
+    """This server, as its cgroups are named (see the module's note)."""
+    return f"{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}"
 
 
 def _chosen(found: list[Hierarchy]) -> list[Hierarchy]:

@@ -153,9 +153,11 @@ def uncommitted(session: str, version: int) -> Generator[None, None, None]:
 
 
 def _same_state(parent: Manifest, manifest: Manifest) -> bool:
-    """Whether `manifest` holds what `parent` does: every field but its cell's record."""
-    return dataclasses.replace(manifest, version=parent.version, parent=parent.parent,
-                               cell=parent.cell, catalog=parent.catalog) == parent
+    """Whether `manifest` holds what `parent` does: every field but its cell's record, its
+    groups in any order (a worker that loaded them saves them in the order it holds them)."""
+    return set(manifest.groups) == set(parent.groups) and dataclasses.replace(
+        manifest, version=parent.version, parent=parent.parent, cell=parent.cell,
+        catalog=parent.catalog, groups=parent.groups) == parent
 
 
 def _catalog(store: Store, parent: Manifest, manifest: Manifest, report: Report) -> str | None:

@@ -4,8 +4,11 @@ it and resumed. Whatever happens, one host serves a session at a time (the door'
 each host's own say so), no committed version is lost (the session's history), and nothing is
 lost silently: the cell's reply, or a notice of the next one, says what became of it.
 
-The hosts run without Ray (`clusters.LocalCluster`): each host's server is reached through a
-relay the test cuts; a pause stops the server and every process under it."""
+The hosts run without Ray (`clusters.LocalCluster`), twice: as processes of this machine, each
+host's server reached through a relay the test cuts; and in namespaces of their own (network,
+PID, mount, UTS; the second host's monotonic clocks a day ahead), on a network the test makes
+and cuts for real, where the door's link to a host and the link between two hosts (their reads
+of each other's blobs) are cut apart. A pause stops the server and every process under it."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import pytest
 from clusters import LocalCluster, host_of
 from cuts import Relay, paused
 from helpers import text, wait_until
+from namespaces import Cut, unavailable
 
 from fabric.client import Client
 from fabric.errors import RemoteError, StaleHead
@@ -30,12 +34,18 @@ pytest.importorskip("ray")  # the host actor finds its node's address with it (n
 # runs until the file `go` appears in its working directory, then sets `late`
 WAITING = ("import os, time\nopen('started', 'w').close()\n"
            "while not os.path.exists('go'):\n    time.sleep(0.05)\nlate = 'from the cut side'")
+DAY = 86400  # seconds the second host's clocks run ahead, where it has namespaces of its own
 LOST = 90  # seconds within which the door loses a silent host (MISSES pings and their timeouts)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("partitions"), nodes=2) as running:
+@pytest.fixture(scope="module", params=["plain", "namespaced"])
+def cluster(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    namespaced = request.param == "namespaced"
+    if namespaced and (why := unavailable()):
+        pytest.skip(why)
+    with LocalCluster(tmp_path_factory.mktemp("partitions"), nodes=2, namespaced=namespaced,
+                      ahead=(None, DAY)) as running:
         yield running
 
 
@@ -127,12 +137,12 @@ def started(client: Client, session: str, cwd: Path) -> str:
 
 
 def cut_mid_cell(cluster: LocalCluster, client: Client, session: str,
-                 cwd: Path) -> tuple[str, Relay, threading.Thread, dict]:
+                 cwd: Path) -> tuple[str, Relay | Cut, threading.Thread, dict]:
     """`started`, then a `WAITING` cell, and its host's link to the door cut meanwhile: the
-    host, its relay (to heal), and the cell's thread and result."""
+    host, its link (to heal), and the cell's thread and result."""
     host = started(client, session, cwd)
     thread, result = waiting_cell(cluster, session, cwd)
-    relay = cluster.relay(host)
+    relay = cluster.door_link(host)
     relay.cut()
     return host, relay, thread, result
 
@@ -147,7 +157,8 @@ def test_a_host_paused_past_its_heartbeat_gives_its_session_up_when_it_resumes(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
     host = started(client, "paused", tmp_path)
     thread, result = waiting_cell(cluster, "paused", tmp_path)
-    worker = next(s.worker for s in client.status().sessions if s.session == "paused")
+    worker = cluster.outer_pid(  # its host's pid, where its own PID namespace has one
+        host, next(s.worker for s in client.status().sessions if s.session == "paused"))
     with paused(cluster.pid(host)) as stopped:
         assert worker in {p.pid for p in stopped}  # the server, its zygotes and workers
         with cluster.client(timeout=10) as quick:  # well before the door loses the host
@@ -171,7 +182,7 @@ def test_a_host_paused_past_its_heartbeat_gives_its_session_up_when_it_resumes(
 def test_a_host_cut_off_between_cells_is_fenced_and_gives_its_session_up_when_healed(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
     host = started(client, "between", tmp_path)
-    relay = cluster.relay(host)
+    relay = cluster.door_link(host)
     relay.cut()
     try:
         wait_until(lambda: not hosts(client)[host].alive, "the cut-off host is lost", LOST)
@@ -254,3 +265,29 @@ def _manifest_on(store: Store, session: str) -> str:
     parent = Manifest.decode(store.get_manifest(store.head(session)))
     child = replace(parent, version=parent.version + 1, parent=store.head(session))
     return store.put_manifest(child.encode())
+
+
+def test_hosts_cut_off_from_each_other_read_what_they_lack_from_the_remote(
+        cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
+    if cluster.network is None:
+        pytest.skip("only hosts in namespaces of their own have a link between them to cut")
+    host = started(client, "apart", tmp_path)
+    run(client, "apart", "y = list(range(100_000))")
+    moved_to = other(client, host)
+    log = cluster.config.store / "hosts" / moved_to / "serve.log"
+    logged = log.stat().st_size
+    link = cluster.peer_link(host, moved_to)
+    link.cut()
+    try:
+        drained = client.call("drain", host=host)
+        assert [(m.session, m.to) for m in drained.moved] == [("apart", moved_to)]
+        reply, shown, _ = run(client, "apart", "print(x, len(y))")
+        assert shown == "1 100000\n" and reply["host"] == moved_to and reply["version"] == 2
+        with log.open("rb") as written:  # it asked its peer first, across the cut
+            written.seek(logged)
+            assert f"peer {host} cannot".encode() in written.read()
+    finally:
+        link.heal()
+        client.call("drain", host=host, undo=True)
+    served_once(cluster, client, "apart", moved_to)
+    assert versions(client, "apart") == [(1, "x = 1"), (2, "y = list(range(100_000))")]

@@ -3,13 +3,17 @@ can be made."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
 from helpers import wait_until
+from namespaces import Namespaces, unavailable
 
 from fabric.pool.contain import Cage, Containment
 
@@ -77,3 +81,40 @@ def test_without_cgroups_a_cage_kills_its_process_group_and_tree() -> None:
     cage.kill()
     leader.wait()
     assert _gone(pids)
+
+
+# a server's cages in its own PID namespace: says where its worker's cage is, and removes them
+# all when told
+CAGED = ("import json, sys\n"
+         "from fabric.pool.contain import Containment\n"
+         "containment = Containment()\n"
+         "print(json.dumps([str(path) for path, _ in containment.cage(1).dirs]), flush=True)\n"
+         "sys.stdin.readline()\n"
+         "containment.stop()\n")
+
+
+def test_servers_with_one_pid_in_pid_namespaces_of_their_own_keep_their_cages_apart(
+        tmp_path: Path) -> None:
+    if why := unavailable():
+        pytest.skip(why)
+    probe = Containment()
+    probe.stop()
+    if not probe.trees:
+        pytest.skip("no cgroup can be made here")
+    hosts = [Namespaces(name) for name in ("one", "other")]
+    try:
+        servers = []
+        for host in hosts:
+            with host.entered(("pid",)):
+                servers.append(subprocess.Popen(
+                    host.inside([sys.executable, "-c", CAGED], tmp_path),
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+        one, other = ([Path(p) for p in json.loads(s.stdout.readline())] for s in servers)
+        assert [h.outer_pid(2) for h in hosts] == [s.pid for s in servers]  # both are pid 2
+        assert one and not set(one) & set(other)
+        servers[0].communicate(b"stop\n", timeout=60)
+        assert not any(p.exists() for p in one) and all(p.exists() for p in other)
+        servers[1].communicate(b"stop\n", timeout=60)
+    finally:
+        for host in hosts:
+            host.close()

@@ -39,6 +39,16 @@ def test_a_report_folds_into_the_next_version(tmp_path: Path) -> None:
     assert m2.cell["source"] == "import pandas\ny = 3\n" and m2.cell["execution_count"] == 2
 
 
+def test_a_cell_that_leaves_the_same_groups_in_another_order_makes_no_version(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    first, _ = commit(store, "s", None, _report(store, ["x", "z"], x=1, z=2),
+                      _cell("x, z = 1, 2\n", 1))
+    again = _report(store, ["x", "z"], z=2, x=1)  # a worker that loaded them the other way
+    head, manifest = commit(store, "s", first, again, _cell("print(x, z)\n", 2))
+    assert head == first == store.head("s") and manifest.version == 1
+
+
 @pytest.mark.parametrize("spoil", [
     lambda r: r.pop("owned"),
     lambda r: r.update(groups=[["b" * 32, "y", "many"]]),

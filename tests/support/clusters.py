@@ -1,25 +1,34 @@
 """Clusters of this machine's processes for the many-hosts tests: a Ray cluster (a head and, by
 default, two nodes, each with one CPU slot standing in for a GPU, and small object stores), or
-the front door over hosts started without Ray, each behind a link a test cuts (`LocalCluster`)."""
+the front door over hosts started without Ray, each behind a link a test cuts (`LocalCluster`),
+as processes of this machine or in namespaces of their own (`namespaces`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from cuts import Relay
 from helpers import wait_until
+from namespaces import Cut, Host, Network, no_time_offsets, unavailable
 
 from fabric.client import Client
+from fabric.cluster.host import HostActor, host_name
+from fabric.private import private_dir
+
+log = logging.getLogger(__name__)
 
 NODE = {"num_cpus": 1, "resources": {"llfabric_slots": 1}, "object_store_memory": 80 << 20}
 
@@ -93,13 +102,16 @@ class LocalMembers:
     """A cluster's nodes as the front door asks for them (`fabric.cluster.members.Members`),
     without Ray: a host actor per node (`HostActor`, the very object Ray would run there),
     called in this process, and each host's server reached through a `Relay` a test cuts. The
-    first node is the head."""
+    first node is the head. On a `network`, each host runs in namespaces of its own there
+    (`NamespacedHostActor`), its clocks `ahead` as that says (by node, in order), and its relay
+    reaches it across that network."""
 
-    def __init__(self, root: str, settings: dict[str, str], nodes: int) -> None:
-        from fabric.cluster.host import HostActor, host_name
-
-        self.actors = {node: HostActor(node, root, settings, 1)
-                       for node in (uuid.uuid4().hex for _ in range(nodes))}
+    def __init__(self, root: str, settings: dict[str, str], nodes: int,
+                 network: Network | None = None, ahead: Sequence[int | None] = ()) -> None:
+        self.network = network
+        self.actors = {node: self._actor(node, root, settings, clock)
+                       for node, clock in itertools.zip_longest(
+                           (uuid.uuid4().hex for _ in range(nodes)), ahead[:nodes])}
         self.names = {host_name(node): node for node in self.actors}
         self.relays: dict[str, Relay] = {}  # by node
         self.started = dict.fromkeys(self.actors, 0)  # the door's starts of each node's host
@@ -117,8 +129,19 @@ class LocalMembers:
         self.started[node] += 1
         relay = self.relays.get(node)
         if relay is None or relay.target != info["address"]:
-            relay = self.relays[node] = Relay(info["address"])
+            relay = self.relays[node] = Relay(
+                info["address"], socket.create_connection if self.network is None
+                else self.network.connect)
         return {**info, "address": relay.address}
+
+    def _actor(self, node: str, root: str, settings: dict[str, str],
+               ahead: int | None) -> HostActor:
+        if self.network is None:
+            return HostActor(node, root, settings, 1)
+        name = host_name(node)
+        temp = private_dir(Path(root) / "hosts" / name / "tmp")  # its own runtime folders
+        return NamespacedHostActor(node, root, {**settings, "TMPDIR": str(temp)}, 1,
+                                   self.network.host(name, ahead))
 
     def admit(self, node: str, user: str, public: str) -> None:
         self.actors[node].admit(user, public)
@@ -139,20 +162,56 @@ class LocalMembers:
             relay.close()
 
 
+class NamespacedHostActor(HostActor):
+    """A host actor whose server runs in a test host's namespaces (`namespaces.Host`): bound
+    to its address there, with its own pids, /proc, hostname (and clocks), and working
+    directory."""
+
+    def __init__(self, node: str, root: str, settings: dict[str, str], slots: int,
+                 host: Host) -> None:
+        super().__init__(node, root, settings, slots)
+        self.host = host
+
+    @property
+    def ip(self) -> str:
+        return self.host.address
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.host.entered():  # its ports probed, its server started, and seen listening
+            return super()._spawn()
+
+    def _command(self) -> list[str]:
+        return self.host.inside(super()._command(), private_dir(self.root / "work"))
+
+
 class LocalCluster:
     """The front door (`fabric.cluster.door.Door`, in a thread of this process) over `nodes`
-    hosts on this machine (`LocalMembers`), with a remote tier in `root`."""
+    hosts on this machine (`LocalMembers`), with a remote tier in `root`; `namespaced`: each
+    host in namespaces of its own on a network the cluster makes (`namespaces.Network`), where
+    this machine allows it (else plain processes, and a warning that says why), the clocks of
+    each `ahead` of this machine's by as many seconds (where the kernel has time namespaces)."""
 
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, namespaced: bool = False,
+                 ahead: Sequence[int | None] = ()) -> None:
         from fabric.cluster.door import Door
         from fabric.config import Config
+
+        self.network: Network | None = None
+        if namespaced and (why := unavailable()):
+            log.warning("the cluster's hosts run as processes of this machine: %s", why)
+        elif namespaced:
+            self.network = Network()
+        if any(ahead) and self.network is not None and (why := no_time_offsets()):
+            log.warning("the cluster's hosts keep this machine's clocks: %s", why)
+            ahead = ()
 
         self.remote = f"file://{root}/remote"
         self.sockets = Path(tempfile.mkdtemp(prefix="llf-door-"))
         self.config = Config(store=root / "door", runtime_dir=self.sockets,
                              bind=f"ipc://{self.sockets}/door.sock", remote=self.remote)
         self.members = LocalMembers(str(self.config.store), {
-            "LLFABRIC_REMOTE": self.remote, "LLFABRIC_COPIES": str(self.config.copies)}, nodes)
+            "LLFABRIC_REMOTE": self.remote, "LLFABRIC_COPIES": str(self.config.copies)}, nodes,
+            self.network, ahead)
         self.door = Door(self.config, self.members)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._serve, name="door")
@@ -166,16 +225,22 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         self._thread.start()
-        with self.client() as client:
-            wait_until(lambda: client.ping(timeout=1) and
-                     len([h for h in client.status().hosts if h.alive]) == len(
-                         self.members.actors), "every host up", 300)
+        try:
+            with self.client() as client:
+                wait_until(lambda: client.ping(timeout=1) and
+                         len([h for h in client.status().hosts if h.alive]) == len(
+                             self.members.actors), "every host up", 300)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.door.stop)
         self._thread.join(120)
+        if self.network is not None:
+            self.network.close()
         shutil.rmtree(self.sockets, ignore_errors=True)
 
     def client(self, timeout: float = 120) -> Client:
@@ -184,11 +249,36 @@ class LocalCluster:
     def relay(self, host: str) -> Relay:
         return self.members.relays[self.members.names[host]]
 
+    def door_link(self, host: str) -> Relay | Cut:
+        """What cuts the door off from `host`, and heals: its relay, or on namespaced hosts
+        their network, between the door's side of it and the host."""
+        if self.network is None:
+            return self.relay(host)
+        return self.network.cut(self.network.switch, self._namespaces(host))
+
+    def peer_link(self, a: str, b: str) -> Cut:
+        """What cuts hosts `a` and `b` off from each other (reads of each other's blobs), and
+        heals: their network, on namespaced hosts only."""
+        if self.network is None:
+            raise ValueError("only namespaced hosts have links between them to cut")
+        return self.network.cut(self._namespaces(a), self._namespaces(b))
+
+    def _namespaces(self, host: str) -> Host:
+        actor = self.members.actors[self.members.names[host]]
+        assert isinstance(actor, NamespacedHostActor)
+        return actor.host
+
+    def outer_pid(self, host: str, pid: int) -> int | None:
+        """The pid in this process's PID namespace of `host`'s process `pid` (as its server
+        reports it); None if it has none."""
+        return pid if self.network is None else self._namespaces(host).outer_pid(pid)
+
     def starts(self, host: str) -> int:
         """How many times the door started `host` (or found it running and took it)."""
         return self.members.started[self.members.names[host]]
 
     def pid(self, host: str) -> int:
+        """The pid of `host`'s server, in this process's PID namespace."""
         process = self.members.actors[self.members.names[host]].process
         assert process is not None
         return process.pid
@@ -204,5 +294,14 @@ class LocalCluster:
         actor = self.members.actors[self.members.names[host]]
         owner = self.door.owner
         key = ClientKey(owner, *self.door.keys[owner], actor.keys.server_pair()[0])
-        with Client(actor.address, timeout=30, key=key) as client:
+        with self._on_network():
+            client = Client(actor.address, timeout=30, key=key)
+        with client:
             return {s.session for s in client.status().sessions}
+
+    def _on_network(self) -> contextlib.AbstractContextManager[None]:
+        """The calling thread where it reaches the hosts directly (its ZeroMQ sockets, and
+        their I/O threads, are made there)."""
+        if self.network is None:
+            return contextlib.nullcontext()
+        return self.network.switch.entered(("net",))

@@ -14,16 +14,19 @@ import contextlib
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 
 
 class Relay:
-    """Connections to `target` (tcp://HOST:PORT), made to `address` instead."""
+    """Connections to `target` (tcp://HOST:PORT), made to `address` instead; `dial` makes the
+    far end's connection (where it is reached from elsewhere than this process's network)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, dial: Callable[[tuple[str, int]], socket.socket] =
+                 socket.create_connection) -> None:
         self.target = target
+        self._dial = dial
         host, port = target.removeprefix("tcp://").rsplit(":", 1)
         self._far = (host, int(port))
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -57,7 +60,7 @@ class Relay:
                 return
             self._flowing.wait()
             try:
-                far = socket.create_connection(self._far)
+                far = self._dial(self._far)
             except OSError:  # the far end is not listening: nor is this connection
                 near.close()
                 continue
