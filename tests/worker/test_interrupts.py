@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fabric.pool import Pool
 from fabric.worker.messages import Done, RunCell, Started
+from fabric.worker.shell import make_shell
 
 TRIES = 40
 STEP = 50e-6  # seconds: each try interrupts this much later after `started` than the last
@@ -73,3 +74,26 @@ def test_a_cell_that_lets_sigint_kill_the_process_leaves_the_worker_its_own_hand
             await pool.stop()
 
     assert asyncio.run(scenario()) == ("error", "KeyboardInterrupt")
+
+
+def test_an_interrupt_in_an_event_callback_stops_the_cell_and_an_error_there_does_not() -> None:
+    """IPython would show an interrupt that lands in a callback it runs before a cell's code as
+    the callback's error, and run the code on."""
+    shell = make_shell()
+    raised: list[BaseException] = []
+
+    def callback() -> None:
+        if raised:
+            raise raised.pop()
+
+    shell.events.register("pre_execute", callback)
+    try:
+        outcomes = []
+        for error in (KeyboardInterrupt(), ValueError("the callback's own")):
+            shell.user_ns.pop("ran", None)
+            raised.append(error)
+            result = shell.run_cell("ran = True")
+            outcomes.append((type(result.error_in_exec).__name__, "ran" in shell.user_ns))
+    finally:
+        shell.events.unregister("pre_execute", callback)
+    assert outcomes == [("KeyboardInterrupt", False), ("NoneType", True)]
