@@ -64,8 +64,10 @@ def test_a_cooled_worker_restores_in_a_nest_where_its_pid_is_taken(tmp_path: Pat
                 worker = await lifecycle.thaw(pool, again)
                 assert await _run(worker, "import os\nprint(next(g), os.getpid())") == \
                     f"2 {old}\n"
-            # signals reach it through its inits: an interrupt stops its cell; a kill ends it
-            await worker.send(RunCell("import time\ntime.sleep(60)", 2))
+            # signals reach it through its inits: an interrupt stops its cell (in one of its
+            # short sleeps: Python handles a signal taken just before one as it returns); a
+            # kill ends it
+            await worker.send(RunCell("import time\nwhile True:\n    time.sleep(0.1)", 2))
             while not isinstance(await worker.recv(timeout=60), Started):
                 pass
             worker.interrupt()
