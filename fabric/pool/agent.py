@@ -110,6 +110,7 @@ class SessionWorkers:
         self.lost: list[str] = []  # unsaved names whose pinned worker died, not yet told
         self.lost_why = ""  # why they cannot be recomputed
         self.lost_at: str | None = None  # the head whose unsaved values the user knows are lost
+        self.untold: list[tuple[str, str]] = []  # notices of between cells, told at the next
         self.env: Env | None = None  # the environment its workers import from; None: the server's
         self.debugger = Debugger()  # a frontend's debug session, across the cells' workers
         self.loader = StateLoader(name, cwd, store, leases)
@@ -300,6 +301,9 @@ class SessionWorkers:
         except BaseException:
             self.lingering.give_back(lease)
             raise
+        for topic, text in self.untold:
+            events.notice(topic, text)
+        self.untold.clear()
         life.claim()
         kept = False
         try:
@@ -494,9 +498,11 @@ class SessionWorkers:
         self._discard(self.prepared)
 
         async def rehome(worker: WorkerHandle) -> None:
-            await worker.send(Rehome(str(self.store.root)))
+            await worker.send(Rehome(str(self.store.root), self.cwd))
             if not isinstance(reply := await worker.recv(), Loaded):
                 raise WorkerDied(f"worker {worker.pid} answered rehome with {reply.op!r}")
+            if reply.error:  # its cells run on all the same, told at the next one
+                self.untold.append(("directory", reply.error))
 
         life.chain(rehome, prepares=False)
         self.prepared = life

@@ -63,7 +63,9 @@ class Stage(enum.Enum):
 @dataclass
 class CoolImage:
     images: Path
-    init: bool  # the dumped tree is rooted at an llfabric-init (a template's copy)
+    # the dumped tree is a PID namespace rooted at an llfabric-init (a template's copy);
+    # otherwise the worker's own tree, restored in a nest (`criu.Nest`)
+    init: bool
     parked: bool  # dumped with its CUDA state checkpointed off the GPU
     device: str | None  # the GPU it was parked from
     user: str = ""  # whose cells it ran, whose cage it is restored into
@@ -83,7 +85,8 @@ async def cool(pool: Pool, worker: WorkerHandle, wake_dir: str | None = None) ->
         if not isinstance(reply, Sleeping):
             raise ParkFailed(f"worker {worker.pid} answered {reply.op!r} to sleep")
         await wake.until_asleep(worker.process, SLEEP_TIMEOUT)
-        await asyncio.to_thread(criu.dump, worker.pid, images, keep_under=pool.store_root)
+        await asyncio.to_thread(criu.dump, worker.pid if worker.namespace else worker.process,
+                                images, keep_under=pool.store_root)
         await asyncio.wait_for(asyncio.shield(worker.died), SLEEP_TIMEOUT)
     except (FabricError, TimeoutError) as exc:
         with contextlib.suppress(ProcessLookupError):
@@ -94,14 +97,23 @@ async def cool(pool: Pool, worker: WorkerHandle, wake_dir: str | None = None) ->
             raise
         raise ParkFailed(f"cannot cool worker {worker.pid}: {exc}", pid=worker.pid) from exc
     await worker.close()
-    return CoolImage(images, worker.init, worker.parked, worker.device, worker.user)
+    return CoolImage(images, worker.namespace, worker.parked, worker.device, worker.user)
 
 
 async def thaw(pool: Pool, image: CoolImage) -> WorkerHandle:
-    """Restore a cool worker as a child of the server, wake it and await its hello."""
+    """Restore a cool worker under an init that is the server's child, wake it and await its
+    hello. A worker's own tree is restored in a nest, where the pids it had are free whatever
+    this host's processes hold; the loop's thread makes the nest, which dies with it."""
     try:
-        root = await asyncio.to_thread(criu.restore, image.images, "restore.log")
-        return await pool.wake_restored(root, image.init, "cool", parked=image.parked,
+        if image.init:
+            root = await asyncio.to_thread(criu.restore, image.images, "restore.log",
+                                           pool.store_root)
+            process = None
+        else:
+            nesting = criu.Nesting(image.images, pool.store_root)
+            nest = await asyncio.to_thread(nesting.restore, "restore.log")
+            root, process = nest.init, nest.root
+        return await pool.wake_restored(root, process, "cool", parked=image.parked,
                                         device=image.device, user=image.user)
     except FabricError as exc:
         if isinstance(exc, ParkFailed):

@@ -54,7 +54,7 @@ from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, d
 from . import criu, cuda, parking, rundir
 from .contain import Containment
 from .memory import Pressure
-from .templates import Template, TemplateMap, Templates, worker_of
+from .templates import Template, TemplateMap, Templates
 
 if TYPE_CHECKING:
     from ..envs import Env
@@ -181,9 +181,10 @@ class WorkerHandle:
 
     A worker forked by a zygote is that zygote's child, which reports its exit. A restored
     worker (from a template or a cool image) is a child of this process, its exit watched
-    through a pidfd; when it runs under an init (pid 1 of its own namespace), `pid` is the
+    through a pidfd; when it runs under an init, in a PID namespace of its own, `pid` is the
     init's, which forwards signals and exits with the worker's status. Every process of it
     (its init, the processes its cells start) lives in its cage (`contain`), killed with it.
+    Pids here are as this host sees them, whatever the worker's own namespace calls them.
     """
 
     def __init__(self, pool: Pool, ident: int, zygote: ZygoteHandle | None,
@@ -194,7 +195,10 @@ class WorkerHandle:
         self.cage = pool.containment.cage(ident, user)
         self.zygote = zygote
         self.source = source
-        self.init = False  # `pid` is an llfabric-init's, the worker its only child
+        self.init = False  # `pid` is an llfabric-init's, under which the worker runs
+        # `pid` is pid 1 of the worker's namespace (a template's copy): a dump takes the
+        # namespace whole; otherwise it takes the worker's own tree (see `criu`)
+        self.namespace = False
         self.pid = 0
         self.process = 0  # the worker's own pid (the init's child, when it has an init)
         self.parked = False  # its CUDA state is checkpointed off the GPU
@@ -552,32 +556,34 @@ class Pool:
     async def restore_worker(self, template: Template, user: str = "") -> WorkerHandle:
         """Restore a copy of `template`, wake it, and wait until it has connected."""
         root = await self.templates.restore(template)
-        return await self.wake_restored(root, True, "template", parked=False, device=None,
+        return await self.wake_restored(root, None, "template", parked=False, device=None,
                                         user=user)
 
-    async def wake_restored(self, root: int, init: bool, source: str, parked: bool,
+    async def wake_restored(self, root: int, process: int | None, source: str, parked: bool,
                             device: str | None, user: str = "") -> WorkerHandle:
-        """Wake the worker of `user` restored as `root` (or as its init's child) and await its
-        hello; its tree (with what its cells left running, for a cool one) enters its cage.
+        """Wake the worker of `user` restored under the init `root`, as `process` (None: the
+        init's only child, and `root` pid 1 of its namespace, a template's copy), and await
+        its hello; its tree (with what its cells left running, for a cool one) enters its cage.
 
         `parked`: it was dumped with its CUDA state checkpointed (off `device`), which stays
         so until its first cell's lease (`unpark`) puts it on the leased GPU."""
         try:
-            pid = worker_of(root) if init else root
-        except BaseException:
+            pid = criu.worker_of(root) if process is None else process
+            path = wake.restored_socket(self.socket_dir, wake.name_of(pid))
+        except BaseException as exc:
             os.kill(root, signal.SIGKILL)
             os.waitpid(root, 0)
+            if isinstance(exc, OSError):
+                raise WorkerDied(f"the restored worker under {root} is gone: {exc}") from exc
             raise
-        worker = WorkerHandle(self, next(self._ids), None,
-                              path=wake.restored_socket(self.socket_dir, pid), source=source,
-                              user=user)
-        worker.process = pid
+        worker = WorkerHandle(self, next(self._ids), None, path=path, source=source, user=user)
+        worker.process, worker.namespace = pid, process is None
         worker.parked, worker.device = parked, device
         try:
             worker.cage.enter_tree(root)
             _give(worker.path, pid)
-            worker.watch(root, init)
-            os.kill(root, wake.WAKE)  # an init forwards it to the sleeping worker
+            worker.watch(root, init=True)
+            os.kill(pid, wake.WAKE)
             await self._hello(worker)
         except BaseException:
             await worker.close()

@@ -150,8 +150,8 @@ class Templates:
                 template.failed_imports = ready.failed
                 if await loop.sock_recv(mine, control.PACKET):  # then EOF: it is going to sleep
                     raise criu.CheckpointError("the template process sent more than ready")
-            root = worker_of(launcher.pid)
-            dormant = worker_of(root)
+            root = criu.worker_of(launcher.pid)
+            dormant = criu.worker_of(root)
             await wake.until_asleep(dormant, BUILD_TIMEOUT)
             await asyncio.to_thread(criu.dump, root, template.images)
         except BaseException:
@@ -183,11 +183,3 @@ class Templates:
     def status(self) -> list[TemplateMap]:
         return [t.status() for t in self.by_family.values()]
 
-
-def worker_of(pid: int) -> int:
-    """The one child of an llfabric-init (or of the launcher that made the namespace)."""
-    with open(f"/proc/{pid}/task/{pid}/children") as children:
-        found = children.read().split()
-    if len(found) != 1:
-        raise criu.CheckpointError(f"llfabric-init {pid} has children {found}, not one")
-    return int(found[0])

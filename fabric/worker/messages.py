@@ -91,10 +91,12 @@ class Become(WorkerMessage):
 @dataclass(frozen=True)
 class Rehome(WorkerMessage):
     """The worker was restored on another host (carried there as a dump): it reads and writes
-    that host's `store` from now on. Answered by `Loaded`."""
+    that host's `store` from now on, and its cells run in `cwd`, the session's directory there.
+    Answered by `Loaded`, whose error says that directory is not there."""
 
     op: ClassVar[str] = "rehome"
     store: str
+    cwd: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ alone signs and commits manifests, and a worker never reads the store's key.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import getpass
 import importlib
 import os
@@ -36,6 +37,7 @@ from typing import Any
 
 import zmq
 from IPython.core.error import StdinNotImplementedError
+from IPython.core.interactiveshell import ExecutionResult
 
 from .. import protocol
 from ..closure.groups import group_variables
@@ -48,6 +50,7 @@ from ..snapshot.store import Store
 from . import comms, deadline, debugging, env, forked, introspect, lazy, parking, threads, wake
 from .account import become
 from .fdcapture import FdCapture
+from .interrupts import Interrupts
 from .messages import (
     TO_WORKER,
     Answered,
@@ -138,6 +141,7 @@ class Worker:
         self.saver = DeltaSaver(store)
         self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
+        self.slept_in = ""  # its directory when it last slept through a dump
         # names whose group could not be unpickled -> (why, traceback): never bound here; a
         # cell that reads them fails as the load would have, one that only deletes them runs
         self.unloadable: dict[str, tuple[str, str]] = {}
@@ -148,6 +152,7 @@ class Worker:
         self.base_environ = dict(os.environ)
         self.threads = threads.Threads()
         self.storages = parking.Storages()  # what a park moved off the GPU
+        self.interrupts = Interrupts()
         self._streams = [OutStream("stdout", shell), OutStream("stderr", shell)]
         shell.sink = self._sink
         sys.stdout, sys.stderr = self._streams
@@ -209,7 +214,12 @@ class Worker:
     def sleep(self, message: Sleep) -> Hello:
         written.reset()  # a restored copy's pages say nothing of what its saves hashed
         self.channel.send(Sleeping(os.getpid()))
+        cwd = os.getcwd()
+        os.chdir("/")  # the image names no directory that the host restoring it may lack
         self.channel.sleep(message.wake_dir)
+        with contextlib.suppress(OSError):  # not there: a move says where cells run (`rehome`)
+            os.chdir(cwd)
+        self.slept_in = cwd
         return Hello(os.getpid())
 
     def park(self, message: Park) -> Parked:
@@ -320,9 +330,18 @@ class Worker:
 
     def rehome(self, message: Rehome) -> Loaded:
         """Use the store of the host that restored this worker (it is where the server looks
-        for what the next cell saves)."""
+        for what the next cell saves), and run cells in the session's directory there."""
         self.store = Store(Path(message.store), signs=False)
         self.saver = DeltaSaver(self.store)
+        if message.cwd is None:
+            return Loaded()
+        try:
+            os.chdir(message.cwd)
+        except OSError as exc:
+            return Loaded(error=f"the notebook's directory {message.cwd} is not on this host "
+                                f"({exc.strerror}): its cells run in {os.getcwd()}")
+        # where its modules were imported from, as the first load put it on sys.path
+        sys.path[:] = [message.cwd if p == self.slept_in else p for p in sys.path]
         return Loaded()
 
     def run(self, message: RunCell) -> Done:
@@ -352,14 +371,12 @@ class Worker:
         self.shell.handling(message.parent_id)
         introspect.take_payloads(self.shell)  # none of an earlier cell's
         started = time.monotonic()
-        self.channel.send(Started())
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        result = None
-        try:
-            result = self.shell.run_cell(message.source, store_history=True)
+        outcome = None
+        try:  # armed before `started`: the server may interrupt once it hears it
+            outcome = self.interrupts.during(lambda: self._run_started(message.source))
         finally:
-            forked.leave_if_child(result is None or not result.success)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            error = _error_of(outcome)
+            forked.leave_if_child(outcome is None or error is not None)
             for stream in self._streams:
                 stream.flush()
             lazy_seconds, unneeded = self.lazy.end()
@@ -369,23 +386,22 @@ class Worker:
                     self.owned.discard(name)
             self.unloadable = {n: why for n, why in self.unloadable.items()
                                if n not in ns and (n not in stand_ins or n not in self.owned)}
+        if isinstance(outcome, KeyboardInterrupt):  # taken in IPython's steps around the code
+            self.shell.showtraceback((KeyboardInterrupt, outcome, None))
         ran = time.monotonic()
         # An interrupt now stops the save (user code runs in it: a value's `__reduce__`, its
         # `__repr__`): what is not written yet stays unsaved, held by this worker.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        assert result is not None, "run_cell returns its result or raises"
-        error = result.error_in_exec or result.error_before_exec
         saved = failed = None
         try:
-            self.channel.send(Saving())
-            saved = None if message.replay else self.save(message.reached, message.save_limit)
+            saving = self.interrupts.during(lambda: self._save_ran(message))
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
             failed = exc.to_wire()
-        except KeyboardInterrupt:  # before its groups were written, or after
-            failed = CellStopped("the cell's save was interrupted: nothing the cell changed is "
-                                 "committed", reason="save").to_wire()
-        finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            if isinstance(saving, KeyboardInterrupt):  # before its groups were written, or after
+                failed = CellStopped("the cell's save was interrupted: nothing the cell changed "
+                                     "is committed", reason="save").to_wire()
+            else:
+                saved = saving
         for stream in self._streams:
             stream.flush()
         return Done(status="error" if error is not None else "ok",
@@ -393,6 +409,14 @@ class Worker:
                     run=ran - started, save=time.monotonic() - ran,
                     saved=saved, failed=failed, payload=introspect.take_payloads(self.shell),
                     lazy=lazy_seconds, unneeded=unneeded)
+
+    def _run_started(self, source: str) -> ExecutionResult:
+        self.channel.send(Started())
+        return self.shell.run_cell(source, store_history=True)
+
+    def _save_ran(self, message: RunCell) -> Report | None:
+        self.channel.send(Saving())
+        return None if message.replay else self.save(message.reached, message.save_limit)
 
     def settle(self, message: Settle) -> Settled:
         """After a replay, make every saved name the head's: a group whose value here pickles to
@@ -498,6 +522,13 @@ class Worker:
         if saved is None or saved[1] != parts or not self.store.has(saved[0]):
             saved = self.ambient_saved = (self.store.put(pickle.dumps(self.ambient)), parts)
         return saved[0]
+
+
+def _error_of(outcome: ExecutionResult | KeyboardInterrupt | None) -> BaseException | None:
+    """What ended a cell's code: its error, or an interrupt IPython did not catch."""
+    if isinstance(outcome, ExecutionResult):
+        return outcome.error_in_exec or outcome.error_before_exec
+    return outcome
 
 
 def _pickled_parts(state: dict[str, Any]) -> dict[str, bytes]:

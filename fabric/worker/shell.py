@@ -20,6 +20,7 @@ from typing import Any
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
+from IPython.core.events import EventManager, available_events
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 
@@ -141,6 +142,19 @@ class _Compiler(CachingCompiler):
         return cellfiles.path(raw_code)
 
 
+class _Events(EventManager):
+    """IPython's events, but for a KeyboardInterrupt in a callback: the server's interrupt,
+    landing in one as a cell starts or ends, is the cell's. IPython would show it as the
+    callback's error and run the cell on."""
+
+    def trigger(self, event: str, *args: Any, **kwargs: Any) -> None:
+        for callback in self.callbacks[event][:]:
+            try:
+                callback(*args, **kwargs)
+            except Exception:  # the callback's own error: shown, and the others run
+                self.shell.showtraceback()
+
+
 class ZMQInteractiveShell(InteractiveShell):
     """An InteractiveShell without a terminal; what it shows goes to `sink`.
 
@@ -172,6 +186,12 @@ class ZMQInteractiveShell(InteractiveShell):
         """The request (a cell, a comm message) of the frontend's msg_id `parent_id`; None:
         no frontend's (a replay, a cell of `llfabric run`)."""
         self.set_parent({"header": {"msg_id": parent_id}} if parent_id else {})
+
+    def init_events(self) -> None:
+        super().init_events()
+        events = _Events(self, available_events)
+        events.callbacks = self.events.callbacks  # those IPython registered as it made its own
+        self.events = events
 
     def init_history(self) -> None:
         super().init_history()

@@ -2,9 +2,10 @@
 
 A process that is about to be dumped closes every socket to the outside, then waits for `WAKE`.
 A restored copy (a template's, or a cooled session's worker) cannot be told anything before it
-reconnects, since every copy holds the same memory; what does differ is its pid as the server
-sees it, so the copy connects to the endpoint named after that pid, which the server binds
-before sending `WAKE`.
+reconnects, since every copy holds the same memory; what does differ is its PID namespace or
+its pid in it, so the copy connects to the endpoint named after both (`name`: the same seen
+from inside, where /proc may be the namespace's own, and from the server), which the server
+binds before sending `WAKE`.
 
 `WAKE` stays blocked in every thread of a worker (threads inherit the mask), so it is only ever
 taken by `sigwait`: it can arrive before the sleeper waits and is not lost, and it never
@@ -28,14 +29,21 @@ _PR_SET_PDEATHSIG = 1
 _RT_SIGTIMEDWAIT = {"x86_64": "128", "aarch64": "137"}  # where /proc/PID/wchan shows nothing
 
 
-def restored_socket(socket_dir: Path, host_pid: int) -> Path:
-    """Where the server waits for the restored worker whose pid, as the server sees it, is this."""
-    return socket_dir / f"r{host_pid}.sock"
+def restored_socket(socket_dir: Path, name: str) -> Path:
+    """Where the server waits for the restored worker of this `name`."""
+    return socket_dir / f"r{name}.sock"
 
 
-def host_pid() -> int:
-    """Our pid as the server sees it: /proc is the host's even inside a PID namespace."""
-    return int(os.readlink("/proc/self"))
+def name() -> str:
+    """This process's name that no other shares: its PID namespace's inode, its pid there."""
+    return f"{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}"
+
+
+def name_of(pid: int) -> str:
+    """The `name` of the process this host calls `pid`."""
+    with open(f"/proc/{pid}/status") as status:
+        inner = next(line for line in status if line.startswith("NSpid:")).split()[-1]
+    return f"{os.stat(f'/proc/{pid}/ns/pid').st_ino}-{inner}"
 
 
 def asleep(pid: int) -> bool:
@@ -74,7 +82,7 @@ def sleep(socket_dir: Path) -> str:
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, 0)
     _parent = os.getppid()
     _watch_parent()
-    return f"ipc://{restored_socket(socket_dir, host_pid())}"
+    return f"ipc://{restored_socket(socket_dir, name())}"
 
 
 _parent: int | None = None  # the process that restored this one, while awake

@@ -244,8 +244,13 @@ def test_a_restored_workers_children_are_killed_with_it(tmp_path: Path, source: 
             execute(client, name, "g = (i for i in range(3))")  # pinned: cooled, not retired
             wait_until(lambda: next(s for s in client.status().sessions
                                     if s.session == name).tier == "cool", "cooled")
-            reply, outputs = execute(client, name, "next(g)\n" + SPAWN)
-            pids = _children(outputs)
+            reply, _ = execute(client, name, "next(g)\n" + SPAWN)
+            # restored in a PID namespace of its own, under its init (`worker`): the pids its
+            # cell printed are not this one's
+            worker = next(s for s in client.status().sessions if s.session == name).worker
+            pids = [p.pid for p in psutil.Process(worker).children(recursive=True)
+                    if p.name() == "sleep"]
+            assert len(pids) == 5
         assert reply["source"] == source
         client.call("close", session=name)
     _all_gone(pids, f"with a {source} worker")

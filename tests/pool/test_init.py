@@ -86,3 +86,53 @@ def test_keeps_no_inherited_descriptor_once_the_program_runs(init: str) -> None:
         proc.kill()
         proc.wait()
         os.close(read_end)
+
+
+def test_with_proc_the_namespace_has_a_proc_of_its_own(init: str) -> None:
+    out = subprocess.run([init, "--pidns", "--proc", "sh", "-c",
+                          "echo $$; ls /proc | grep -c '^[0-9]*$'; exec readlink /proc/self"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    # its pid as its /proc names it, which lists only the namespace's (init, sh, ls, grep)
+    assert (out[0], out[2]) == ("2", "2") and int(out[1]) <= 4
+    # the caller's /proc is as it was
+    assert os.readlink("/proc/self") == str(os.getpid())
+
+
+def test_adopts_the_one_child_its_program_leaves_and_passes_on_its_status(init: str) -> None:
+    # The program starts a child as the init's (a subshell whose parent exits: an orphan of
+    # the namespace) and exits 0: the init waits for that child, forwards signals to it, and
+    # exits with its status; a program that fails ends it at once, with its status.
+    script = ("sh -c 'trap \"exit 6\" TERM; echo adopted; while :; do sleep 0.05; done' & "
+              "exit 0")
+    proc = subprocess.Popen([init, "--pidns", "--proc", "--adopt", "sh", "-c", script],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "adopted\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 6
+    assert subprocess.run([init, "--pidns", "--proc", "--adopt", "sh", "-c", "exit 3"]
+                          ).returncode == 3
+
+
+def test_in_runs_the_program_in_another_process_s_namespaces(init: str) -> None:
+    nested = subprocess.Popen([init, "--pidns", "--proc", "sh", "-c", "echo up; exec sleep 30"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert nested.stdout.readline() == "up\n"
+        inner = criu.worker_of(nested.pid)  # the namespace's init
+        sleeper = criu.worker_of(inner)
+        out = subprocess.run([init, "--in", str(sleeper), "sh", "-c",
+                              "readlink /proc/self; cat /proc/1/comm"],
+                             capture_output=True, text=True, check=True).stdout.split()
+        # a pid of the namespace, in its /proc, where pid 1 is its init
+        assert int(out[0]) > 2 and out[1] == "llfabric-init"
+    finally:
+        nested.kill()
+        nested.wait()
+
+
+@pytest.mark.parametrize("args", [["--proc", "true"], ["--adopt", "true"],
+                                  ["--pidns", "--adopt", "true"], ["--in"],
+                                  ["--in", "1", "--pidns", "true"], ["--bogus", "true"]])
+def test_refuses_options_that_do_not_go_together(init: str, args: list[str]) -> None:
+    result = subprocess.run([init, *args], capture_output=True, text=True)
+    assert result.returncode == 2 and "usage" in result.stderr

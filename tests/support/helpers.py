@@ -262,3 +262,26 @@ sys.meta_path.append(TextFinder())
 def session_status(client: Client, session: str) -> SessionStatus:
     """The session's entry in the server's status."""
     return next(s for s in client.status().sessions if s.session == session)
+
+
+@contextlib.contextmanager
+def holding_pid(pid: int) -> Iterator[subprocess.Popen]:
+    """A process of this host under `pid`, made so by setting the last pid handed out (root).
+    On a busy host another process may fork first and take it: it is tried again once that
+    process is gone."""
+    for _ in range(50):
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), f"pid {pid} being free")
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write(str(pid - 1))
+        holder = subprocess.Popen(["sleep", "600"])
+        if holder.pid == pid:
+            break
+        holder.kill()
+        holder.wait()
+    else:
+        pytest.fail(f"could not take pid {pid}")
+    try:
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
