@@ -1,0 +1,80 @@
+"""Plain data found unchanged at C speed: neither walked nor pickled again.
+
+A save learns whether a group changed by pickling it, and before that walks its objects to find
+which variables share them: for a list of 100k dicts, nearly all of a save's time, though the
+cell only read it. The kernel's write tracking (`written`) cannot tell here: reading an object
+writes its reference count. A value made only of builtin containers and atoms (dict, list,
+tuple, set, frozenset, str, int, float, complex, bool, None) has a proof of its own: marshal
+writes it whole, in one pass at C speed, and what it writes fixes what its pickle holds:
+
+- each object's exact type: marshal refuses subclasses and other types but for one case, an
+  object with a buffer (bytearray, an array, a memoryview), which it writes as bytes. So no
+  value holding bytes is fingerprinted, and equal output hides no such object;
+- each value, in order (a dict's in its order, as pickle writes it);
+- which objects are referenced more than once: version 4 marks each object whose reference
+  count is above one, and writes its later occurrences as references to the first.
+
+A value is fingerprinted only while every container below it is referenced once, by its parent.
+Then no other variable reaches into it; equal output later (whose marks say each container is
+still referenced once) proves that none has begun to since, and that the value pickles as it did.
+The value itself may be bound to other names too: the grouping walk links whoever reaches it.
+
+Checking a value costs one marshal of it. One that gained an array since is copied whole by
+that check, once: it is then found changed, and fingerprinted again only once a save finds it
+unchanged and plain.
+"""
+
+from __future__ import annotations
+
+import gc
+import marshal
+import sys
+from itertools import compress
+from typing import Any
+
+from .store import blob_id
+
+_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
+_PLAIN = _CONTAINERS | {str, int, float, complex, bool, type(None)}
+# reference counts mean what this relies on only in CPython
+SUPPORTED = sys.implementation.name == "cpython"
+
+
+def fingerprint(value: object) -> str | None:
+    """`value`'s fingerprint if it is plain data no other object reaches into, else None."""
+    if not SUPPORTED or type(value) not in _PLAIN or not _unshared_below(value):
+        return None
+    return current(value)
+
+
+def current(value: Any) -> str | None:
+    """What `value` fingerprints as now, not checked as `fingerprint` checks it: equal to a
+    fingerprint taken before, it proves the value as it was then (see the module's note)."""
+    try:
+        return blob_id(marshal.dumps(value, 4))
+    except ValueError:  # an object marshal cannot write, or nested too deep
+        return None
+
+
+def _held(parents: list[object]) -> tuple[set[type], list[object], list[int]]:
+    """The types of the objects `parents` hold, the containers among them, and the reference
+    count of each container (counting this function's own references too)."""
+    inner = gc.get_referents(*parents)
+    kinds = set(map(type, inner))
+    containers = list(compress(inner, map(_CONTAINERS.__contains__, map(type, inner))))
+    del inner
+    return kinds, containers, list(map(sys.getrefcount, containers))
+
+
+_ONCE = _held([[[]]])[2][0]  # the count `_held` gives a container its parent alone holds
+
+
+def _unshared_below(value: object) -> bool:
+    """Whether every object below `value` is plain, each container referenced by its parent
+    alone: one level at a time, at C speed."""
+    parents = [value]
+    while parents:
+        kinds, parents, counts = _held(parents)
+        if not kinds <= _PLAIN or counts.count(_ONCE) != len(counts):
+            return False
+    return True
