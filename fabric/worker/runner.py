@@ -258,6 +258,7 @@ class Worker:
     def load(self, message: Load) -> Loaded:
         start = time.monotonic()
         _use_devices(message.device)
+        self.saver.track = message.track_writes  # before its buffers are given to the tracker
         ns = self.shell.user_ns
         try:
             if message.cwd is not None and not self.restored_ambient:
@@ -378,6 +379,7 @@ class Worker:
         saved = failed = None
         try:
             self.channel.send(Saving())
+            self.saver.track = message.track_writes
             saved = None if message.replay else self.save(message.reached, message.save_limit)
         except FabricError as exc:  # a full disk: the cell ran, nothing of it is committed
             failed = exc.to_wire()
