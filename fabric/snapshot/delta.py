@@ -63,7 +63,7 @@ class DeltaSaver:
         self.track = track
         self.objects: dict[frozenset[str], tuple[str, int]] = {}  # group -> (object, bytes)
         # name of a group of its own -> (its object, the fingerprint its value had then)
-        self.plain: dict[str, tuple[str, str]] = {}
+        self.plain: dict[str, tuple[str, plain.Fingerprint]] = {}
         self.refs: dict[str, set[str]] = {}  # names grouped here -> globals their code reads
         # name -> (value, why): a value whose pickling ran past its limit or was interrupted,
         # not tried again while the name holds it (each later cell would wait as long)
@@ -158,7 +158,7 @@ class DeltaSaver:
                 known = self.plain.get(name) if self.track else None
                 checked[name] = known is not None and name not in self.stuck and \
                     self.objects.get(frozenset((name,)), ("",))[0] == known[0] and \
-                    plain.current(ns[name]) == known[1]
+                    plain.unchanged(ns[name], known[1])
         same = [n for n in names if checked[n]]
         bound = collections.Counter(id(ns[n]) for n in same)
         return {n for n in same if bound[id(ns[n])] == 1}

@@ -19,9 +19,10 @@ Then no other variable reaches into it; equal output later (whose marks say each
 still referenced once) proves that none has begun to since, and that the value pickles as it did.
 The value itself may be bound to other names too: the grouping walk links whoever reaches it.
 
-Checking a value costs one marshal of it. One that gained an array since is copied whole by
-that check, once: it is then found changed, and fingerprinted again only once a save finds it
-unchanged and plain.
+Checking a value costs one marshal of it, and none where its type or the number of items it
+holds itself changed: it has changed. Marshal copies an array the value gained otherwise (one
+that replaced an item, or nested deeper) whole, once: the value is then found changed, and
+fingerprinted again only once a save finds it unchanged and plain.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from __future__ import annotations
 import gc
 import marshal
 import sys
+from collections.abc import Sized
 from itertools import compress
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from .store import blob_id
 
@@ -40,18 +42,32 @@ _PLAIN = _CONTAINERS | {str, int, float, complex, bool, type(None)}
 SUPPORTED = sys.implementation.name == "cpython"
 
 
-def fingerprint(value: object) -> str | None:
+class Fingerprint(NamedTuple):
+    length: int  # the items the value holds itself (0: an atom)
+    digest: str  # of its marshal output
+
+
+def fingerprint(value: object) -> Fingerprint | None:
     """`value`'s fingerprint if it is plain data no other object reaches into, else None."""
     if not SUPPORTED or type(value) not in _PLAIN or not _unshared_below(value):
         return None
-    return current(value)
+    digest = _digest(value)
+    return None if digest is None else Fingerprint(_length(value), digest)
 
 
-def current(value: Any) -> str | None:
-    """What `value` fingerprints as now, not checked as `fingerprint` checks it: equal to a
-    fingerprint taken before, it proves the value as it was then (see the module's note)."""
+def unchanged(value: object, known: Fingerprint) -> bool:
+    """Whether `value` is as it was when it was fingerprinted `known` (see the module's note)."""
+    return type(value) in _PLAIN and _length(value) == known.length and \
+        _digest(value) == known.digest
+
+
+def _length(value: object) -> int:
+    return len(value) if isinstance(value, Sized) else 0
+
+
+def _digest(value: object) -> str | None:
     try:
-        return blob_id(marshal.dumps(value, 4))
+        return blob_id(marshal.dumps(cast(Any, value), 4))
     except ValueError:  # an object marshal cannot write, or nested too deep
         return None
 

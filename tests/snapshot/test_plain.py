@@ -193,3 +193,11 @@ def test_an_object_the_disk_lost_is_written_again(notebook: _Notebook) -> None:
     saved = notebook.run("total = 2")
     assert "records" not in saved.fingerprinted
     assert notebook.store.disk.path(blob).exists()
+
+
+def test_a_value_of_another_type_or_length_is_found_changed_unmarshalled() -> None:
+    known = plain.fingerprint([1, 2])
+    assert known is not None and plain.unchanged([1, 2], known)
+    array = np.zeros(1 << 20)  # which marshal would copy whole
+    for value in (array, [1, 2, array], (1, 2), [1, 2, 3]):
+        assert not plain.unchanged(value, known)
