@@ -155,13 +155,19 @@ class DeltaSaver:
         bound to one of them alone (`checked`: each name's finding so far)."""
         for name in names:
             if name not in checked:
-                known = self.plain.get(name) if self.track else None
-                checked[name] = known is not None and name not in self.stuck and \
-                    self.objects.get(frozenset((name,)), ("",))[0] == known[0] and \
-                    plain.unchanged(ns[name], known[1])
+                known = self._fingerprint(name) if self.track and name not in self.stuck \
+                    else None
+                checked[name] = known is not None and plain.unchanged(ns[name], known)
         same = [n for n in names if checked[n]]
         bound = collections.Counter(id(ns[n]) for n in same)
         return {n for n in same if bound[id(ns[n])] == 1}
+
+    def _fingerprint(self, name: str) -> plain.Fingerprint | None:
+        """The fingerprint `name`'s value had when its group's object was saved, if taken."""
+        known = self.plain.get(name)
+        if known is None or self.objects.get(frozenset((name,)), ("",))[0] != known[0]:
+            return None
+        return known[1]
 
     def _reuse(self, names: list[str], saved: Saved) -> bool:
         """Name the object of `names`' group again, unpickled; False if the disk lost it."""
@@ -190,7 +196,7 @@ class DeltaSaver:
         self.objects = {key: value for key, value in self.objects.items() if key in current
                         or (key <= present and key.isdisjoint(regrouped))}
         self.plain = {name: known for name, known in self.plain.items()
-                      if self.objects.get(frozenset((name,)), ("",))[0] == known[0]}
+                      if self._fingerprint(name) is not None}
 
     def _put(self, ns: dict[str, Any], names: list[str], saved: Saved,
              progress: Progress | None, writes: Writes, hashing: written.Hashing,
