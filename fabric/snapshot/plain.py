@@ -74,12 +74,14 @@ def _digest(value: object) -> str | None:
 
 def _held(parents: list[object]) -> tuple[set[type], list[object], list[int]]:
     """The types of the objects `parents` hold, the containers among them, and the reference
-    count of each container (counting this function's own references too)."""
+    count of each container (counting this function's own references too: one list's)."""
     inner = gc.get_referents(*parents)
     kinds = set(map(type, inner))
-    containers = list(compress(inner, map(_CONTAINERS.__contains__, map(type, inner))))
-    del inner
-    return kinds, containers, list(map(sys.getrefcount, containers))
+    if kinds.isdisjoint(_CONTAINERS):
+        return kinds, [], []
+    if not kinds <= _CONTAINERS:
+        inner = list(compress(inner, map(_CONTAINERS.__contains__, map(type, inner))))
+    return kinds, inner, list(map(sys.getrefcount, inner))
 
 
 _ONCE = _held([[[]]])[2][0]  # the count `_held` gives a container its parent alone holds
