@@ -9,11 +9,13 @@ same run, each with an fsync where it writes:
   memcpy        one copy of the state's bytes in memory
   llfabric      save (group, pickle out of band, chunk, hash, write) and load (read, verify,
                 unpickle), and delta saves (as a worker makes them) after a cell that touched
-                nothing, one that read everything and changed nothing (every group fingerprinted;
-                the large buffers' chunks hashed only where the kernel saw them written, against
-                the same save hashing them all), one that read only the arrays, and one that
-                changed one tensor; and what the tracking costs a cell: writing every page of an
-                array right after a save (each page traps once) and again
+                nothing, one that read everything and changed nothing (the large buffers' chunks
+                hashed only where the kernel saw them written, the small objects found unchanged
+                by their marshal fingerprint, unpickled: `fabric.snapshot.plain`; against the
+                same save with tracking off, pickling every group and hashing every buffer), one
+                that read only the arrays, and one that changed one tensor; and what the
+                tracking costs a cell: writing every page of an array right after a save (each
+                page traps once) and again
   dill          dill.dump_module / load_module of a module holding the state (dump_session),
                 in each round
   torch.save    torch.save / torch.load of the same dict
@@ -190,7 +192,7 @@ def llfabric_once(root: Path, state: dict) -> dict[str, float]:
     out["delta: cell touched nothing"], _ = timed(lambda: saver.save(ns, names, set()))
     large = {n for n, v in state.items() if isinstance(v, np.ndarray | torch.Tensor)}
     for key, reached in (("read all", None), ("read the arrays", large)):
-        saver.track = False  # the baseline: every buffer hashed, as without the kernel's help
+        saver.track = False  # the baseline: every group pickled, every buffer hashed
         out[f"delta: {key}, changed nothing, hashing all"], _ = timed(
             lambda r=reached: saver.save(ns, names, r))
         saver.track = True
@@ -430,7 +432,7 @@ def main() -> None:
         line = f"{key:39} {ours[key]:8.4f} s"
         if f"{key}, hashing all" in ours:
             baseline = ours[f"{key}, hashing all"]
-            line += f"   hashing every buffer {baseline:8.4f} s = {baseline / ours[key]:.3g} x"
+            line += f"   tracking off {baseline:8.4f} s = {baseline / ours[key]:.3g} x"
         if kishu is not None and key in kishu.deltas:
             seconds, written = kishu.deltas[key]
             line += (f"   Kishu {seconds:8.4f} s = {seconds / ours[key]:.3g} x llfabric, "

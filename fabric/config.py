@@ -95,6 +95,12 @@ class Config:
     # then) before the group is left unsaved, held by the worker as a value that cannot be; 0:
     # no limit
     save_limit: int = 60
+    # 1: a save learns what a cell changed without reading it all again: which chunks of large
+    # buffers it wrote, from the kernel (Linux 6.7+: userfaultfd write-protect, PAGEMAP_SCAN;
+    # elsewhere they are hashed), and that plain data (builtin containers and atoms) did not
+    # change, from a fingerprint, unpickled. 0: every group a cell may have changed is pickled
+    # and hashed whole
+    track_writes: int = 1
     # seconds between heartbeats to each client (ZMTP pings, answered by its libzmq); a client
     # silent for heartbeat_timeout seconds, or gone, has left its running cell. 0: off
     heartbeat: int = 2
@@ -156,6 +162,9 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_memory(self)
+        if self.track_writes not in (0, 1):
+            raise ConfigError(f"track_writes is {self.track_writes}: 1 (on) or 0 (off)",
+                              key="track_writes")
 
     @property
     def env_root(self) -> Path:

@@ -144,3 +144,14 @@ def test_memory_settings_that_cannot_work_are_refused_naming_the_setting(
         "LLFABRIC_MEMORY_PRESSURE": "80", "LLFABRIC_MEMORY_RELIEF": "70",
         "LLFABRIC_KEPT_MEMORY": str(8 << 30), "LLFABRIC_USER_MEMORY": str(2 << 30)})
     assert (good.memory_relief, good.kept_memory, good.user_memory) == (70, 8 << 30, 2 << 30)
+
+
+def test_write_tracking_is_on_unless_turned_off_and_takes_only_0_or_1(tmp_path: Path) -> None:
+    assert Config().track_writes == 1
+    assert load(tmp_path / "absent.toml", env={"LLFABRIC_TRACK_WRITES": "0"}).track_writes == 0
+    path = tmp_path / "llfabric.toml"
+    path.write_text("track_writes = false\n")
+    assert load(path, env={}).track_writes == 0
+    path.write_text("track_writes = 2\n")
+    with pytest.raises(FabricError, match="track_writes is 2: 1 \\(on\\) or 0 \\(off\\)"):
+        load(path, env={})

@@ -27,7 +27,7 @@ import gc
 import inspect
 import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress, repeat
@@ -334,13 +334,22 @@ def _has_value(cell: types.CellType) -> bool:
 
 
 def group_variables(namespace: dict[str, Any], names: list[str],
-                    budget: int = DEFAULT_BUDGET) -> Grouping:
-    """Partition `names` (variables of `namespace`) into groups of variables that share objects."""
+                    budget: int = DEFAULT_BUDGET, opaque: Collection[str] = ()) -> Grouping:
+    """Partition `names` (variables of `namespace`) into groups of variables that share objects.
+    `opaque`: those of `names` whose objects no other variable reaches but through their value
+    itself (`snapshot.plain` proves it): not walked (no refs, no packages, size 0), but linked
+    to any variable whose walk reaches the value."""
     walker = _Walker(namespace, budget)
     refs: dict[str, set[str]] = {}
     sizes: dict[str, int] = {}
     packages: dict[str, set[str]] = {}
+    for name in opaque:
+        walker.parent[name] = name
+        walker.owner[id(namespace[name])] = name
     for name in names:
+        if name in opaque:
+            refs[name], sizes[name], packages[name] = set(), 0, set()
+            continue
         walker.parent[name] = name
         walker.size, walker.packages = 0, set()
         found = walker.walk(name, namespace[name])

@@ -136,7 +136,7 @@ class LocalHost:
                          gpu=self.leases.kind == "gpu", worker_memory=config.worker_memory,
                          user_pids=config.user_pids,
                          environ=worker_environ(config.worker_env, separate, os.environ),
-                         save_limit=config.save_limit)
+                         save_limit=config.save_limit, track_writes=bool(config.track_writes))
         self.keeper = Keeper(self.pool, config.kept_memory, config.user_memory)
         if self.leases.kind == "gpu":
             self.pool.cuda = cuda.find_driver()

@@ -363,6 +363,7 @@ class SessionWorkers:
                                       lease.threads,
                                       reached=None if reached is None else sorted(reached),
                                       save_limit=float(self.pool.save_limit),
+                                      track_writes=self.pool.track_writes,
                                       parent_id=cell.parent_id))
             done = await running.relay()
             if done.failed:  # its save failed: the worker, ahead of the store, goes

@@ -17,15 +17,16 @@ Lazy = tuple[tuple[Group, frozenset[str]], ...]  # loaded when a branch needs th
 
 
 def _load(groups: list[Group] | tuple[Group, ...], imports: dict[str, str],
-          first: Manifest | None, cwd: str, lazy: Lazy = ()) -> Load:
+          first: Manifest | None, cwd: str, track_writes: bool, lazy: Lazy = ()) -> Load:
     """The load of `groups` and `imports`, and of the `lazy` groups when a branch of the next
     cell needs them; the `first` of a worker sets its directory and the ambient state of that
     version."""
     wire = [(g.blob, list(g.names)) for g in groups]
     later = [(g.blob, list(g.names), sorted(reads)) for g, reads in lazy]
     if first is None:
-        return Load(wire, imports, lazy=later)
-    return Load(wire, imports, cwd=cwd, ambient=first.ambient, lazy=later)
+        return Load(wire, imports, lazy=later, track_writes=track_writes)
+    return Load(wire, imports, cwd=cwd, ambient=first.ambient, lazy=later,
+                track_writes=track_writes)
 
 
 class StateLoader:
@@ -46,11 +47,11 @@ class StateLoader:
         later = [g for g in groups if g.device] if self.leases.kind == "gpu" else []
         now = [g for g in groups if g not in later]
         if now or imports or lazy or first is not None:
-            await self._load(life, worker, _load(now, imports, first, self.cwd, lazy), events,
-                             defer)
+            await self._load(life, worker, _load(now, imports, first, self.cwd,
+                                                 worker.pool.track_writes, lazy), events, defer)
         if later:
             (life.starting if starting else life.deferred).append(
-                _load(later, {}, None, self.cwd))
+                _load(later, {}, None, self.cwd, worker.pool.track_writes))
 
     async def _load(self, life: Life, worker: WorkerHandle, message: Load, events: EventSink,
                     defer: bool = False) -> None:

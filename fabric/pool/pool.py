@@ -331,12 +331,14 @@ class Pool:
                  worker_source: str = "zygote", keep_warm: float = 0.0, cool_after: float = 0.0,
                  zygote_memory: int = 0, pressure: Pressure | None = None, gpu: bool = False,
                  worker_memory: int = 0, user_pids: int = 0,
-                 environ: dict[str, str] | None = None, save_limit: float = 0.0) -> None:
+                 environ: dict[str, str] | None = None, save_limit: float = 0.0,
+                 track_writes: bool = True) -> None:
         self.store_root = store_root
         self.containment = Containment(worker_memory, user_pids)
         # what zygotes and workers start with (`environ`); None: the server's own
         self.environ = dict(os.environ) if environ is None else environ
         self.save_limit = save_limit  # seconds a worker may pickle one group; 0: no limit
+        self.track_writes = track_writes  # whether workers' saves track writes (`snapshot.delta`)
         self.max_zygotes = max_zygotes
         # bytes that family zygotes may hold (their unique memory); 0: a quarter of the host's
         self.zygote_memory = zygote_memory or psutil.virtual_memory().total // 4

@@ -8,14 +8,21 @@ A worker remembers, for each group it loaded or saved, the object that holds it.
   bound to it, so grouping by shared objects makes "reached" a property of whole groups. Only
   groups this worker has grouped itself are kept, since only for them does it know what their
   code reads;
+- a variable of plain data (builtin containers and atoms) that no other variable reaches into,
+  as it was when last saved, keeps its object unwalked and unpickled: its marshal fingerprint
+  proves it (`plain`);
 - every other group is pickled with its buffers out of band and fingerprinted by hashing them;
   one whose fingerprint matches the object it came from costs no I/O (`Store.put_object`).
   Only the chunks of its large buffers written since this process last hashed them are hashed
   again, where the kernel tracks writes (`written`).
+
+A variable's plain fingerprint is taken when its save finds it new or unchanged, not when it
+found it changed (likely to change again: the check would cost a marshal each time).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -23,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..closure.groups import group_variables
-from . import codec, written
+from . import codec, plain, written
 from .codec import Encoded
 from .store import Progress, Store, Writes
 
@@ -43,15 +50,20 @@ class Saved:
     devices: list[str] = field(default_factory=list[str])  # objects of groups holding CUDA memory
     hashed: int = 0  # bytes of large buffers hashed
     reused: int = 0  # bytes of large buffers not hashed: unwritten since they last were
+    # names of plain data found as last saved by their fingerprint: neither walked nor pickled
+    fingerprinted: list[str] = field(default_factory=list[str])
 
 
 class DeltaSaver:
     def __init__(self, store: Store, track: bool = True) -> None:
-        """`track`: learn which large buffers changed from the kernel where it can tell
-        (`written`), else by hashing them all."""
+        """`track`: learn what a cell changed without hashing it all where that can be told:
+        which large buffers it wrote from the kernel (`written`), whether plain data changed
+        from its fingerprint (`plain`); else pickle and hash every group it may have changed."""
         self.store = store
         self.track = track
         self.objects: dict[frozenset[str], tuple[str, int]] = {}  # group -> (object, bytes)
+        # name of a group of its own -> (its object, the fingerprint its value had then)
+        self.plain: dict[str, tuple[str, plain.Fingerprint]] = {}
         self.refs: dict[str, set[str]] = {}  # names grouped here -> globals their code reads
         # name -> (value, why): a value whose pickling ran past its limit or was interrupted,
         # not tried again while the name holds it (each later cell would wait as long)
@@ -93,13 +105,15 @@ class DeltaSaver:
         present = set(state)
         touched = present if reached is None else set(reached)
         self.stuck = {n: held for n, held in self.stuck.items() if ns.get(n) is held[0]}
+        checked: dict[str, bool] = {}
         while True:
             touched = self._closure(touched)
             kept = [key for key in self.objects if key <= present and touched.isdisjoint(key)
                     and all(n in self.refs for n in key)]
             keep = set[str]().union(*kept)
             rest = [n for n in state if n not in keep]
-            grouping = group_variables(ns, rest)
+            same = self._unchanged(ns, rest, checked)
+            grouping = group_variables(ns, rest, opaque=same)
             if not grouping.bounded:  # a bounded walk did not learn what code reads
                 self.refs.update(grouping.refs)
             also = {m for n in rest for m in grouping.refs.get(n, ()) if m in keep}
@@ -115,6 +129,8 @@ class DeltaSaver:
                                   self.store.disk.root)
         try:
             for members in grouping.groups:
+                if len(members) == 1 and members[0] in same and self._reuse(members, saved):
+                    continue
                 if not self._put(ns, members, saved, progress, writes, hashing, limit) and \
                         len(members) > 1:
                     # Saved member by member instead, so that one generator costs only itself.
@@ -133,6 +149,35 @@ class DeltaSaver:
         self._forget_stale(present, set(rest), saved)
         return saved
 
+    def _unchanged(self, ns: dict[str, Any], names: list[str],
+                   checked: dict[str, bool]) -> set[str]:
+        """Those of `names` whose plain value is as their group's object holds it, each value
+        bound to one of them alone (`checked`: each name's finding so far)."""
+        for name in names:
+            if name not in checked:
+                known = self._fingerprint(name) if self.track and name not in self.stuck \
+                    else None
+                checked[name] = known is not None and plain.unchanged(ns[name], known)
+        same = [n for n in names if checked[n]]
+        bound = collections.Counter(id(ns[n]) for n in same)
+        return {n for n in same if bound[id(ns[n])] == 1}
+
+    def _fingerprint(self, name: str) -> plain.Fingerprint | None:
+        """The fingerprint `name`'s value had when its group's object was saved, if taken."""
+        known = self.plain.get(name)
+        if known is None or self.objects.get(frozenset((name,)), ("",))[0] != known[0]:
+            return None
+        return known[1]
+
+    def _reuse(self, names: list[str], saved: Saved) -> bool:
+        """Name the object of `names`' group again, unpickled; False if the disk lost it."""
+        blob, nbytes = self.objects[frozenset(names)]
+        if not self.store.reuse(blob):
+            return False
+        saved.groups.append((blob, names, nbytes))
+        saved.fingerprinted += names
+        return True
+
     def _unwritten(self, saved: Saved, failed: dict[str, Exception]) -> None:
         """The groups whose writes failed are not saved: their names are told as unsaved."""
         saved.devices = [blob for blob in saved.devices if blob not in failed]
@@ -150,6 +195,8 @@ class DeltaSaver:
         current = {frozenset(names) for _, names, _ in saved.groups}
         self.objects = {key: value for key, value in self.objects.items() if key in current
                         or (key <= present and key.isdisjoint(regrouped))}
+        self.plain = {name: known for name, known in self.plain.items()
+                      if self._fingerprint(name) is not None}
 
     def _put(self, ns: dict[str, Any], names: list[str], saved: Saved,
              progress: Progress | None, writes: Writes, hashing: written.Hashing,
@@ -163,9 +210,10 @@ class DeltaSaver:
             saved.unsaved.update({n: stuck.get(n, f"it shares objects with {', '.join(stuck)}")
                                   for n in names})
             return False
+        values = {n: ns[n] for n in names}
         try:
             with limit():
-                encoded = codec.dumps({n: ns[n] for n in names}, ns)
+                encoded = codec.dumps(values, ns)
             blob = self.store.put_object(encoded, known and known[0], progress, writes,
                                          hashing)
         except Exception as exc:  # user objects may fail in any way; the server tells the user
@@ -178,6 +226,10 @@ class DeltaSaver:
             self.stuck.pop(name, None)
         self.objects[key] = (blob, encoded.nbytes)
         saved.groups.append((blob, names, encoded.nbytes))
+        # of the value pickled, new or unchanged (plain data ran no code of its own meanwhile)
+        if self.track and len(names) == 1 and (known is None or known[0] == blob) and \
+                (fingerprint := plain.fingerprint(values[names[0]])) is not None:
+            self.plain[names[0]] = (blob, fingerprint)
         if encoded.device:
             saved.devices.append(blob)
         return True

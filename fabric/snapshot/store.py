@@ -413,10 +413,8 @@ class BlobStore:
         intact. A chunk `known` has too is trusted as `known` is: kept, unread, if on disk.
         With `writes`, the writes are only begun: durable once `writes.finish()`."""
         ident, index, chunks = self.fingerprint(encoded, chunk_ids)
-        if ident == known:
-            with contextlib.suppress(FileNotFoundError):  # gone: written again below
-                self.disk.touch(ident)  # named again: a gc running meanwhile keeps it
-                return ident
+        if ident == known and self.reuse(ident):
+            return ident
         kept = set[str]()
         if known is not None and chunks:
             with contextlib.suppress(StoreError):  # its index unreadable: nothing is trusted
@@ -430,6 +428,15 @@ class BlobStore:
         for exc in own.finish().values():
             raise exc
         return ident
+
+    def reuse(self, ident: str) -> bool:
+        """Name the object `ident` again, unwritten: a gc running meanwhile keeps it. False if
+        this disk no longer has it (it must be written again)."""
+        try:
+            self.disk.touch(ident)
+        except FileNotFoundError:
+            return False
+        return True
 
     def object_index(self, ident: str, cache: bool = True) -> ObjectIndex:
         """An object's index, validated as input from outside; `cache`: see `get`."""

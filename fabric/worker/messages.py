@@ -76,6 +76,7 @@ class Load(WorkerMessage):
     ambient: str | None = None
     device: str | None = None
     lazy: Lazy = field(default_factory=list)
+    track_writes: bool = True  # the load's buffers are tracked for the saves (`snapshot.delta`)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class RunCell(WorkerMessage):
     replay: bool = False
     reached: list[str] | None = None  # the names the cell reads or writes; None: any
     save_limit: float = 0.0  # seconds one group's pickling may take; 0: no limit
+    track_writes: bool = True  # its save learns what changed without hashing it all (`delta`)
     parent_id: str | None = None  # the frontend's request, as the shell's parent (`shell`)
 
 

@@ -268,6 +268,7 @@ class Worker:
     def load(self, message: Load) -> Loaded:
         start = time.monotonic()
         _use_devices(message.device)
+        self.saver.track = message.track_writes  # before its buffers are given to the tracker
         ns = self.shell.user_ns
         try:
             if message.cwd is not None and not self.restored_ambient:
@@ -416,6 +417,7 @@ class Worker:
 
     def _save_ran(self, message: RunCell) -> Report | None:
         self.channel.send(Saving())
+        self.saver.track = message.track_writes
         return None if message.replay else self.save(message.reached, message.save_limit)
 
     def settle(self, message: Settle) -> Settled:

@@ -350,3 +350,13 @@ def test_a_mock_is_grouped_without_running_its_code() -> None:
     grouping = group_variables({"mock": mock, "other": [mock]}, ["mock", "other"], budget=5_000)
     assert not grouping.bounded and grouping.groups == [["mock", "other"]]
     assert mock._mock_children == children
+
+
+def test_an_opaque_variable_is_not_walked_but_linked_by_whoever_reaches_it() -> None:
+    records = [{"id": 1}]
+    ns = {"records": records, "holder": [records], "other": [records[0]], "apart": [2]}
+    grouping = group_variables(ns, list(ns), opaque={"records", "apart"})
+    groups = [set(g) for g in grouping.groups]
+    # `other` reaches into `records` unseen: what `snapshot.plain` proves never happens
+    assert groups == [{"records", "holder"}, {"other"}, {"apart"}]
+    assert grouping.refs["records"] == grouping.packages["records"] == set()
