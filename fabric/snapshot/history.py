@@ -331,14 +331,17 @@ class Thinning:
 
 
 def thin(store: Store, session: str, policy: retention.RetentionPolicy,
-         protect: Iterable[str] = (), now: float | None = None) -> Thinning:
+         protect: Iterable[str] = (), now: float | None = None,
+         read: list[tuple[str, Manifest]] | None = None) -> Thinning:
     """`retain`, telling also until when what it kept stands: until `due`, with no new
     version, no new name and its `protected` versions still protected, a pass again thins
-    nothing."""
+    nothing. `read`: the history it read is added to it (for `mark` to read it once)."""
     now = time.time() if now is None else now
     protect = set(protect)
     with store.locked(session):
         versions = log(store, session)
+        if read is not None:
+            read += versions
         index = store.index(session)
         policy = own_policy(policy, index)
         named = set(index.tags.values())
@@ -440,11 +443,13 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
     return result
 
 
-def mark(store: Store, session: str, live: set[str]) -> set[str]:
+def mark(store: Store, session: str, live: set[str],
+         versions: list[tuple[str, Manifest]] | None = None) -> set[str]:
     """Add to `live` every manifest of the session's history and every object, chunk and blob
-    its versions that are not thinned name; raise if any of them is missing."""
+    its versions that are not thinned name; raise if any of them is missing. `versions`: its
+    history (`log`) as read already, from its head as it is now."""
     thinned = store.index(session).thinned
-    for ident, manifest in log(store, session):
+    for ident, manifest in log(store, session) if versions is None else versions:
         live.add(ident)
         if ident not in thinned:
             _mark_version(store, manifest, live)

@@ -15,29 +15,52 @@ file; run after each commit on a store of 1,000 sessions, that is most of a serv
   crash's leftovers): those are freed up to `grace` seconds later than a full pass would.
 
 Of what retention and removal release, a pass frees exactly what `history.gc` would, under the
-same rules (grace, touched since, saves in flight). The ledger lives in memory: a server that
-starts builds it afresh at its first pass, reading each object's chunk list from the store's
-`chunks` file rather than from its index.
+same rules (grace, touched since, saves in flight). A pass reads each changed session's history
+once: gc marks what retention read.
+
+The ledger is saved in the store's `ledger` file (at most every `SAVE_SECONDS`, as it holds what
+every session holds), so that the first pass after a restart costs what changed since rather
+than the whole store. What a session holds is trusted only while the session's stamp
+(`Store.stamp`: its head's and index's inode, size and times, taken before they were read)
+is unchanged: a session written since the save, by any process, even with its change marks lost
+to a crash, is read again; one the ledger does not know is read as at a first pass. The file is
+written atomically and checked whole against its digest on load: a torn, corrupt or unreadable
+one is not trusted at all, and the first pass reads every session, as without one.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
+
+import xxhash
 
 from ..errors import StoreError
 from . import history
+from .manifest import Manifest
+from .packing import UnpackError, pack, unpack
 from .retention import RetentionPolicy
-from .store import Store
-from .tiers import valid_id
+from .store import Store, valid_session
+from .tiers import read_regular, valid_id, write_atomic
 
 log = logging.getLogger(__name__)
+
+FILE = "ledger"  # in the store's root
+SAVE_SECONDS = 60.0  # a save writes what every session holds: at most this often
+FILE_BYTES = 1 << 30  # far past any store's: a larger file is not trusted
+_MAGIC = b"LLFL\x01"
+_DIGEST = 16  # xxh3-128 of what follows it
+_ID = 16  # the bytes of an id (32 hex digits), as saved
+
+Stamp = tuple[int, ...]
 
 
 class Ledger:
@@ -54,13 +77,19 @@ class Ledger:
         self.listed = -math.inf  # when a pass last listed every file
         self.kept = 0  # files and bytes kept: as last listed, since counted as they change
         self.kept_bytes = 0
+        self.stamps: dict[str, Stamp] = {}  # session -> its stamp as what it holds was read
+        self.saved = -math.inf  # when the ledger was last saved
         self._seen = False  # whether a pass has looked at every session
+        self._read: dict[str, list[tuple[str, Manifest]]] = {}  # histories retention read
+        self._unsaved = False
+        self._load()
 
     def _changes(self) -> set[str]:
         """The sessions changed since the last call (every session at the first)."""
         changed = set(self.store.take_changed())  # first: a write meanwhile is seen next time
-        if not self._seen:
-            changed |= set(self.store.sessions())
+        if not self._seen:  # those the saved ledger does not hold as they are
+            changed |= {s for s in {*self.store.sessions(), *self.stamps}
+                        if self.stamps.get(s) != self.store.stamp(s)}
             self._seen = True
         self.unthinned |= changed
         self.pending |= changed
@@ -74,11 +103,17 @@ class Ledger:
         self._changes()
         stale = {s for s, t in self.thinnings.items() if t.due <= now or t.protected - protect}
         thinned = 0
+        self._read.clear()
         for session in sorted(self.unthinned | stale):
             self.unthinned.discard(session)  # a pass that fails leaves the rest for the next
+            self._unsaved = True
+            read: list[tuple[str, Manifest]] = []
             try:
-                thinning = history.thin(self.store, session, policy, protect, now) \
+                thinning = history.thin(self.store, session, policy, protect, now, read) \
                     if self.store.head(session) is not None else None
+                # for gc's marks: what they use of each version (its cell may be large)
+                self._read[session] = [(i, dataclasses.replace(m, cell={}, env={}))
+                                       for i, m in read]
             except StoreError as exc:  # a damaged session keeps everything; gc reports it
                 log.warning("retention skipped session %s: %s", session, exc.message)
                 thinning = None
@@ -98,7 +133,9 @@ class Ledger:
         sessions = sorted(self.pending | self.unsettled | set(self.damaged))
         dropped: set[str] = set()
         added: set[str] = set()
+        stamps = {s: self.store.stamp(s) for s in sessions}  # before: a write meanwhile shows
         holds = {s: self._holds(s, result.damaged) for s in sessions}
+        self._read.clear()
         if result.damaged:  # what they may still need: one read of every manifest for all
             kept: set[str] = set()
             history.keep_damaged(self.store, set(result.damaged), kept)
@@ -125,6 +162,14 @@ class Ledger:
         # only now: a pass that fails leaves them for the next
         self.pending -= set(sessions)
         self.damaged = result.damaged
+        for session in sessions:
+            if session in self.held or session in self.damaged:
+                self.stamps[session] = stamps[session]
+            else:  # removed
+                self.stamps.pop(session, None)
+        self._unsaved |= bool(sessions) or self.listed == started
+        if self._unsaved and time.time() - self.saved >= SAVE_SECONDS:
+            self.save()
         return result
 
     def _holds(self, session: str, damaged: dict[str, str]) -> set[str]:
@@ -132,8 +177,10 @@ class Ledger:
         added to `damaged` with why, what it could read."""
         holds: set[str] = set()
         try:
-            if self.store.head(session) is not None:
-                history.mark(self.store, session, holds)
+            if (head := self.store.head(session)) is not None:
+                read = self._read.get(session)  # a history is the same from the same head
+                history.mark(self.store, session, holds, read if read and read[0][0] == head
+                             else None)
         except StoreError as exc:
             damaged[session] = exc.message
         return holds
@@ -171,3 +218,99 @@ class Ledger:
             return any(self.store.index(session).thinned.values())
         except StoreError:
             return False
+
+    def save(self) -> None:
+        """Write the ledger (`FILE`) for the first pass after a restart: atomically, with the
+        digest it is checked against on load."""
+        sessions = {s: [list(stamp), _packed(self.held.get(s, ())),
+                        t.due if (t := self.thinnings.get(s)) else None,
+                        _packed(t.protected if t else ())]
+                    for s, stamp in self.stamps.items()}
+        body = pack({"sessions": sessions, "damaged": self.damaged,
+                     "unthinned": sorted(self.unthinned), "pending": sorted(self.pending),
+                     "unsettled": sorted(self.unsettled), "listed": self.listed,
+                     "kept": self.kept, "kept_bytes": self.kept_bytes})
+        write_atomic(self.store.root / FILE, _MAGIC + xxhash.xxh3_128_digest(body) + body)
+        self.saved, self._unsaved = time.time(), False
+
+    def _load(self) -> None:
+        """Take up the saved ledger, if there is one to trust."""
+        path = self.store.root / FILE
+        try:
+            data = read_regular(path, FILE_BYTES)
+            if data is None:
+                return
+            saved = _decoded(data)
+        except (StoreError, ValueError, TypeError, KeyError, UnpackError) as exc:
+            log.warning("the ledger %s is not trusted (%s): the first pass reads every session",
+                        path, getattr(exc, "message", exc))
+            return
+        for session, (stamp, held, due, protected) in saved.sessions.items():
+            self.stamps[session] = stamp
+            if held:
+                self.held[session] = held
+                self.refs.update(held)
+            if due is not None:
+                self.thinnings[session] = history.Thinning([], due, protected)
+        self.damaged, self.unthinned, self.pending, self.unsettled = \
+            saved.damaged, saved.unthinned, saved.pending, saved.unsettled
+        now = time.time()
+        self.listed = saved.listed if saved.listed <= now else -math.inf  # a clock set back
+        self.kept, self.kept_bytes = saved.kept, saved.kept_bytes
+        self.saved = min(os.stat(path).st_mtime, now)
+
+
+@dataclasses.dataclass
+class _Saved:
+    """A saved ledger, checked: by session, its stamp, what it holds, and its retention's due
+    time and protected versions (no due time: not thinned)."""
+
+    sessions: dict[str, tuple[Stamp, set[str], float | None, frozenset[str]]]
+    damaged: dict[str, str]
+    unthinned: set[str]
+    pending: set[str]
+    unsettled: set[str]
+    listed: float
+    kept: int
+    kept_bytes: int
+
+
+def _packed(idents: Iterable[str]) -> bytes:
+    return b"".join(bytes.fromhex(i) for i in idents)
+
+
+def _unpacked(data: object) -> set[str]:
+    if not isinstance(data, bytes) or len(data) % _ID:
+        raise ValueError("bad ids")
+    return {data[i:i + _ID].hex() for i in range(0, len(data), _ID)}
+
+
+def _decoded(data: bytes) -> _Saved:
+    """A saved ledger's contents, checked whole; ValueError (or TypeError, KeyError,
+    UnpackError) if any of it is not as `Ledger.save` writes it."""
+    body = data[len(_MAGIC) + _DIGEST:]
+    if not data.startswith(_MAGIC) or \
+            data[len(_MAGIC):len(_MAGIC) + _DIGEST] != xxhash.xxh3_128_digest(body):
+        raise ValueError("its digest does not match: it is torn or corrupt")
+    raw = cast(dict[str, object], unpack(body))
+    sessions: dict[str, tuple[Stamp, set[str], float | None, frozenset[str]]] = {}
+    for session, entry in cast(dict[object, list[object]], raw["sessions"]).items():
+        stamp, held, due, protected = entry
+        stamp = tuple(cast(list[object], stamp))
+        if not valid_session(session) or len(stamp) != 8 or \
+                not all(isinstance(n, int) for n in stamp) or \
+                not (due is None or isinstance(due, float)):
+            raise ValueError(f"a bad entry for session {session!r}")
+        sessions[session] = (cast(Stamp, stamp), _unpacked(held), due,
+                             frozenset(_unpacked(protected)))
+    damaged = cast(dict[object, object], raw["damaged"])
+    names = {k: cast(list[object], raw[k]) for k in ("unthinned", "pending", "unsettled")}
+    listed, kept, kept_bytes = raw["listed"], raw["kept"], raw["kept_bytes"]
+    if not all(valid_session(s) and isinstance(why, str) for s, why in damaged.items()) or \
+            not all(valid_session(s) for found in names.values() for s in found) or \
+            not isinstance(listed, float) or not isinstance(kept, int) or \
+            not isinstance(kept_bytes, int):
+        raise ValueError("bad fields")
+    return _Saved(sessions, cast(dict[str, str], damaged),
+                  *(set(cast(list[str], names[k])) for k in ("unthinned", "pending", "unsettled")),
+                  listed, kept, kept_bytes)
