@@ -39,6 +39,7 @@ from .store import Index, Store
 from .tiers import Tier, write_atomic
 
 GRACE_SECONDS = 3600.0  # longer than any save between its first write and its commit
+VERIFIED = "verified"  # in the store's root: when the last full verify that found all well began
 
 
 def log(store: Store, session: str, start: str | None = None) -> list[tuple[str, Manifest]]:
@@ -391,15 +392,22 @@ class Verified:
     held: dict[str, int] = field(default_factory=dict[str, int])  # session -> bytes it names
 
 
-def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> Verified:
+def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
+           since: float | None = None) -> Verified:
     """Check every manifest's signature, every blob's hash, that every session's head and
     index read and that its history is complete (every object and chunk it names is present).
     With `repair`, rewrite corrupt blobs from a good copy (another tier, or `sources`), bring
     back unreadable heads (`restore_head`) and indexes (`rebuild_index`); a problem names what
-    a corrupt blob that could not be repaired leaves broken."""
+    a corrupt blob that could not be repaired leaves broken. `since` (a time): check only what
+    was written since, by the files' change times (which no one can set back): the blobs and
+    manifests, and the histories of the sessions whose head or index was written since. A full
+    verify that finds nothing wrong records when it began (`last_verified`)."""
+    began = time.time() - 1.0  # file times lag the clock by up to a tick: a second's margin
     result = Verified()
     corrupt: dict[str, str] = {}  # blob -> what is wrong with it
     for ident in store.disk.idents():
+        if since is not None and _older(store.disk.path(ident), since):
+            continue
         result.blobs += 1
         try:  # streamed: a huge file costs no memory; a FIFO or a link is refused unread
             result.bytes += store.disk.size(ident) or 0
@@ -419,6 +427,8 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
                 if done := fix(store, session):
                     result.restored.append(done)
     for ident in store.manifests():
+        if since is not None and _older(store.root / "manifests" / ident, since):
+            continue
         result.manifests += 1
         try:
             Manifest.decode(store.get_manifest(ident))
@@ -426,6 +436,8 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
             result.problems.append(exc.message)
     names: dict[str, set[str]] = {}  # session -> what its history names (up to a problem)
     for session in sessions:
+        if since is not None and max(store.stamp(session)[3::4]) < since * 1e9:
+            continue  # neither its head nor its index was written since (their change times)
         if not store.has_index(session):
             result.problems.append(f"session {session} has no index: its names (tags) and "
                                    "retention policy are lost; `verify --repair` rebuilds it")
@@ -440,7 +452,25 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
         result.problems.append(f"blob {ident} {why}"
                                + (", and no good copy was found to repair it" if repair else "")
                                + (f"; sessions {', '.join(users)} need it" if users else ""))
+    if since is None and not result.problems:
+        write_atomic(store.root / VERIFIED, f"{began!r}\n".encode())
     return result
+
+
+def last_verified(store: Store) -> float | None:
+    """When the last full `verify` that found nothing wrong began; None if none did."""
+    with contextlib.suppress(OSError, ValueError):
+        return float((store.root / VERIFIED).read_text())
+    return None
+
+
+def _older(path: Path, since: float) -> bool:
+    """Whether the file was last changed (written, renamed, touched) before `since`; a file
+    gone meanwhile is not checked either."""
+    try:
+        return path.lstat().st_ctime < since
+    except FileNotFoundError:
+        return True
 
 
 def mark(store: Store, session: str, live: set[str],
