@@ -26,6 +26,8 @@ Timed on each store (medians of a few, in seconds), in this order:
   verify       `store verify`: it hashes every byte kept, so it grows with them by design;
                against reading every file of the store (`read all`) in the same run, and the
                disk's sequential read bandwidth from a cold cache (`disk MB/s`)
+  verify since `store verify --since-last` after a commit: it hashes what was written since
+               the last full verify, and stats every file to find it (against `listing`)
 
 The ratio is each operation's time at the most sessions against its time at the fewest; the
 summary says, for each, whether it stays within 3x and, for one that grows, why it must. Usage:
@@ -229,6 +231,9 @@ def measure(root: Path, sessions: int, versions: int) -> dict[str, float]:
         rounds["gc"].append(timed(lambda: ledger.collect(time.time())))
     out |= {op: statistics.median(times) for op, times in rounds.items()}
     out["verify"] = timed(lambda: history.verify(host.store))
+    one_commit(host.store, names[-1])
+    since = history.last_verified(host.store)
+    out["verify since"] = timed(lambda: history.verify(host.store, since=since))
     out["read all"] = timed(lambda: out.__setitem__("bytes", read_all(root)))
     return out
 
@@ -248,7 +253,8 @@ def one_commit(store: Store, name: str) -> None:
     commit(store, name, head, report, CellRecord("a = 1", 1, "ok", 0.0, frozenset()))
 
 
-OPERATIONS = ("first pass", "open", "status", "commit", "retention", "gc", "verify")
+OPERATIONS = ("first pass", "open", "status", "commit", "retention", "gc", "verify",
+              "verify since")
 LIMIT = 3.0  # the most an operation may grow from the fewest sessions to the most
 FLOORS = ("rebuild", "save", "listing", "manifests", "ledger I/O", "read all")
 MB = 1 << 20
@@ -271,6 +277,10 @@ def why(op: str, results: dict[int, dict[str, float]], low: int, high: int) -> s
                 f"MB/s against {hi['bytes'] / hi['read all'] / MB:.0f} MB/s for reading every "
                 f"file in the same run and a disk that reads {hi['disk'] / MB:.0f} MB/s from a "
                 "cold cache")
+    if op == "verify since":
+        return (f"it stats every file to find those changed since the last full verify (a "
+                f"stat each, no read): {hi[op] / hi['listing']:.1f}x the time to list and stat "
+                f"them at {high} sessions, {lo[op] / lo['listing']:.1f}x at {low}")
     return "UNEXPECTED: it should not grow with the store"
 
 
@@ -309,7 +319,7 @@ def main() -> None:
     print(f"save: {ratios['save']:.1f}x: it writes what every session holds "
           f"({results[high]['ledger bytes'] / MB:.1f} MB at {high} sessions), off the cell "
           "path and at most once a minute")
-    bounded = [op for op in OPERATIONS if op not in ("first pass", "verify")]
+    bounded = [op for op in OPERATIONS if op not in ("first pass", "verify", "verify since")]
     worst = max(bounded, key=lambda op: ratios[op])
     print(f"scale: worst ratio {ratios[worst]:.1f}x ({worst}) at {high} sessions against {low}")
 

@@ -405,8 +405,9 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
     began = time.time() - 1.0  # file times lag the clock by up to a tick: a second's margin
     result = Verified()
     corrupt: dict[str, str] = {}  # blob -> what is wrong with it
-    for ident in store.disk.idents():
-        if since is not None and _older(store.disk.path(ident), since):
+    for path in store.disk.files():
+        ident = path.name
+        if ident.startswith(".") or (since is not None and _older(path, since)):
             continue
         result.blobs += 1
         try:  # streamed: a huge file costs no memory; a FIFO or a link is refused unread
@@ -426,8 +427,9 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
             with contextlib.suppress(StoreError):  # not fixed: reported below
                 if done := fix(store, session):
                     result.restored.append(done)
+    manifests = str(store.root / "manifests")
     for ident in store.manifests():
-        if since is not None and _older(store.root / "manifests" / ident, since):
+        if since is not None and _older(os.path.join(manifests, ident), since):
             continue
         result.manifests += 1
         try:
@@ -464,11 +466,11 @@ def last_verified(store: Store) -> float | None:
     return None
 
 
-def _older(path: Path, since: float) -> bool:
+def _older(path: str | Path, since: float) -> bool:
     """Whether the file was last changed (written, renamed, touched) before `since`; a file
     gone meanwhile is not checked either."""
     try:
-        return path.lstat().st_ctime < since
+        return os.lstat(path).st_ctime < since
     except FileNotFoundError:
         return True
 
