@@ -45,6 +45,7 @@ import xxhash
 
 from ..errors import StoreError
 from . import history
+from .counts import ID, Counts, pack_ids, unpack_ids
 from .manifest import Manifest
 from .packing import UnpackError, pack, unpack
 from .retention import RetentionPolicy
@@ -58,7 +59,6 @@ SAVE_SECONDS = 60.0  # a save writes what every session holds: at most this ofte
 FILE_BYTES = 1 << 30  # far past any store's: a larger file is not trusted
 _MAGIC = b"LLFL\x01"
 _DIGEST = 16  # xxh3-128 of what follows it
-_ID = 16  # the bytes of an id (32 hex digits), as saved
 
 Stamp = tuple[int, ...]
 
@@ -67,8 +67,8 @@ class Ledger:
     def __init__(self, store: Store, grace: float = history.GRACE_SECONDS) -> None:
         self.store = store
         self.grace = grace
-        self.held: dict[str, set[str]] = {}  # session -> the files its history holds
-        self.refs: collections.Counter[str] = collections.Counter()  # file -> sessions holding it
+        self.held: dict[str, bytes] = {}  # session -> the files its history holds, packed
+        self.refs = Counts()  # file -> how many sessions hold it
         self.thinnings: dict[str, history.Thinning] = {}  # session -> its last retention
         self.damaged: dict[str, str] = {}  # session -> why its history cannot be read whole
         self.unthinned: set[str] = set()  # changed sessions retention has not looked at since
@@ -131,8 +131,6 @@ class Ledger:
         result = history.Collected()
         self._changes()
         sessions = sorted(self.pending | self.unsettled | set(self.damaged))
-        dropped: set[str] = set()
-        added: set[str] = set()
         stamps = {s: self.store.stamp(s) for s in sessions}  # before: a write meanwhile shows
         holds = {s: self._holds(s, result.damaged) for s in sessions}
         self._read.clear()
@@ -141,16 +139,13 @@ class Ledger:
             history.keep_damaged(self.store, set(result.damaged), kept)
             for session in result.damaged:
                 holds[session] |= kept
-        for session, held in holds.items():
-            gone, new = self._hold(session, held)
-            dropped |= gone
-            added |= new
+        dropped, added = self.refs.change(self._hold(holds))
         held = [s for s in sessions if s in self.held]
         freeable = history.released(self.store, held, result.damaged)
         if started - self.listed >= self.grace:
             self.listed = started
-            history.sweep(self.store, self.refs, held, history.listing(self.store), freeable,
-                          result, started, self.grace, saving_since)
+            history.sweep(self.store, self.refs.names(), held, history.listing(self.store),
+                          freeable, result, started, self.grace, saving_since)
             self.kept, self.kept_bytes = result.kept, result.kept_bytes
         else:
             history.sweep(self.store, self.refs, held, self._stats(dropped | set(freeable)),
@@ -185,23 +180,18 @@ class Ledger:
             damaged[session] = exc.message
         return holds
 
-    def _hold(self, session: str, holds: set[str]) -> tuple[set[str], set[str]]:
-        """Record that `session` holds `holds`: the files no session holds any more, and those
-        no session held before."""
-        before = self.held.pop(session, set())
-        if holds:
-            self.held[session] = holds
-        dropped, added = set[str](), set[str]()
-        for ident in before - holds:
-            self.refs[ident] -= 1
-            if not self.refs[ident]:
-                del self.refs[ident]
-                dropped.add(ident)
-        for ident in holds - before:
-            if not self.refs[ident]:
-                added.add(ident)
-            self.refs[ident] += 1
-        return dropped, added
+    def _hold(self, holds: dict[str, set[str]]) -> collections.Counter[str]:
+        """Record what each session holds now; how the count of sessions holding each file
+        changes."""
+        changes: collections.Counter[str] = collections.Counter()
+        for session, now in holds.items():
+            now = set(filter(valid_id, now))
+            before = unpack_ids(self.held.pop(session, b""))
+            if now:
+                self.held[session] = pack_ids(now)
+            changes.update(now - before)
+            changes.subtract(before - now)
+        return changes
 
     def _stats(self, idents: Iterable[str]) -> dict[Path, os.stat_result]:
         """The files of `idents` (blobs or manifests) that are there, as `history.listing`."""
@@ -222,11 +212,11 @@ class Ledger:
     def save(self) -> None:
         """Write the ledger (`FILE`) for the first pass after a restart: atomically, with the
         digest it is checked against on load."""
-        sessions = {s: [list(stamp), _packed(self.held.get(s, ())),
+        sessions = {s: [list(stamp), self.held.get(s, b""),
                         t.due if (t := self.thinnings.get(s)) else None,
-                        _packed(t.protected if t else ())]
+                        pack_ids(t.protected if t else ())]
                     for s, stamp in self.stamps.items()}
-        body = pack({"sessions": sessions, "damaged": self.damaged,
+        body = pack({"sessions": sessions, "refs": self.refs.packed(), "damaged": self.damaged,
                      "unthinned": sorted(self.unthinned), "pending": sorted(self.pending),
                      "unsettled": sorted(self.unsettled), "listed": self.listed,
                      "kept": self.kept, "kept_bytes": self.kept_bytes})
@@ -241,7 +231,7 @@ class Ledger:
             if data is None:
                 return
             saved = _decoded(data)
-        except (StoreError, ValueError, TypeError, KeyError, UnpackError) as exc:
+        except (StoreError, ValueError, TypeError, KeyError, AttributeError, UnpackError) as exc:
             log.warning("the ledger %s is not trusted (%s): the first pass reads every session",
                         path, getattr(exc, "message", exc))
             return
@@ -249,9 +239,9 @@ class Ledger:
             self.stamps[session] = stamp
             if held:
                 self.held[session] = held
-                self.refs.update(held)
             if due is not None:
                 self.thinnings[session] = history.Thinning([], due, protected)
+        self.refs = saved.refs
         self.damaged, self.unthinned, self.pending, self.unsettled = \
             saved.damaged, saved.unthinned, saved.pending, saved.unsettled
         now = time.time()
@@ -262,10 +252,12 @@ class Ledger:
 
 @dataclasses.dataclass
 class _Saved:
-    """A saved ledger, checked: by session, its stamp, what it holds, and its retention's due
-    time and protected versions (no due time: not thinned)."""
+    """A saved ledger, checked: by session, its stamp, what it holds (packed), and its
+    retention's due time and protected versions (no due time: not thinned); how many sessions
+    hold each file."""
 
-    sessions: dict[str, tuple[Stamp, set[str], float | None, frozenset[str]]]
+    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]]
+    refs: Counts
     damaged: dict[str, str]
     unthinned: set[str]
     pending: set[str]
@@ -275,34 +267,28 @@ class _Saved:
     kept_bytes: int
 
 
-def _packed(idents: Iterable[str]) -> bytes:
-    return b"".join(bytes.fromhex(i) for i in idents)
-
-
-def _unpacked(data: object) -> set[str]:
-    if not isinstance(data, bytes) or len(data) % _ID:
-        raise ValueError("bad ids")
-    return {data[i:i + _ID].hex() for i in range(0, len(data), _ID)}
-
-
 def _decoded(data: bytes) -> _Saved:
     """A saved ledger's contents, checked whole; ValueError (or TypeError, KeyError,
-    UnpackError) if any of it is not as `Ledger.save` writes it."""
+    AttributeError, UnpackError) if any of it is not as `Ledger.save` writes it."""
     body = data[len(_MAGIC) + _DIGEST:]
     if not data.startswith(_MAGIC) or \
             data[len(_MAGIC):len(_MAGIC) + _DIGEST] != xxhash.xxh3_128_digest(body):
         raise ValueError("its digest does not match: it is torn or corrupt")
     raw = cast(dict[str, object], unpack(body))
-    sessions: dict[str, tuple[Stamp, set[str], float | None, frozenset[str]]] = {}
+    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]] = {}
     for session, entry in cast(dict[object, list[object]], raw["sessions"]).items():
         stamp, held, due, protected = entry
         stamp = tuple(cast(list[object], stamp))
         if not valid_session(session) or len(stamp) != 8 or \
                 not all(isinstance(n, int) for n in stamp) or \
+                not isinstance(held, bytes) or len(held) % ID or \
+                not isinstance(protected, bytes) or \
                 not (due is None or isinstance(due, float)):
             raise ValueError(f"a bad entry for session {session!r}")
-        sessions[session] = (cast(Stamp, stamp), _unpacked(held), due,
-                             frozenset(_unpacked(protected)))
+        sessions[session] = (cast(Stamp, stamp), held, due, frozenset(unpack_ids(protected)))
+    ids, counts = cast(list[object], raw["refs"])
+    if not isinstance(ids, bytes) or not isinstance(counts, bytes):
+        raise ValueError("bad counts")
     damaged = cast(dict[object, object], raw["damaged"])
     names = {k: cast(list[object], raw[k]) for k in ("unthinned", "pending", "unsettled")}
     listed, kept, kept_bytes = raw["listed"], raw["kept"], raw["kept_bytes"]
@@ -311,6 +297,6 @@ def _decoded(data: bytes) -> _Saved:
             not isinstance(listed, float) or not isinstance(kept, int) or \
             not isinstance(kept_bytes, int):
         raise ValueError("bad fields")
-    return _Saved(sessions, cast(dict[str, str], damaged),
+    return _Saved(sessions, Counts(ids, counts), cast(dict[str, str], damaged),
                   *(set(cast(list[str], names[k])) for k in ("unthinned", "pending", "unsettled")),
                   listed, kept, kept_bytes)

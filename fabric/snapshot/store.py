@@ -797,11 +797,13 @@ class Store(BlobStore):
         file's inode, size and modification and change times (zeros for one that is not
         there). Every write replaces the file, and no one can set a change time, so an equal
         stamp means neither was written since."""
-        folder = self._head_path(session).parent
+        if not valid_session(session):
+            self._head_path(session)  # raises, saying what names a session
+        folder = os.path.join(self.root, "sessions", session)  # as text: a pass stamps many
         stamp: list[int] = []
         for name in ("head", "index"):
             try:
-                st = os.lstat(folder / name)
+                st = os.lstat(os.path.join(folder, name))
                 stamp += [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
             except FileNotFoundError:
                 stamp += [0, 0, 0, 0]
