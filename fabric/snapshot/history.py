@@ -405,13 +405,15 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
     began = time.time() - 1.0  # file times lag the clock by up to a tick: a second's margin
     result = Verified()
     corrupt: dict[str, str] = {}  # blob -> what is wrong with it
+    sizes: dict[str, int] = {}  # file -> its bytes, as read: each file is looked at once
     for path in store.disk.files():
         ident = path.name
         if ident.startswith(".") or (since is not None and _older(path, since)):
             continue
         result.blobs += 1
         try:  # streamed: a huge file costs no memory; a FIFO or a link is refused unread
-            result.bytes += store.disk.size(ident) or 0
+            sizes[ident] = store.disk.size(ident) or 0
+            result.bytes += sizes[ident]
             bad = store.disk.digest(ident) not in (ident, None)
             why = "is corrupt (hash mismatch)"
         except StoreError as exc:
@@ -427,28 +429,38 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
             with contextlib.suppress(StoreError):  # not fixed: reported below
                 if done := fix(store, session):
                     result.restored.append(done)
-    manifests = str(store.root / "manifests")
-    for ident in store.manifests():
-        if since is not None and _older(os.path.join(manifests, ident), since):
-            continue
-        result.manifests += 1
-        try:
-            Manifest.decode(store.get_manifest(ident))
-        except StoreError as exc:
-            result.problems.append(exc.message)
     names: dict[str, set[str]] = {}  # session -> what its history names (up to a problem)
+    histories: list[str] = []  # what is wrong with them
     for session in sessions:
         if since is not None and max(store.stamp(session)[3::4]) < since * 1e9:
             continue  # neither its head nor its index was written since (their change times)
         if not store.has_index(session):
-            result.problems.append(f"session {session} has no index: its names (tags) and "
-                                   "retention policy are lost; `verify --repair` rebuilds it")
+            histories.append(f"session {session} has no index: its names (tags) and "
+                             "retention policy are lost; `verify --repair` rebuilds it")
         names[session] = set()
         try:
             mark(store, session, names[session])
         except StoreError as exc:
-            result.problems.append(f"session {session}: {exc.message}")
-        result.held[session] = sum(size_of(store, ident) for ident in names[session])
+            histories.append(f"session {session}: {exc.message}")
+    read = set[str]().union(*names.values())  # the manifests of whole histories, checked
+    manifests = str(store.root / "manifests")
+    for ident in store.manifests():
+        try:
+            st = os.lstat(os.path.join(manifests, ident))
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        sizes[ident] = st.st_size
+        if since is not None and st.st_ctime < since:
+            continue
+        result.manifests += 1
+        if ident not in read:
+            try:
+                Manifest.decode(store.get_manifest(ident))
+            except StoreError as exc:
+                result.problems.append(exc.message)
+    result.problems += histories
+    for session, named in names.items():
+        result.held[session] = sum(sizes[i] if i in sizes else size_of(store, i) for i in named)
     for ident, why in corrupt.items():
         users = sorted(s for s, named in names.items() if ident in named)
         result.problems.append(f"blob {ident} {why}"
@@ -466,7 +478,7 @@ def last_verified(store: Store) -> float | None:
     return None
 
 
-def _older(path: str | Path, since: float) -> bool:
+def _older(path: Path, since: float) -> bool:
     """Whether the file was last changed (written, renamed, touched) before `since`; a file
     gone meanwhile is not checked either."""
     try:
