@@ -164,7 +164,11 @@ class Ledger:
                 self.stamps.pop(session, None)
         self._unsaved |= bool(sessions) or self.listed == started
         if self._unsaved and time.time() - self.saved >= SAVE_SECONDS:
-            self.save()
+            try:
+                self.save()
+            except (OSError, StoreError) as exc:  # a full disk: the pass's frees stand
+                log.warning("the ledger could not be saved (%s): a restart reads again what "
+                            "changed since it last was", getattr(exc, "message", exc))
         return result
 
     def _holds(self, session: str, damaged: dict[str, str]) -> set[str]:

@@ -283,3 +283,14 @@ def test_a_damaged_or_stale_ledger_is_not_trusted_and_no_live_chunk_is_freed(
     _pass(restarted, set(), time.time())
     assert not history.verify(restarted.store).problems
     assert set(Ledger(Store(root, chunk=CHUNK)).stamps) == {"a", "b"}  # saved afresh
+
+
+def test_a_pass_whose_ledger_cannot_be_saved_still_frees_what_it_released(
+        tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = Store(root, chunk=CHUNK)
+    for i in range(4):
+        _commit(store, "a", i)
+    (root / "ledger").mkdir()  # no file can take its place
+    result = _pass(Ledger(store), set(), time.time())
+    assert result.removed > 0 and not history.verify(store).problems
