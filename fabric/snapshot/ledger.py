@@ -5,7 +5,8 @@ file; run after each commit on a store of 1,000 sessions, that is most of a serv
 `Ledger` keeps, for one store, what the last passes learned, and looks again only at
 
 - the sessions whose head or index was written, or that were removed, since (in any process:
-  the store marks them, `Store.take_changed`); at its first pass, every session;
+  the store marks them, `Store.take_changed`); at its first pass, every session the saved
+  ledger does not hold as it is now (every session, without one);
 - for retention, besides those, a session whose `due` time came (a version it kept leaves the
   policy's hours or days) or whose version kept only by protection lost it;
 - for gc, the files that lost the last session holding them or that retention or removal
