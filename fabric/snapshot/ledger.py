@@ -302,6 +302,7 @@ def _decoded(data: bytes) -> _Saved:
             not isinstance(listed, float) or not isinstance(kept, int) or \
             not isinstance(kept_bytes, int):
         raise ValueError("bad fields")
-    return _Saved(sessions, Counts(ids, counts), cast(dict[str, str], damaged),
-                  *(set(cast(list[str], names[k])) for k in ("unthinned", "pending", "unsettled")),
-                  listed, kept, kept_bytes)
+    unthinned, pending, unsettled = (set(cast(list[str], names[k]))
+                                     for k in ("unthinned", "pending", "unsettled"))
+    return _Saved(sessions, Counts(ids, counts), cast(dict[str, str], damaged), unthinned,
+                  pending, unsettled, listed, kept, kept_bytes)
