@@ -467,7 +467,8 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
                                + (", and no good copy was found to repair it" if repair else "")
                                + (f"; sessions {', '.join(users)} need it" if users else ""))
     if since is None and not result.problems:
-        write_atomic(store.root / VERIFIED, f"{began!r}\n".encode())
+        with contextlib.suppress(OSError, StoreError):  # a read-only store: no record, no harm
+            write_atomic(store.root / VERIFIED, f"{began!r}\n".encode())
     return result
 
 
