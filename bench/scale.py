@@ -10,19 +10,29 @@ the store's key, unsynced, with their cell's time as file time; the thinned vers
 
 Timed on each store (medians of a few, in seconds), in this order:
 
-  first pass   the first retention and gc pass of a server started anew, with the chunk
-               lists a server that ran before left (`fabric.snapshot.chunklists`); against the
-               I/O it is bounded by: listing and stat'ing every file (`listing`), reading every
-               manifest and the chunk lists (`reading`)
+  rebuild      the first retention and gc pass on a store with no saved ledger: it reads every
+               session's history and lists every file; against the I/O it is bounded by:
+               listing and stat'ing every file (`listing`), reading every manifest (`manifests`)
+  first pass   a server's first pass after a restart, one session written while it was down:
+               loading the ledger the last one saved (`fabric.snapshot.ledger`) and reading
+               what changed since (the median of a few restarts); against the I/O it is
+               bounded by: reading the ledger and stat'ing each session's head and index
+               (`ledger I/O`)
+  save         saving the ledger: it holds what every session holds (at most once a minute)
   open         opening a session (its head, its manifest), on a host of that store
   status       the host's status with a few sessions open
   commit       a cell's commit: its manifest written, its head moved
-  retention    the retention pass after a commit (`fabric.snapshot.ledger`)
+  retention    the retention pass after a commit
   gc           the gc pass after it
   verify       `store verify`: it hashes every byte kept, so it grows with them by design;
-               shown per byte as well
+               against reading every file of the store (`read all`) in the same run; and, on a
+               store of one large object in 16 MiB chunks read from a cold cache, its read
+               rate (`verify MB/s`) against the disk's sequential one (`disk MB/s`)
+  verify since `store verify --since-last` after a commit: it hashes what was written since
+               the last full verify, and stats every file to find it (against `listing`)
 
-The ratio is each operation's time at the most sessions against its time at the fewest. Usage:
+The ratio is each operation's time at the most sessions against its time at the fewest; the
+summary says, for each, whether it stays within 3x and, for one that grows, why it must. Usage:
 python bench/scale.py [--sessions 10,100,1000] [--versions 100] [--dir DIR] [--quick]
 """
 
@@ -45,7 +55,9 @@ from fabric.host.face import Caller
 from fabric.host.local import LocalHost
 from fabric.messages import Close, Open, Status
 from fabric.snapshot import Group, Manifest, Store, blob_id, history, retention
+from fabric.snapshot.codec import Encoded
 from fabric.snapshot.commit import CellRecord, Report, commit
+from fabric.snapshot.ledger import FILE as ledger_file
 from fabric.snapshot.ledger import Ledger
 from fabric.snapshot.packing import pack
 from fabric.snapshot.store import _MANIFEST, _OBJECT, Index
@@ -139,12 +151,62 @@ def listing(root: Path) -> None:
                 inner.stat(follow_symlinks=False)
 
 
-def reading(root: Path) -> None:
-    """Read every manifest and the chunk lists: what a first pass must read besides."""
-    for entry in os.scandir(root / "manifests"):
-        with open(entry.path, "rb") as f:
-            f.read()
-    (root / "chunks").read_bytes()
+def read_all(root: Path, only: str | None = None) -> int:
+    """Read every file of the store's blobs and manifests (or of `only` of them); the bytes."""
+    total = 0
+    for top in [root / only] if only else [root / "blobs", root / "manifests"]:
+        for entry in os.scandir(top):
+            for inner in os.scandir(entry.path) if entry.is_dir() else [entry]:
+                with open(inner.path, "rb") as f:
+                    total += len(f.read())
+    return total
+
+
+def ledger_io(store: Store) -> None:
+    """Read the saved ledger and stat each session's head and index: what a first pass after a
+    restart must read to trust it."""
+    (store.root / ledger_file).read_bytes()
+    for session in store.sessions():
+        store.stamp(session)
+
+
+def _uncached(path: Path) -> None:
+    """Drop a synced file's pages from the page cache: its next read comes from the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def disk_bandwidth(folder: Path, nbytes: int) -> float:
+    """The disk's sequential read bandwidth, bytes a second: a file written, synced and
+    dropped from the page cache, then read."""
+    path = folder / "bandwidth"
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(nbytes >> 20):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    _uncached(path)
+    began = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(8 << 20):
+            pass
+    seconds = time.perf_counter() - began
+    path.unlink()
+    return nbytes / seconds
+
+
+def verify_bandwidth(folder: Path, nbytes: int) -> float:
+    """`store verify`'s read rate, bytes a second, over a store of one object of `nbytes` in
+    chunks of the store's size (16 MiB), from a cold cache."""
+    store = Store(folder / "large")
+    store.put_object(Encoded(b"", [memoryview(os.urandom(nbytes))]))  # each file synced
+    for path in store.disk.files():
+        _uncached(path)
+    return nbytes / timed(lambda: history.verify(store))
 
 
 def measure(root: Path, sessions: int, versions: int) -> dict[str, float]:
@@ -155,11 +217,20 @@ def measure(root: Path, sessions: int, versions: int) -> dict[str, float]:
     names = store.sessions()
     out: dict[str, float] = {"build": built}
     out["listing"] = timed(lambda: listing(root))
-    full_pass(Ledger(store))  # a server that ran all along: the chunk lists are on disk
+    out["manifests"] = timed(lambda: read_all(root, "manifests"))
+    ran = Ledger(store)  # a server that ran all along
+    out["rebuild"] = timed(lambda: full_pass(ran))
+    full_pass(ran)  # and again, as a server's passes do, reading what the first's frees wrote
+    out["save"] = timed(ran.save, REPEAT)
+    out["ledger bytes"] = (root / ledger_file).stat().st_size
+    one_commit(store, names[0])  # while no server runs
     host = LocalHost(Config(store=root, runtime_dir=root.parent / "run"), send=lambda *a: None)
-    ledger = Ledger(host.store)  # a server started anew
-    out["first pass"] = timed(lambda: full_pass(ledger))
-    out["reading"] = timed(lambda: reading(root))
+    # servers started anew, each on the ledger saved before that commit (a pass saves again
+    # only a minute after it was): the median of a few
+    out["first pass"] = timed(lambda: full_pass(Ledger(Store(root))), REPEAT)
+    out["ledger I/O"] = timed(lambda: ledger_io(host.store), REPEAT)
+    ledger = Ledger(host.store)
+    full_pass(ledger)
     caller = Caller(auth.owner_name())
 
     async def open_close(name: str) -> None:
@@ -179,7 +250,10 @@ def measure(root: Path, sessions: int, versions: int) -> dict[str, float]:
         rounds["gc"].append(timed(lambda: ledger.collect(time.time())))
     out |= {op: statistics.median(times) for op, times in rounds.items()}
     out["verify"] = timed(lambda: history.verify(host.store))
-    out["bytes"] = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    one_commit(host.store, names[-1])
+    since = history.last_verified(host.store)
+    out["verify since"] = timed(lambda: history.verify(host.store, since=since))
+    out["read all"] = timed(lambda: out.__setitem__("bytes", read_all(root)))
     return out
 
 
@@ -198,8 +272,37 @@ def one_commit(store: Store, name: str) -> None:
     commit(store, name, head, report, CellRecord("a = 1", 1, "ok", 0.0, frozenset()))
 
 
-OPERATIONS = ("first pass", "open", "status", "commit", "retention", "gc", "verify")
-BOUNDED = ("open", "status", "commit", "retention", "gc")  # held to a constant factor
+OPERATIONS = ("first pass", "open", "status", "commit", "retention", "gc", "verify",
+              "verify since")
+LIMIT = 3.0  # the most an operation may grow from the fewest sessions to the most
+FLOORS = ("rebuild", "save", "listing", "manifests", "ledger I/O", "read all")
+MB = 1 << 20
+
+
+def why(op: str, results: dict[int, dict[str, float]], low: int, high: int) -> str:
+    """Why an operation that grows past LIMIT must: what it is bounded by, as measured."""
+    lo, hi = results[low], results[high]
+    if op == "first pass":
+        return (f"it loads the saved ledger ({hi['ledger bytes'] / MB:.1f} MB at {high} "
+                f"sessions: what each session holds) and stats each session's head and index "
+                f"before trusting it, both growing with the sessions kept; it takes "
+                f"{hi[op] / hi['ledger I/O']:.1f}x that I/O at {high} sessions and "
+                f"{lo[op] / lo['ledger I/O']:.1f}x at {low}; the pass with no ledger it "
+                f"replaces took {hi['rebuild']:.2f} s ({hi['rebuild'] / hi[op]:.0f}x as long)")
+    if op == "verify":
+        grown = hi["bytes"] / lo["bytes"]
+        return (f"it reads and hashes every byte kept ({grown:.0f}x the bytes; "
+                f"{hi[op] / lo[op] / grown:.1f}x per byte): over 16 MiB chunks from a cold "
+                f"cache it reads {hi['verify rate'] / MB:.0f} MB/s where the disk reads "
+                f"{hi['disk'] / MB:.0f} MB/s; these stores' 4 KiB chunks cost a file each: "
+                f"it takes {hi[op] / hi['read all']:.1f}x the time to only read every file at "
+                f"{high} sessions, {lo[op] / lo['read all']:.1f}x at {low}")
+    if op == "verify since":
+        return (f"it stats every file to find those changed since the last full verify (a "
+                f"stat each, no read): {hi[op] / hi['listing']:.1f}x the time to list and stat "
+                f"them at {high} sessions, {lo[op] / lo['listing']:.1f}x at {low}")
+    return ("UNEXPECTED: it costs what changed, the same on any store (a loaded machine? "
+            "run it again)")
 
 
 def main() -> None:
@@ -215,6 +318,9 @@ def main() -> None:
     for n in sizes:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="llf-scale-") as tmp:
             results[n] = measure(Path(tmp) / "store", n, versions)
+            large = (32 if args.quick else 256) << 20
+            results[n]["disk"] = disk_bandwidth(Path(tmp), large)
+            results[n]["verify rate"] = verify_bandwidth(Path(tmp), large)
             shutil.rmtree(tmp, ignore_errors=True)
         print(f"built {n} sessions ({n * versions} versions) in {results[n]['build']:.1f} s",
               flush=True)
@@ -222,19 +328,30 @@ def main() -> None:
     print(f"\n{'seconds':12}" + "".join(f"{f'{n} sessions':>14}" for n in sizes)
           + f"{f'{high}/{low}':>10}")
     ratios: dict[str, float] = {}
-    for op in (*OPERATIONS, "listing", "reading"):
+    for op in (*OPERATIONS, *FLOORS):
         ratios[op] = results[high][op] / results[low][op]
         print(f"{op:12}" + "".join(f"{results[n][op]:14.4f}" for n in sizes)
               + f"{ratios[op]:9.1f}x")
-    grown = results[high]["bytes"] / results[low]["bytes"]
-    floor = {n: results[n]["listing"] + results[n]["reading"] for n in sizes}
-    print(f"\nverify per byte: {ratios['verify'] / grown:.1f}x ({grown:.0f}x the bytes); "
-          "first pass against listing every file and reading every manifest: "
-          + ", ".join(f"{results[n]['first pass'] / floor[n]:.1f}x at {n}" for n in sizes))
-    print("first pass and verify grow with what is kept, by design: the first pass after a "
-          "start reads every session's history and lists every file once; verify hashes every "
-          "byte")
-    worst = max(BOUNDED, key=lambda op: ratios[op])
+    print(f"{'MB kept':12}" + "".join(f"{results[n]['bytes'] / MB:14.1f}" for n in sizes))
+    print(f"{'disk MB/s':12}" + "".join(f"{results[n]['disk'] / MB:14.0f}" for n in sizes))
+    print(f"{'verify MB/s':12}" + "".join(f"{results[n]['verify rate'] / MB:14.0f}"
+                                          for n in sizes))
+    print()
+    for op in OPERATIONS:
+        grows = ratios[op] > LIMIT
+        print(f"{op}: {ratios[op]:.1f}x" + (f", over {LIMIT:.0f}x: {why(op, results, low, high)}"
+                                            if grows else f", within {LIMIT:.0f}x"))
+    print(f"save: {ratios['save']:.1f}x: it writes what every session holds "
+          f"({results[high]['ledger bytes'] / MB:.1f} MB at {high} sessions), off the cell "
+          "path and at most once a minute")
+    floor = {n: results[n]["listing"] + results[n]["manifests"] for n in sizes}
+    print(f"rebuild: {ratios['rebuild']:.1f}x: with no saved ledger (once, or after a damaged "
+          "one), the first pass reads every session's history and lists every file: "
+          + ", ".join(f"{results[n]['rebuild'] / floor[n]:.1f}x" for n in sizes)
+          + " the time to list every file and read every manifest at "
+          + ", ".join(map(str, sizes)) + " sessions")
+    bounded = [op for op in OPERATIONS if op not in ("first pass", "verify", "verify since")]
+    worst = max(bounded, key=lambda op: ratios[op])
     print(f"scale: worst ratio {ratios[worst]:.1f}x ({worst}) at {high} sessions against {low}")
 
 

@@ -4,9 +4,10 @@ After cells commit, and every `gc_interval` seconds besides (versions age out of
 hours and days without any commit), a thread thins each session's history by the retention
 policy and collects what that released: one pass at a time, and commits during a pass ask for
 one more. Each store's `Ledger` keeps what the passes learned, so that a pass costs what changed
-since the last one rather than the whole store. What open sessions build on (their heads, what
-their drafts loaded) is never thinned. Past `disk_pressure` percent of the store's disk, the
-operator is told (log and `status`).
+since the last one rather than the whole store, and saves it in the store, so that the first
+pass after a restart costs what changed since it was saved. What open sessions build on (their
+heads, what their drafts loaded) is never thinned. Past `disk_pressure` percent of the store's
+disk, the operator is told (log and `status`).
 """
 
 from __future__ import annotations

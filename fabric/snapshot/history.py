@@ -39,6 +39,7 @@ from .store import Index, Store
 from .tiers import Tier, write_atomic
 
 GRACE_SECONDS = 3600.0  # longer than any save between its first write and its commit
+VERIFIED = "verified"  # in the store's root: when the last full verify that found all well began
 
 
 def log(store: Store, session: str, start: str | None = None) -> list[tuple[str, Manifest]]:
@@ -331,14 +332,17 @@ class Thinning:
 
 
 def thin(store: Store, session: str, policy: retention.RetentionPolicy,
-         protect: Iterable[str] = (), now: float | None = None) -> Thinning:
+         protect: Iterable[str] = (), now: float | None = None,
+         read: list[tuple[str, Manifest]] | None = None) -> Thinning:
     """`retain`, telling also until when what it kept stands: until `due`, with no new
     version, no new name and its `protected` versions still protected, a pass again thins
-    nothing."""
+    nothing. `read`: the history it read is added to it (for `mark` to read it once)."""
     now = time.time() if now is None else now
     protect = set(protect)
     with store.locked(session):
         versions = log(store, session)
+        if read is not None:
+            read += versions
         index = store.index(session)
         policy = own_policy(policy, index)
         named = set(index.tags.values())
@@ -388,18 +392,28 @@ class Verified:
     held: dict[str, int] = field(default_factory=dict[str, int])  # session -> bytes it names
 
 
-def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> Verified:
+def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
+           since: float | None = None) -> Verified:
     """Check every manifest's signature, every blob's hash, that every session's head and
     index read and that its history is complete (every object and chunk it names is present).
     With `repair`, rewrite corrupt blobs from a good copy (another tier, or `sources`), bring
     back unreadable heads (`restore_head`) and indexes (`rebuild_index`); a problem names what
-    a corrupt blob that could not be repaired leaves broken."""
+    a corrupt blob that could not be repaired leaves broken. `since` (a time): check only what
+    was written since, by the files' change times (which no one can set back): the blobs and
+    manifests, and the histories of the sessions whose head or index was written since. A full
+    verify that finds nothing wrong records when it began (`last_verified`)."""
+    began = time.time() - 1.0  # file times lag the clock by up to a tick: a second's margin
     result = Verified()
     corrupt: dict[str, str] = {}  # blob -> what is wrong with it
-    for ident in store.disk.idents():
+    sizes: dict[str, int] = {}  # file -> its bytes, as read: each file is looked at once
+    for path in store.disk.files():
+        ident = path.name
+        if ident.startswith(".") or (since is not None and _older(path, since)):
+            continue
         result.blobs += 1
         try:  # streamed: a huge file costs no memory; a FIFO or a link is refused unread
-            result.bytes += store.disk.size(ident) or 0
+            sizes[ident] = store.disk.size(ident) or 0
+            result.bytes += sizes[ident]
             bad = store.disk.digest(ident) not in (ident, None)
             why = "is corrupt (hash mismatch)"
         except StoreError as exc:
@@ -415,36 +429,72 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = ()) -> 
             with contextlib.suppress(StoreError):  # not fixed: reported below
                 if done := fix(store, session):
                     result.restored.append(done)
-    for ident in store.manifests():
-        result.manifests += 1
-        try:
-            Manifest.decode(store.get_manifest(ident))
-        except StoreError as exc:
-            result.problems.append(exc.message)
     names: dict[str, set[str]] = {}  # session -> what its history names (up to a problem)
+    histories: list[str] = []  # what is wrong with them
     for session in sessions:
+        if since is not None and max(store.stamp(session)[3::4]) < since * 1e9:
+            continue  # neither its head nor its index was written since (their change times)
         if not store.has_index(session):
-            result.problems.append(f"session {session} has no index: its names (tags) and "
-                                   "retention policy are lost; `verify --repair` rebuilds it")
+            histories.append(f"session {session} has no index: its names (tags) and "
+                             "retention policy are lost; `verify --repair` rebuilds it")
         names[session] = set()
         try:
             mark(store, session, names[session])
         except StoreError as exc:
-            result.problems.append(f"session {session}: {exc.message}")
-        result.held[session] = sum(size_of(store, ident) for ident in names[session])
+            histories.append(f"session {session}: {exc.message}")
+    read = set[str]().union(*names.values())  # the manifests of whole histories, checked
+    manifests = str(store.root / "manifests")
+    for ident in store.manifests():
+        try:
+            st = os.lstat(os.path.join(manifests, ident))
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        sizes[ident] = st.st_size
+        if since is not None and st.st_ctime < since:
+            continue
+        result.manifests += 1
+        if ident not in read:
+            try:
+                Manifest.decode(store.get_manifest(ident))
+            except StoreError as exc:
+                result.problems.append(exc.message)
+    result.problems += histories
+    for session, named in names.items():
+        result.held[session] = sum(sizes[i] if i in sizes else size_of(store, i) for i in named)
     for ident, why in corrupt.items():
         users = sorted(s for s, named in names.items() if ident in named)
         result.problems.append(f"blob {ident} {why}"
                                + (", and no good copy was found to repair it" if repair else "")
                                + (f"; sessions {', '.join(users)} need it" if users else ""))
+    if since is None and not result.problems:
+        with contextlib.suppress(OSError, StoreError):  # a read-only store: no record, no harm
+            write_atomic(store.root / VERIFIED, f"{began!r}\n".encode())
     return result
 
 
-def mark(store: Store, session: str, live: set[str]) -> set[str]:
+def last_verified(store: Store) -> float | None:
+    """When the last full `verify` that found nothing wrong began; None if none did."""
+    with contextlib.suppress(OSError, ValueError):
+        return float((store.root / VERIFIED).read_text())
+    return None
+
+
+def _older(path: Path, since: float) -> bool:
+    """Whether the file was last changed (written, renamed, touched) before `since`; a file
+    gone meanwhile is not checked either."""
+    try:
+        return os.lstat(path).st_ctime < since
+    except FileNotFoundError:
+        return True
+
+
+def mark(store: Store, session: str, live: set[str],
+         versions: list[tuple[str, Manifest]] | None = None) -> set[str]:
     """Add to `live` every manifest of the session's history and every object, chunk and blob
-    its versions that are not thinned name; raise if any of them is missing."""
+    its versions that are not thinned name; raise if any of them is missing. `versions`: its
+    history (`log`) as read already, from its head as it is now."""
     thinned = store.index(session).thinned
-    for ident, manifest in log(store, session):
+    for ident, manifest in log(store, session) if versions is None else versions:
         live.add(ident)
         if ident not in thinned:
             _mark_version(store, manifest, live)

@@ -5,7 +5,8 @@ file; run after each commit on a store of 1,000 sessions, that is most of a serv
 `Ledger` keeps, for one store, what the last passes learned, and looks again only at
 
 - the sessions whose head or index was written, or that were removed, since (in any process:
-  the store marks them, `Store.take_changed`); at its first pass, every session;
+  the store marks them, `Store.take_changed`); at its first pass, every session the saved
+  ledger does not hold as it is now (every session, without one);
 - for retention, besides those, a session whose `due` time came (a version it kept leaves the
   policy's hours or days) or whose version kept only by protection lost it;
 - for gc, the files that lost the last session holding them or that retention or removal
@@ -15,37 +16,60 @@ file; run after each commit on a store of 1,000 sessions, that is most of a serv
   crash's leftovers): those are freed up to `grace` seconds later than a full pass would.
 
 Of what retention and removal release, a pass frees exactly what `history.gc` would, under the
-same rules (grace, touched since, saves in flight). The ledger lives in memory: a server that
-starts builds it afresh at its first pass, reading each object's chunk list from the store's
-`chunks` file rather than from its index.
+same rules (grace, touched since, saves in flight). A pass reads each changed session's history
+once: gc marks what retention read.
+
+The ledger is saved in the store's `ledger` file (at most every `SAVE_SECONDS`, as it holds what
+every session holds), so that the first pass after a restart costs what changed since rather
+than the whole store. What a session holds is trusted only while the session's stamp
+(`Store.stamp`: its head's and index's inode, size and times, taken before they were read)
+is unchanged: a session written since the save, by any process, even with its change marks lost
+to a crash, is read again; one the ledger does not know is read as at a first pass. The file is
+written atomically and checked whole against its digest on load: a torn, corrupt or unreadable
+one is not trusted at all, and the first pass reads every session, as without one.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
+
+import xxhash
 
 from ..errors import StoreError
 from . import history
+from .counts import ID, Counts, pack_ids, unpack_ids
+from .manifest import Manifest
+from .packing import UnpackError, pack, unpack
 from .retention import RetentionPolicy
-from .store import Store
-from .tiers import valid_id
+from .store import Store, valid_session
+from .tiers import read_regular, valid_id, write_atomic
 
 log = logging.getLogger(__name__)
+
+FILE = "ledger"  # in the store's root
+SAVE_SECONDS = 60.0  # a save writes what every session holds: at most this often
+FILE_BYTES = 1 << 30  # far past any store's: a larger file is not trusted
+_MAGIC = b"LLFL\x01"
+_DIGEST = 16  # xxh3-128 of what follows it
+
+Stamp = tuple[int, ...]
 
 
 class Ledger:
     def __init__(self, store: Store, grace: float = history.GRACE_SECONDS) -> None:
         self.store = store
         self.grace = grace
-        self.held: dict[str, set[str]] = {}  # session -> the files its history holds
-        self.refs: collections.Counter[str] = collections.Counter()  # file -> sessions holding it
+        self.held: dict[str, bytes] = {}  # session -> the files its history holds, packed
+        self.refs = Counts()  # file -> how many sessions hold it
         self.thinnings: dict[str, history.Thinning] = {}  # session -> its last retention
         self.damaged: dict[str, str] = {}  # session -> why its history cannot be read whole
         self.unthinned: set[str] = set()  # changed sessions retention has not looked at since
@@ -54,13 +78,19 @@ class Ledger:
         self.listed = -math.inf  # when a pass last listed every file
         self.kept = 0  # files and bytes kept: as last listed, since counted as they change
         self.kept_bytes = 0
+        self.stamps: dict[str, Stamp] = {}  # session -> its stamp as what it holds was read
+        self.saved = -math.inf  # when the ledger was last saved
         self._seen = False  # whether a pass has looked at every session
+        self._read: dict[str, list[tuple[str, Manifest]]] = {}  # histories retention read
+        self._unsaved = False
+        self._load()
 
     def _changes(self) -> set[str]:
         """The sessions changed since the last call (every session at the first)."""
         changed = set(self.store.take_changed())  # first: a write meanwhile is seen next time
-        if not self._seen:
-            changed |= set(self.store.sessions())
+        if not self._seen:  # those the saved ledger does not hold as they are
+            changed |= {s for s in {*self.store.sessions(), *self.stamps}
+                        if self.stamps.get(s) != self.store.stamp(s)}
             self._seen = True
         self.unthinned |= changed
         self.pending |= changed
@@ -74,11 +104,17 @@ class Ledger:
         self._changes()
         stale = {s for s, t in self.thinnings.items() if t.due <= now or t.protected - protect}
         thinned = 0
+        self._read.clear()
         for session in sorted(self.unthinned | stale):
             self.unthinned.discard(session)  # a pass that fails leaves the rest for the next
+            self._unsaved = True
+            read: list[tuple[str, Manifest]] = []
             try:
-                thinning = history.thin(self.store, session, policy, protect, now) \
+                thinning = history.thin(self.store, session, policy, protect, now, read) \
                     if self.store.head(session) is not None else None
+                # for gc's marks: what they use of each version (its cell may be large)
+                self._read[session] = [(i, dataclasses.replace(m, cell={}, env={}))
+                                       for i, m in read]
             except StoreError as exc:  # a damaged session keeps everything; gc reports it
                 log.warning("retention skipped session %s: %s", session, exc.message)
                 thinning = None
@@ -96,24 +132,21 @@ class Ledger:
         result = history.Collected()
         self._changes()
         sessions = sorted(self.pending | self.unsettled | set(self.damaged))
-        dropped: set[str] = set()
-        added: set[str] = set()
+        stamps = {s: self.store.stamp(s) for s in sessions}  # before: a write meanwhile shows
         holds = {s: self._holds(s, result.damaged) for s in sessions}
+        self._read.clear()
         if result.damaged:  # what they may still need: one read of every manifest for all
             kept: set[str] = set()
             history.keep_damaged(self.store, set(result.damaged), kept)
             for session in result.damaged:
                 holds[session] |= kept
-        for session, held in holds.items():
-            gone, new = self._hold(session, held)
-            dropped |= gone
-            added |= new
+        dropped, added = self.refs.change(self._hold(holds))
         held = [s for s in sessions if s in self.held]
         freeable = history.released(self.store, held, result.damaged)
         if started - self.listed >= self.grace:
             self.listed = started
-            history.sweep(self.store, self.refs, held, history.listing(self.store), freeable,
-                          result, started, self.grace, saving_since)
+            history.sweep(self.store, self.refs.names(), held, history.listing(self.store),
+                          freeable, result, started, self.grace, saving_since)
             self.kept, self.kept_bytes = result.kept, result.kept_bytes
         else:
             history.sweep(self.store, self.refs, held, self._stats(dropped | set(freeable)),
@@ -125,6 +158,18 @@ class Ledger:
         # only now: a pass that fails leaves them for the next
         self.pending -= set(sessions)
         self.damaged = result.damaged
+        for session in sessions:
+            if session in self.held or session in self.damaged:
+                self.stamps[session] = stamps[session]
+            else:  # removed
+                self.stamps.pop(session, None)
+        self._unsaved |= bool(sessions) or self.listed == started
+        if self._unsaved and time.time() - self.saved >= SAVE_SECONDS:
+            try:
+                self.save()
+            except (OSError, StoreError) as exc:  # a full disk: the pass's frees stand
+                log.warning("the ledger could not be saved (%s): a restart reads again what "
+                            "changed since it last was", getattr(exc, "message", exc))
         return result
 
     def _holds(self, session: str, damaged: dict[str, str]) -> set[str]:
@@ -132,29 +177,26 @@ class Ledger:
         added to `damaged` with why, what it could read."""
         holds: set[str] = set()
         try:
-            if self.store.head(session) is not None:
-                history.mark(self.store, session, holds)
+            if (head := self.store.head(session)) is not None:
+                read = self._read.get(session)  # a history is the same from the same head
+                history.mark(self.store, session, holds, read if read and read[0][0] == head
+                             else None)
         except StoreError as exc:
             damaged[session] = exc.message
         return holds
 
-    def _hold(self, session: str, holds: set[str]) -> tuple[set[str], set[str]]:
-        """Record that `session` holds `holds`: the files no session holds any more, and those
-        no session held before."""
-        before = self.held.pop(session, set())
-        if holds:
-            self.held[session] = holds
-        dropped, added = set[str](), set[str]()
-        for ident in before - holds:
-            self.refs[ident] -= 1
-            if not self.refs[ident]:
-                del self.refs[ident]
-                dropped.add(ident)
-        for ident in holds - before:
-            if not self.refs[ident]:
-                added.add(ident)
-            self.refs[ident] += 1
-        return dropped, added
+    def _hold(self, holds: dict[str, set[str]]) -> collections.Counter[str]:
+        """Record what each session holds now; how the count of sessions holding each file
+        changes."""
+        changes: collections.Counter[str] = collections.Counter()
+        for session, now in holds.items():
+            now = set(filter(valid_id, now))
+            before = unpack_ids(self.held.pop(session, b""))
+            if now:
+                self.held[session] = pack_ids(now)
+            changes.update(now - before)
+            changes.subtract(before - now)
+        return changes
 
     def _stats(self, idents: Iterable[str]) -> dict[Path, os.stat_result]:
         """The files of `idents` (blobs or manifests) that are there, as `history.listing`."""
@@ -171,3 +213,96 @@ class Ledger:
             return any(self.store.index(session).thinned.values())
         except StoreError:
             return False
+
+    def save(self) -> None:
+        """Write the ledger (`FILE`) for the first pass after a restart: atomically, with the
+        digest it is checked against on load."""
+        sessions = {s: [list(stamp), self.held.get(s, b""),
+                        t.due if (t := self.thinnings.get(s)) else None,
+                        pack_ids(t.protected if t else ())]
+                    for s, stamp in self.stamps.items()}
+        body = pack({"sessions": sessions, "refs": self.refs.packed(), "damaged": self.damaged,
+                     "unthinned": sorted(self.unthinned), "pending": sorted(self.pending),
+                     "unsettled": sorted(self.unsettled), "listed": self.listed,
+                     "kept": self.kept, "kept_bytes": self.kept_bytes})
+        write_atomic(self.store.root / FILE, _MAGIC + xxhash.xxh3_128_digest(body) + body)
+        self.saved, self._unsaved = time.time(), False
+
+    def _load(self) -> None:
+        """Take up the saved ledger, if there is one to trust."""
+        path = self.store.root / FILE
+        try:
+            data = read_regular(path, FILE_BYTES)
+            if data is None:
+                return
+            saved = _decoded(data)
+        except (StoreError, ValueError, TypeError, KeyError, AttributeError, UnpackError) as exc:
+            log.warning("the ledger %s is not trusted (%s): the first pass reads every session",
+                        path, getattr(exc, "message", exc))
+            return
+        for session, (stamp, held, due, protected) in saved.sessions.items():
+            self.stamps[session] = stamp
+            if held:
+                self.held[session] = held
+            if due is not None:
+                self.thinnings[session] = history.Thinning([], due, protected)
+        self.refs = saved.refs
+        self.damaged, self.unthinned, self.pending, self.unsettled = \
+            saved.damaged, saved.unthinned, saved.pending, saved.unsettled
+        now = time.time()
+        self.listed = saved.listed if saved.listed <= now else -math.inf  # a clock set back
+        self.kept, self.kept_bytes = saved.kept, saved.kept_bytes
+        self.saved = min(os.stat(path).st_mtime, now)
+
+
+@dataclasses.dataclass
+class _Saved:
+    """A saved ledger, checked: by session, its stamp, what it holds (packed), and its
+    retention's due time and protected versions (no due time: not thinned); how many sessions
+    hold each file."""
+
+    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]]
+    refs: Counts
+    damaged: dict[str, str]
+    unthinned: set[str]
+    pending: set[str]
+    unsettled: set[str]
+    listed: float
+    kept: int
+    kept_bytes: int
+
+
+def _decoded(data: bytes) -> _Saved:
+    """A saved ledger's contents, checked whole; ValueError (or TypeError, KeyError,
+    AttributeError, UnpackError) if any of it is not as `Ledger.save` writes it."""
+    body = data[len(_MAGIC) + _DIGEST:]
+    if not data.startswith(_MAGIC) or \
+            data[len(_MAGIC):len(_MAGIC) + _DIGEST] != xxhash.xxh3_128_digest(body):
+        raise ValueError("its digest does not match: it is torn or corrupt")
+    raw = cast(dict[str, object], unpack(body))
+    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]] = {}
+    for session, entry in cast(dict[object, list[object]], raw["sessions"]).items():
+        stamp, held, due, protected = entry
+        stamp = tuple(cast(list[object], stamp))
+        if not valid_session(session) or len(stamp) != 8 or \
+                not all(isinstance(n, int) for n in stamp) or \
+                not isinstance(held, bytes) or len(held) % ID or \
+                not isinstance(protected, bytes) or \
+                not (due is None or isinstance(due, float)):
+            raise ValueError(f"a bad entry for session {session!r}")
+        sessions[session] = (cast(Stamp, stamp), held, due, frozenset(unpack_ids(protected)))
+    ids, counts = cast(list[object], raw["refs"])
+    if not isinstance(ids, bytes) or not isinstance(counts, bytes):
+        raise ValueError("bad counts")
+    damaged = cast(dict[object, object], raw["damaged"])
+    names = {k: cast(list[object], raw[k]) for k in ("unthinned", "pending", "unsettled")}
+    listed, kept, kept_bytes = raw["listed"], raw["kept"], raw["kept_bytes"]
+    if not all(valid_session(s) and isinstance(why, str) for s, why in damaged.items()) or \
+            not all(valid_session(s) for found in names.values() for s in found) or \
+            not isinstance(listed, float) or not isinstance(kept, int) or \
+            not isinstance(kept_bytes, int):
+        raise ValueError("bad fields")
+    unthinned, pending, unsettled = (set(cast(list[str], names[k]))
+                                     for k in ("unthinned", "pending", "unsettled"))
+    return _Saved(sessions, Counts(ids, counts), cast(dict[str, str], damaged), unthinned,
+                  pending, unsettled, listed, kept, kept_bytes)

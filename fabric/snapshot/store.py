@@ -9,6 +9,7 @@ Layout under the store root::
     sessions/<name>/index        its tags, thinned versions and retention override (msgpack)
     changed/<name>               the session changed since upkeep last looked (`take_changed`)
     chunks                       the chunks each object names, as read (`chunklists`)
+    ledger                       what upkeep's last passes learned (`ledger`)
 
 A group of variables is stored as an *object*: an index blob holding the pickle stream, small
 buffers inline and, for each large buffer, the ids of its chunks (CHUNK bytes each). Chunks are
@@ -41,7 +42,7 @@ from collections.abc import Callable, Collection, Generator, Iterable, Iterator,
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeGuard, TypeVar, cast
 
 import xxhash
 
@@ -648,8 +649,7 @@ class Store(BlobStore):
 
     # session heads
     def _head_path(self, session: str) -> Path:
-        if not session or "/" in session or "\0" in session or session.startswith(".") or \
-                len(session.encode(errors="surrogateescape")) > 255:  # a file name's limit
+        if not valid_session(session):
             shown = repr(session[:60]) + (f"... ({len(session)} characters)"
                                           if len(session) > 60 else "")
             raise StoreError(f"invalid session name {shown}: 1-255 bytes, no '/', not "
@@ -798,6 +798,23 @@ class Store(BlobStore):
             aside.mkdir(mode=0o700, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 os.rename(self.root / "manifests" / damaged, aside / damaged)
+
+    def stamp(self, session: str) -> tuple[int, ...]:
+        """What changes whenever the session's head or index is written, in any process: each
+        file's inode, size and modification and change times (zeros for one that is not
+        there). Every write replaces the file, and no one can set a change time, so an equal
+        stamp means neither was written since."""
+        if not valid_session(session):
+            self._head_path(session)  # raises, saying what names a session
+        folder = os.path.join(self.root, "sessions", session)  # as text: a pass stamps many
+        stamp: list[int] = []
+        for name in ("head", "index"):
+            try:
+                st = os.lstat(os.path.join(folder, name))
+                stamp += [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+            except FileNotFoundError:
+                stamp += [0, 0, 0, 0]
+        return tuple(stamp)
 
     def has_index(self, session: str) -> bool:
         """Whether the session's index is there: every head this store writes has one, so a
@@ -952,6 +969,13 @@ class Index:
         return cls(cast(dict[str, str], dict(tags)),
                    {cast(str, k): float(cast(float, v)) for k, v in thinned.items()},
                    cast(dict[str, int], dict(policy)))
+
+
+def valid_session(name: object) -> TypeGuard[str]:
+    """Whether `name` may name a session: 1-255 bytes (a file name's limit), no '/', not
+    starting with '.'."""
+    return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name \
+        and not name.startswith(".") and len(name.encode(errors="surrogateescape")) <= 255
 
 
 @contextlib.contextmanager

@@ -165,3 +165,17 @@ def test_store_verify_repairs_from_another_store_and_names_what_it_cannot(tmp_pa
     assert bad in result.stderr and "no good copy" in result.stderr
     assert "sessions s need it" in result.stderr
     assert Store(store.root).get_object(good)  # whole again
+
+
+def test_store_verify_since_last_checks_what_was_written_after_the_last_whole_verify(
+        tmp_path) -> None:
+    from fabric.snapshot import Store, history
+
+    store = Store(tmp_path / "store")
+    history.verify(store)  # whole: on record
+    first = _run("store", "verify", "--store", str(store.root), "--since-last")
+    assert first.returncode == 0, first.stderr
+    assert "0 manifests, 0 blobs (0.0 MB) written since" in first.stdout
+    (store.root / history.VERIFIED).unlink()
+    none = _run("store", "verify", "--store", str(store.root), "--since-last")
+    assert "no full verify found it whole yet: checking everything" in none.stdout

@@ -193,6 +193,38 @@ def test_verify_reports_corrupt_blobs_and_unsigned_manifests(tmp_path) -> None:
     assert any(ident in p for p in problems)
 
 
+def _changed_from_now(folder: Path) -> float:
+    """A time after every file change so far and before every one to come: file times lag the
+    clock by up to a tick, so it is read from a file, written until its time moves on."""
+    probe, newest = folder / "probe", max(p.lstat().st_ctime for p in folder.rglob("*"))
+    while True:
+        probe.write_bytes(b"")
+        if (changed := probe.lstat().st_ctime) > newest:
+            probe.unlink()
+            return changed
+
+
+def test_verify_since_a_time_checks_only_what_was_written_or_changed_since(tmp_path) -> None:
+    store = Store(tmp_path, chunk=CHUNK)
+    commit_values(store, "old", a=np.arange(50_000.0))
+    assert history.last_verified(store) is None
+    full = history.verify(store)
+    assert not full.problems and history.last_verified(store) is not None
+    since = _changed_from_now(tmp_path)
+    commit_values(store, "new", b=np.arange(40_000.0) * 3)
+    old_chunk = store.disk.path(store.object_chunks(
+        history.log(store, "old")[0][1].groups[0].blob)[0])
+    _flip(old_chunk)  # written since: its change time says so, whatever its modification time
+    os.utime(old_chunk, (0, 0))
+    result = history.verify(store, since=since)
+    assert 0 < result.blobs < history.verify(Store(tmp_path, chunk=CHUNK)).blobs
+    assert list(result.held) == ["new"] and result.manifests == 1
+    assert len(result.problems) == 1 and old_chunk.name in result.problems[0]
+    recorded = history.last_verified(store)
+    history.verify(store)  # found something wrong: the last whole one stays on record
+    assert history.last_verified(store) == recorded
+
+
 def test_lineage_names_the_cells_that_made_unsaved_state(tmp_path) -> None:
     store = Store(tmp_path, chunk=CHUNK)
     head = None

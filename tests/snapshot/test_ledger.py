@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from helpers import commit_values
 
 from fabric.errors import StoreError
@@ -218,3 +219,78 @@ def test_a_damaged_session_keeps_what_still_reads_while_the_others_are_collected
     result = _pass(ledger, set(), time.time())
     assert set(result.damaged) == {"broken"} and _files(root) == expected
     assert path.exists() and history.log(store, "fine")[0][1].version == 6
+
+
+def _restarted(root: Path) -> Ledger:
+    """A server's ledger after a restart, freeing at once all that no session holds (no grace):
+    a live file it takes for unheld is gone, and `verify` says so."""
+    return Ledger(Store(root, chunk=CHUNK), grace=0.0)
+
+
+def test_a_restart_reads_again_only_the_sessions_written_since_the_ledger_was_saved(
+        tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = Store(root, chunk=CHUNK)
+    for i in range(3):
+        for session in ("a", "b", "c"):
+            _commit(store, session, 10 * i + ord(session))
+    now = time.time()
+    ledger = Ledger(store)
+    _pass(ledger, set(), now)  # its first pass saves the ledger
+    _pass(ledger, set(), now)  # and reads again what the first one's frees wrote
+    ledger.save()
+    _commit(store, "a", 50)  # while no server runs; its change marks lost to a crash
+    _commit(store, "d", 51)
+    history.remove(store, "c")
+    store.take_changed()
+    ledger = _restarted(root)
+    ledger.retain(POLICY, set(), now)
+    assert ledger.pending == {"a", "c", "d"}  # b is taken as saved
+    result = ledger.collect()
+    assert result.removed > 0 and not history.verify(ledger.store).problems
+    assert set(ledger.stamps) == {"a", "b", "d"}
+
+
+def _flipped(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1:]
+
+
+@pytest.mark.parametrize("damage", ["flipped", "torn", "stale", "not a ledger"])
+def test_a_damaged_or_stale_ledger_is_not_trusted_and_no_live_chunk_is_freed(
+        tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "store"
+    store = Store(root, chunk=CHUNK)
+    for i in range(3):
+        _commit(store, "a", i)
+        _commit(store, "b", 10 + i)
+    ledger = Ledger(store)
+    _pass(ledger, set(), time.time())
+    saved = root / "ledger"
+    first = saved.read_bytes()
+    for i in range(3, 6):  # a's versions move on and their old data is freed
+        _commit(store, "a", i)
+    _pass(ledger, set(), time.time())
+    ledger.save()
+    data = saved.read_bytes()
+    saved.write_bytes({"flipped": _flipped(data), "torn": data[:-7], "stale": first,
+                       "not a ledger": b"\0" * 64}[damage])
+    _commit(store, "b", 20)  # its marks lost to a crash
+    store.take_changed()
+    restarted = _restarted(root)
+    if damage != "stale":
+        assert not restarted.stamps  # nothing of it is trusted
+    _pass(restarted, set(), time.time())
+    assert not history.verify(restarted.store).problems
+    assert set(Ledger(Store(root, chunk=CHUNK)).stamps) == {"a", "b"}  # saved afresh
+
+
+def test_a_pass_whose_ledger_cannot_be_saved_still_frees_what_it_released(
+        tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = Store(root, chunk=CHUNK)
+    for i in range(4):
+        _commit(store, "a", i)
+    (root / "ledger").mkdir()  # no file can take its place
+    result = _pass(Ledger(store), set(), time.time())
+    assert result.removed > 0 and not history.verify(store).problems
