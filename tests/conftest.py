@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,11 @@ import pytest
 from helpers import RunningServer, open_session, serving
 
 from fabric.client import Client
+
+# The machine's memory is shared with whatever runs beside the suite: a server under test sheds
+# kept workers only for pressure its own test sets up (those tests set these themselves).
+os.environ.setdefault("LLFABRIC_MEMORY_PRESSURE", "100")
+os.environ.setdefault("LLFABRIC_MEMORY_STALL", "0")
 
 
 @pytest.fixture(scope="module")
