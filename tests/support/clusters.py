@@ -92,8 +92,8 @@ def host_of(client: Client, session: str) -> str | None:
 class LocalMembers:
     """A cluster's nodes as the front door asks for them (`fabric.cluster.members.Members`),
     without Ray: a host actor per node (`HostActor`, the very object Ray would run there),
-    called in this process, and each host's server reached through a `Relay` a test cuts. The
-    first node is the head."""
+    called in this process, and each host's server, and its blobs' socket that the other hosts
+    read, reached through a `Relay` a test cuts. The first node is the head."""
 
     def __init__(self, root: str, settings: dict[str, str], nodes: int) -> None:
         from fabric.cluster.host import HostActor, host_name
@@ -102,6 +102,7 @@ class LocalMembers:
                        for node in (uuid.uuid4().hex for _ in range(nodes))}
         self.names = {host_name(node): node for node in self.actors}
         self.relays: dict[str, Relay] = {}  # by node
+        self.peer_relays: dict[str, Relay] = {}  # by node: to its blobs' socket
         self.started = dict.fromkeys(self.actors, 0)  # the door's starts of each node's host
 
     def nodes(self) -> dict[str, dict]:
@@ -115,10 +116,8 @@ class LocalMembers:
               peer: tuple[str, str]) -> dict:
         info = self.actors[node].start(users, key, peer)
         self.started[node] += 1
-        relay = self.relays.get(node)
-        if relay is None or relay.target != info["address"]:
-            relay = self.relays[node] = Relay(info["address"])
-        return {**info, "address": relay.address}
+        return {**info, "address": _relayed(self.relays, node, info["address"]),
+                "peer_address": _relayed(self.peer_relays, node, info["peer_address"])}
 
     def admit(self, node: str, user: str, public: str) -> None:
         self.actors[node].admit(user, public)
@@ -135,19 +134,27 @@ class LocalMembers:
     def close(self) -> None:
         for actor in self.actors.values():
             actor.stop()
-        for relay in self.relays.values():
+        for relay in (*self.relays.values(), *self.peer_relays.values()):
             relay.close()
+
+
+def _relayed(relays: dict[str, Relay], node: str, address: str) -> str:
+    """Where `node`'s `address` is reached through its relay in `relays`."""
+    relay = relays.get(node)
+    if relay is None or relay.target != address:
+        relay = relays[node] = Relay(address)
+    return relay.address
 
 
 class LocalCluster:
     """The front door (`fabric.cluster.door.Door`, in a thread of this process) over `nodes`
-    hosts on this machine (`LocalMembers`), with a remote tier in `root`."""
+    hosts on this machine (`LocalMembers`), with a remote tier in `root` (or at `remote`)."""
 
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, remote: str | None = None) -> None:
         from fabric.cluster.door import Door
         from fabric.config import Config
 
-        self.remote = f"file://{root}/remote"
+        self.remote = remote or f"file://{root}/remote"
         self.sockets = Path(tempfile.mkdtemp(prefix="llf-door-"))
         self.config = Config(store=root / "door", runtime_dir=self.sockets,
                              bind=f"ipc://{self.sockets}/door.sock", remote=self.remote)
@@ -183,6 +190,17 @@ class LocalCluster:
 
     def relay(self, host: str) -> Relay:
         return self.members.relays[self.members.names[host]]
+
+    def cut(self, host: str) -> None:
+        """`host` partitioned off: from the door and from the other hosts' reads of its blobs."""
+        node = self.members.names[host]
+        for relay in (self.members.relays[node], self.members.peer_relays[node]):
+            relay.cut()
+
+    def heal(self, host: str) -> None:
+        node = self.members.names[host]
+        for relay in (self.members.relays[node], self.members.peer_relays[node]):
+            relay.heal()
 
     def starts(self, host: str) -> int:
         """How many times the door started `host` (or found it running and took it)."""
