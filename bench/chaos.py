@@ -40,8 +40,9 @@ plain kernel's as the corpus differentials compare them (`tests/support/notebook
 Prints the faults injected by kind, the cells run, those that differed (each with its session
 and cell), those reported lost (with their reasons), and the seed; the last line reads
 `chaos: F faults injected, C cells, D differed, L reported lost, seed S`. Exit status 1 if a
-cell differed or the run stalled. The default run (200 faults) takes about 15 minutes on a
-loaded 2-core machine; `--quick` injects one fault of each kind (a minute or two).
+cell differed, a fault could not be injected or undone, or the run stalled. The default run
+(200 faults) takes about 15 minutes on a 2-core machine; `--quick` injects one fault of each
+kind, 4 s apart on average (a minute or two).
 Usage: python bench/chaos.py [--faults 200] [--seed 0] [--gap 1.5] [--compress 60]
     [--max-think 3] [--quick] [--keep]
 """
@@ -94,6 +95,7 @@ SKEW = "clock-skew"  # the file, beside each host's store, its clock's jump is w
 BACK_WITHIN = 300.0  # seconds a faulted host may take to be back (started again on a loaded box)
 STALL = 900.0  # seconds a cell may go on before the run is called stalled
 TRIES = 8  # runs of one cell the fabric fails before its user gives up on it
+STATE_LOST = "state lost"  # a cell's notice: a value it needs neither saved nor held
 
 
 def trace_thinks(trace: Path, compress: float, max_think: float) -> list[float]:
@@ -289,8 +291,13 @@ class Cell:
 
     source: str
     outputs: list = field(default_factory=list)
-    lost: str | None = None
+    lost: str | None = None  # why, as its user was told
+    lost_as: str = ""  # the kind of loss, for the tally
     told: list[str] = field(default_factory=list)  # the failures its runs were told
+
+    def lose(self, kind: str, why: str) -> Cell:
+        self.lost_as, self.lost = kind, why
+        return self
 
 
 class User:
@@ -328,8 +335,8 @@ class User:
             self.where, self.started = f"session {session} code cell {index}", time.monotonic()
             cell, version = self._cell(session, cwd, source, version)
             cells.append(cell)
-            if cell.lost and cell.lost.startswith("state lost"):
-                cells += [Cell(s, lost=f"after cell {index}'s {cell.lost}")
+            if cell.lost_as == STATE_LOST:
+                cells += [Cell(s).lose("after state lost", f"after cell {index}'s: {cell.lost}")
                           for s in sources[index + 1:]]
                 break
         self.started = None
@@ -362,7 +369,7 @@ class User:
                 cell.outputs = one.cells[0].outputs
                 lost = [n.text for n in ran.notices if n.topic == "lost"]
                 if ran.lost:
-                    cell.lost = f"state lost: {lost[0]}"
+                    cell.lose(STATE_LOST, lost[0])
                 return cell, ran.reply.version
             failure = ran.failure
             assert failure is not None
@@ -370,11 +377,9 @@ class User:
             self._settle(failure, attempt)
             now = self._open(session, cwd)
             if now > version:
-                cell.lost = (f"version {now} committed where it ran, its outputs cut off: "
-                             f"{cell.told[-1]}")
-                return cell, now
-        cell.lost = f"failed {TRIES} times: {cell.told[-1]}"
-        return cell, version
+                return cell.lose("committed, outputs cut off",
+                                 f"version {now} committed where it ran: {cell.told[-1]}"), now
+        return cell.lose(f"failed {TRIES} times", cell.told[-1]), version
 
     def _settle(self, failure: RemoteError, attempt: int) -> None:
         """Wait as the failure's user would: until the host it names is back, else a while."""
@@ -398,10 +403,12 @@ def compared(plain: nbformat.NotebookNode, notebook: Path, cells: list[Cell]) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--faults", type=int, default=200, help="faults to inject")
+    parser.add_argument("--faults", type=int,
+                        help="faults to inject (default 200; --quick: one of each kind)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gap", type=float, default=1.5,
-                        help="mean seconds between two faults' starts")
+    parser.add_argument("--gap", type=float,
+                        help="mean seconds between two faults' starts (default 1.5; --quick: "
+                        "4, the sessions running cells between them)")
     parser.add_argument("--compress", type=float, default=60.0,
                         help="the trace's think times are divided by this")
     parser.add_argument("--max-think", type=float, default=3.0)
@@ -410,7 +417,8 @@ def main() -> int:
                         help="one fault of each kind (unless --faults says)")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
     args = parser.parse_args()
-    faults = len(KINDS) if args.quick and "--faults" not in sys.argv else args.faults
+    args.faults = args.faults or (len(KINDS) if args.quick else 200)
+    args.gap = args.gap or (4.0 if args.quick else 1.5)
     for name in ("faults", "gap", "compress", "max_think"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be above 0")
@@ -432,16 +440,28 @@ def main() -> int:
     def log(line: str) -> None:
         lines.append(f"{time.monotonic() - started:7.1f}s {line}")
 
-    plains = {}
-    for notebook in NOTEBOOKS:
-        plains[notebook] = plain_run(notebook, work / "plain" / notebook.stem)
+    plains: dict[Path, nbformat.NotebookNode] = {}
+
+    def run_plain() -> None:  # meanwhile: the cells are compared once the faults are spent
+        for notebook in NOTEBOOKS:
+            plains[notebook] = plain_run(notebook, work / "plain" / notebook.stem)
+        log(f"the plain kernels ran the {len(plains)} notebooks")
+
+    plain = threading.Thread(target=run_plain, daemon=True)
+    plain.start()
     try:
         with LocalCluster(work / "cluster", HOSTS, remote=flaky.url) as cluster:
-            report = chaos(cluster, flaky, plains, work, thinks, faults, args, log)
+            log("every host up")
+            driver, users, stalled = chaos(cluster, flaky, work, thinks, args, log)
+            log("faults spent, the sessions stopped")
+        plain.join()
+        if len(plains) < len(NOTEBOOKS):
+            raise RuntimeError("the plain kernels did not run every notebook")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"fault log ({len(lines)}):", *lines, sep="\n  ")
+    report = summary(driver, users, stalled, plains, args)
+    print("log:", *lines, sep="\n  ")
     print(report.text)
     print(f"chaos: {sum(report.injected.values())} faults injected, {report.cells} cells, "
           f"{report.differed} differed, {report.lost} reported lost, seed {args.seed}")
@@ -458,16 +478,17 @@ class Report:
     text: str
 
 
-def chaos(cluster: LocalCluster, flaky: Flaky, plains: dict[Path, nbformat.NotebookNode],
-          work: Path, thinks: list[float], faults: int, args: argparse.Namespace,
-          log: Callable[[str], None]) -> Report:
-    """The users and the driver, until the faults are spent; what came of them."""
+def chaos(cluster: LocalCluster, flaky: Flaky, work: Path, thinks: list[float],
+          args: argparse.Namespace, log: Callable[[str], None]
+          ) -> tuple[Driver, list[User], str | None]:
+    """The users and the driver, until the faults are spent; the cell running past `STALL`,
+    if one did."""
     door = Door(cluster)
     hosts = sorted(door.alive())
     rng = random.Random(args.seed)
-    driver = Driver(cluster, flaky, hosts, faults, args.gap, random.Random(rng.random()), log)
+    driver = Driver(cluster, flaky, hosts, args.faults, args.gap, random.Random(rng.random()), log)
     users = [User(door, notebook, work / "fabric", thinks, random.Random(rng.random()),
-                  driver.done) for notebook in plains]
+                  driver.done) for notebook in NOTEBOOKS]
     threads = [threading.Thread(target=u.run, daemon=True) for u in users]
     for thread in threads:
         thread.start()
@@ -482,8 +503,13 @@ def chaos(cluster: LocalCluster, flaky: Flaky, plains: dict[Path, nbformat.Noteb
     if stalled is not None:
         driver.done.set()
     driver_thread.join(BACK_WITHIN if stalled is None else 1)
+    return driver, users, stalled
 
-    out = [f"{len(hosts)} hosts, {len(users)} sessions at a time, think times from "
+
+def summary(driver: Driver, users: list[User], stalled: str | None,
+            plains: dict[Path, nbformat.NotebookNode], args: argparse.Namespace) -> Report:
+    """The faults, and the cells compared with the plain kernel's."""
+    out = [f"{HOSTS} hosts, {len(users)} sessions at a time, think times from "
            f"{args.trace.name} / {args.compress:g}, at most {args.max_think:g} s",
            "faults injected by kind:"]
     out += [f"  {kind:<12} {driver.injected[kind]:>4}" for kind in KINDS]
@@ -499,7 +525,7 @@ def chaos(cluster: LocalCluster, flaky: Flaky, plains: dict[Path, nbformat.Noteb
                 reran += bool(cell.told) and not cell.lost
                 if cell.lost:
                     lost += 1
-                    reasons[cell.lost.split(":")[0]] += 1
+                    reasons[cell.lost_as] += 1
                     out.append(f"lost: session {session} code cell {index}: {cell.lost}")
     out.append(f"cells: {cells} run, {differed} differed, {lost} reported lost, {reran} run "
                "again after a failure their user was told of")
