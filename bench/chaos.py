@@ -32,7 +32,8 @@ lost, the remote refusing its commit, its commit refused as stale) is what the u
 they wait until the host the error names is back, open the session again, and run the cell
 again, unless the session's version moved past the cell's start (its host committed it before
 it was cut off, and the door kept that commit): then the cell ran but its outputs are lost to
-its user, who was told so. A cell that shows state lost (`fabric.notices.loss`) is lost with its
+its user, who was told so, and the session's next cell must say that the version was kept (a
+`kept` notice), else the run fails. A cell that shows state lost (`fabric.notices.loss`) is lost with its
 reason, and so is the rest of its notebook run, which would read that state. When the faults
 are spent, the sessions stop after their current cell; the cells run are compared with the
 plain kernel's as the corpus differentials compare them (`tests/support/notebook_compare.py`).
@@ -96,6 +97,7 @@ BACK_WITHIN = 300.0  # seconds a faulted host may take to be back (started again
 STALL = 900.0  # seconds a cell may go on before the run is called stalled
 TRIES = 8  # runs of one cell the fabric fails before its user gives up on it
 STATE_LOST = "state lost"  # a cell's notice: a value it needs neither saved nor held
+KEPT = "committed, outputs cut off"  # a cell whose host committed it, then was lost
 
 
 def trace_thinks(trace: Path, compress: float, max_think: float) -> list[float]:
@@ -294,6 +296,7 @@ class Cell:
     lost: str | None = None  # why, as its user was told
     lost_as: str = ""  # the kind of loss, for the tally
     told: list[str] = field(default_factory=list)  # the failures its runs were told
+    kept: list[str] = field(default_factory=list)  # its notices of a version kept for it
 
     def lose(self, kind: str, why: str) -> Cell:
         self.lost_as, self.lost = kind, why
@@ -311,6 +314,7 @@ class User:
         self.started: float | None = None  # monotonic: the cell running now began
         self.where = ""  # the session and cell running now
         self.error: str | None = None
+        self.unsaid: list[str] = []  # versions kept, without their session's next cell saying so
 
     def run(self) -> None:
         try:
@@ -334,6 +338,9 @@ class User:
                 break
             self.where, self.started = f"session {session} code cell {index}", time.monotonic()
             cell, version = self._cell(session, cwd, source, version)
+            if cells and cells[-1].lost_as == KEPT and not cell.kept:
+                self.unsaid.append(f"session {session} code cell {index - 1}: "
+                                   f"{cells[-1].lost}; code cell {index} was not told")
             cells.append(cell)
             if cell.lost_as == STATE_LOST:
                 cells += [Cell(s).lose("after state lost", f"after cell {index}'s: {cell.lost}")
@@ -365,6 +372,7 @@ class User:
                                      think_time=think if attempt == 0 else 0.0).cells
             except RemoteError as exc:  # its draft
                 ran = CellRun(0, failure=exc)
+            cell.kept += [n.text for n in ran.notices if n.topic == "kept"]
             if ran.failure is None and ran.reply is not None:
                 cell.outputs = one.cells[0].outputs
                 lost = [n.text for n in ran.notices if n.topic == "lost"]
@@ -377,7 +385,7 @@ class User:
             self._settle(failure, attempt)
             now = self._open(session, cwd)
             if now > version:
-                return cell.lose("committed, outputs cut off",
+                return cell.lose(KEPT,
                                  f"version {now} committed where it ran: {cell.told[-1]}"), now
         return cell.lose(f"failed {TRIES} times", cell.told[-1]), version
 
@@ -531,6 +539,7 @@ def summary(driver: Driver, users: list[User], stalled: str | None,
                "again after a failure their user was told of")
     out += [f"  lost as {why}: {n}" for why, n in reasons.most_common()]
     failures = driver.errors + [u.error for u in users if u.error]
+    failures += [f"kept silently: {unsaid}" for u in users for unsaid in u.unsaid]
     if stalled is not None:
         failures.append(f"stalled: {stalled} ran past {STALL:.0f} s")
     out += [f"FAILED: {f}" for f in failures]
