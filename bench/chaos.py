@@ -33,17 +33,19 @@ they wait until the host the error names is back, open the session again, and ru
 again, unless the session's version moved past the cell's start (its host committed it before
 it was cut off, and the door kept that commit): then the cell ran but its outputs are lost to
 its user, who was told so, and the session's next cell must say that the version was kept (a
-`kept` notice), else the run fails. A cell that shows state lost (`fabric.notices.loss`) is lost with its
-reason, and so is the rest of its notebook run, which would read that state. When the faults
-are spent, the sessions stop after their current cell; the cells run are compared with the
-plain kernel's as the corpus differentials compare them (`tests/support/notebook_compare.py`).
+`kept` notice), else the run fails. A cell that shows state lost (`fabric.notices.loss`) is
+lost with its reason, and so is the rest of its notebook run, which would read that state.
+When the faults are spent, the sessions stop after their current cell; the cells run are
+compared with the plain kernel's as the corpus differentials compare them
+(`tests/support/notebook_compare.py`).
 
-Prints the faults injected by kind, the cells run, those that differed (each with its session
-and cell), those reported lost (with their reasons), and the seed; the last line reads
-`chaos: F faults injected, C cells, D differed, L reported lost, seed S`. Exit status 1 if a
-cell differed, a fault could not be injected or undone, or the run stalled. The default run
-(200 faults) takes about 15 minutes on a 2-core machine; `--quick` injects one fault of each
-kind, 4 s apart on average (a minute or two).
+Prints each fault as it is injected, then the faults by kind, the cells run, those that
+differed (each with its session and cell), those reported lost (with their reasons), and the
+seed; the last line reads `chaos: F faults injected, C cells, D differed, L reported lost, seed
+S`. Exit status 1 if a cell differed, a kept version went untold, a fault could not be
+injected or undone, or the run stalled. The default run (200 faults) takes about 15 minutes on
+a 2-core machine; `--quick` injects one fault of each kind, 4 s apart on average (a minute or
+two).
 Usage: python bench/chaos.py [--faults 200] [--seed 0] [--gap 1.5] [--compress 60]
     [--max-think 3] [--quick] [--keep]
 """
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
 import random
 import shutil
@@ -82,7 +85,6 @@ from notebook_compare import (  # noqa: E402
 )
 from test_cluster_corpus import NOTEBOOKS  # noqa: E402
 
-from fabric.client import Client  # noqa: E402
 from fabric.errors import FabricError, RemoteError  # noqa: E402
 from fabric.fleet import SessionModel, read_trace  # noqa: E402
 from fabric.fleet.sessions import build_sessions  # noqa: E402
@@ -107,19 +109,21 @@ def trace_thinks(trace: Path, compress: float, max_think: float) -> list[float]:
 
 
 class Door:
-    """What the driver and the users ask the door, each thread on a client of its own."""
+    """The door, as one thread asks it, on a client of its own that the thread closes (a client
+    left to the garbage collector can hang whichever thread collects it: its ZeroMQ context
+    waits for sockets not yet finalized)."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self._clients = threading.local()
+        self.client = cluster.client(timeout=300)
 
-    def client(self) -> Client:
-        if getattr(self._clients, "client", None) is None:
-            self._clients.client = self.cluster.client(timeout=300)
-        return self._clients.client
+    def __enter__(self) -> Door:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
 
     def alive(self) -> dict[str, bool]:
-        return {h.name: h.alive for h in self.client().status().hosts}
+        return {h.name: h.alive for h in self.client.status().hosts}
 
     def until(self, what: str, done: Callable[[], bool], within: float = BACK_WITHIN) -> None:
         deadline = time.monotonic() + within
@@ -160,7 +164,6 @@ class Driver:
                  gap: float, rng: random.Random, log: Callable[[str], None]) -> None:
         self.cluster, self.flaky, self.hosts = cluster, flaky, hosts
         self.faults, self.gap, self.rng, self.log = faults, gap, rng, log
-        self.door = Door(cluster)
         self.injected: Counter[str] = Counter()
         self.errors: list[str] = []
         self.busy: dict[str, str] = {}  # host (or "remote") -> the kind holding it
@@ -211,7 +214,8 @@ class Driver:
     def _guarded(self, fault: Fault) -> None:
         self.log(str(fault))
         try:
-            getattr(self, f"_{fault.kind}")(fault)
+            with Door(self.cluster) as door:
+                getattr(self, f"_{fault.kind}")(fault, door)
         except Exception as exc:  # the run fails on it, not a thread's traceback
             self.errors.append(f"{fault}: {type(exc).__name__}: {exc}")
         finally:
@@ -220,36 +224,36 @@ class Driver:
                 self.lock.notify_all()
 
     # the faults
-    def _kill(self, fault: Fault) -> None:
+    def _kill(self, fault: Fault, door: Door) -> None:
         host = fault.host
         assert host is not None
         pid = self.cluster.pid(host)
         kill(pid)
-        self.door.until(f"host {host} started again",
-                        lambda: self.cluster.pid(host) != pid and self.door.alive()[host])
+        door.until(f"host {host} started again",
+                   lambda: self.cluster.pid(host) != pid and door.alive()[host])
 
-    def _partition(self, fault: Fault) -> None:
+    def _partition(self, fault: Fault, door: Door) -> None:
         host = fault.host
         assert host is not None
         self.cluster.cut(host)
         try:
             if fault.long:
-                self.door.lost(host)
+                door.lost(host)
             time.sleep(fault.hold)
         finally:
             self.cluster.heal(host)
-        self.door.back(host)
+        door.back(host)
 
-    def _pause(self, fault: Fault) -> None:
+    def _pause(self, fault: Fault, door: Door) -> None:
         host = fault.host
         assert host is not None
         with paused(self.cluster.pid(host)):
             if fault.long:
-                self.door.lost(host)
+                door.lost(host)
             time.sleep(fault.hold)
-        self.door.back(host)
+        door.back(host)
 
-    def _clock(self, fault: Fault) -> None:
+    def _clock(self, fault: Fault, door: Door) -> None:
         assert fault.host is not None
         skew = self.cluster.store(fault.host).parent / SKEW
         skew.write_text(str(fault.size))
@@ -258,30 +262,31 @@ class Driver:
         finally:
             skew.write_text("0")
 
-    def _remote_slow(self, fault: Fault) -> None:
+    def _remote_slow(self, fault: Fault, door: Door) -> None:
         self.flaky.set(latency=fault.size)
         time.sleep(fault.hold)
         self.flaky.set()
 
-    def _remote_full(self, fault: Fault) -> None:
+    def _remote_full(self, fault: Fault, door: Door) -> None:
         self.flaky.set(capacity=0)
         time.sleep(fault.hold)
         self.flaky.set()
 
-    def _drain(self, fault: Fault) -> None:
+    def _drain(self, fault: Fault, door: Door) -> None:
         host = fault.host
         drained: list[BaseException] = []
 
         def drain() -> None:  # it answers once the host's sessions moved off
             try:
-                self.door.client().call("drain", host=host)
+                with self.cluster.client(timeout=300) as client:
+                    client.call("drain", host=host)
             except FabricError as exc:
                 drained.append(exc)
 
         thread = threading.Thread(target=drain, daemon=True)
         thread.start()
         time.sleep(fault.hold)
-        self.door.client().call("drain", host=host, undo=True)
+        door.client.call("drain", host=host, undo=True)
         thread.join(BACK_WITHIN)
         if drained:
             self.log(f"drain {host}: {drained[0]}")
@@ -306,9 +311,9 @@ class Cell:
 class User:
     """Runs its notebook again and again, each time in a fresh session, until `stop`."""
 
-    def __init__(self, door: Door, notebook: Path, work: Path, thinks: list[float],
+    def __init__(self, cluster: LocalCluster, notebook: Path, work: Path, thinks: list[float],
                  rng: random.Random, stop: threading.Event) -> None:
-        self.door, self.notebook, self.work = door, notebook, work
+        self.cluster, self.notebook, self.work = cluster, notebook, work
         self.thinks, self.rng, self.stop = thinks, rng, stop
         self.runs: list[tuple[str, list[Cell]]] = []  # (session, its cells)
         self.started: float | None = None  # monotonic: the cell running now began
@@ -318,11 +323,12 @@ class User:
 
     def run(self) -> None:
         try:
-            round_ = 0
-            while not self.stop.is_set():
-                session = f"{self.notebook.stem[:24]}-{round_}"
-                self.runs.append((session, self._notebook(session)))
-                round_ += 1
+            with Door(self.cluster) as self.door:
+                round_ = 0
+                while not self.stop.is_set():
+                    session = f"{self.notebook.stem[:24]}-{round_}"
+                    self.runs.append((session, self._notebook(session)))
+                    round_ += 1
         except Exception as exc:  # the run fails on it, not a thread's traceback
             self.error = f"{self.where}: {type(exc).__name__}: {exc}"
 
@@ -348,14 +354,14 @@ class User:
                 break
         self.started = None
         with contextlib.suppress(FabricError):
-            self.door.client().close_session(session)
+            self.door.client.close_session(session)
         return cells
 
     def _open(self, session: str, cwd: Path) -> int:
         """Open (or open again) `session`: its version."""
         for attempt in range(TRIES):
             try:
-                return self.door.client().open(session, str(cwd)).version
+                return self.door.client.open(session, str(cwd)).version
             except RemoteError as exc:
                 self._settle(exc, attempt)
         raise TimeoutError(f"session {session} never opened")
@@ -368,7 +374,7 @@ class User:
         for attempt in range(TRIES):
             one = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
             try:
-                [ran] = run_notebook(self.door.client(), one, session, allow_errors=True,
+                [ran] = run_notebook(self.door.client, one, session, allow_errors=True,
                                      think_time=think if attempt == 0 else 0.0).cells
             except RemoteError as exc:  # its draft
                 ran = CellRun(0, failure=exc)
@@ -443,10 +449,9 @@ def main() -> int:
     os.environ.update(env, CLOCK_SKEW=SKEW)
     thinks = trace_thinks(args.trace, args.compress, args.max_think)
     started = time.monotonic()
-    lines: list[str] = []
 
     def log(line: str) -> None:
-        lines.append(f"{time.monotonic() - started:7.1f}s {line}")
+        print(f"{time.monotonic() - started:7.1f}s {line}", flush=True)
 
     plains: dict[Path, nbformat.NotebookNode] = {}
 
@@ -469,7 +474,6 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     report = summary(driver, users, stalled, plains, args)
-    print("log:", *lines, sep="\n  ")
     print(report.text)
     print(f"chaos: {sum(report.injected.values())} faults injected, {report.cells} cells, "
           f"{report.differed} differed, {report.lost} reported lost, seed {args.seed}")
@@ -491,11 +495,11 @@ def chaos(cluster: LocalCluster, flaky: Flaky, work: Path, thinks: list[float],
           ) -> tuple[Driver, list[User], str | None]:
     """The users and the driver, until the faults are spent; the cell running past `STALL`,
     if one did."""
-    door = Door(cluster)
-    hosts = sorted(door.alive())
+    with Door(cluster) as door:
+        hosts = sorted(door.alive())
     rng = random.Random(args.seed)
     driver = Driver(cluster, flaky, hosts, args.faults, args.gap, random.Random(rng.random()), log)
-    users = [User(door, notebook, work / "fabric", thinks, random.Random(rng.random()),
+    users = [User(cluster, notebook, work / "fabric", thinks, random.Random(rng.random()),
                   driver.done) for notebook in NOTEBOOKS]
     threads = [threading.Thread(target=u.run, daemon=True) for u in users]
     for thread in threads:
@@ -509,6 +513,7 @@ def chaos(cluster: LocalCluster, flaky: Flaky, work: Path, thinks: list[float],
         stalled = next((u.where for u in users
                         if u.started is not None and now - u.started > STALL), None)
     if stalled is not None:
+        faulthandler.dump_traceback(all_threads=True)
         driver.done.set()
     driver_thread.join(BACK_WITHIN if stalled is None else 1)
     return driver, users, stalled
