@@ -153,7 +153,7 @@ class Fault:
         what = {"clock": f" {self.size:+.0f} s", "remote_slow": f" {self.size:.2f} s a call"}
         held = "" if self.kind == "kill" else \
             f", {'until lost, then ' if self.long else ''}{self.hold:.1f} s"
-        return f"{self.kind} {self.host or ''}{what.get(self.kind, '')}{held}"
+        return f"{self.kind}{f' {self.host}' if self.host else ''}{what.get(self.kind, '')}{held}"
 
 
 class Driver:
@@ -431,8 +431,10 @@ def main() -> int:
                         help="one fault of each kind (unless --faults says)")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
     args = parser.parse_args()
-    args.faults = args.faults or (len(KINDS) if args.quick else 200)
-    args.gap = args.gap or (4.0 if args.quick else 1.5)
+    if args.faults is None:
+        args.faults = len(KINDS) if args.quick else 200
+    if args.gap is None:
+        args.gap = 4.0 if args.quick else 1.5
     for name in ("faults", "gap", "compress", "max_think"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be above 0")
