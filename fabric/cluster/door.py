@@ -239,6 +239,7 @@ class Door:
                               request.env if request.env is not None else opened.request.env)
         hosts = self.membership.hosts
         here = hosts.get(opened.host) if opened.host else None
+        lost = opened.host is None and opened.placed is not None  # with its host
         decision = None
         if here is None or not here.alive:
             decision = await self.moves.place(identity, key, "", lease=False)
@@ -254,9 +255,9 @@ class Door:
             if new:
                 del self.sessions[key]
             raise
+        self.moves.reopened(key, lost, status.version)
         if decision is not None:
             self.moves.bind(key, decision)
-        opened.version = status.version
         return _placed(status, opened)
 
     async def _execute(self, identity: bytes, key: Key, opened: Opened, caller: Caller,

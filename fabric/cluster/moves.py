@@ -132,17 +132,24 @@ class Moves:
             opened.host = None
             raise HostLost(f"session {key[1]} could not open on host {decision.host}: "
                            f"{exc.message}", session=key[1], host=decision.host) from None
-        if lost and status.version > opened.version:
-            opened.kept = (f"version {status.version} of session {key[1]}, which host "
-                           f"{opened.placed} committed before it was lost, is kept: the "
-                           "session goes on from it")
-            log.warning("session %s: %s", key[1], opened.kept)
-        opened.version = status.version
+        self.reopened(key, lost, status.version)
         if image is not None:
             await self._carry(key, target, image)
         self.bind(key, decision)
         self.metrics.moves.inc()
         log.info("session %s moved to host %s (%s)", key[1], decision.host, decision.reason)
+
+    def reopened(self, key: Key, lost: bool, version: int) -> None:
+        """The session is open again, at `version`: if it was `lost` with its host, and that
+        host committed past the version the door last heard of before it was cut off, the
+        session's next cell is told that version is kept (before `bind` names the new host)."""
+        opened = self.sessions[key]
+        if lost and version > opened.version:
+            opened.kept = (f"version {version} of session {key[1]}, which host "
+                           f"{opened.placed} committed before it was lost, is kept: the "
+                           "session goes on from it")
+            log.warning("session %s: %s", key[1], opened.kept)
+        opened.version = version
 
     async def _leave(self, key: Key, source: Member, target: Member) -> dict | None:
         """Close the session on `source` for `target`; the image of its pinned worker, dumped

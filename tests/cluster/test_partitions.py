@@ -226,6 +226,25 @@ def test_a_cell_cut_off_mid_run_is_kept_where_it_committed_and_the_next_cell_say
     assert versions(client, "midcell") == [(1, "x = 1"), (2, WAITING.splitlines()[0])]
 
 
+def test_a_session_opened_again_after_its_host_was_lost_tells_its_next_cell_what_was_kept(
+        cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
+    """As a client does that reads the session's version before it runs a cell again."""
+    host, relay, thread, result = cut_mid_cell(cluster, client, "reopened", tmp_path)
+    try:
+        lost_mid_cell(thread, result)
+        (tmp_path / "go").touch()
+        wait_until(lambda: _version(Store(cluster.store(host)), "reopened") == 2,
+                   "the cut-off cell commits")
+        assert client.open("reopened", str(tmp_path)).version == 2
+        _, shown, notices = run(client, "reopened", "print(late)")
+        assert shown == "from the cut side\n"
+        kept = [n.text for n in notices if n.topic == "kept"]
+        assert kept and f"version 2 of session reopened, which host {host} committed" in kept[0]
+    finally:
+        relay.heal()
+    wait_until(lambda: hosts(client)[host].alive, "the healed host is taken back", LOST)
+
+
 def test_a_commit_on_a_moved_session_by_its_cut_off_host_refuses_the_new_hosts_next(
         cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
     host, relay, thread, result = cut_mid_cell(cluster, client, "raced", tmp_path)

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from cuts import Relay
@@ -101,10 +101,11 @@ def host_of(client: Client, session: str) -> str | None:
 class LocalMembers:
     """A cluster's nodes as the front door asks for them (`fabric.cluster.members.Members`),
     without Ray: a host actor per node (`HostActor`, the very object Ray would run there),
-    called in this process, and each host's server reached through a `Relay` a test cuts. The
-    first node is the head. On a `network`, each host runs in namespaces of its own there
-    (`NamespacedHostActor`), its clocks `ahead` as that says (by node, in order), and its relay
-    reaches it across that network."""
+    called in this process, and each host's server, and its blobs' socket that the other hosts
+    read, reached through a `Relay` a test cuts. The first node is the head. On a `network`,
+    each host runs in namespaces of its own there (`NamespacedHostActor`), its clocks `ahead` as
+    that says (by node, in order): its relay reaches it across that network, and the other hosts
+    reach its blobs' socket directly (`LocalCluster.peer_link` cuts them apart)."""
 
     def __init__(self, root: str, settings: dict[str, str], nodes: int,
                  network: Network | None = None, ahead: Sequence[int | None] = ()) -> None:
@@ -114,6 +115,7 @@ class LocalMembers:
                            (uuid.uuid4().hex for _ in range(nodes)), ahead[:nodes])}
         self.names = {host_name(node): node for node in self.actors}
         self.relays: dict[str, Relay] = {}  # by node
+        self.peer_relays: dict[str, Relay] = {}  # by node: to its blobs' socket
         self.started = dict.fromkeys(self.actors, 0)  # the door's starts of each node's host
 
     def nodes(self) -> dict[str, dict]:
@@ -127,12 +129,11 @@ class LocalMembers:
               peer: tuple[str, str]) -> dict:
         info = self.actors[node].start(users, key, peer)
         self.started[node] += 1
-        relay = self.relays.get(node)
-        if relay is None or relay.target != info["address"]:
-            relay = self.relays[node] = Relay(
-                info["address"], socket.create_connection if self.network is None
-                else self.network.connect)
-        return {**info, "address": relay.address}
+        if self.network is not None:
+            return {**info, "address": _relayed(self.relays, node, info["address"],
+                                                self.network.connect)}
+        return {**info, "address": _relayed(self.relays, node, info["address"]),
+                "peer_address": _relayed(self.peer_relays, node, info["peer_address"])}
 
     def _actor(self, node: str, root: str, settings: dict[str, str],
                ahead: int | None) -> HostActor:
@@ -158,7 +159,7 @@ class LocalMembers:
     def close(self) -> None:
         for actor in self.actors.values():
             actor.stop()
-        for relay in self.relays.values():
+        for relay in (*self.relays.values(), *self.peer_relays.values()):
             relay.close()
 
 
@@ -184,15 +185,25 @@ class NamespacedHostActor(HostActor):
         return self.host.inside(super()._command(), private_dir(self.root / "work"))
 
 
+def _relayed(relays: dict[str, Relay], node: str, address: str,
+             dial: Callable[[tuple[str, int]], socket.socket] = socket.create_connection) -> str:
+    """Where `node`'s `address` is reached through its relay in `relays` (`dial`: see `Relay`)."""
+    relay = relays.get(node)
+    if relay is None or relay.target != address:
+        relay = relays[node] = Relay(address, dial)
+    return relay.address
+
+
 class LocalCluster:
     """The front door (`fabric.cluster.door.Door`, in a thread of this process) over `nodes`
-    hosts on this machine (`LocalMembers`), with a remote tier in `root`; `namespaced`: each
-    host in namespaces of its own on a network the cluster makes (`namespaces.Network`), where
-    this machine allows it (else plain processes, and a warning that says why), the clocks of
-    each `ahead` of this machine's by as many seconds (where the kernel has time namespaces)."""
+    hosts on this machine (`LocalMembers`), with a remote tier in `root` (or at `remote`);
+    `namespaced`: each host in namespaces of its own on a network the cluster makes
+    (`namespaces.Network`), where this machine allows it (else plain processes, and a warning
+    that says why), the clocks of each `ahead` of this machine's by as many seconds (where the
+    kernel has time namespaces)."""
 
-    def __init__(self, root: Path, nodes: int, namespaced: bool = False,
-                 ahead: Sequence[int | None] = ()) -> None:
+    def __init__(self, root: Path, nodes: int, remote: str | None = None,
+                 namespaced: bool = False, ahead: Sequence[int | None] = ()) -> None:
         from fabric.cluster.door import Door
         from fabric.config import Config
 
@@ -205,7 +216,7 @@ class LocalCluster:
             log.warning("the cluster's hosts keep this machine's clocks: %s", why)
             ahead = ()
 
-        self.remote = f"file://{root}/remote"
+        self.remote = remote or f"file://{root}/remote"
         self.sockets = Path(tempfile.mkdtemp(prefix="llf-door-"))
         self.config = Config(store=root / "door", runtime_dir=self.sockets,
                              bind=f"ipc://{self.sockets}/door.sock", remote=self.remote)
@@ -272,6 +283,22 @@ class LocalCluster:
         """The pid in this process's PID namespace of `host`'s process `pid` (as its server
         reports it); None if it has none."""
         return pid if self.network is None else self._namespaces(host).outer_pid(pid)
+    def cut(self, host: str) -> None:
+        """`host` partitioned off: from the door and from the other hosts' reads of its blobs."""
+        for link in self._links(host):
+            link.cut()
+
+    def heal(self, host: str) -> None:
+        for link in self._links(host):
+            link.heal()
+
+    def _links(self, host: str) -> list[Relay | Cut]:
+        """`host`'s link to the door, and the other hosts' to its blobs."""
+        if self.network is None:
+            node = self.members.names[host]
+            return [self.members.relays[node], self.members.peer_relays[node]]
+        return [self.door_link(host), *(self.peer_link(host, other)
+                                        for other in self.members.names if other != host)]
 
     def starts(self, host: str) -> int:
         """How many times the door started `host` (or found it running and took it)."""

@@ -5,7 +5,8 @@ either way and closes nothing, as a network that drops every packet: the connect
 open, what is sent waits in the sockets' buffers (or the relay's), and a connection made
 meanwhile hangs before it reaches the far end. Healed, what waited passes on, in order, as TCP
 delivers it once a partition ends. `paused` stops a process and every process under it
-(SIGSTOP) and lets them go on (SIGCONT): alive, but silent.
+(SIGSTOP) and lets them go on (SIGCONT): alive, but silent. `kill` ends them at once, as a host
+whose power is cut.
 """
 
 from __future__ import annotations
@@ -105,3 +106,12 @@ def paused(pid: int) -> Iterator[list[psutil.Process]]:
         for process in stopped:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.send_signal(signal.SIGCONT)
+
+
+def kill(pid: int) -> None:
+    """Process `pid` and everything under it killed (SIGKILL), all stopped first, so that none
+    outlives the others long enough to notice."""
+    with paused(pid) as stopped:
+        for process in stopped:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
