@@ -3,7 +3,9 @@ and the remote tier at random; every cell must show what a plain kernel shows, u
 was told it was lost, and why.
 
 The cluster: the front door over three hosts of this machine without Ray
-(`tests/support/clusters.py`'s `LocalCluster`, one slot each), the remote tier a folder behind
+(`tests/support/clusters.py`'s `LocalCluster`, one slot each), each in PID, mount, UTS and
+network namespaces of its own on a network the run makes, where this machine allows it (as root;
+else, or with `--plain-hosts`, plain processes, saying so), the remote tier a folder behind
 `tests/support/flaky_remote.py`, which turns slow or full on demand. The sessions: the
 notebooks of the cluster corpus differential (`tests/corpus/test_cluster_corpus.py`), one
 session each at a time, each notebook run again in a fresh session and a fresh copy of its
@@ -47,7 +49,7 @@ injected or undone, or the run stalled. The default run (200 faults) takes about
 a 2-core machine; `--quick` injects one fault of each kind, 4 s apart on average (a minute or
 two).
 Usage: python bench/chaos.py [--faults 200] [--seed 0] [--gap 1.5] [--compress 60]
-    [--max-think 3] [--quick] [--keep]
+    [--max-think 3] [--quick] [--plain-hosts] [--keep]
 """
 
 from __future__ import annotations
@@ -429,6 +431,8 @@ def main() -> int:
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--quick", action="store_true",
                         help="one fault of each kind (unless --faults says)")
+    parser.add_argument("--plain-hosts", action="store_true",
+                        help="hosts as plain processes of this machine, not in namespaces")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
     args = parser.parse_args()
     if args.faults is None:
@@ -465,8 +469,10 @@ def main() -> int:
     plain = threading.Thread(target=run_plain, daemon=True)
     plain.start()
     try:
-        with LocalCluster(work / "cluster", HOSTS, remote=flaky.url) as cluster:
-            log("every host up")
+        with LocalCluster(work / "cluster", HOSTS, remote=flaky.url,
+                          namespaced=not args.plain_hosts) as cluster:
+            log("every host up, " + ("in namespaces of its own" if cluster.network
+                                     else "a plain process"))
             driver, users, stalled = chaos(cluster, flaky, work, thinks, args, log)
             log("faults spent, the sessions stopped")
         plain.join()
