@@ -48,6 +48,7 @@ from ..snapshot.store import Store
 from . import comms, deadline, debugging, env, forked, introspect, lazy, parking, threads, wake
 from .account import become
 from .fdcapture import FdCapture
+from .imports import FirstUse
 from .messages import (
     TO_WORKER,
     Answered,
@@ -138,6 +139,7 @@ class Worker:
         self.saver = DeltaSaver(store)
         self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
+        self.first_use = FirstUse()
         # names whose group could not be unpickled -> (why, traceback): never bound here; a
         # cell that reads them fails as the load would have, one that only deletes them runs
         self.unloadable: dict[str, tuple[str, str]] = {}
@@ -392,7 +394,8 @@ class Worker:
                     ename=type(error).__name__ if error is not None else None,
                     run=ran - started, save=time.monotonic() - ran,
                     saved=saved, failed=failed, payload=introspect.take_payloads(self.shell),
-                    lazy=lazy_seconds, unneeded=unneeded)
+                    lazy=lazy_seconds, unneeded=unneeded,
+                    first_use=self.first_use.since(analysis.imports))
 
     def settle(self, message: Settle) -> Settled:
         """After a replay, make every saved name the head's: a group whose value here pickles to
