@@ -54,6 +54,7 @@ from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, d
 from . import criu, cuda, parking, rundir
 from .contain import Containment
 from .memory import Pressure
+from .preloads import Preloads
 from .templates import Template, TemplateMap, Templates, worker_of
 
 if TYPE_CHECKING:
@@ -71,11 +72,12 @@ HELLO_TIMEOUT = 30.0
 
 class ZygoteHandle:
     def __init__(self, pool: Pool, ctrl: socket.socket, pid: int, modules: frozenset[str],
-                 site: str = "") -> None:
+                 site: str = "", preloaded: frozenset[str] = frozenset()) -> None:
         self.pool = pool
         self.ctrl = ctrl
         self.pid = pid
         self.modules = modules
+        self.preloaded = preloaded  # what it imported (or tried to) besides its family
         self.site = site  # the environment it entered; "": the server's own
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.failed: dict[str, str] = {}
@@ -355,6 +357,7 @@ class Pool:
         self.zygotes: dict[Key, ZygoteHandle] = {}
         self.retired: set[ZygoteHandle] = set()  # of a changed environment, kept for its workers
         self.generations: dict[str, int] = {}  # site -> generation its zygotes were built at
+        self.preloads = Preloads()  # what each family's workers imported on first use
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
         self._base_proc: subprocess.Popen | None = None
@@ -415,9 +418,13 @@ class Pool:
 
     async def _build(self, key: Key) -> ZygoteHandle:
         """The zygote of `key`, forked from the nearest ancestor in its environment, or from
-        the base zygote, entering the environment, when it has none yet."""
+        the base zygote, entering the environment, when it has none yet; with the family's
+        preloads. Where `key` has a zygote (the preloads grew), it serves until this one is
+        ready, and then retires."""
         site, modules = key
         started = self.generations.get(site)
+        current = self.zygotes.get(key)
+        preloads = self.preloads.of(key)
         try:
             parent = max((z for (s, f), z in self.zygotes.items() if s == site and f <= modules
                           and z.ready.done() and z.ready.exception() is None),
@@ -428,21 +435,48 @@ class Pool:
                 parent, enter = base, site
             if parent is None:
                 raise NoZygote(f"no zygote is ready to build {sorted(modules)} from")
-            missing = sorted(modules - parent.modules)
+            missing = sorted(modules - parent.modules) + sorted(preloads - parent.preloaded)
             reply, fds = await parent.request(control.ForkZygote(modules=missing, site=enter))
-            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules, site)
-            self.zygotes[key] = zygote
-            await zygote.until_ready()
+            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules, site,
+                                  parent.preloaded | preloads)
+            if current is None:
+                self.zygotes[key] = zygote
+            try:
+                await zygote.until_ready()
+            except BaseException as exc:
+                zygote.stop()
+                if self.zygotes.get(key) is zygote:
+                    del self.zygotes[key]
+                if not isinstance(exc, asyncio.CancelledError):  # a preload may be why
+                    self.preloads.refuse(key, preloads - parent.preloaded)
+                raise
+            self.preloads.refuse(key, preloads.intersection(zygote.failed))
             if self.generations.get(site) != started:  # an install while it imported
                 if self.zygotes.get(key) is zygote:
                     del self.zygotes[key]
                 self.retired.add(zygote)
                 raise NoZygote(f"environment {site} changed while a zygote was built")
+            if (old := self.zygotes.get(key)) is not None and old is not zygote:
+                self.retired.add(old)  # the zygote it replaces: kept while its workers live
+            self.zygotes[key] = zygote
             self._evict()
             return zygote
         finally:
             if self._building.get(key) is asyncio.current_task():
                 del self._building[key]
+
+    def learn_first_use(self, worker: WorkerHandle, modules: list[str]) -> None:
+        """Remember what `worker`'s cell imported on first use for its zygote's family, and
+        build that family's zygote again, holding it, off any cell's path. Not for the base
+        zygote: it is started, not forked, and every environment's zygotes descend from it."""
+        zygote = worker.zygote
+        if zygote is None or (key := (zygote.site, zygote.modules)) == BASE \
+                or not self.preloads.learn(key, modules):
+            return
+        held = self.zygotes.get(key)
+        if held is not None and held.ready.done() and key not in self._building \
+                and not self.preloads.of(key) <= held.preloaded:
+            self._building[key] = self.tasks.start(self._build(key), "a zygote's preloads")
 
     def refresh(self, env: Env) -> int:
         """`env`'s generation now; if it changed since its zygotes and templates were built
@@ -676,7 +710,7 @@ class Pool:
     def status(self) -> PoolMap:
         return {
             "zygotes": [{"pid": z.pid, "modules": sorted(f), "env": site, "ready": z.ready.done(),
-                         "memory": _unique_memory(z.pid)}
+                         "memory": _unique_memory(z.pid), "preloaded": sorted(z.preloaded)}
                         for (site, f), z in self.zygotes.items()],
             "workers": [{"pid": w.pid, "source": w.source,
                          "zygote": w.zygote.pid if w.zygote is not None else None,
@@ -694,6 +728,7 @@ class ZygoteMap(TypedDict):
     env: str  # the site-packages of the environment it entered; "": the server's
     ready: bool
     memory: int  # bytes only it holds
+    preloaded: list[str]  # what it imported besides its family: its workers' first uses
 
 
 class WorkerMap(TypedDict):
