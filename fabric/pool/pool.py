@@ -322,6 +322,8 @@ class WorkerHandle:
         self.socket.close()
         self.path.unlink(missing_ok=True)
         self.pool.workers.pop(self.pid, None)
+        if self.zygote in self.pool.retired:  # perhaps its last worker
+            self.pool.stop_retired()
 
 
 class Pool:
@@ -420,14 +422,15 @@ class Pool:
         """The zygote of `key`, forked from the nearest ancestor in its environment, or from
         the base zygote, entering the environment, when it has none yet; with the family's
         preloads. Where `key` has a zygote (the preloads grew), it serves until this one is
-        ready, and then retires."""
+        ready, and then retires; this one is not its child, which would outlive it as an
+        orphan, outside the server's process tree."""
         site, modules = key
         started = self.generations.get(site)
         current = self.zygotes.get(key)
         preloads = self.preloads.of(key)
         try:
             parent = max((z for (s, f), z in self.zygotes.items() if s == site and f <= modules
-                          and z.ready.done() and z.ready.exception() is None),
+                          and z is not current and z.ready.done() and z.ready.exception() is None),
                          key=lambda z: len(z.modules), default=None)
             enter = ""
             if parent is None and site and (base := self.zygotes.get(BASE)) is not None \
@@ -499,14 +502,23 @@ class Pool:
                 self.templates.build_soon(family, site)
         return generation
 
+    def _busy(self) -> set[int]:
+        """The zygotes that live workers were forked from (they die with it)."""
+        return {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
+
+    def stop_retired(self) -> None:
+        """Stop the retired zygotes that no live worker was forked from."""
+        busy = self._busy()
+        for zygote in [z for z in self.retired if z.pid not in busy]:
+            self.retired.discard(zygote)
+            zygote.stop()
+
     def _evict(self) -> None:
         """Drop least recently used families while there are more than `max_zygotes` or they
         hold more than `zygote_memory`; never the newest, nor one with live workers (they die
         with it)."""
-        busy = {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
-        for zygote in [z for z in self.retired if z.pid not in busy]:
-            self.retired.discard(zygote)
-            zygote.stop()
+        self.stop_retired()
+        busy = self._busy()
         families = sorted((k for k in self.zygotes if k != BASE),
                           key=lambda k: self.zygotes[k].last_used)
         memory = {f: _unique_memory(self.zygotes[f].pid) for f in families}

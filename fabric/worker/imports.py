@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from importlib.machinery import ModuleSpec, PathFinder
+from types import ModuleType
 
 from ..closure.groups import package_of
 
@@ -41,9 +42,12 @@ class FirstUse:
 
     def _findable(self, name: str) -> bool:
         """Whether a zygote would import the very package `name` belongs to."""
-        top = name.partition(".")[0]
-        loaded = getattr(sys.modules.get(top), "__spec__", None)
-        found = PathFinder.find_spec(top, self.path)
+        package = name.partition(".")[0]
+        top = sys.modules.get(package)
+        if not isinstance(top, ModuleType):  # an object a library put there: no package
+            return False
+        loaded = top.__dict__.get("__spec__")  # read without running a module's own code
+        found = PathFinder.find_spec(package, self.path)
         return isinstance(loaded, ModuleSpec) and found is not None \
             and _where(found) == _where(loaded)
 

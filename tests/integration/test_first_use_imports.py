@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
 from helpers import execute, lazy_package, open_session, serving, text, wait_until
 
 HAS_PART = "print('firstuse_lib.part' in sys.modules)"
@@ -36,3 +37,10 @@ def test_a_fresh_workers_zygote_holds_what_an_earlier_cell_imported_on_first_use
         reply, outputs = execute(client, session, f"{HAS_PART}\nprint(firstuse_lib.use())")
         assert (reply["source"], reply["start"], text(outputs)) == ("zygote", "cold",
                                                                     "True\n42\n")
+
+        def zygotes() -> int:  # base and family alone, once no worker is left
+            return sum("fabric.worker.zygote" in " ".join(p.cmdline())
+                       for p in psutil.Process(server.process.pid).children(recursive=True))
+
+        wait_until(lambda: not client.status().workers and zygotes() == 2,
+                   "the replaced zygote ending with its last worker")
