@@ -34,7 +34,7 @@ class FirstUse:
         fresh = {m for m in now - self.known if package_of(m) not in (None, RUNTIME)}
         self.known = now
         brought = {m for m in own if m in fresh}
-        if brought:  # a package the cell imported may have imported others: theirs, not late
+        if brought:  # a package the cell imported may have imported others: theirs, not first uses
             fresh = {m for m in fresh if m.partition(".")[0] not in fresh
                      and not any(m == b or m.startswith(f"{b}.") for b in brought)}
         fresh = {m for m in fresh if self._findable(m)}
