@@ -138,6 +138,8 @@ class Ran:
     drafted: float  # monotonic: its draft (or its execute, with no draft)
     ended: float
     error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # the reply's (llfabric)
+    start: str = ""  # how it started (llfabric): prepared, warm, cold or restored
 
 
 # the memory the processes of a side hold
@@ -344,7 +346,7 @@ class FabricCells:
         assert isinstance(reply, Executed)
         error = None if reply.status == "ok" else str(reply.ename)
         return Ran(reply.timings["visible_delay"], reply.start == "cold", drafted,
-                   time.monotonic(), error)
+                   time.monotonic(), error, reply.timings, reply.start)
 
     def __enter__(self) -> FabricCells:
         return self
@@ -525,6 +527,20 @@ def table(rows: list[Row]) -> None:
               f"{'-' if row.cooled is None else row.cooled:>6}")
 
 
+def slowest(row: Row) -> None:
+    """What the cells at or past the row's p95 spent before their code ran: the lease queue,
+    and how long their worker took to ready (`prepare`: forked and loaded, `load` of it)."""
+    p95 = row.delay(0.95)
+    slow = sorted((c for c in row.cells if c.error is None and c.delay >= p95),
+                  key=lambda c: -c.delay)
+    print(f"N={row.sessions} {row.side}: its {len(slow)} slowest cells (ms: visible delay, "
+          "lease queue, prepare, load; how each started)")
+    for c in slow[:10]:
+        t = c.timings
+        print(f"  {c.delay * 1000:6.0f} {t.get('queue', 0) * 1000:6.0f} "
+              f"{t.get('prepare', 0) * 1000:6.0f} {t.get('load', 0) * 1000:6.0f}  {c.start}")
+
+
 def positive(text: str) -> float:
     try:
         value = float(text)
@@ -616,6 +632,7 @@ def main() -> None:
     if not fits:
         raise SystemExit("llfabric held more than the budget with one session")
     best = fits[-1]
+    slowest(best)
     print(f"density: {best.sessions} sessions against {fitted} plain kernels in the same memory "
           f"({best.sessions / fitted:.1f}x); active cells' p95 visible delay "
           f"{best.delay(0.95) * 1000:.0f} ms")

@@ -99,6 +99,7 @@ class ZygoteStatus(Record):
     ready: bool
     memory: int  # bytes only it holds
     env: str = ""  # the site-packages of the environment it entered; "": the server's
+    preloaded: tuple[str, ...] = ()  # what it imported besides its family: its workers' first uses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -366,6 +366,7 @@ class SessionWorkers:
                                       track_writes=self.pool.track_writes,
                                       parent_id=cell.parent_id))
             done = await running.relay()
+            self.pool.learn_first_use(worker, done.first_use)
             if done.failed:  # its save failed: the worker, ahead of the store, goes
                 raise RemoteError(done.failed)
             replicating = time.monotonic()

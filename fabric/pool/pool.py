@@ -54,6 +54,7 @@ from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, d
 from . import criu, cuda, parking, rundir
 from .contain import Containment
 from .memory import Pressure
+from .preloads import Preloads
 from .templates import Template, TemplateMap, Templates
 
 if TYPE_CHECKING:
@@ -71,11 +72,12 @@ HELLO_TIMEOUT = 30.0
 
 class ZygoteHandle:
     def __init__(self, pool: Pool, ctrl: socket.socket, pid: int, modules: frozenset[str],
-                 site: str = "") -> None:
+                 site: str = "", preloaded: frozenset[str] = frozenset()) -> None:
         self.pool = pool
         self.ctrl = ctrl
         self.pid = pid
         self.modules = modules
+        self.preloaded = preloaded  # what it imported (or tried to) besides its family
         self.site = site  # the environment it entered; "": the server's own
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.failed: dict[str, str] = {}
@@ -324,6 +326,8 @@ class WorkerHandle:
         self.socket.close()
         self.path.unlink(missing_ok=True)
         self.pool.workers.pop(self.pid, None)
+        if self.zygote in self.pool.retired:  # perhaps its last worker
+            self.pool.stop_retired()
 
 
 class Pool:
@@ -361,6 +365,7 @@ class Pool:
         self.zygotes: dict[Key, ZygoteHandle] = {}
         self.retired: set[ZygoteHandle] = set()  # of a changed environment, kept for its workers
         self.generations: dict[str, int] = {}  # site -> generation its zygotes were built at
+        self.preloads = Preloads()  # what each family's workers imported on first use
         self.workers: dict[int, WorkerHandle] = {}
         self._ids = itertools.count(1)
         self._base_proc: subprocess.Popen | None = None
@@ -421,12 +426,17 @@ class Pool:
 
     async def _build(self, key: Key) -> ZygoteHandle:
         """The zygote of `key`, forked from the nearest ancestor in its environment, or from
-        the base zygote, entering the environment, when it has none yet."""
+        the base zygote, entering the environment, when it has none yet; with the family's
+        preloads. Where `key` has a zygote (the preloads grew), it serves until this one is
+        ready, and then retires; this one is not its child, which would outlive it as an
+        orphan, outside the server's process tree."""
         site, modules = key
         started = self.generations.get(site)
+        current = self.zygotes.get(key)
+        preloads = self.preloads.of(key)
         try:
             parent = max((z for (s, f), z in self.zygotes.items() if s == site and f <= modules
-                          and z.ready.done() and z.ready.exception() is None),
+                          and z is not current and z.ready.done() and z.ready.exception() is None),
                          key=lambda z: len(z.modules), default=None)
             enter = ""
             if parent is None and site and (base := self.zygotes.get(BASE)) is not None \
@@ -434,21 +444,48 @@ class Pool:
                 parent, enter = base, site
             if parent is None:
                 raise NoZygote(f"no zygote is ready to build {sorted(modules)} from")
-            missing = sorted(modules - parent.modules)
+            missing = sorted(modules - parent.modules) + sorted(preloads - parent.preloaded)
             reply, fds = await parent.request(control.ForkZygote(modules=missing, site=enter))
-            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules, site)
-            self.zygotes[key] = zygote
-            await zygote.until_ready()
+            zygote = ZygoteHandle(self, socket.socket(fileno=fds[0]), reply.pid, modules, site,
+                                  parent.preloaded | preloads)
+            if current is None:
+                self.zygotes[key] = zygote
+            try:
+                await zygote.until_ready()
+            except BaseException as exc:
+                zygote.stop()
+                if self.zygotes.get(key) is zygote:
+                    del self.zygotes[key]
+                if not isinstance(exc, asyncio.CancelledError):  # a preload may be why
+                    self.preloads.refuse(key, preloads - parent.preloaded)
+                raise
+            self.preloads.refuse(key, preloads.intersection(zygote.failed))
             if self.generations.get(site) != started:  # an install while it imported
                 if self.zygotes.get(key) is zygote:
                     del self.zygotes[key]
                 self.retired.add(zygote)
                 raise NoZygote(f"environment {site} changed while a zygote was built")
+            if (old := self.zygotes.get(key)) is not None and old is not zygote:
+                self.retired.add(old)  # the zygote it replaces: kept while its workers live
+            self.zygotes[key] = zygote
             self._evict()
             return zygote
         finally:
             if self._building.get(key) is asyncio.current_task():
                 del self._building[key]
+
+    def learn_first_use(self, worker: WorkerHandle, modules: list[str]) -> None:
+        """Remember what `worker`'s cell imported on first use for its zygote's family, and
+        build that family's zygote again, holding it, off any cell's path. Not for the base
+        zygote: it is started, not forked, and every environment's zygotes descend from it."""
+        zygote = worker.zygote
+        if zygote is None or (key := (zygote.site, zygote.modules)) == BASE \
+                or not self.preloads.learn(key, modules):
+            return
+        held = self.zygotes.get(key)
+        if held is not None and held.ready.done() and key not in self._building \
+                and not self.preloads.of(key) <= held.preloaded:
+            self._building[key] = self.tasks.start(self._build(key), "a zygote's preloads")
 
     def refresh(self, env: Env) -> int:
         """`env`'s generation now; if it changed since its zygotes and templates were built
@@ -471,14 +508,23 @@ class Pool:
                 self.templates.build_soon(family, site)
         return generation
 
+    def _busy(self) -> set[int]:
+        """The zygotes that live workers were forked from (they die with it)."""
+        return {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
+
+    def stop_retired(self) -> None:
+        """Stop the retired zygotes that no live worker was forked from."""
+        busy = self._busy()
+        for zygote in [z for z in self.retired if z.pid not in busy]:
+            self.retired.discard(zygote)
+            zygote.stop()
+
     def _evict(self) -> None:
         """Drop least recently used families while there are more than `max_zygotes` or they
         hold more than `zygote_memory`; never the newest, nor one with live workers (they die
         with it)."""
-        busy = {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
-        for zygote in [z for z in self.retired if z.pid not in busy]:
-            self.retired.discard(zygote)
-            zygote.stop()
+        self.stop_retired()
+        busy = self._busy()
         families = sorted((k for k in self.zygotes if k != BASE),
                           key=lambda k: self.zygotes[k].last_used)
         memory = {f: _unique_memory(self.zygotes[f].pid) for f in families}
@@ -684,7 +730,7 @@ class Pool:
     def status(self) -> PoolMap:
         return {
             "zygotes": [{"pid": z.pid, "modules": sorted(f), "env": site, "ready": z.ready.done(),
-                         "memory": _unique_memory(z.pid)}
+                         "memory": _unique_memory(z.pid), "preloaded": sorted(z.preloaded)}
                         for (site, f), z in self.zygotes.items()],
             "workers": [{"pid": w.pid, "source": w.source,
                          "zygote": w.zygote.pid if w.zygote is not None else None,
@@ -702,6 +748,7 @@ class ZygoteMap(TypedDict):
     env: str  # the site-packages of the environment it entered; "": the server's
     ready: bool
     memory: int  # bytes only it holds
+    preloaded: list[str]  # what it imported besides its family: its workers' first uses
 
 
 class WorkerMap(TypedDict):

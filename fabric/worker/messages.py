@@ -311,6 +311,8 @@ class Done(WorkerMessage):
     payload: list[dict[str, Any]] = field(default_factory=list)  # the execute reply's
     lazy: float = 0.0
     unneeded: list[str] = field(default_factory=list)
+    # what it imported on first use since its last cell, for its zygote to hold (`imports`)
+    first_use: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from ..snapshot.store import Store
 from . import comms, deadline, debugging, env, forked, introspect, lazy, parking, threads, wake
 from .account import become
 from .fdcapture import FdCapture
+from .imports import FirstUse
 from .interrupts import Interrupts
 from .messages import (
     TO_WORKER,
@@ -142,6 +143,7 @@ class Worker:
         self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
         self.slept_in = ""  # its directory when it last slept through a dump
+        self.first_use = FirstUse()
         # names whose group could not be unpickled -> (why, traceback): never bound here; a
         # cell that reads them fails as the load would have, one that only deletes them runs
         self.unloadable: dict[str, tuple[str, str]] = {}
@@ -409,7 +411,8 @@ class Worker:
                     ename=type(error).__name__ if error is not None else None,
                     run=ran - started, save=time.monotonic() - ran,
                     saved=saved, failed=failed, payload=introspect.take_payloads(self.shell),
-                    lazy=lazy_seconds, unneeded=unneeded)
+                    lazy=lazy_seconds, unneeded=unneeded,
+                    first_use=self.first_use.since(analysis.imports))
 
     def _run_started(self, source: str) -> ExecutionResult:
         self.channel.send(Started())

@@ -285,3 +285,13 @@ def holding_pid(pid: int) -> Iterator[subprocess.Popen]:
     finally:
         holder.kill()
         holder.wait()
+
+
+def lazy_package(root: Path, name: str, imports: str = "") -> None:
+    """Package `name` under `root`: it imports `imports` at once, and its submodule `part`
+    only when its `use()` is first called, as libraries import parts of themselves."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(
+        (f"import {imports}\n" if imports else "")
+        + "def use():\n    from . import part\n    return part.VALUE\n")
+    (root / name / "part.py").write_text("VALUE = 42\n")
