@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import TypeGuard
 
 from ..closure.groups import package_of
 
@@ -50,6 +51,6 @@ class Preloads:
         return frozenset(self._learned.get(family, ()))
 
 
-def _importable(name: object) -> bool:
+def _importable(name: object) -> TypeGuard[str]:
     return isinstance(name, str) and _NAME.fullmatch(name) is not None \
         and package_of(name) is not None and "__main__" not in name.split(".")
