@@ -63,7 +63,7 @@ class DeltaSaver:
         self.track = track
         self.objects: dict[frozenset[str], tuple[str, int]] = {}  # group -> (object, bytes)
         # name of a group of its own -> (its object, the fingerprint its value had then)
-        self.plain: dict[str, tuple[str, plain.Fingerprint]] = {}
+        self.plain: dict[str, tuple[str, plain.PlainPrint]] = {}
         self.refs: dict[str, set[str]] = {}  # names grouped here -> globals their code reads
         # name -> (value, why): a value whose pickling ran past its limit or was interrupted,
         # not tried again while the name holds it (each later cell would wait as long)
@@ -162,7 +162,7 @@ class DeltaSaver:
         bound = collections.Counter(id(ns[n]) for n in same)
         return {n for n in same if bound[id(ns[n])] == 1}
 
-    def _fingerprint(self, name: str) -> plain.Fingerprint | None:
+    def _fingerprint(self, name: str) -> plain.PlainPrint | None:
         """The fingerprint `name`'s value had when its group's object was saved, if taken."""
         known = self.plain.get(name)
         if known is None or self.objects.get(frozenset((name,)), ("",))[0] != known[0]:

@@ -42,20 +42,20 @@ _PLAIN = _CONTAINERS | {str, int, float, complex, bool, type(None)}
 SUPPORTED = sys.implementation.name == "cpython"
 
 
-class Fingerprint(NamedTuple):
+class PlainPrint(NamedTuple):
     length: int  # the items the value holds itself (0: an atom)
     digest: str  # of its marshal output
 
 
-def fingerprint(value: object) -> Fingerprint | None:
+def fingerprint(value: object) -> PlainPrint | None:
     """`value`'s fingerprint if it is plain data no other object reaches into, else None."""
     if not SUPPORTED or type(value) not in _PLAIN or not _unshared_below(value):
         return None
     digest = _digest(value)
-    return None if digest is None else Fingerprint(_length(value), digest)
+    return None if digest is None else PlainPrint(_length(value), digest)
 
 
-def unchanged(value: object, known: Fingerprint) -> bool:
+def unchanged(value: object, known: PlainPrint) -> bool:
     """Whether `value` is as it was when it was fingerprinted `known` (see the module's note)."""
     return type(value) in _PLAIN and _length(value) == known.length and \
         _digest(value) == known.digest
