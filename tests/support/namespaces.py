@@ -230,9 +230,10 @@ class Cut:
                     "nud", "permanent")
 
     def heal(self) -> None:
-        """Each end finds the other again (ARP), and what waited is sent again (TCP)."""
+        """Each end finds the other again (ARP), and what waited is sent again (TCP). An end
+        whose entry went already (its link went down and up as its host restarted) is healed."""
         for near, far in ((self.a, self.b), (self.b, self.a)):
-            near.ip("neigh", "del", far.address, "dev", near.device)
+            near.ip("neigh", "flush", "to", far.address, "dev", near.device, "nud", "all")
 
 
 def _field(status: str, name: str) -> str:
