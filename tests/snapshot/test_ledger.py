@@ -45,6 +45,15 @@ def _full_pass(root: Path, protect: set[str], now: float) -> set[str]:
     return _files(copy)
 
 
+def _two_sessions(root: Path, first: str, second: str) -> Store:
+    """A store where sessions `first` and `second` committed three versions each."""
+    store = Store(root, chunk=CHUNK)
+    for i in range(3):
+        _commit(store, first, i)
+        _commit(store, second, 10 + i)
+    return store
+
+
 def _pass(ledger: Ledger, protect: set[str], now: float) -> history.Collected:
     ledger.retain(POLICY, protect, now)
     return ledger.collect()
@@ -128,10 +137,7 @@ def test_changes_made_by_another_process_are_seen(tmp_path: Path) -> None:
 
 def test_a_restart_or_a_pass_cut_short_loses_no_change(tmp_path: Path) -> None:
     root = tmp_path / "store"
-    store = Store(root, chunk=CHUNK)
-    for i in range(3):
-        _commit(store, "a", i)
-        _commit(store, "b", 10 + i)
+    store = _two_sessions(root, "a", "b")
     now = time.time()
     _pass(Ledger(store), set(), now)
     _changes(store, 1000)
@@ -204,10 +210,7 @@ def _head(store: Store) -> Manifest:
 def test_a_damaged_session_keeps_what_still_reads_while_the_others_are_collected(
         tmp_path: Path) -> None:
     root = tmp_path / "store"
-    store = Store(root, chunk=CHUNK)
-    for i in range(3):
-        _commit(store, "broken", i)
-        _commit(store, "fine", 10 + i)
+    store = _two_sessions(root, "broken", "fine")
     ledger = Ledger(store)
     _pass(ledger, set(), time.time())
     head = store.head("broken")
@@ -260,10 +263,7 @@ def _flipped(data: bytes) -> bytes:
 def test_a_damaged_or_stale_ledger_is_not_trusted_and_no_live_chunk_is_freed(
         tmp_path: Path, damage: str) -> None:
     root = tmp_path / "store"
-    store = Store(root, chunk=CHUNK)
-    for i in range(3):
-        _commit(store, "a", i)
-        _commit(store, "b", 10 + i)
+    store = _two_sessions(root, "a", "b")
     ledger = Ledger(store)
     _pass(ledger, set(), time.time())
     saved = root / "ledger"
