@@ -172,10 +172,16 @@ class ZygoteHandle:
             self._kill()
             raise
 
+    def busy(self) -> bool:
+        """Whether a request to it awaits its answer (a fork in flight, whose worker the pool
+        does not know yet)."""
+        return any(not future.done() for future in self._pending.values())
+
     def stop(self) -> None:
         if self.ctrl.fileno() >= 0:
             asyncio.get_running_loop().remove_reader(self.ctrl.fileno())
             self.ctrl.close()  # the zygote exits on EOF; its children die with it
+            self._fail(NoZygote(f"zygote {self.pid} was stopped", pid=self.pid))
 
 
 class WorkerHandle:
@@ -485,6 +491,8 @@ class Pool:
         held = self.zygotes.get(key)
         if held is not None and held.ready.done() and key not in self._building \
                 and not self.preloads.of(key) <= held.preloaded:
+            log.info("zygote family %s is rebuilt to preload %s", sorted(key[1]),
+                     sorted(self.preloads.of(key) - held.preloaded))
             self._building[key] = self.tasks.start(self._build(key), "a zygote's preloads")
 
     def refresh(self, env: Env) -> int:
@@ -509,8 +517,10 @@ class Pool:
         return generation
 
     def _busy(self) -> set[int]:
-        """The zygotes that live workers were forked from (they die with it)."""
-        return {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
+        """The zygotes that live workers were forked from (they die with it), and those
+        forking one now."""
+        forking = {z.pid for z in (*self.zygotes.values(), *self.retired) if z.busy()}
+        return forking | {w.zygote.pid for w in self.workers.values() if w.zygote is not None}
 
     def stop_retired(self) -> None:
         """Stop the retired zygotes that no live worker was forked from."""

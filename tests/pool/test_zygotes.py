@@ -14,7 +14,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from fabric.errors import ZygoteProtocolError
+from fabric.errors import NoZygote, ZygoteProtocolError
 from fabric.pool import Pool
 from fabric.pool import pool as pool_module
 from fabric.pool.pool import BASE, ZygoteHandle
@@ -170,6 +170,38 @@ def test_a_zygote_that_sends_what_is_not_a_message_fails_its_requests_and_is_kil
             theirs.close()
             stand_in.kill()
             stand_in.wait()
+            await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_zygote_retired_while_it_forks_a_worker_serves_that_fork(tmp_path: Path) -> None:
+    """A family rebuilt (its preloads grew) while a worker is forked from the old zygote: the old
+    one is kept until its worker lives; one stopped all the same fails the fork at once."""
+    async def scenario() -> None:
+        pool = Pool(tmp_path)
+        await pool.start()
+        try:
+            family = ("", frozenset({"json"}))
+            old = await pool.zygote_for(family[1])
+            forking = asyncio.ensure_future(pool.fork_worker(family[1]))
+            while not old.busy():  # the fork request is sent, its answer not yet read
+                await asyncio.sleep(0)
+            pool.retired.add(pool.zygotes.pop(family))  # as a finished rebuild does
+            pool.stop_retired()
+            worker = await asyncio.wait_for(forking, 60)
+            assert worker.zygote is old and old.ctrl.fileno() >= 0
+            await worker.close()
+            assert old.ctrl.fileno() < 0  # its worker gone, it goes too
+
+            other = await pool.zygote_for(frozenset({"csv"}))
+            forking = asyncio.ensure_future(pool.fork_worker(frozenset({"csv"})))
+            while not other.busy():
+                await asyncio.sleep(0)
+            other.stop()
+            with pytest.raises(NoZygote):
+                await asyncio.wait_for(forking, 60)
+        finally:
             await pool.stop()
 
     asyncio.run(scenario())

@@ -128,6 +128,9 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
         server = start_server(store, Path(sockdir), env, bind)
         try:
             yield server
+        except BaseException:  # a failure's report (a timeout's too) shows what the server did
+            print(f"--- the server's log, last lines ---\n{_tail(server.log, 80)}")
+            raise
         finally:
             server.stop()
             if keep := os.environ.get("LLFABRIC_KEEP_LOGS"):  # bench/device_check.sh reads them
@@ -135,6 +138,12 @@ def serving(store: Path, env: dict[str, str] | None = None, bind: str | None = N
         # its log lies in `sockdir`: read it before the directory goes
         assert server.process.returncode == 0, \
             f"the server exited with {server.process.returncode}:\n{server.log.read_text()}"
+
+
+def _tail(path: Path, lines: int) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return f"({path} is unreadable)"
 
 
 def free_port() -> int:
