@@ -18,6 +18,7 @@ import math
 import os
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Collection
 from pathlib import Path
@@ -73,6 +74,13 @@ _WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 
+def _close(dealer: zmq.Socket, monitor: zmq.Socket, context: zmq.Context) -> None:
+    dealer.disable_monitor()
+    monitor.close()
+    dealer.close()
+    context.term()
+
+
 class Client:
     """`key`: for a tcp:// address, default the client.key of the configured key_dir."""
 
@@ -101,12 +109,12 @@ class Client:
         self.socket.connect(address)
         self._ids = (f"{os.getpid()}-{n}" for n in itertools.count(1))
         self._pending: dict[str, deque[protocol.Wire]] = {}  # frames of requests sent, not yet read
+        # a client dropped unclosed closes too, sockets first: collected in another order, the
+        # context's term would wait for them in whichever thread collects it
+        self._finalizer = weakref.finalize(self, _close, self.socket, self._monitor, self.context)
 
     def close(self) -> None:
-        self.socket.disable_monitor()
-        self._monitor.close()
-        self.socket.close()
-        self.context.term()
+        self._finalizer()
 
     def __enter__(self) -> Client:
         return self

@@ -3,6 +3,7 @@ the typed events of a cell, a silent cell probed with pings, and frames that are
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -194,3 +195,17 @@ def test_listening_tells_a_busy_server_from_a_down_one(tmp_path: Path) -> None:
         assert listening(f"tcp://127.0.0.1:{port}")
     assert not listening(f"tcp://127.0.0.1:{port}")
     assert not listening("tcp://127.0.0.1:notaport") and not listening("inproc://x")
+
+
+def test_a_client_dropped_unclosed_is_closed_by_whichever_thread_collects_it(
+        tmp_path: Path) -> None:
+    def drop() -> None:
+        client = Client(f"ipc://{tmp_path}/nobody.sock")
+        client.cycle = client  # only the cycle collector frees it, in an order of its own
+        del client
+        gc.collect()
+
+    collector = threading.Thread(target=drop, daemon=True)
+    collector.start()
+    collector.join(60)
+    assert not collector.is_alive(), "collecting an unclosed client hung"
