@@ -352,9 +352,6 @@ class DiskTier:
             if shard.is_dir() and not shard.is_symlink() and len(shard.name) == 2:
                 yield from sorted(shard.iterdir())
 
-    def idents(self) -> Iterator[str]:
-        return (p.name for p in self.files() if not p.name.startswith("."))
-
 
 class MemoryTier:
     """A least-recently-used cache of blobs up to `capacity` bytes, shared by threads.
