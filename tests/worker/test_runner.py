@@ -146,10 +146,11 @@ def test_a_worker_answers_questions_between_cells_and_sends_its_payloads(
 
 def test_a_save_describes_only_the_values_a_cell_changed(tmp_path: Path) -> None:
     """A value whose object is the one saved before keeps its description (the commit merges
-    the parent's): a cell that only reads describes nothing it read."""
+    the parent's), and so does a module: a cell that only reads describes nothing it read."""
     cells = ["import math\nrows = [{'id': i} for i in range(1000)]\nlimit = 3",
              "total = len(rows) + limit + math.floor(0.5)",
-             "rows.append({'id': -1})"]
+             "rows.append({'id': -1})",
+             "import cmath as math"]
 
     async def scenario() -> list[Done]:
         pool = Pool(tmp_path)
@@ -174,5 +175,6 @@ def test_a_save_describes_only_the_values_a_cell_changed(tmp_path: Path) -> None
         assert done.status == "ok" and done.saved is not None, done
         described.append(done.saved.described["names"])
     assert sorted(described[0]) == ["limit", "math", "rows"]
-    assert sorted(described[1]) == ["math", "total"]  # an import is described each save
-    assert sorted(described[2]) == ["math", "rows"] and described[2]["rows"]["len"] == 1001
+    assert sorted(described[1]) == ["total"]
+    assert sorted(described[2]) == ["rows"] and described[2]["rows"]["len"] == 1001
+    assert sorted(described[3]) == ["math"] and "phase" in described[3]["math"]["attrs"]
