@@ -222,9 +222,9 @@ def large_only(root: Path, state: dict) -> tuple[float, float]:
 
 
 def llfabric(work: Path, state: dict, repeat: int, dill: bool) -> dict[str, float]:
-    """Medians over `repeat` rounds; each round measures the raw disk (and dill) right before
-    llfabric on the same bytes, and the ratios are taken within a round (this disk's speed
-    drifts)."""
+    """Medians over `repeat` rounds (and each delta save's worst round); each round measures
+    the raw disk (and dill) right before llfabric on the same bytes, and the ratios are taken
+    within a round (this disk's speed drifts)."""
     size = nbytes(state)
     large = nbytes({n: v for n, v in state.items() if isinstance(v, np.ndarray | torch.Tensor)})
     runs = []
@@ -257,7 +257,9 @@ def llfabric(work: Path, state: dict, repeat: int, dill: bool) -> dict[str, floa
                 "large save/raw": run["raw large write"] / large_save,
                 "large load/raw": run["raw large read"] / large_load}
         runs.append(run)
-    return {k: statistics.median(run[k] for run in runs) for k in runs[0]} | {"large": large}
+    worst = {f"{k} worst": max(run[k] for run in runs) for k in runs[0] if k.startswith("delta")}
+    return {k: statistics.median(run[k] for run in runs) for k in runs[0]} | worst | \
+        {"large": large}
 
 
 def dill_session(work: Path, state: dict) -> tuple[float, float, float]:
@@ -429,7 +431,7 @@ def main() -> None:
           f"{ours['large load/par']:.0%} of those reads")
     for key in ("delta: cell touched nothing", "delta: read all, changed nothing",
                 "delta: read the arrays, changed nothing", "delta: one tensor changed"):
-        line = f"{key:39} {ours[key]:8.4f} s"
+        line = f"{key:39} {ours[key]:8.4f} s (worst {ours[f'{key} worst']:.4f})"
         if f"{key}, hashing all" in ours:
             baseline = ours[f"{key}, hashing all"]
             line += f"   tracking off {baseline:8.4f} s = {baseline / ours[key]:.3g} x"

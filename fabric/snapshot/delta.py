@@ -52,6 +52,9 @@ class Saved:
     reused: int = 0  # bytes of large buffers not hashed: unwritten since they last were
     # names of plain data found as last saved by their fingerprint: neither walked nor pickled
     fingerprinted: list[str] = field(default_factory=list[str])
+    # names of the groups written whose object is not the one this saver held for the group
+    # (loaded or saved before): what changed, or was regrouped
+    changed: list[str] = field(default_factory=list[str])
 
 
 class DeltaSaver:
@@ -226,6 +229,8 @@ class DeltaSaver:
             self.stuck.pop(name, None)
         self.objects[key] = (blob, encoded.nbytes)
         saved.groups.append((blob, names, encoded.nbytes))
+        if known is None or known[0] != blob:
+            saved.changed += names
         # of the value pickled, new or unchanged (plain data ran no code of its own meanwhile)
         if self.track and len(names) == 1 and (known is None or known[0] == blob) and \
                 (fingerprint := plain.fingerprint(values[names[0]])) is not None:

@@ -27,6 +27,12 @@ from each other. A forked child starts with nothing (its pages are not protected
 about to be dumped calls `reset` (CRIU refuses to dump a userfaultfd): its restored copies start
 afresh too.
 
+A buffer's first and last pages are often shared with other memory (a buffer from the heap sits
+between malloc's own bookkeeping and other objects, written all the time): a write there need not
+be the buffer's. The buffer's bytes on such a page are compared with a digest of them instead,
+taken when its chunk was hashed, with the page protected from before the digest to after the
+hash, so that the digest holds exactly the bytes the id was hashed from.
+
 A write to a protected page traps once (a few microseconds a 4 KiB page, several times the cost
 of hashing it), so a chunk found changed is left unprotected after its hash, since it is likely
 written again, and is hashed at the next save like any other; one found unchanged stays
@@ -47,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .store import hash_parts
+from .store import blob_id, hash_parts
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KEEP = 16384  # buffers remembered at most, the least recently saved forgotten first
@@ -127,13 +133,47 @@ def _inner_pages(address: int, nbytes: int) -> tuple[int, int]:
 
 
 @dataclass
+class _Edge:
+    """A page a buffer shares with other memory at one of its ends: the buffer's bytes on it,
+    the chunk that holds them, the digest of those bytes its id was hashed with (see the
+    module's note), and whether the page was written since it was last protected."""
+
+    page: int
+    start: int
+    end: int
+    chunk: int
+    digest: str | None = None
+    written: bool = False
+
+    def now(self) -> str:
+        return blob_id(ctypes.string_at(self.start, self.end - self.start))
+
+
+def _edges(address: int, nbytes: int, chunk: int) -> list[_Edge]:
+    """The pages at the ends of `nbytes` at `address` that it shares with other memory, where
+    one chunk holds its bytes there."""
+    first, end = _pages(address, nbytes)
+    if chunk < PAGE or end - first <= PAGE:
+        return []
+    out: list[_Edge] = []
+    if address % PAGE:
+        out.append(_Edge(first, address, first + PAGE, 0))
+    tail = end - PAGE
+    if (address + nbytes) % PAGE and (tail - address) // chunk == (nbytes - 1) // chunk:
+        out.append(_Edge(tail, tail, address + nbytes, (nbytes - 1) // chunk))
+    return out
+
+
+@dataclass
 class _Buffer:
     """A tracked buffer: each chunk's id as last hashed (None: being hashed, or never was),
-    whether it may have been written since, and the ids before the hash under way."""
+    whether it may have been written since, the ids before the hash under way, and its edges
+    (`_Edge`)."""
 
     ids: list[str | None]
     stale: list[bool]
     previous: list[str | None]
+    edges: list[_Edge]
 
 
 class Tracker:
@@ -203,10 +243,14 @@ class Tracker:
             except OSError:  # part of it was unmapped, or mapped anew: tracked afresh below
                 self._drop(key)
             else:
-                reuse = [None if stale else ident
-                         for ident, stale in zip(buffer.ids, buffer.stale, strict=True)]
+                changed = {edge.chunk for edge in buffer.edges
+                           if edge.written and edge.now() != edge.digest}
+                reuse = [None if stale or i in changed else ident
+                         for i, (ident, stale) in enumerate(zip(buffer.ids, buffer.stale,
+                                                                strict=True))]
                 # the others are protected from now on: a write during their hash is seen
-                self._buffers[key] = _Buffer(reuse, [False] * count, buffer.ids)
+                self._buffers[key] = _Buffer(reuse, [False] * count, buffer.ids, buffer.edges)
+                self._unwritten(buffer.edges, reuse)
                 return reuse
         if not trusted(first, end):
             return None
@@ -218,7 +262,9 @@ class Tracker:
         except OSError:  # registered by someone else's userfaultfd, not private memory, ...
             return None
         unknown: list[str | None] = [None] * count
-        self._buffers[key] = _Buffer(list(unknown), [False] * count, list(unknown))
+        edges = _edges(address, nbytes, chunk)
+        self._buffers[key] = _Buffer(list(unknown), [False] * count, list(unknown), edges)
+        self._unwritten(edges, unknown)
         bisect.insort(self._keys, key)
         if nbytes >= _BIG:
             self._big.add(key)
@@ -228,6 +274,15 @@ class Tracker:
         while len(self._buffers) > KEEP:
             self._drop(next(iter(self._buffers)))
         return unknown
+
+    @staticmethod
+    def _unwritten(edges: list[_Edge], ids: list[str | None]) -> None:
+        """Just after a scan protected `edges`' pages: the digest of each whose chunk is about
+        to be hashed (`hashed` keeps it only if its page stays unwritten until then)."""
+        for edge in edges:
+            edge.written = False
+            if ids[edge.chunk] is None:
+                edge.digest = edge.now()
 
     def _sharing(self, first: int, end: int) -> set[tuple[int, int, int]]:
         """The buffers with a page in [first, end): the big ones, and those that start at most
@@ -248,11 +303,22 @@ class Tracker:
         """Remember the ids of a buffer hashed after `prepare`. A chunk whose id changed since
         its last hash is unprotected: it will likely be written again, and a write to an
         unprotected page costs no trap (it is stale, and hashed at the next save)."""
-        buffer = self._buffers.get((address, nbytes, chunk))
+        key = (address, nbytes, chunk)
+        buffer = self._buffers.get(key)
         if buffer is None:
             return
+        fresh = {i for i, ident in enumerate(buffer.ids) if ident is None}
+        for edge in buffer.edges:  # its digest holds the bytes hashed if nothing wrote meanwhile
+            if edge.chunk in fresh:
+                try:
+                    self._scan(edge.page, edge.page + PAGE, {key, *self._near[key]})
+                except OSError:
+                    edge.written = True
+                if edge.written:
+                    buffer.stale[edge.chunk] = True
+                    edge.written = False
         for i, ident in enumerate(ids):
-            if buffer.ids[i] is not None:  # reused: as a write since may have left it
+            if i not in fresh:  # reused: as a write since may have left it
                 continue
             buffer.ids[i] = ident
             if buffer.previous[i] not in (None, ident):
@@ -267,7 +333,7 @@ class Tracker:
     def _scan(self, first: int, end: int, on: set[tuple[int, int, int]]) -> None:
         """Find the pages in [first, end) not provably unwritten (written, or not present) and
         write-protect them in the same walk; the buffers `on` (every one with a page there) are
-        marked stale there. OSError if part of the range is not registered with us."""
+        told (`_stale`). OSError if part of the range is not registered with us."""
         runs = (_Run * _RUNS)()
         flags = _SCAN_CHECK_WPASYNC | _SCAN_WP_MATCHING
         start = first
@@ -288,14 +354,25 @@ class Tracker:
             start = scan.walk_end
 
     def _stale(self, runs: list[tuple[int, int]], on: set[tuple[int, int, int]]) -> None:
+        """Mark the chunks of the buffers `on` with pages in `runs` stale, but for the pages of
+        their edges: those are marked written."""
         for key in on:
             address, nbytes, chunk = key
             buffer = self._buffers[key]
+            first, last = _pages(address, nbytes)
             for start, end in runs:
-                if start >= address + nbytes or end <= address:
+                start, end = max(start, first), min(end, last)
+                for edge in buffer.edges:
+                    if start <= edge.page < end:
+                        edge.written = True
+                        if edge.page == start:
+                            start += PAGE
+                        else:  # the last page
+                            end -= PAGE
+                if start >= end:
                     continue
-                lo = max(start - address, 0) // chunk
-                hi = (min(end - address, nbytes) - 1) // chunk
+                lo = (max(start, address) - address) // chunk
+                hi = (min(end, address + nbytes) - address - 1) // chunk
                 for i in range(lo, hi + 1):
                     buffer.stale[i] = True
 

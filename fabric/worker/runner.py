@@ -140,6 +140,8 @@ class Worker:
         # for many cells; names it never had stay as the session committed them.
         self.owned: set[str] = set()
         self.saver = DeltaSaver(store)
+        self.undescribed: set[str] = set()  # names a save changed whose description it missed
+        self.described_imports: dict[str, str] = {}  # alias -> module, as last described here
         self.lazy = lazy.Lazy(shell, lambda blobs: self.store.get_objects(blobs), self._loaded)
         self.restored_ambient = False
         self.slept_in = ""  # its directory when it last slept through a dump
@@ -498,11 +500,17 @@ class Worker:
         self.owned.update(names)
         hooks = ambient.notebook_hooks()  # held like a value that cannot be saved
         unsaved = saved.unsaved | dict.fromkeys(hooks, "an import hook lives only in its process")
-        changed = [n for _, group, _ in saved.groups for n in group] + [*unsaved, *imports]
+        # a group whose object is the one loaded or saved before is described as it was then,
+        # and so is a module described here before
+        modules = {alias for alias, module in imports.items()
+                   if self.described_imports.get(alias) != module}
+        changed = sorted({*saved.changed, *unsaved, *modules} | self.undescribed)
         try:
             described = catalog.describe(ns, changed, lambda: deadline.limit(DESCRIBE_LIMIT))
-        except KeyboardInterrupt:  # the user stopped the save: these stay as last described
-            described = catalog.EMPTY
+        except KeyboardInterrupt:  # the user stopped the save: described at the next one
+            described, self.undescribed = catalog.EMPTY, set(changed)
+        else:
+            self.undescribed, self.described_imports = set(), imports
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self._save_ambient(),

@@ -212,6 +212,49 @@ def test_buffers_sharing_a_page_each_see_its_writes(tmp_path: Path) -> None:
     assert cells.saved(saved, "b")[50] == 2
 
 
+def _between_others() -> tuple[np.ndarray, np.ndarray]:
+    """A buffer whose first and last pages it shares with other memory, as one from the heap
+    does, and that memory around it."""
+    memory = mmap.mmap(-1, SIZE + 2 * written.PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    around = np.frombuffer(memory, dtype=np.uint8)
+    around[:] = 0  # its pages present: one that is not proves nothing
+    return np.frombuffer(memoryview(memory)[100:100 + SIZE], dtype=np.uint8), around
+
+
+def test_writes_beside_a_buffer_on_its_end_pages_cost_no_hash(tmp_path: Path) -> None:
+    cells = _Cells(tmp_path)
+    cells.ns["x"], around = _between_others()
+    cells.save()
+    around[50] = around[100 + SIZE + 10] = 1  # malloc's bookkeeping, another object
+    saved = cells.save()
+    assert (saved.hashed, saved.reused) == (0, SIZE)
+
+
+@pytest.mark.parametrize("where", [0, SIZE - 1])
+def test_a_write_to_a_buffer_on_a_page_it_shares_is_seen(tmp_path: Path, where: int) -> None:
+    cells = _Cells(tmp_path)
+    cells.ns["x"], around = _between_others()
+    cells.save()
+    around[50] = 1
+    cells.ns["x"][where] = 7
+    saved = cells.save()
+    assert saved.hashed == CHUNK
+    assert cells.saved(saved, "x")[where] == 7
+
+
+def test_an_end_page_written_while_its_chunk_is_hashed_is_hashed_again() -> None:
+    x, _ = _between_others()
+    tracker = written.tracker()
+    assert tracker is not None
+    address = _address(x)
+    assert tracker.prepare(address, SIZE, CHUNK, lambda first, end: True) == [None] * 8
+    x[0] = 1  # written and put back while the chunks are hashed: their ids may hold the 1
+    x[0] = 0
+    tracker.hashed(address, SIZE, CHUNK, [f"id{i}" for i in range(8)])
+    assert tracker.prepare(address, SIZE, CHUNK, lambda first, end: True) == \
+        [None] + [f"id{i}" for i in range(1, 8)]
+
+
 def test_an_unchanged_buffer_of_a_changed_group_is_kept_and_rewritten_if_gone(
         tmp_path: Path) -> None:
     cells = _Cells(tmp_path)

@@ -142,3 +142,39 @@ def test_a_worker_answers_questions_between_cells_and_sends_its_payloads(
     assert answers[1]["found"] and "Say one." in answers[1]["data"]["text/plain"]
     assert answers[2]["status"] in ("ok", "error") and answers[3]["status"] in ("ok", "error")
     assert answers[4]["status"] == "ok" and not answers[5]["found"]
+
+
+def test_a_save_describes_only_the_values_a_cell_changed(tmp_path: Path) -> None:
+    """A value whose object is the one saved before keeps its description (the commit merges
+    the parent's), and so does a module: a cell that only reads describes nothing it read."""
+    cells = ["import math\nrows = [{'id': i} for i in range(1000)]\nlimit = 3",
+             "total = len(rows) + limit + math.floor(0.5)",
+             "rows.append({'id': -1})",
+             "import cmath as math"]
+
+    async def scenario() -> list[Done]:
+        pool = Pool(tmp_path)
+        await pool.start()
+        try:
+            worker = await pool.fork_worker(frozenset())
+            await worker.send(Load(cwd=str(tmp_path)))
+            assert isinstance(await worker.recv(timeout=30), Loaded)
+            dones = []
+            for count, cell in enumerate(cells, 1):
+                await worker.send(RunCell(cell, execution_count=count))
+                while not isinstance(done := await worker.recv(timeout=30), Done):
+                    pass
+                dones.append(done)
+            await worker.close()
+            return dones
+        finally:
+            await pool.stop()
+
+    described = []
+    for done in asyncio.run(scenario()):
+        assert done.status == "ok" and done.saved is not None, done
+        described.append(done.saved.described["names"])
+    assert sorted(described[0]) == ["limit", "math", "rows"]
+    assert sorted(described[1]) == ["total"]
+    assert sorted(described[2]) == ["rows"] and described[2]["rows"]["len"] == 1001
+    assert sorted(described[3]) == ["math"] and "phase" in described[3]["math"]["attrs"]
