@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import click
-import nbformat
 
 from fabric import audit as fabric_audit
 from fabric.client import PATIENCE, Client
@@ -27,13 +26,6 @@ from fabric.errors import (
     UnknownSession,
 )
 from fabric.messages import Drain, Drained, Followed, Output
-from fabric.notebook import (
-    notebook_env,
-    notebook_gpus,
-    read_notebook,
-    run_notebook,
-    timings_table,
-)
 from fabric.protocol import as_session_name
 
 from .common import DEMO_NEEDS, DEMO_NOTEBOOK, client_of, config
@@ -130,6 +122,18 @@ def _print_output(index: int, output: dict) -> None:
 def _run(notebook: Path, connect: str | None, store: str | None, think_time: float,
          output: Path | None, cwd: Path | None, allow_errors: bool, session: str | None,
          gpus: int | None = None, env: str | None = None) -> bool:
+    # here, not above: nbformat (through jsonschema) takes over a second to import, which every
+    # other command, the server's start included, would pay
+    import nbformat
+
+    from fabric.notebook import (
+        notebook_env,
+        notebook_gpus,
+        read_notebook,
+        run_notebook,
+        timings_table,
+    )
+
     nb = read_notebook(notebook)
     gpus = gpus or notebook_gpus(nb)
     env = env if env is not None else notebook_env(nb)
@@ -234,6 +238,8 @@ def follow(session: str, connect: str | None) -> None:
 def audit(notebook: Path, verify: bool, json_out: Path | None) -> None:
     """Check llfabric's closures on NOTEBOOK: run it here, in a copy of its folder, recording
     what each cell looks up. Exits 1 if a cell needed something outside its closure."""
+    from fabric.notebook import read_notebook  # see _run
+
     read_notebook(notebook)  # a clear error for a file that is not a notebook
     with tempfile.TemporaryDirectory(prefix="llfabric-audit-") as workdir:
         cells = fabric_audit.audit_notebook(notebook.resolve(), Path(workdir), verify,

@@ -141,6 +141,16 @@ def test_a_worker_imports_nothing_of_the_server_side() -> None:
     assert loaded and {_part(m) for m in loaded} <= WORKER_MAY, loaded
 
 
+def test_the_command_line_and_the_server_start_without_the_notebook_format() -> None:
+    """nbformat, through jsonschema's format checkers, takes over a second to import: a server's
+    start and every command but those that read notebooks would pay it."""
+    probe = ("import sys\nimport cli.main, fabric.server, fabric.host.local\n"
+             "print(' '.join(m for m in ('nbformat', 'jsonschema') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert not loaded, loaded
+
+
 def _bare_dict(hint: ast.expr) -> bool:
     """Whether a return annotation says only `dict` (or `dict | None`): nothing of what it holds."""
     if isinstance(hint, ast.Constant) and isinstance(hint.value, str):
