@@ -80,15 +80,14 @@ LONG = {
 FULL_CORPUS = os.environ.get("LLFABRIC_CORPUS") == "full"
 
 
-# The differentials run in CI on one notebook or two of each kind (about ten minutes for all of
-# them on 2 cores), the rest under the deep marker (`make test-deep`), the long ones too with
-# LLFABRIC_CORPUS=full.
+# The differentials run in CI on one notebook of each kind (about eight minutes for all of them
+# on 2 cores; a second of a kind, such as pandas' MultiIndex, matplotlib's 3D axes or
+# scikit-learn's cross-validation, added time and no kind), the rest under the deep marker
+# (`make test-deep`), the long ones too with LLFABRIC_CORPUS=full.
 SHARED_DEFAULT = {
     "LLMs-from-scratch/ch02_dataloader-intuition",  # a tokenizer, a torch Dataset and DataLoader
     "LLMs-from-scratch/ch07_correlation-analysis",  # json records into pandas, correlations
     "PythonDataScienceHandbook/02.08-Sorting",  # numpy sorting and partitioning
-    "PythonDataScienceHandbook/03.05-Hierarchical-Indexing",  # pandas MultiIndex
-    "PythonDataScienceHandbook/04.12-Three-Dimensional-Plotting",  # matplotlib 3D axes
     "PythonDataScienceHandbook/05.04-Feature-Engineering",  # scikit-learn transformers
     "micrograd/trace_graph",  # classes defined in cells, a graphviz drawing
     "nanoGPT/scaling_laws",  # numpy fits, a plot
@@ -104,7 +103,6 @@ OWN_DEFAULT = {
     "ipython-in-depth/Updating_Displays",  # display ids updated in place, a progress bar
     "learn-python3/intermediate_04_idiomatic_misc2",  # try/finally, context managers, a file
     "pydata-book/ch02",  # builtins and numpy, errors raised on purpose
-    "scipy-2018-sklearn/13.Cross_Validation",  # scikit-learn cross-validation
 }
 DEFAULT = SHARED_DEFAULT | OWN_DEFAULT
 
