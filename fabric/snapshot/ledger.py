@@ -62,6 +62,7 @@ _MAGIC = b"LLFL\x01"
 _DIGEST = 16  # xxh3-128 of what follows it
 
 Stamp = tuple[int, ...]
+_GONE: Stamp = (0,) * 8  # the stamp of a session whose folder is gone
 
 
 class Ledger:
@@ -89,8 +90,9 @@ class Ledger:
         """The sessions changed since the last call (every session at the first)."""
         changed = set(self.store.take_changed())  # first: a write meanwhile is seen next time
         if not self._seen:  # those the saved ledger does not hold as they are
-            changed |= {s for s in {*self.store.sessions(), *self.stamps}
-                        if self.stamps.get(s) != self.store.stamp(s)}
+            found = self.store.stamps()
+            changed |= {s for s in {*found, *self.stamps}
+                        if self.stamps.get(s) != found.get(s, _GONE)}
             self._seen = True
         self.unthinned |= changed
         self.pending |= changed

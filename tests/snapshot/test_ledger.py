@@ -254,6 +254,32 @@ def test_a_restart_reads_again_only_the_sessions_written_since_the_ledger_was_sa
     assert set(ledger.stamps) == {"a", "b", "d"}
 
 
+@pytest.mark.parametrize("name", ["head", "index"])
+def test_a_head_or_index_replaced_behind_the_ledgers_back_is_read_again(
+        tmp_path: Path, name: str) -> None:
+    """Replaced by a file of the same size and times, its change marks lost: its inode and
+    change time still tell."""
+    root = tmp_path / "store"
+    store = _two_sessions(root, "a", "b")
+    now = time.time()
+    ledger = Ledger(store)
+    _pass(ledger, set(), now)
+    _pass(ledger, set(), now)  # and reads again what the first one's frees wrote
+    ledger.save()
+    path = root / "sessions" / "a" / name
+    old = path.stat()
+    data = f"{history.log(store, 'a')[1][0]}\n".encode() if name == "head" \
+        else path.read_bytes()  # the head back at its parent
+    replacement = path.with_name(".replacement")
+    replacement.write_bytes(data)
+    os.utime(replacement, ns=(old.st_atime_ns, old.st_mtime_ns))
+    os.replace(replacement, path)
+    assert path.stat().st_size == old.st_size and not store.take_changed()
+    restarted = _restarted(root)
+    restarted.retain(POLICY, set(), now)
+    assert restarted.pending == {"a"}
+
+
 def _flipped(data: bytes) -> bytes:
     middle = len(data) // 2
     return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1:]
