@@ -34,10 +34,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
 import time
+from array import array
 from collections.abc import Iterable
 from pathlib import Path
 from typing import cast
@@ -58,7 +60,7 @@ log = logging.getLogger(__name__)
 FILE = "ledger"  # in the store's root
 SAVE_SECONDS = 60.0  # a save writes what every session holds: at most this often
 FILE_BYTES = 1 << 30  # far past any store's: a larger file is not trusted
-_MAGIC = b"LLFL\x01"
+_MAGIC = b"LLFL\x02"
 _DIGEST = 16  # xxh3-128 of what follows it
 
 Stamp = tuple[int, ...]
@@ -218,12 +220,17 @@ class Ledger:
 
     def save(self) -> None:
         """Write the ledger (`FILE`) for the first pass after a restart: atomically, with the
-        digest it is checked against on load."""
-        sessions = {s: [list(stamp), self.held.get(s, b""),
-                        t.due if (t := self.thinnings.get(s)) else None,
-                        pack_ids(t.protected if t else ())]
-                    for s, stamp in self.stamps.items()}
-        body = pack({"sessions": sessions, "refs": self.refs.packed(), "damaged": self.damaged,
+        digest it is checked against on load. What is kept by session is kept by column (each
+        a byte string, or a list msgpack reads in C), so that a load costs little more than
+        reading the file, however many sessions it holds."""
+        names = list(self.stamps)
+        thinnings = [self.thinnings.get(s) for s in names]
+        body = pack({"sessions": names, "stamps": [n for s in names for n in self.stamps[s]],
+                     "held": _column([self.held.get(s, b"") for s in names]),
+                     "due": array("d", (t.due if t else math.nan for t in thinnings)).tobytes(),
+                     "protected": _column([pack_ids(t.protected) if t else b""
+                                           for t in thinnings]),
+                     "refs": self.refs.packed(), "damaged": self.damaged,
                      "unthinned": sorted(self.unthinned), "pending": sorted(self.pending),
                      "unsettled": sorted(self.unsettled), "listed": self.listed,
                      "kept": self.kept, "kept_bytes": self.kept_bytes})
@@ -242,12 +249,7 @@ class Ledger:
             log.warning("the ledger %s is not trusted (%s): the first pass reads every session",
                         path, getattr(exc, "message", exc))
             return
-        for session, (stamp, held, due, protected) in saved.sessions.items():
-            self.stamps[session] = stamp
-            if held:
-                self.held[session] = held
-            if due is not None:
-                self.thinnings[session] = history.Thinning([], due, protected)
+        self.stamps, self.held, self.thinnings = saved.stamps, saved.held, saved.thinnings
         self.refs = saved.refs
         self.damaged, self.unthinned, self.pending, self.unsettled = \
             saved.damaged, saved.unthinned, saved.pending, saved.unsettled
@@ -259,11 +261,12 @@ class Ledger:
 
 @dataclasses.dataclass
 class _Saved:
-    """A saved ledger, checked: by session, its stamp, what it holds (packed), and its
-    retention's due time and protected versions (no due time: not thinned); how many sessions
-    hold each file."""
+    """A saved ledger, checked: by session, its stamp, what it holds (packed, only where it holds
+    anything) and its last retention; how many sessions hold each file."""
 
-    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]]
+    stamps: dict[str, Stamp]
+    held: dict[str, bytes]
+    thinnings: dict[str, history.Thinning]
     refs: Counts
     damaged: dict[str, str]
     unthinned: set[str]
@@ -274,37 +277,59 @@ class _Saved:
     kept_bytes: int
 
 
+def _column(parts: list[bytes]) -> list[bytes]:
+    """Packed ids by session, as one byte string and how many ids each part holds."""
+    return [b"".join(parts), array("I", (len(p) // ID for p in parts)).tobytes()]
+
+
+def _parts(column: object, count: int) -> list[bytes]:
+    """The `count` parts a `_column` holds; ValueError if it cannot hold them."""
+    data, sizes = cast(list[object], column)
+    lengths = array("I")
+    lengths.frombytes(cast(bytes, sizes))  # TypeError if not bytes
+    if not isinstance(data, bytes) or len(lengths) != count or sum(lengths) * ID != len(data):
+        raise ValueError("a bad column")
+    return [data[(end - n) * ID:end * ID] for end, n in zip(itertools.accumulate(lengths),
+                                                             lengths, strict=True)]
+
+
 def _decoded(data: bytes) -> _Saved:
     """A saved ledger's contents, checked whole; ValueError (or TypeError, KeyError,
     AttributeError, UnpackError) if any of it is not as `Ledger.save` writes it."""
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a ledger this version writes")
     body = data[len(_MAGIC) + _DIGEST:]
-    if not data.startswith(_MAGIC) or \
-            data[len(_MAGIC):len(_MAGIC) + _DIGEST] != xxhash.xxh3_128_digest(body):
+    if data[len(_MAGIC):len(_MAGIC) + _DIGEST] != xxhash.xxh3_128_digest(body):
         raise ValueError("its digest does not match: it is torn or corrupt")
     raw = cast(dict[str, object], unpack(body))
-    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]] = {}
-    for session, entry in cast(dict[object, list[object]], raw["sessions"]).items():
-        stamp, held, due, protected = entry
-        stamp = tuple(cast(list[object], stamp))
-        if not valid_session(session) or len(stamp) != 8 or \
-                not all(isinstance(n, int) for n in stamp) or \
-                not isinstance(held, bytes) or len(held) % ID or \
-                not isinstance(protected, bytes) or \
-                not (due is None or isinstance(due, float)):
-            raise ValueError(f"a bad entry for session {session!r}")
-        sessions[session] = (cast(Stamp, stamp), held, due, frozenset(unpack_ids(protected)))
+    names = cast(list[object], raw["sessions"])
+    stamps = cast(list[int], raw["stamps"])  # only ever compared: a bad one reads its session
+    due = array("d")
+    due.frombytes(cast(bytes, raw["due"]))
+    if not all(map(valid_session, names)) or len(stamps) != 8 * len(names) or \
+            len(due) != len(names):
+        raise ValueError("bad sessions")
+    sessions = cast(list[str], names)
+    held = _parts(raw["held"], len(sessions))
+    protected = _parts(raw["protected"], len(sessions))
     ids, counts = cast(list[object], raw["refs"])
     if not isinstance(ids, bytes) or not isinstance(counts, bytes):
         raise ValueError("bad counts")
     damaged = cast(dict[object, object], raw["damaged"])
-    names = {k: cast(list[object], raw[k]) for k in ("unthinned", "pending", "unsettled")}
+    found = {k: cast(list[object], raw[k]) for k in ("unthinned", "pending", "unsettled")}
     listed, kept, kept_bytes = raw["listed"], raw["kept"], raw["kept_bytes"]
     if not all(valid_session(s) and isinstance(why, str) for s, why in damaged.items()) or \
-            not all(valid_session(s) for found in names.values() for s in found) or \
+            not all(valid_session(s) for named in found.values() for s in named) or \
             not isinstance(listed, float) or not isinstance(kept, int) or \
             not isinstance(kept_bytes, int):
         raise ValueError("bad fields")
-    unthinned, pending, unsettled = (set(cast(list[str], names[k]))
+    unthinned, pending, unsettled = (set(cast(list[str], found[k]))
                                      for k in ("unthinned", "pending", "unsettled"))
-    return _Saved(sessions, Counts(ids, counts), cast(dict[str, str], damaged), unthinned,
-                  pending, unsettled, listed, kept, kept_bytes)
+    eights = cast(list[Stamp], zip(*[iter(stamps)] * 8, strict=True))
+    return _Saved(
+        dict(zip(sessions, eights, strict=True)),
+        {s: h for s, h in zip(sessions, held, strict=True) if h},
+        {s: history.Thinning([], d, frozenset(unpack_ids(p)) if p else frozenset())
+         for s, d, p in zip(sessions, due, protected, strict=True) if not math.isnan(d)},
+        Counts(ids, counts), cast(dict[str, str], damaged), unthinned, pending, unsettled,
+        listed, kept, kept_bytes)
