@@ -42,7 +42,7 @@ class _Files:
     """The two files as read at first use, and what changed since."""
 
     sorted: bytes  # the sorted file's lines, as read
-    lines: int  # how many it holds
+    lines: int | None  # how many it holds, once counted
     appended: dict[bytes, bytes]  # the appended lines by their object's id, not checked yet
     added: int  # lines appended since the last merge
     gone: set[bytes]  # objects gc removed, whose lines the next merge drops
@@ -108,8 +108,8 @@ class ChunkLists:
             assert self.path is not None
             ordered = read_regular(self._sorted_path(), FILE_BYTES) or b""
             appended = _split(read_regular(self.path, FILE_BYTES) or b"")
-            self._files = _Files(ordered, ordered.count(b"\n"),
-                                 {line[:_KEY]: line for line in appended}, len(appended), set())
+            self._files = _Files(ordered, None, {line[:_KEY]: line for line in appended},
+                                 len(appended), set())
             self._merge_if_due(self._files)  # as an earlier version left the files
         return self._files
 
@@ -122,7 +122,12 @@ class ChunkLists:
         appended ones (those that check, in its place of a line of the same object), less the
         removed objects'; then empty the appended file."""
         assert self.path is not None
-        if files.added + len(files.gone) <= max(MERGE_LINES, files.lines // MERGE_SHARE):
+        changed = files.added + len(files.gone)
+        if changed <= MERGE_LINES:
+            return
+        if files.lines is None:  # only now: a pass that asks for a few lists leaves it be
+            files.lines = files.sorted.count(b"\n")
+        if changed <= files.lines // MERGE_SHARE:
             return
         lines = {line[:_KEY]: line for line in _split(files.sorted)}
         # read again: lines other processes appended, and those parsed since they were read

@@ -975,14 +975,15 @@ class Index:
 
 def _stamp(folder: str, dir_fd: int | None = None) -> tuple[int, ...]:
     """`Store.stamp` of the session folder `folder` (relative to `dir_fd`, if given)."""
-    stamp: list[int] = []
-    for name in ("head", "index"):
-        try:
-            st = os.stat(f"{folder}/{name}", dir_fd=dir_fd, follow_symlinks=False)
-            stamp += [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        except (FileNotFoundError, NotADirectoryError):
-            stamp += [0, 0, 0, 0]
-    return tuple(stamp)
+    return _file_stamp(f"{folder}/head", dir_fd) + _file_stamp(f"{folder}/index", dir_fd)
+
+
+def _file_stamp(path: str, dir_fd: int | None) -> tuple[int, ...]:
+    try:
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return (0, 0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def valid_session(name: object) -> TypeGuard[str]:
