@@ -8,14 +8,18 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
+import xxhash
 from helpers import commit_values
 
 from fabric.errors import StoreError
 from fabric.snapshot import Encoded, Group, Manifest, Store, dumps, history
+from fabric.snapshot.ledger import _MAGIC as ledger_magic
 from fabric.snapshot.ledger import Ledger
+from fabric.snapshot.packing import pack, unpack
 from fabric.snapshot.retention import HOUR, RetentionPolicy
 
 CHUNK = 1 << 16
@@ -309,6 +313,37 @@ def test_a_damaged_or_stale_ledger_is_not_trusted_and_no_live_chunk_is_freed(
     _pass(restarted, set(), time.time())
     assert not history.verify(restarted.store).problems
     assert set(Ledger(Store(root, chunk=CHUNK)).stamps) == {"a", "b"}  # saved afresh
+
+
+def _forged(fields: dict[str, object], damage: str) -> None:
+    """`fields` of a saved ledger, damaged as a writer that knows the format could."""
+    held, counts = cast(list[bytes], fields["held"])
+    if damage == "a bad name":
+        cast(list[str], fields["sessions"])[0] = "../elsewhere"
+    elif damage == "a column short":
+        fields["held"] = [held, counts[:-4]]
+    elif damage == "holds past their column":
+        fields["held"] = [held[:-16], counts]
+    elif damage == "a stamp short":
+        fields["stamps"] = cast(list[int], fields["stamps"])[:-1]
+
+
+@pytest.mark.parametrize("damage", ["none", "a bad name", "a column short",
+                                    "holds past their column", "a stamp short"])
+def test_a_ledger_forged_with_a_matching_digest_is_checked_field_by_field(
+        tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "store"
+    ledger = Ledger(_two_sessions(root, "a", "b"))
+    _pass(ledger, set(), time.time())
+    ledger.save()
+    saved = root / "ledger"
+    data = saved.read_bytes()
+    head, body = data[:len(ledger_magic)], data[len(ledger_magic) + 16:]
+    fields = cast(dict[str, object], unpack(body))
+    _forged(fields, damage)
+    body = pack(fields)
+    saved.write_bytes(head + xxhash.xxh3_128_digest(body) + body)
+    assert set(_restarted(root).stamps) == (set() if damage != "none" else {"a", "b"})
 
 
 def test_a_pass_whose_ledger_cannot_be_saved_still_frees_what_it_released(
