@@ -32,8 +32,8 @@ import xxhash
 from .tiers import read_regular, valid_id, write_atomic
 
 FILE_BYTES = 1 << 30  # far past any store's: a larger file is left unread
-MERGE_LINES = 1024  # the fewest appended lines a merge waits for
-MERGE_SHARE = 8  # and more than the sorted lines over this
+MERGE_LINES = 1024  # a merge waits for more lines changed (appended, or removed) than this
+MERGE_SHARE = 8  # and than 1/MERGE_SHARE of the sorted lines
 _KEY = 32  # a line's object id, in hex digits
 
 

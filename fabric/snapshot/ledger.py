@@ -306,7 +306,8 @@ def _decoded(data: bytes) -> _Saved:
     stamps = cast(list[int], raw["stamps"])  # only ever compared: a bad one reads its session
     due = array("d")
     due.frombytes(cast(bytes, raw["due"]))
-    if not all(map(valid_session, names)) or len(stamps) != 8 * len(names) or \
+    if not isinstance(names, list) or not all(map(valid_session, names)) or \
+            not isinstance(stamps, list) or len(stamps) != 8 * len(names) or \
             len(due) != len(names):
         raise ValueError("bad sessions")
     sessions = cast(list[str], names)
