@@ -374,9 +374,10 @@ def _decoded(data: bytes) -> tuple[_Saved, int]:
     saved: _Saved | None = None
     moved: collections.Counter[str] = collections.Counter()  # refs, applied once: at the end
     at = whole = len(_MAGIC)
+    view = memoryview(data)  # records read in place: a whole one is megabytes
     while at < len(data):
         size = int.from_bytes(data[at:at + 4], "little")
-        body = data[at + _HEAD:at + _HEAD + size]
+        body = view[at + _HEAD:at + _HEAD + size]
         if at + _HEAD + size > len(data) or \
                 data[at + 4:at + _HEAD] != xxhash.xxh3_128_digest(body):
             if saved is None:
@@ -398,15 +399,15 @@ def _applied(saved: _Saved | None, raw: dict[str, object],
     since changed (how `refs` moved added to `moved`)."""
     if raw["whole"] is not (saved is None):
         raise ValueError("a record out of place")
-    names = cast(list[object], raw["sessions"])
-    removed = cast(list[object], raw["removed"])
-    stamps = cast(list[int], raw["stamps"])  # only ever compared: a bad one reads its session
+    lists = [raw["sessions"], raw["removed"], raw["stamps"]]
+    if not all(isinstance(found, list) for found in lists):
+        raise ValueError("bad sessions")
+    # stamps are only ever compared: a bad one reads its session again
+    names, removed, stamps = cast(list[list[object]], lists)
     due = array("d")
     due.frombytes(cast(bytes, raw["due"]))
-    if not isinstance(names, list) or not all(map(valid_session, names)) or \
-            not isinstance(removed, list) or not all(map(valid_session, removed)) or \
-            not isinstance(stamps, list) or len(stamps) != 8 * len(names) or \
-            len(due) != len(names):
+    if not all(map(valid_session, names)) or not all(map(valid_session, removed)) or \
+            len(stamps) != 8 * len(names) or len(due) != len(names):
         raise ValueError("bad sessions")
     sessions = cast(list[str], names)
     held = _parts(raw["held"], len(sessions))
