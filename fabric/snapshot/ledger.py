@@ -19,14 +19,18 @@ Of what retention and removal release, a pass frees exactly what `history.gc` wo
 same rules (grace, touched since, saves in flight). A pass reads each changed session's history
 once: gc marks what retention read.
 
-The ledger is saved in the store's `ledger` file (at most every `SAVE_SECONDS`, as it holds what
-every session holds), so that the first pass after a restart costs what changed since rather
-than the whole store. What a session holds is trusted only while the session's stamp
+The ledger is saved in the store's `ledger` file (at most every `SAVE_SECONDS`), so that the
+first pass after a restart costs what changed since rather than the whole store: the whole
+ledger, written atomically, then at each save a record of what changed since the last one,
+appended durably, until those would pass half the whole one (a load reads them all) and the
+whole ledger is written afresh. What a session holds is trusted only while the session's stamp
 (`Store.stamp`: its head's and index's inode, size and times, taken before they were read)
 is unchanged: a session written since the save, by any process, even with its change marks lost
-to a crash, is read again; one the ledger does not know is read as at a first pass. The file is
-written atomically and checked whole against its digest on load: a torn, corrupt or unreadable
-one is not trusted at all, and the first pass reads every session, as without one.
+to a crash, is read again; one the ledger does not know is read as at a first pass. Each record
+is checked against its digest on load: an appended one that does not check (a save cut short)
+is left out with any after it, and the ledger taken as the save before it left it, an older
+ledger the stamps make as safe as any; a torn, corrupt or unreadable whole one is not trusted
+at all, and the first pass reads every session, as without one.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
 import time
+from array import array
 from collections.abc import Iterable
 from pathlib import Path
 from typing import cast
@@ -56,12 +62,13 @@ from .tiers import read_regular, valid_id, write_atomic
 log = logging.getLogger(__name__)
 
 FILE = "ledger"  # in the store's root
-SAVE_SECONDS = 60.0  # a save writes what every session holds: at most this often
+SAVE_SECONDS = 60.0  # a save at most this often
 FILE_BYTES = 1 << 30  # far past any store's: a larger file is not trusted
-_MAGIC = b"LLFL\x01"
-_DIGEST = 16  # xxh3-128 of what follows it
+_MAGIC = b"LLFL\x02"
+_HEAD = 4 + 16  # before each record: its size, and its xxh3-128 digest
 
 Stamp = tuple[int, ...]
+_GONE: Stamp = (0,) * 8  # the stamp of a session whose folder is gone
 
 
 class Ledger:
@@ -83,14 +90,21 @@ class Ledger:
         self._seen = False  # whether a pass has looked at every session
         self._read: dict[str, list[tuple[str, Manifest]]] = {}  # histories retention read
         self._unsaved = False
+        # since the last save: the sessions whose entries changed, and how `refs` did
+        self._dirty: set[str] = set()
+        self._moved: collections.Counter[str] = collections.Counter()
+        # the saved file as this ledger left it (`_identity`), and the size of its whole record,
+        # to append to; None: the next save writes it whole
+        self._file: tuple[Stamp, int] | None = None
         self._load()
 
     def _changes(self) -> set[str]:
         """The sessions changed since the last call (every session at the first)."""
         changed = set(self.store.take_changed())  # first: a write meanwhile is seen next time
         if not self._seen:  # those the saved ledger does not hold as they are
-            changed |= {s for s in {*self.store.sessions(), *self.stamps}
-                        if self.stamps.get(s) != self.store.stamp(s)}
+            found = self.store.stamps()
+            changed |= {s for s in {*found, *self.stamps}
+                        if self.stamps.get(s) != found.get(s, _GONE)}
             self._seen = True
         self.unthinned |= changed
         self.pending |= changed
@@ -108,6 +122,7 @@ class Ledger:
         for session in sorted(self.unthinned | stale):
             self.unthinned.discard(session)  # a pass that fails leaves the rest for the next
             self._unsaved = True
+            self._dirty.add(session)
             read: list[tuple[str, Manifest]] = []
             try:
                 thinning = history.thin(self.store, session, policy, protect, now, read) \
@@ -140,7 +155,10 @@ class Ledger:
             history.keep_damaged(self.store, set(result.damaged), kept)
             for session in result.damaged:
                 holds[session] |= kept
-        dropped, added = self.refs.change(self._hold(holds))
+        moved = self._hold(holds)
+        self._dirty.update(sessions)
+        self._moved.update(moved)
+        dropped, added = self.refs.change(moved)
         held = [s for s in sessions if s in self.held]
         freeable = history.released(self.store, held, result.damaged)
         if started - self.listed >= self.grace:
@@ -215,18 +233,47 @@ class Ledger:
             return False
 
     def save(self) -> None:
-        """Write the ledger (`FILE`) for the first pass after a restart: atomically, with the
+        """Write the ledger (`FILE`) for the first pass after a restart: a record of what
+        changed since the last save appended to the file this ledger wrote, durably; or the
+        whole ledger, written atomically, where there is no such file or the records appended
+        would pass half its whole record's size (a load reads them all). Each record carries the
         digest it is checked against on load."""
-        sessions = {s: [list(stamp), self.held.get(s, b""),
-                        t.due if (t := self.thinnings.get(s)) else None,
-                        pack_ids(t.protected if t else ())]
-                    for s, stamp in self.stamps.items()}
-        body = pack({"sessions": sessions, "refs": self.refs.packed(), "damaged": self.damaged,
+        path = self.store.root / FILE
+        known, self._file = self._file, None  # a save cut short is followed by a whole one
+        if known is not None and known[0] == _identity(path):
+            record = _record(self._body(sorted(self._dirty), whole=False))
+            if known[0][1] + len(record) <= known[1] * 3 // 2:
+                self._file = (_appended(path, record), known[1])
+        if self._file is None:
+            data = _MAGIC + _record(self._body(list(self.stamps), whole=True))
+            write_atomic(path, data)
+            self._file = (_identity(path), len(data))
+        self._dirty.clear()
+        self._moved.clear()
+        self.saved, self._unsaved = time.time(), False
+
+    def _body(self, names: list[str], whole: bool) -> bytes:
+        """A record of the entries of the sessions `names` (those gone: removed) and of the
+        fields that are not by session; of `refs`, whole or how it moved since the last save.
+        What is kept by session is kept by column (each a byte string, or a list msgpack reads
+        in C), so that a load costs little more than reading the file, however many sessions
+        it holds."""
+        removed = [s for s in names if s not in self.stamps]
+        names = [s for s in names if s in self.stamps]
+        thinnings = [self.thinnings.get(s) for s in names]
+        moved = {i: n for i, n in self._moved.items() if n}
+        refs = self.refs.packed() if whole else \
+            (pack_ids(moved), array("i", moved.values()).tobytes())
+        return pack({"whole": whole, "sessions": names, "removed": removed,
+                     "stamps": [n for s in names for n in self.stamps[s]],
+                     "held": _column([self.held.get(s, b"") for s in names]),
+                     "due": array("d", (t.due if t else math.nan for t in thinnings)).tobytes(),
+                     "protected": _column([pack_ids(t.protected) if t else b""
+                                           for t in thinnings]),
+                     "refs": list(refs), "damaged": self.damaged,
                      "unthinned": sorted(self.unthinned), "pending": sorted(self.pending),
                      "unsettled": sorted(self.unsettled), "listed": self.listed,
                      "kept": self.kept, "kept_bytes": self.kept_bytes})
-        write_atomic(self.store.root / FILE, _MAGIC + xxhash.xxh3_128_digest(body) + body)
-        self.saved, self._unsaved = time.time(), False
 
     def _load(self) -> None:
         """Take up the saved ledger, if there is one to trust."""
@@ -235,17 +282,12 @@ class Ledger:
             data = read_regular(path, FILE_BYTES)
             if data is None:
                 return
-            saved = _decoded(data)
+            saved, whole = _decoded(data)
         except (StoreError, ValueError, TypeError, KeyError, AttributeError, UnpackError) as exc:
             log.warning("the ledger %s is not trusted (%s): the first pass reads every session",
                         path, getattr(exc, "message", exc))
             return
-        for session, (stamp, held, due, protected) in saved.sessions.items():
-            self.stamps[session] = stamp
-            if held:
-                self.held[session] = held
-            if due is not None:
-                self.thinnings[session] = history.Thinning([], due, protected)
+        self.stamps, self.held, self.thinnings = saved.stamps, saved.held, saved.thinnings
         self.refs = saved.refs
         self.damaged, self.unthinned, self.pending, self.unsettled = \
             saved.damaged, saved.unthinned, saved.pending, saved.unsettled
@@ -253,15 +295,43 @@ class Ledger:
         self.listed = saved.listed if saved.listed <= now else -math.inf  # a clock set back
         self.kept, self.kept_bytes = saved.kept, saved.kept_bytes
         self.saved = min(os.stat(path).st_mtime, now)
+        identity = _identity(path)
+        if saved.clean and identity[1] == len(data):
+            self._file = (identity, whole)
+
+
+def _appended(path: Path, record: bytes) -> Stamp:
+    """Append `record` to the file at `path`, durably; the file's `_identity` then."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        view = memoryview(record)
+        while view:  # a write may be short
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        return _identity(fd)
+    finally:
+        os.close(fd)
+
+
+def _identity(file: Path | int) -> Stamp:
+    """What tells the file (a path or an open one) from any other, or from itself rewritten:
+    its inode, size, and modification and change times (zeros where there is none)."""
+    try:
+        st = os.fstat(file) if isinstance(file, int) else os.lstat(file)
+    except FileNotFoundError:
+        return (0, 0, 0, 0)
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 @dataclasses.dataclass
 class _Saved:
-    """A saved ledger, checked: by session, its stamp, what it holds (packed), and its
-    retention's due time and protected versions (no due time: not thinned); how many sessions
-    hold each file."""
+    """A saved ledger, checked: by session, its stamp, what it holds (packed, only where it holds
+    anything) and its last retention; how many sessions hold each file; and whether the file
+    ends with its last record (not with one a save cut short)."""
 
-    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]]
+    stamps: dict[str, Stamp]
+    held: dict[str, bytes]
+    thinnings: dict[str, history.Thinning]
     refs: Counts
     damaged: dict[str, str]
     unthinned: set[str]
@@ -270,39 +340,109 @@ class _Saved:
     listed: float
     kept: int
     kept_bytes: int
+    clean: bool = True
 
 
-def _decoded(data: bytes) -> _Saved:
-    """A saved ledger's contents, checked whole; ValueError (or TypeError, KeyError,
-    AttributeError, UnpackError) if any of it is not as `Ledger.save` writes it."""
-    body = data[len(_MAGIC) + _DIGEST:]
-    if not data.startswith(_MAGIC) or \
-            data[len(_MAGIC):len(_MAGIC) + _DIGEST] != xxhash.xxh3_128_digest(body):
-        raise ValueError("its digest does not match: it is torn or corrupt")
-    raw = cast(dict[str, object], unpack(body))
-    sessions: dict[str, tuple[Stamp, bytes, float | None, frozenset[str]]] = {}
-    for session, entry in cast(dict[object, list[object]], raw["sessions"]).items():
-        stamp, held, due, protected = entry
-        stamp = tuple(cast(list[object], stamp))
-        if not valid_session(session) or len(stamp) != 8 or \
-                not all(isinstance(n, int) for n in stamp) or \
-                not isinstance(held, bytes) or len(held) % ID or \
-                not isinstance(protected, bytes) or \
-                not (due is None or isinstance(due, float)):
-            raise ValueError(f"a bad entry for session {session!r}")
-        sessions[session] = (cast(Stamp, stamp), held, due, frozenset(unpack_ids(protected)))
+def _record(body: bytes) -> bytes:
+    """A record as the file holds it: its size, its digest, itself."""
+    return len(body).to_bytes(4, "little") + xxhash.xxh3_128_digest(body) + body
+
+
+def _column(parts: list[bytes]) -> list[bytes]:
+    """Packed ids by session, as one byte string and how many ids each part holds."""
+    return [b"".join(parts), array("I", (len(p) // ID for p in parts)).tobytes()]
+
+
+def _parts(column: object, count: int) -> list[bytes]:
+    """The `count` parts a `_column` holds; ValueError if it cannot hold them."""
+    data, sizes = cast(list[object], column)
+    lengths = array("I")
+    lengths.frombytes(cast(bytes, sizes))  # TypeError if not bytes
+    if not isinstance(data, bytes) or len(lengths) != count or sum(lengths) * ID != len(data):
+        raise ValueError("a bad column")
+    return [data[(end - n) * ID:end * ID] for end, n in zip(itertools.accumulate(lengths),
+                                                             lengths, strict=True)]
+
+
+def _decoded(data: bytes) -> tuple[_Saved, int]:
+    """A saved ledger's contents, checked whole, and the size of its whole record (with the
+    magic before it); ValueError (or TypeError, KeyError, AttributeError, UnpackError) if any
+    of it is not as `Ledger.save` writes it. A last record that does not check is one a save cut
+    short: the ledger is taken as the save before it left it."""
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a ledger this version writes")
+    saved: _Saved | None = None
+    moved: collections.Counter[str] = collections.Counter()  # refs, applied once: at the end
+    at = whole = len(_MAGIC)
+    view = memoryview(data)  # records read in place: a whole one is megabytes
+    while at < len(data):
+        size = int.from_bytes(data[at:at + 4], "little")
+        body = view[at + _HEAD:at + _HEAD + size]
+        if at + _HEAD + size > len(data) or \
+                data[at + 4:at + _HEAD] != xxhash.xxh3_128_digest(body):
+            if saved is None:
+                raise ValueError("its digest does not match: it is torn or corrupt")
+            saved.clean = False
+            break
+        saved = _applied(saved, cast(dict[str, object], unpack(body)), moved)
+        at += _HEAD + size
+        whole = whole if whole > len(_MAGIC) else at
+    if saved is None:
+        raise ValueError("it holds no record")
+    saved.refs.change(moved)
+    return saved, whole
+
+
+def _applied(saved: _Saved | None, raw: dict[str, object],
+             moved: collections.Counter[str]) -> _Saved:
+    """The ledger `saved` with a record applied: the whole ledger first, then what each save
+    since changed (how `refs` moved added to `moved`)."""
+    if raw["whole"] is not (saved is None):
+        raise ValueError("a record out of place")
+    lists = [raw["sessions"], raw["removed"], raw["stamps"]]
+    if not all(isinstance(found, list) for found in lists):
+        raise ValueError("bad sessions")
+    # stamps are only ever compared: a bad one reads its session again
+    names, removed, stamps = cast(list[list[object]], lists)
+    due = array("d")
+    due.frombytes(cast(bytes, raw["due"]))
+    if not all(map(valid_session, names)) or not all(map(valid_session, removed)) or \
+            len(stamps) != 8 * len(names) or len(due) != len(names):
+        raise ValueError("bad sessions")
+    sessions = cast(list[str], names)
+    held = _parts(raw["held"], len(sessions))
+    protected = _parts(raw["protected"], len(sessions))
     ids, counts = cast(list[object], raw["refs"])
     if not isinstance(ids, bytes) or not isinstance(counts, bytes):
         raise ValueError("bad counts")
     damaged = cast(dict[object, object], raw["damaged"])
-    names = {k: cast(list[object], raw[k]) for k in ("unthinned", "pending", "unsettled")}
+    found = {k: cast(list[object], raw[k]) for k in ("unthinned", "pending", "unsettled")}
     listed, kept, kept_bytes = raw["listed"], raw["kept"], raw["kept_bytes"]
     if not all(valid_session(s) and isinstance(why, str) for s, why in damaged.items()) or \
-            not all(valid_session(s) for found in names.values() for s in found) or \
+            not all(valid_session(s) for named in found.values() for s in named) or \
             not isinstance(listed, float) or not isinstance(kept, int) or \
             not isinstance(kept_bytes, int):
         raise ValueError("bad fields")
-    unthinned, pending, unsettled = (set(cast(list[str], names[k]))
+    unthinned, pending, unsettled = (set(cast(list[str], found[k]))
                                      for k in ("unthinned", "pending", "unsettled"))
-    return _Saved(sessions, Counts(ids, counts), cast(dict[str, str], damaged), unthinned,
-                  pending, unsettled, listed, kept, kept_bytes)
+    if saved is None:
+        saved = _Saved({}, {}, {}, Counts(ids, counts), {}, set(), set(), set(), 0.0, 0, 0)
+    else:
+        deltas = array("i")
+        deltas.frombytes(counts)
+        if len(ids) != ID * len(deltas):
+            raise ValueError("bad counts")
+        moved.update({ids[at * ID:(at + 1) * ID].hex(): n for at, n in enumerate(deltas)})
+        for session in [*cast(list[str], removed), *sessions]:
+            for entries in (saved.stamps, saved.held, saved.thinnings):
+                entries.pop(session, None)
+    eights = cast(list[Stamp], zip(*[iter(stamps)] * 8, strict=True))
+    saved.stamps.update(zip(sessions, eights, strict=True))
+    saved.held.update((s, h) for s, h in zip(sessions, held, strict=True) if h)
+    saved.thinnings.update(
+        (s, history.Thinning([], d, frozenset(unpack_ids(p)) if p else frozenset()))
+        for s, d, p in zip(sessions, due, protected, strict=True) if not math.isnan(d))
+    saved.damaged, saved.unthinned, saved.pending, saved.unsettled = \
+        cast(dict[str, str], damaged), unthinned, pending, unsettled
+    saved.listed, saved.kept, saved.kept_bytes = listed, kept, kept_bytes
+    return saved

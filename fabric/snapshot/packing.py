@@ -15,6 +15,6 @@ def pack(value: object) -> bytes:
     return cast(bytes, msgpack.packb(value, use_bin_type=True))  # pyright: ignore[reportUnknownMemberType]
 
 
-def unpack(data: bytes) -> object:
+def unpack(data: bytes | memoryview) -> object:
     """What `data` holds, to be checked by its reader: it is input from outside."""
     return cast(object, msgpack.unpackb(data, raw=False))  # pyright: ignore[reportUnknownMemberType]

@@ -808,15 +808,17 @@ class Store(BlobStore):
         stamp means neither was written since."""
         if not valid_session(session):
             self._head_path(session)  # raises, saying what names a session
-        folder = os.path.join(self.root, "sessions", session)  # as text: a pass stamps many
-        stamp: list[int] = []
-        for name in ("head", "index"):
-            try:
-                st = os.lstat(os.path.join(folder, name))
-                stamp += [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-            except FileNotFoundError:
-                stamp += [0, 0, 0, 0]
-        return tuple(stamp)
+        return _stamp(os.path.join(self.root, "sessions", session))
+
+    def stamps(self) -> dict[str, tuple[int, ...]]:
+        """Every session folder's `stamp`, of those without a head too: one listing, and each
+        file stat'ed by its name in the folder (no path walked again), for a pass that checks
+        them all."""
+        fd = os.open(self.root / "sessions", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return {e.name: _stamp(e.name, fd) for e in os.scandir(fd) if valid_session(e.name)}
+        finally:
+            os.close(fd)
 
     def has_index(self, session: str) -> bool:
         """Whether the session's index is there: every head this store writes has one, so a
@@ -971,6 +973,19 @@ class Index:
         return cls(cast(dict[str, str], dict(tags)),
                    {cast(str, k): float(cast(float, v)) for k, v in thinned.items()},
                    cast(dict[str, int], dict(policy)))
+
+
+def _stamp(folder: str, dir_fd: int | None = None) -> tuple[int, ...]:
+    """`Store.stamp` of the session folder `folder` (relative to `dir_fd`, if given)."""
+    return _file_stamp(f"{folder}/head", dir_fd) + _file_stamp(f"{folder}/index", dir_fd)
+
+
+def _file_stamp(path: str, dir_fd: int | None) -> tuple[int, ...]:
+    try:
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return (0, 0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def valid_session(name: object) -> TypeGuard[str]:

@@ -8,14 +8,18 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
+import xxhash
 from helpers import commit_values
 
 from fabric.errors import StoreError
 from fabric.snapshot import Encoded, Group, Manifest, Store, dumps, history
+from fabric.snapshot.ledger import _MAGIC as ledger_magic
 from fabric.snapshot.ledger import Ledger
+from fabric.snapshot.packing import pack, unpack
 from fabric.snapshot.retention import HOUR, RetentionPolicy
 
 CHUNK = 1 << 16
@@ -254,35 +258,152 @@ def test_a_restart_reads_again_only_the_sessions_written_since_the_ledger_was_sa
     assert set(ledger.stamps) == {"a", "b", "d"}
 
 
+@pytest.mark.parametrize("name", ["head", "index"])
+def test_a_head_or_index_replaced_behind_the_ledgers_back_is_read_again(
+        tmp_path: Path, name: str) -> None:
+    """Replaced by a file of the same size and times, its change marks lost: its inode and
+    change time still tell."""
+    root = tmp_path / "store"
+    store = _two_sessions(root, "a", "b")
+    now = time.time()
+    ledger = Ledger(store)
+    _pass(ledger, set(), now)
+    _pass(ledger, set(), now)  # and reads again what the first one's frees wrote
+    ledger.save()
+    path = root / "sessions" / "a" / name
+    old = path.stat()
+    data = f"{history.log(store, 'a')[1][0]}\n".encode() if name == "head" \
+        else path.read_bytes()  # the head back at its parent
+    replacement = path.with_name(".replacement")
+    replacement.write_bytes(data)
+    os.utime(replacement, ns=(old.st_atime_ns, old.st_mtime_ns))
+    os.replace(replacement, path)
+    assert path.stat().st_size == old.st_size and not store.take_changed()
+    restarted = _restarted(root)
+    restarted.retain(POLICY, set(), now)
+    assert restarted.pending == {"a"}
+
+
+def _state(ledger: Ledger) -> tuple[object, ...]:
+    """What a ledger saves."""
+    return (ledger.stamps, ledger.held, {s: (t.due, t.protected) for s, t in
+                                          ledger.thinnings.items() if s in ledger.stamps},
+            ledger.refs.packed(), ledger.damaged, ledger.unthinned, ledger.pending,
+            ledger.unsettled, ledger.listed, ledger.kept, ledger.kept_bytes)
+
+
+def _bystanders(store: Store, count: int = 12) -> set[str]:
+    """Sessions of a commit each, that nothing changes: the whole ledger is then larger than a
+    record of what one pass changed, as on any store but the smallest."""
+    for i in range(count):
+        _commit(store, f"x{i}", 100 + i)
+    return {f"x{i}" for i in range(count)}
+
+
+def test_saves_append_what_changed_and_load_as_the_ledger_that_made_them(
+        tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = Store(root, chunk=CHUNK)
+    for session in ("a", "b", "c"):
+        _commit(store, session, ord(session))
+    _bystanders(store)
+    ledger = Ledger(store)
+    _pass(ledger, set(), time.time())  # saved whole
+    saved = root / "ledger"
+    whole = saved.read_bytes()
+    _changes(store, 1)  # commits, a name, a new session, a removed one
+    _pass(ledger, set(), time.time())
+    ledger.save()
+    assert saved.read_bytes().startswith(whole)  # appended, not written afresh
+    assert _state(Ledger(Store(root, chunk=CHUNK))) == _state(ledger)
+
+
+def test_appended_saves_past_the_whole_records_size_are_written_whole_again(
+        tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = _two_sessions(root, "a", "b")
+    _bystanders(store)
+    ledger = Ledger(store)
+    _pass(ledger, set(), time.time())
+    saved = root / "ledger"
+    whole, inode = saved.stat().st_size, saved.stat().st_ino
+    for i in range(50):
+        _commit(store, "a", 10 + i)
+        _pass(ledger, set(), time.time())
+        ledger.save()
+        if saved.stat().st_ino != inode:
+            break
+        assert saved.stat().st_size <= whole * 3 // 2
+    assert i > 0 and saved.stat().st_ino != inode  # appended to, then written whole again
+    assert _state(Ledger(Store(root, chunk=CHUNK))) == _state(ledger)
+
+
 def _flipped(data: bytes) -> bytes:
     middle = len(data) // 2
     return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1:]
 
 
-@pytest.mark.parametrize("damage", ["flipped", "torn", "stale", "not a ledger"])
+@pytest.mark.parametrize("damage", ["flipped", "torn", "stale", "not a ledger",
+                                    "its last save cut short"])
 def test_a_damaged_or_stale_ledger_is_not_trusted_and_no_live_chunk_is_freed(
         tmp_path: Path, damage: str) -> None:
     root = tmp_path / "store"
     store = _two_sessions(root, "a", "b")
+    others = _bystanders(store)
     ledger = Ledger(store)
-    _pass(ledger, set(), time.time())
+    _pass(ledger, set(), time.time())  # saved whole
     saved = root / "ledger"
-    first = saved.read_bytes()
+    first, stamps = saved.read_bytes(), dict(ledger.stamps)
     for i in range(3, 6):  # a's versions move on and their old data is freed
         _commit(store, "a", i)
     _pass(ledger, set(), time.time())
-    ledger.save()
+    ledger.save()  # what changed, appended
     data = saved.read_bytes()
-    saved.write_bytes({"flipped": _flipped(data), "torn": data[:-7], "stale": first,
-                       "not a ledger": b"\0" * 64}[damage])
+    assert data.startswith(first) and len(data) > len(first)
+    saved.write_bytes({"flipped": _flipped(first) + data[len(first):], "torn": first[:-7],
+                       "stale": first, "not a ledger": b"\0" * 64,
+                       "its last save cut short": data[:-7]}[damage])
     _commit(store, "b", 20)  # its marks lost to a crash
     store.take_changed()
     restarted = _restarted(root)
-    if damage != "stale":
+    if damage in ("stale", "its last save cut short"):
+        assert restarted.stamps == stamps  # as the save before left it
+    else:
         assert not restarted.stamps  # nothing of it is trusted
     _pass(restarted, set(), time.time())
     assert not history.verify(restarted.store).problems
-    assert set(Ledger(Store(root, chunk=CHUNK)).stamps) == {"a", "b"}  # saved afresh
+    assert set(Ledger(Store(root, chunk=CHUNK)).stamps) == {"a", "b", *others}  # saved afresh
+
+
+def _forged(fields: dict[str, object], damage: str) -> None:
+    """`fields` of a saved ledger, damaged as a writer that knows the format could."""
+    held, counts = cast(list[bytes], fields["held"])
+    if damage == "a bad name":
+        cast(list[str], fields["sessions"])[0] = "../elsewhere"
+    elif damage == "a column short":
+        fields["held"] = [held, counts[:-4]]
+    elif damage == "holds past their column":
+        fields["held"] = [held[:-16], counts]
+    elif damage == "a stamp short":
+        fields["stamps"] = cast(list[int], fields["stamps"])[:-1]
+
+
+@pytest.mark.parametrize("damage", ["none", "a bad name", "a column short",
+                                    "holds past their column", "a stamp short"])
+def test_a_ledger_forged_with_a_matching_digest_is_checked_field_by_field(
+        tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "store"
+    ledger = Ledger(_two_sessions(root, "a", "b"))
+    _pass(ledger, set(), time.time())  # saved whole
+    saved = root / "ledger"
+    data = saved.read_bytes()
+    magic, body = data[:len(ledger_magic)], data[len(ledger_magic) + 20:]  # one record
+    fields = cast(dict[str, object], unpack(body))
+    _forged(fields, damage)
+    body = pack(fields)
+    saved.write_bytes(magic + len(body).to_bytes(4, "little") + xxhash.xxh3_128_digest(body)
+                      + body)
+    assert set(_restarted(root).stamps) == (set() if damage != "none" else {"a", "b"})
 
 
 def test_a_pass_whose_ledger_cannot_be_saved_still_frees_what_it_released(

@@ -18,11 +18,11 @@ def test_the_scale_bench_times_each_operation_and_names_the_worst(tmp_path: Path
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    for op in ("first pass", "open", "status", "commit", "retention", "gc", "verify",
+    for op in ("first pass", "open", "status", "commit", "retention", "gc", "save", "verify",
                "verify since"):
         assert any(re.fullmatch(rf"{op} +(\d+\.\d+ +){{3}}\d+\.\dx", line) for line in lines), op
         assert any(re.fullmatch(rf"{op}: \d+\.\dx, (within 3x|over 3x: .+)", line)
                    for line in lines), op  # each says whether it grows, and why it must
-    assert re.fullmatch(r"scale: worst ratio \d+\.\dx \((open|status|commit|retention|gc)\) "
+    assert re.fullmatch(r"scale: worst ratio \d+\.\dx \((open|status|commit|retention|gc|save)\) "
                         r"at 8 sessions against 2", lines[-1])
     assert not list(tmp_path.iterdir())  # its stores are gone
