@@ -432,7 +432,7 @@ def verify(store: Store, repair: bool = False, sources: Iterable[Tier] = (),
     names: dict[str, set[str]] = {}  # session -> what its history names (up to a problem)
     histories: list[str] = []  # what is wrong with them
     for session in sessions:
-        if since is not None and max(store.stamp(session)[3::4]) < since * 1e9:
+        if since is not None and max(store.stamps([session])[session][3::4]) < since * 1e9:
             continue  # neither its head nor its index was written since (their change times)
         if not store.has_index(session):
             histories.append(f"session {session} has no index: its names (tags) and "

@@ -147,7 +147,7 @@ class Ledger:
         result = history.Collected()
         self._changes()
         sessions = sorted(self.pending | self.unsettled | set(self.damaged))
-        stamps = {s: self.store.stamp(s) for s in sessions}  # before: a write meanwhile shows
+        stamps = self.store.stamps(sessions)  # before: a write meanwhile shows
         holds = {s: self._holds(s, result.damaged) for s in sessions}
         self._read.clear()
         if result.damaged:  # what they may still need: one read of every manifest for all

@@ -801,19 +801,18 @@ class Store(BlobStore):
             with contextlib.suppress(FileNotFoundError):
                 os.rename(self.root / "manifests" / damaged, aside / damaged)
 
-    def stamp(self, session: str) -> tuple[int, ...]:
-        """What changes whenever the session's head or index is written, in any process: each
+    def stamps(self, sessions: Collection[str] | None = None) -> dict[str, tuple[int, ...]]:
+        """What changes whenever a session's head or index is written, in any process: each
         file's inode, size and modification and change times (zeros for one that is not
         there). Every write replaces the file, and no one can set a change time, so an equal
-        stamp means neither was written since."""
-        if not valid_session(session):
-            self._head_path(session)  # raises, saying what names a session
-        return _stamp(os.path.join(self.root, "sessions", session))
-
-    def stamps(self) -> dict[str, tuple[int, ...]]:
-        """Every session folder's `stamp`, of those without a head too: one listing, and each
-        file stat'ed by its name in the folder (no path walked again), for a pass that checks
-        them all."""
+        stamp means neither was written since. Of `sessions`, or of every session folder (those
+        without a head too) from one listing, each file stat'ed by its name in the folder (no
+        path walked again), for a pass that checks them all."""
+        if sessions is not None:
+            for session in sessions:
+                if not valid_session(session):
+                    self._head_path(session)  # raises, saying what names a session
+            return {s: _stamp(os.path.join(self.root, "sessions", s)) for s in sessions}
         fd = os.open(self.root / "sessions", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             return {e.name: _stamp(e.name, fd) for e in os.scandir(fd) if valid_session(e.name)}
@@ -976,7 +975,7 @@ class Index:
 
 
 def _stamp(folder: str, dir_fd: int | None = None) -> tuple[int, ...]:
-    """`Store.stamp` of the session folder `folder` (relative to `dir_fd`, if given)."""
+    """`Store.stamps` of the session folder `folder` (relative to `dir_fd`, if given)."""
     return _file_stamp(f"{folder}/head", dir_fd) + _file_stamp(f"{folder}/index", dir_fd)
 
 
