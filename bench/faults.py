@@ -95,8 +95,8 @@ class Ledger:
                                            for s in client.status().sessions),
                            "every cell ended", timeout=30)
             leases = client.status().leases.leases
-        self.leaked += [f"slot {e['slot']} held by {e['session']}" for e in leases
-                        if "session" in e and not e["lingering"]]
+        self.leaked += [f"slot {e.slot} held by {e.session}" for e in leases
+                        if e.session is not None and not e.lingering]
 
     def account(self, root: Path) -> None:
         """Check every store under `root`: the versions noted and those its sessions' heads

@@ -574,7 +574,8 @@ def _records(store: Store) -> list[Path]:
 def _freed(store: Store, sessions: list[str], damaged: dict[str, str], done: float,
            young: float) -> None:
     """Mark what gc has just freed as such, so that the next gc does not read it again; and
-    drop a record's temp file that a crash left, once older than the grace period."""
+    drop the temp files a crash left (a record's, a session's head or index), once older than
+    the grace period."""
     for session in sessions:
         if session in damaged:
             continue
@@ -587,10 +588,25 @@ def _freed(store: Store, sessions: list[str], damaged: dict[str, str], done: flo
     for record in _records(store):
         if record.stat().st_mtime <= done:
             record.unlink(missing_ok=True)
-    for leftover in (store.root / "released").glob(".tmp-*"):
-        with contextlib.suppress(FileNotFoundError):
-            if leftover.stat().st_mtime < young:
-                leftover.unlink()
+    for folder in [store.root / "released", *(store.root / "sessions" / s for s in sessions)]:
+        _drop_leftovers(folder, young)
+
+
+def _drop_leftovers(folder: Path, young: float) -> None:
+    """Remove `write_atomic`'s temp files in `folder` older than `young`; a folder that is a
+    link is not followed (a user's part of the store may hold one, pointing anywhere)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # not there, or a link
+        return
+    try:
+        for entry in os.scandir(fd):
+            with contextlib.suppress(FileNotFoundError):
+                if entry.name.startswith(".tmp-") \
+                        and entry.stat(follow_symlinks=False).st_mtime < young:
+                    os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def keep_damaged(store: Store, sessions: set[str], live: set[str]) -> None:

@@ -204,17 +204,24 @@ def test_a_gc_pass_during_a_removal_does_not_lose_what_it_released(tmp_path) -> 
     assert not any(store.disk.files()) and not any((store.root / "released").iterdir())
 
 
-def test_gc_leaves_a_removal_record_being_written_and_clears_one_a_crash_left(tmp_path) -> None:
-    store = _store_with(tmp_path, 1)
-    folder = store.root / "released"
-    folder.mkdir()
-    writing, crashed = folder / ".tmp-writing", folder / ".tmp-crashed"
-    writing.write_bytes(b"")
-    crashed.write_bytes(b"")
+@pytest.mark.parametrize("folder", ["released", "sessions/s"])
+def test_gc_leaves_a_file_being_written_and_clears_one_a_crash_left(tmp_path,
+                                                                    folder: str) -> None:
+    """A removal record's or a head's or index's temp file (`write_atomic`'s)."""
+    store = _store_with(tmp_path / "store", 1)
+    (store.root / folder).mkdir(exist_ok=True)
+    writing, crashed = store.root / folder / ".tmp-writing", store.root / folder / ".tmp-crashed"
+    elsewhere = tmp_path / "elsewhere"  # what a link in the store points at is not its own
+    elsewhere.mkdir()
+    (elsewhere / ".tmp-theirs").write_bytes(b"")
+    (store.root / "sessions" / "linked").symlink_to(elsewhere)
     old = time.time() - 2 * history.GRACE_SECONDS
-    os.utime(crashed, (old, old))
+    for path in (writing, crashed, elsewhere / ".tmp-theirs"):
+        path.write_bytes(b"")
+    for path in (crashed, elsewhere / ".tmp-theirs"):
+        os.utime(path, (old, old))
     history.gc(store)
-    assert writing.exists() and not crashed.exists()
+    assert writing.exists() and not crashed.exists() and (elsewhere / ".tmp-theirs").exists()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
