@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -11,7 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,10 @@ from fabric.config import Config
 from fabric.embedded import EmbeddedServer
 from fabric.errors import RemoteError
 from fabric.messages import Output, Reply
-from fabric.pool import criu
+from fabric.pool import Pool, criu
 from fabric.snapshot import Group, Manifest, Store, dumps
 from fabric.status import SessionStatus
+from fabric.worker.messages import Done, Load, Loaded, RunCell
 
 
 def execute(client: Client, session: str, source: str,
@@ -304,3 +306,29 @@ def lazy_package(root: Path, name: str, imports: str = "") -> None:
         (f"import {imports}\n" if imports else "")
         + "def use():\n    from . import part\n    return part.VALUE\n")
     (root / name / "part.py").write_text("VALUE = 42\n")
+
+
+def cells_on_one_worker(root: Path, cells: list[str], groups: Sequence[tuple[str, list[str]]] = (),
+                        timeout: float = 60) -> list[Done]:
+    """Each of `cells` run in turn on one worker forked by a pool whose store is `root`, working
+    there, with the store's `groups` (blob, names) loaded first: what each cell's `Done` said."""
+    async def scenario() -> list[Done]:
+        pool = Pool(root)
+        await pool.start()
+        try:
+            worker = await pool.fork_worker(frozenset())
+            await worker.send(Load(cwd=str(root), groups=list(groups)))
+            loaded = await worker.recv(timeout=timeout)
+            assert isinstance(loaded, Loaded) and loaded.error is None, loaded
+            dones = []
+            for count, cell in enumerate(cells, 1):
+                await worker.send(RunCell(cell, execution_count=count))
+                while not isinstance(done := await worker.recv(timeout=timeout), Done):
+                    pass
+                dones.append(done)
+            await worker.close()
+            return dones
+        finally:
+            await pool.stop()
+
+    return asyncio.run(scenario())

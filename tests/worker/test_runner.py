@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers import cells_on_one_worker
 
 from fabric import protocol
 from fabric.pool import Pool
@@ -152,26 +153,8 @@ def test_a_save_describes_only_the_values_a_cell_changed(tmp_path: Path) -> None
              "rows.append({'id': -1})",
              "import cmath as math"]
 
-    async def scenario() -> list[Done]:
-        pool = Pool(tmp_path)
-        await pool.start()
-        try:
-            worker = await pool.fork_worker(frozenset())
-            await worker.send(Load(cwd=str(tmp_path)))
-            assert isinstance(await worker.recv(timeout=30), Loaded)
-            dones = []
-            for count, cell in enumerate(cells, 1):
-                await worker.send(RunCell(cell, execution_count=count))
-                while not isinstance(done := await worker.recv(timeout=30), Done):
-                    pass
-                dones.append(done)
-            await worker.close()
-            return dones
-        finally:
-            await pool.stop()
-
     described = []
-    for done in asyncio.run(scenario()):
+    for done in cells_on_one_worker(tmp_path, cells):
         assert done.status == "ok" and done.saved is not None, done
         described.append(done.saved.described["names"])
     assert sorted(described[0]) == ["limit", "math", "rows"]

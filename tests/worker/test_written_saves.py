@@ -3,15 +3,13 @@ makes after cells that only read (`fabric.snapshot.written`)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import cells_on_one_worker
 
-from fabric.pool import Pool
 from fabric.snapshot import Store, dumps, loads, written
-from fabric.worker.messages import Done, Load, Loaded, RunCell
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(written.tracker() is None,
@@ -31,31 +29,12 @@ CELLS = [
 
 
 def test_a_worker_saves_each_write_after_cells_that_only_read(tmp_path: Path) -> None:
-    async def scenario() -> list[Done]:
-        pool = Pool(tmp_path)
-        await pool.start()
-        try:
-            worker = await pool.fork_worker(frozenset())
-            await worker.send(Load(cwd=str(tmp_path)))
-            assert isinstance(await worker.recv(timeout=30), Loaded)
-            dones = []
-            for i, cell in enumerate(CELLS, 1):
-                source = cell.replace("SIZE", str(SIZE)).replace("AT", str(AT))
-                await worker.send(RunCell(source, execution_count=i))
-                while not isinstance(done := await worker.recv(timeout=60), Done):
-                    pass
-                assert done.status == "ok", done
-                dones.append(done)
-            await worker.close()
-            return dones
-        finally:
-            await pool.stop()
-
-    dones = asyncio.run(scenario())
+    dones = cells_on_one_worker(tmp_path, [cell.replace("SIZE", str(SIZE)).replace("AT", str(AT))
+                                           for cell in CELLS])
     store = Store(tmp_path)
     saved = []
     for done in dones:
-        assert done.saved is not None
+        assert done.status == "ok" and done.saved is not None, done
         blob = next(b for b, names, _ in done.saved.groups if names == ["x"])
         saved.append(loads(store.get_object(blob), {})["x"])
     expected = np.zeros(SIZE, dtype=np.uint8)
@@ -71,26 +50,8 @@ def test_a_worker_saves_a_write_to_a_buffer_it_loaded(tmp_path: Path) -> None:
     x = np.zeros(SIZE, dtype=np.uint8)
     blob = Store(tmp_path).put_object(dumps({"x": x}, {}))
 
-    async def scenario() -> list[Done]:
-        pool = Pool(tmp_path)
-        await pool.start()
-        try:
-            worker = await pool.fork_worker(frozenset())
-            await worker.send(Load(cwd=str(tmp_path), groups=[(blob, ["x"])]))
-            loaded = await worker.recv(timeout=60)
-            assert isinstance(loaded, Loaded) and loaded.error is None, loaded
-            dones = []
-            for i, cell in enumerate(["total = int(x.sum())", f"x[{AT}] = 9"], 1):
-                await worker.send(RunCell(cell, execution_count=i))
-                while not isinstance(done := await worker.recv(timeout=60), Done):
-                    pass
-                dones.append(done)
-            await worker.close()
-            return dones
-        finally:
-            await pool.stop()
-
-    read, wrote = asyncio.run(scenario())
+    read, wrote = cells_on_one_worker(tmp_path, ["total = int(x.sum())", f"x[{AT}] = 9"],
+                                      groups=[(blob, ["x"])])
     assert read.saved is not None and wrote.saved is not None
     assert [b for b, names, _ in read.saved.groups if names == ["x"]] == [blob]
     [after] = [b for b, names, _ in wrote.saved.groups if names == ["x"]]
