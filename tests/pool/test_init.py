@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -75,8 +76,9 @@ def test_keeps_no_inherited_descriptor_once_the_program_runs(init: str) -> None:
     # The program closes the pipe it inherited; the reader must see EOF while the program still
     # runs, so neither the init nor the process that made the namespace holds a copy.
     read_end, write_end = os.pipe()
-    proc = subprocess.Popen([init, "--pidns", "sh", "-c", f"exec {write_end}>&-; sleep 5"],
-                            pass_fds=[write_end])
+    # Python, not sh: dash redirects only descriptors 0-9, and the pipe may get a higher one.
+    program = f"import os, time; os.close({write_end}); time.sleep(5)"
+    proc = subprocess.Popen([init, "--pidns", sys.executable, "-c", program], pass_fds=[write_end])
     os.close(write_end)
     try:
         start = time.monotonic()
