@@ -161,3 +161,18 @@ def test_a_save_describes_only_the_values_a_cell_changed(tmp_path: Path) -> None
     assert sorted(described[1]) == ["total"]
     assert sorted(described[2]) == ["rows"] and described[2]["rows"]["len"] == 1001
     assert sorted(described[3]) == ["math"] and "phase" in described[3]["math"]["attrs"]
+
+
+def test_a_forked_worker_leaves_its_zygotes_objects_to_them_and_collects_its_own(
+        tmp_path: Path) -> None:
+    # The zygote's imports are frozen out of the collector: a worker's collections leave their
+    # pages shared. Its own cycles are collected as ever.
+    cells = ["import gc, IPython\n"
+             "assert gc.get_freeze_count() > 1000\n"
+             "shell = IPython.core.interactiveshell.InteractiveShell\n"
+             "assert not any(o is shell for o in gc.get_objects())",
+             "class Node: pass\n"
+             "node = Node(); node.me = node; del node\n"
+             "assert gc.collect() >= 1"]
+    for done in cells_on_one_worker(tmp_path, cells):
+        assert done.status == "ok", done
