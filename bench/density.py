@@ -11,16 +11,17 @@ trace has there: a training step (a training burst) or an evaluation that only r
 cells between bursts). So most sessions think at any time, and a few run a cell.
 
 Plain: python3 ipykernels (jupyter_client) with the same cells and think times, added one at a
-time: M is the most whose memory stays within `--memory-gb`. llfabric: one `llfabric serve` with
-N sessions, its sweep going on past M (to 10 M, or `--max-sessions`) while its memory stays
-within the budget and half the free space of the store's disk (under TMPDIR) holds their
-state. Its settings make an idle session cheap: keep_warm `--keep-warm` seconds, 0 by default
+time: M is the most whose memory stays within `--memory-gb` (default 1.5 GB per core: the host's
+slots are its cores, and 10 M sessions' active cells need slots as M kernels' do not, so a budget
+grows with the slots that serve it, as a GPU host's memory does with its GPUs). llfabric: one
+`llfabric serve` with N sessions, its sweep going on past M (to 10 M, or `--max-sessions`) while
+its memory stays within the budget and half the free space of the store's disk (under TMPDIR) holds
+their state. Its settings make an idle session cheap: keep_warm `--keep-warm` seconds, 0 by default
 (a worker idle longer is retired, its session's state in the store alone, no process; the next
 cell's draft readies a worker with its closure while the user edits it), linger 0 (a cell's slot
-and worker go back as soon as its state is saved), cool_after 30 (a worker holding values the
-store cannot keep is dumped to disk after 30 s idle), one slot per core, and retention
-keep_versions 1, keep_hourly 0, keep_daily 0 (the store holds the heads alone: the disk, not
-memory, grows with N).
+and worker go back as soon as its state is saved), cool_after 30 (a worker holding values the store
+cannot keep is dumped to disk after 30 s idle), one slot per core, and retention keep_versions 1,
+keep_hourly 0, keep_daily 0 (the store holds the heads alone: the disk, not memory, grows with N).
 
 Per N and side: host memory in use (the peak over the phase of PSS summed over the server's
 process tree, or over the kernels', so pages a zygote shares with its workers count once),
@@ -33,7 +34,7 @@ the same memory (R.Rx); active cells' p95 visible delay D ms`.
 
 `--quick` (tiny models, at most 3 sessions, short phases; the budget 2.5 times the first plain
 kernel's memory unless `--memory-gb` is given) proves the bench works end to end.
-Usage: python bench/density.py [--memory-gb 6] [--model-mb 50-200] [--data-mb 16] [--phase 120]
+Usage: python bench/density.py [--memory-gb GB] [--model-mb 50-200] [--data-mb 16] [--phase 120]
     [--compress 1] [--max-think 300] [--edit 3] [--keep-warm 0] [--max-sessions N] [--quick]
 """
 
@@ -91,6 +92,8 @@ EVALUATE = """with torch.no_grad():
     accuracy = (model(data[batch]).argmax(1) == labels[batch]).float().mean().item()
 """
 COOL_AFTER = 30
+CORES = os.cpu_count() or 1  # the server's slots, one per core
+GB_PER_CORE = 1.5  # the default memory budget, per slot
 
 
 def setup_cell(model_mb: float, data_mb: float, seed: int) -> str:
@@ -288,7 +291,7 @@ class Fabric:
         self.work, self.keep_warm = work, keep_warm
         self.config = Config(store=work / "store", runtime_dir=work, bind=f"ipc://{work}/s.sock")
         settings = {"KEEP_WARM": keep_warm, "LINGER": 0, "COOL_AFTER": COOL_AFTER,
-                    "SLOTS": os.cpu_count() or 1, "KEEP_VERSIONS": 1, "KEEP_HOURLY": 0,
+                    "SLOTS": CORES, "KEEP_VERSIONS": 1, "KEEP_HOURLY": 0,
                     "KEEP_DAILY": 0}
         env = {**os.environ, **{f"LLFABRIC_{k}": str(v) for k, v in settings.items()}}
         self.server = EmbeddedServer(self.config, env)
@@ -572,7 +575,8 @@ def megabytes(text: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory-gb", type=positive, default=None,
-                        help="the memory budget (default 6; --quick: 2.5 plain kernels)")
+                        help=f"the memory budget (default {GB_PER_CORE:g} per core: "
+                        f"{GB_PER_CORE * CORES:g} here; --quick: 2.5 plain kernels)")
     parser.add_argument("--model-mb", type=megabytes, default=None,
                         help="a session's model size, MB, drawn from LOW-HIGH (default 50-200)")
     parser.add_argument("--data-mb", type=positive, default=None, help="a session's data, MB")
@@ -595,8 +599,9 @@ def main() -> None:
     args = parser.parse_args()
     defaults = (dict(memory_gb=None, model_mb=(2.0, 4.0), data_mb=1.0, phase=3.0, compress=30.0,
                      max_think=2.0, edit=0.5, keep_warm=0, max_sessions=3) if args.quick else
-                dict(memory_gb=6.0, model_mb=(50.0, 200.0), data_mb=16.0, phase=120.0,
-                     compress=1.0, max_think=300.0, edit=3.0, keep_warm=0, max_sessions=0))
+                dict(memory_gb=GB_PER_CORE * CORES, model_mb=(50.0, 200.0), data_mb=16.0,
+                     phase=120.0, compress=1.0, max_think=300.0, edit=3.0, keep_warm=0,
+                     max_sessions=0))
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
