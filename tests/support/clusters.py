@@ -65,7 +65,9 @@ def ray_cluster(env: dict[str, str] | None = None,
         log.warning("the Ray cluster's nodes run as processes of this machine: %s", why)
         cluster: RayCluster = PlainRay(env, nodes, head_gpus)
     else:
-        cluster = NamespacedRay(env, nodes, head_gpus)
+        cluster = NamespacedRay(env, [*NODE_FLAGS, f"--num-gpus={head_gpus}",
+                                      "--include-dashboard=false"],
+                                [(extra, NODE_FLAGS) for extra in nodes])
     try:
         yield cluster
     finally:
@@ -174,6 +176,9 @@ class HostNode:
 
 
 PATIENT = {"RAY_NUM_REDIS_GET_RETRIES": "150"}  # a node's start waits 5 minutes for the head
+# `ray start`'s flags for a test cluster's node (`NODE`)
+NODE_FLAGS = [f"--num-cpus={NODE['num_cpus']}", f"--resources={json.dumps(NODE['resources'])}",
+              f"--object-store-memory={NODE['object_store_memory']}"]
 
 
 class NamespacedRay(RayCluster):
@@ -181,34 +186,64 @@ class NamespacedRay(RayCluster):
     network this makes (`namespaces.Network`): `ray start` there, bound to the host's address,
     so its raylet, its agents, its workers and the host actors they run (and the servers those
     start) have the host's network, pids, /proc and hostname. A driver runs on the head's
-    network (Ray connects a driver to a raylet at its own address), the front door too."""
+    network (Ray connects a driver to a raylet at its own address), the front door too.
+
+    `env`: the environment its node processes start in (default this process's); `head`: the
+    head's flags for `ray start` and what it adds to `env`; `nodes`: one node each, started with
+    the head, with what it adds to `env` and its flags; `autoscaled`: the head's autoscaler, with
+    the provider `told_raylets.Provider`, adds and removes nodes, each on a test host too."""
 
     GCS_PORT = 6379  # any: each host has its ports to itself
 
-    def __init__(self, env: dict[str, str] | None, nodes: tuple[dict[str, str], ...],
-                 head_gpus: int) -> None:
-        import ray
-
+    def __init__(self, env: dict[str, str] | None, head: list[str],
+                 nodes: Sequence[tuple[dict[str, str], list[str]]] = (),
+                 head_env: dict[str, str] | None = None, autoscaled: bool = False) -> None:
         self.network = Network()
         self.temp = Path(tempfile.mkdtemp(prefix="llf-ray-"))  # short: it holds sockets
+        self.env = dict(os.environ if env is None else env)
+        self.nodes: list[HostNode] = []
+        self._hosts = threading.Lock()  # a network makes one host at a time
+        self._listener: socket.socket | None = None
+        self._server: threading.Thread | None = None
         try:
-            base = dict(os.environ if env is None else env)
-            ids = [ray.NodeID.from_random().hex() for _ in range(len(nodes) + 1)]
-            self.nodes = [HostNode(node, self.network.host(host_name(node))) for node in ids]
-            self.head_node = self.nodes[0]
+            head_env = {**self.env, **(head_env or {})}
+            if autoscaled:
+                from told_raylets import NODES
+
+                head_env[NODES] = self._serve_nodes()
+            self.head_node = self._node()
             self.address = f"{self.head_node.host.address}:{self.GCS_PORT}"
+            added = [self._node() for _ in nodes]  # by this thread: see `Namespaces`
             with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as starts:
-                for started in [starts.submit(self._start, self.head_node, base, [
-                        "--head", f"--port={self.GCS_PORT}", f"--num-gpus={head_gpus}",
-                        "--include-dashboard=false"])] + [
-                        # it waits for the head's GCS, asking every 2 s
-                        starts.submit(self._start, node, {**base, **extra, **PATIENT}, [
-                            f"--address={self.address}", "--include-log-monitor=false"])
-                        for node, extra in zip(self.nodes[1:], nodes, strict=True)]:
+                for started in [starts.submit(self._start, self.head_node, head_env, [
+                        "--head", f"--port={self.GCS_PORT}", *head])] + [
+                        starts.submit(self._join, node, extra, flags)
+                        for node, (extra, flags) in zip(added, nodes, strict=True)]:
                     started.result()
         except BaseException:
             self.shutdown()
             raise
+
+    def add_node(self, node: str, extra: dict[str, str], flags: list[str]) -> HostNode:
+        """Node `node` (its id) started on a new test host, with what it adds to the cluster's
+        environment and its flags for `ray start`; it returns once the node has joined."""
+        added = self._node(node)
+        self._join(added, extra, flags)
+        return added
+
+    def _node(self, node: str | None = None) -> HostNode:
+        """A new host, for node `node` (default a new id)."""
+        import ray
+
+        node = node or ray.NodeID.from_random().hex()
+        with self._hosts:
+            self.nodes.append(HostNode(node, self.network.host(host_name(node))))
+            return self.nodes[-1]
+
+    def _join(self, node: HostNode, extra: dict[str, str], flags: list[str]) -> None:
+        # it waits for the head's GCS, asking every 2 s
+        self._start(node, {**self.env, **extra, **PATIENT}, [
+            f"--address={self.address}", "--include-log-monitor=false", *flags])
 
     def _start(self, node: HostNode, env: dict[str, str], args: list[str]) -> None:
         """`ray start` on the node's host, its raylet told every agent port (`told_raylets`),
@@ -216,8 +251,6 @@ class NamespacedRay(RayCluster):
         the cluster."""
         command = [sys.executable, str(Path(__file__).with_name("raylets") / "told_raylets.py"),
                    "start", *args, f"--node-ip-address={node.host.address}",
-                   f"--num-cpus={NODE['num_cpus']}", f"--resources={json.dumps(NODE['resources'])}",
-                   f"--object-store-memory={NODE['object_store_memory']}",
                    f"--temp-dir={private_dir(self.temp / node.host.name)}",
                    "--disable-usage-stats"]
         log_path = self.temp / f"{node.host.name}.log"
@@ -248,14 +281,56 @@ class NamespacedRay(RayCluster):
                 _ended(pid, signal.SIGTERM)
         node.host.close()
 
+    def node(self, node: str) -> HostNode:
+        """The node whose id is `node`."""
+        return next(n for n in self.nodes if n.node_id == node)
+
     def host(self, node: str) -> Host:
         """The test host of the node whose id is `node`."""
-        return next(n.host for n in self.nodes if n.node_id == node)
+        return self.node(node).host
+
+    def _serve_nodes(self) -> str:
+        """A socket (its path) where Ray's autoscaler, through its node provider
+        (`told_raylets.Provider`), asks for each node it adds or removes, until `shutdown`: each
+        on a test host of its own (`add_node`, `remove_node`). A request is a line of JSON,
+        `{"add": NODE, "env": {...}, "flags": [...]}` or `{"remove": NODE}`; its answer a line
+        of JSON too, `{"error": null}` or what failed."""
+        path = self.temp / "nodes.sock"
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(str(path))
+        self._listener.listen()
+        # it makes the hosts it adds, and outlives them (see `Namespaces`)
+        self._server = threading.Thread(target=self._answer, args=(self._listener,),
+                                        daemon=True, name="nodes")
+        self._server.start()
+        return str(path)
+
+    def _answer(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # shut down
+                return
+            with connection, connection.makefile("rw") as lines:
+                request = json.loads(lines.readline())
+                try:
+                    if "add" in request:
+                        self.add_node(request["add"], request["env"], request["flags"])
+                    else:
+                        self.remove_node(self.node(request["remove"]))
+                    lines.write(json.dumps({"error": None}) + "\n")
+                except Exception as exc:  # the provider raises it in the autoscaler
+                    lines.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
 
     def on_network(self) -> contextlib.AbstractContextManager[None]:
         return self.head_node.host.entered(("net",))
 
     def shutdown(self) -> None:
+        if self._listener is not None:
+            self._listener.shutdown(socket.SHUT_RDWR)  # its thread's `accept` fails
+            assert self._server is not None
+            self._server.join(60)
+            self._listener.close()
         if self.network is not None:
             self.network.close()
         shutil.rmtree(self.temp, ignore_errors=True)

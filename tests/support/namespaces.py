@@ -153,7 +153,10 @@ class Namespaces:
 
     def _processes(self) -> Iterator[tuple[int, str]]:
         """The processes of this set's PID namespace: each one's pid here, and its status."""
-        mine = os.stat(self.path("pid")).st_ino
+        try:
+            mine = os.stat(self.path("pid")).st_ino
+        except FileNotFoundError:  # its init is gone (the thread that made it ended), and all
+            return                 # of its processes with it
         for entry in Path("/proc").iterdir():
             with contextlib.suppress(OSError):
                 if entry.name.isdigit() and os.stat(entry / "ns" / "pid").st_ino == mine:
