@@ -154,9 +154,11 @@ class Namespaces:
     def _processes(self) -> Iterator[tuple[int, str]]:
         """The processes of this set's PID namespace: each one's pid here, and its status."""
         try:
+            if self._holder.poll() is not None:  # its init is gone (the thread that made it
+                return                           # ended, say), every process of it with it
             mine = os.stat(self.path("pid")).st_ino
-        except FileNotFoundError:  # its init is gone (the thread that made it ended), and all
-            return                 # of its processes with it
+        except FileNotFoundError:  # going now
+            return
         for entry in Path("/proc").iterdir():
             with contextlib.suppress(OSError):
                 if entry.name.isdigit() and os.stat(entry / "ns" / "pid").st_ino == mine:
@@ -171,8 +173,9 @@ class Namespaces:
             return
         children = [pid for pid, status in self._processes()
                     if int(_field(status, "PPid")) == os.getpid()]
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.init, signal.SIGKILL)
+        if self._holder.poll() is None:  # else its init is gone, and its pid maybe taken
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.init, signal.SIGKILL)
         for pid in children:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
