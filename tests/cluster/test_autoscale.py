@@ -2,12 +2,16 @@
 cluster ask for a node, runs on it once its host joins, and the host, idle again, is released
 and its node taken back.
 
-The fake autoscaler's cluster is started with `ray start`, after `ray stop --force`: this module
-must not share the machine with another Ray cluster."""
+As root, the head and each node the autoscaler adds run on test hosts of their own
+(`clusters.NamespacedRay`: the provider asks the test for each node). Elsewhere the fake
+autoscaler's cluster is started with `ray start`, after `ray stop --force`, and the autoscaler
+starts its nodes as processes of this machine: this module must not share the machine with
+another Ray cluster."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clusters import NamespacedRay
 from helpers import RunningServer, execute_in_thread, serving, text, wait_until
+from namespaces import SUBNET, unavailable
 
 from fabric.client import Client
 from fabric.messages import Executed, Output, Queued
@@ -24,6 +30,7 @@ from fabric.status import HostStatus
 
 ray_utils = pytest.importorskip("ray.cluster_utils")
 told_raylets = pytest.importorskip("told_raylets")
+log = logging.getLogger(__name__)
 # the type the fake provider tags its head node with: a configuration naming the head otherwise
 # makes the autoscaler launch (and remove) a node of that type on every pass
 HEAD = pytest.importorskip("ray.autoscaler._private.fake_multi_node.node_provider"
@@ -65,11 +72,16 @@ class FakeAutoscaling(ray_utils.AutoscalingCluster):
              f"--autoscaling-config={config.name}",
              f"--num-cpus={resources.pop('CPU')}",
              f"--object-store-memory={resources.pop('object_store_memory')}"],
-            env={**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
-                 # where the autoscaler finds the provider
-                 "PYTHONPATH": os.pathsep.join(
-                     [str(Path(told_raylets.__file__).parent), os.environ.get("PYTHONPATH", "")]),
-                 **(override_env or {})})
+            env={**os.environ, **PROVIDER, **(override_env or {})})
+
+
+# the autoscaler's pace, and where it finds the provider
+PROVIDER = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
+            "PYTHONPATH": os.pathsep.join([str(Path(told_raylets.__file__).parent),
+                                           os.environ.get("PYTHONPATH", "")])}
+# one slot on the head: by the servers' own setting (Ray's custom resources on a `ray start`
+# command line are what the base class cannot pass)
+HEAD_ENV = {"LLFABRIC_SLOTS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +95,30 @@ def autoscaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     bin_dir = str(Path(sys.executable).parent)  # where `ray` is, which the cluster runs
     if bin_dir not in os.environ["PATH"].split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
-    # one slot on the head: by the servers' own setting (Ray's custom resources on a `ray
-    # start` command line are what the base class cannot pass)
-    cluster.start(override_env={"LLFABRIC_SLOTS": "1"})
     root = tmp_path_factory.mktemp("autoscale")
+    settings = {"remote": f"file://{root}/remote", "idle_release": 3}
+    if why := unavailable():
+        log.warning("the autoscaled cluster's nodes run as processes of this machine: %s", why)
+        cluster.start(override_env=HEAD_ENV)
+        try:
+            with serving(root / "door", ray="auto", **settings) as running:
+                yield running
+        finally:
+            cluster.shutdown()
+        return
+    config = root / "autoscaling.json"
+    config.write_text(json.dumps(cluster._config))
+    resources = dict(cluster._head_resources)
+    # the head, and each node its autoscaler adds, on a test host of its own
+    namespaced = NamespacedRay(None, [
+        f"--autoscaling-config={config}", f"--num-cpus={resources.pop('CPU')}",
+        f"--object-store-memory={resources.pop('object_store_memory')}"],
+        head_env={**HEAD_ENV, **PROVIDER}, autoscaled=True)
     try:
-        with serving(root / "door", ray="auto", remote=f"file://{root}/remote",
-                     idle_release=3) as running:
+        with namespaced.serving(root / "door", **settings) as running:
             yield running
     finally:
-        cluster.shutdown()
+        namespaced.shutdown()
 
 
 def hosts(client: Client) -> list[HostStatus]:
@@ -119,6 +145,9 @@ def test_a_waiting_cell_brings_a_node_and_an_idle_host_gives_it_back(
         assert any(isinstance(e, Queued) for e in events)  # it waited for the new node
         assert text([e.output for e in events if isinstance(e, Output)]) == "ran\n"
         assert reply.host != head and len(hosts(client)) == 2
+        if unavailable() is None:  # each host, the added one too, on a test host of its own
+            ips = {h.address.removeprefix("tcp://").rsplit(":", 1)[0] for h in hosts(client)}
+            assert len(ips) == 2 and all(ip.startswith(f"{SUBNET}.") for ip in ips), ips
         go.touch()
         holder.join(60)
         client.call("close", session="waiting")

@@ -1,10 +1,12 @@
-"""Many hosts on a real Ray cluster of this machine's processes: a head and two nodes, each with
-one CPU slot standing in for a GPU, and the front door over them (`llfabric serve --ray`).
+"""Many hosts on a real Ray cluster of this machine: a head and two nodes, each with one CPU slot
+standing in for a GPU, each on a test host of its own where the machine allows it (else as
+processes of this machine), and the front door over them (`llfabric serve --ray`).
 
 One cluster serves the module; the test that removes a node runs last."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -12,8 +14,9 @@ from pathlib import Path
 
 import clusters
 import pytest
-from clusters import host_of, scrape
-from helpers import RunningServer, execute, serving, session_status, text, wait_until
+from clusters import NamespacedRay, RayCluster, host_of
+from helpers import RunningServer, execute, session_status, text, wait_until
+from namespaces import SUBNET, unavailable
 
 from cli.status import describe
 from fabric.client import Client
@@ -26,17 +29,17 @@ pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[object]:
+def ray_cluster() -> Iterator[RayCluster]:
     with clusters.ray_cluster() as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def door(ray_cluster, door_metrics: str,
+def door(ray_cluster: RayCluster, door_metrics: str,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("cluster")
-    with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
-                 metrics_bind=door_metrics) as running:
+    with ray_cluster.serving(root / "door", remote=f"file://{root}/remote",
+                             metrics_bind=door_metrics) as running:
         with running.client() as client:
             wait_until(lambda: len(client.status().hosts) == 3, "three hosts")
         yield running
@@ -57,7 +60,7 @@ def hosts(client: Client) -> dict[str, HostStatus]:
 
 
 def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(
-        client: Client, door_metrics: str, tmp_path: Path) -> None:
+        ray_cluster: RayCluster, client: Client, door_metrics: str, tmp_path: Path) -> None:
     first = opened(client, "where", tmp_path)
     assert first.placement.reason == "least-loaded"
     reply, outputs = execute(client, "where", "x = 41\nprint(x + 1)")
@@ -72,10 +75,10 @@ def test_a_cell_runs_on_a_host_and_its_reply_says_which_and_why(
     shown = "\n".join(describe(status))  # `llfabric status`
     assert f"session where on host {reply['host']}: version 1" in shown
     assert all(f"host {name} (" in shown for name in cluster)
-    samples = scrape(door_metrics)
+    samples = ray_cluster.scrape(door_metrics)
     assert samples['llfabric_hosts{state="up"}'] == 3
     assert samples['llfabric_placements_total{reason="kept"}'] >= 1
-    host_metrics = scrape(cluster[reply["host"]].metrics)  # its own server's
+    host_metrics = ray_cluster.scrape(cluster[reply["host"]].metrics)  # its own server's
     assert host_metrics['llfabric_cells_total{path="cold",status="ok"}'] >= 1
 
 
@@ -92,8 +95,8 @@ def test_a_session_opens_again_on_the_host_that_holds_its_state(client: Client,
     assert again.placement.held >= 2 << 20
 
 
-def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, door_metrics: str,
-                                                             tmp_path: Path) -> None:
+def test_drain_moves_a_session_with_its_state_to_another_host(
+        ray_cluster: RayCluster, client: Client, door_metrics: str, tmp_path: Path) -> None:
     opened(client, "moving", tmp_path)
     # a generator cannot be saved: the host the session moves to rebuilds it from its lineage
     first, _ = execute(client, "moving", "import math\nvalues = [math.sqrt(i) for i in "
@@ -111,17 +114,17 @@ def test_drain_moves_a_session_with_its_state_to_another_host(client: Client, do
     assert status.lease_seconds >= leased * 0.99  # its lease on the host it left counts
     sourced = hosts(client)[after].sourced  # the state came from the host it left
     assert sourced.get("peer", 0) > 0 and not sourced.get("remote")
-    fetched = scrape(hosts(client)[after].metrics)
+    fetched = ray_cluster.scrape(hosts(client)[after].metrics)
     assert fetched['llfabric_state_fetched_bytes_total{tier="peer"}'] == sourced["peer"]
     assert fetched['llfabric_state_fetch_seconds_total{tier="peer"}'] > 0
-    assert scrape(door_metrics)["llfabric_session_moves_total"] >= 1
+    assert ray_cluster.scrape(door_metrics)["llfabric_session_moves_total"] >= 1
     elsewhere = {opened(client, f"elsewhere-{i}", tmp_path).host for i in range(3)}
     client.call("drain", host=before, undo=True)
     assert before not in elsewhere  # a drained host takes no new session
 
 
-def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(client: Client, door_metrics: str,
-                                                               tmp_path: Path) -> None:
+def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(
+        ray_cluster: RayCluster, client: Client, door_metrics: str, tmp_path: Path) -> None:
     opened(client, "pinned", tmp_path)
     # a generator cannot be saved, and a cell that makes a folder is never run again: only the
     # worker itself can carry `numbers` to the next host
@@ -137,15 +140,33 @@ def test_drain_moves_a_pinned_worker_with_its_unsaveable_value(client: Client, d
     assert text(outputs) == "0 1 4\n" and result["host"] == after
     # restored, not forked anew (in a PID namespace of its own: not under the pid it had)
     assert (result["source"], result["start"]) == ("cool", "restored")
-    assert scrape(door_metrics)['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
+    carried = ray_cluster.scrape(door_metrics)
+    assert carried['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
     client.call("drain", host=before, undo=True)
     with pytest.raises(RemoteError) as err:
         client.call("drain", host="no-such-host")
     assert err.value.kind == "unknown_host"
 
 
+def test_each_host_runs_on_a_test_host_of_its_own(ray_cluster: RayCluster,
+                                                 client: Client) -> None:
+    """As root, every node is on a test host (`namespaces`): its host's server listens at that
+    host's address on the test's network, and runs in that host's PID namespace."""
+    if not isinstance(ray_cluster, NamespacedRay):
+        pytest.skip(f"the nodes are processes of this machine: {unavailable()}")
+    ours = os.stat("/proc/self/ns/pid").st_ino
+    for status in hosts(client).values():
+        host = ray_cluster.host(status.node)
+        assert host.address.startswith(f"{SUBNET}.")
+        assert status.address.startswith(f"tcp://{host.address}:")
+        servers = [pid for pid, line in host.commands().items() if "from cli.main import" in line]
+        assert servers, host.commands()
+        assert {os.stat(f"/proc/{pid}/ns/pid").st_ino for pid in servers} == {
+            os.stat(host.path("pid")).st_ino} != {ours}
+
+
 def test_a_host_lost_mid_cell_loses_no_commit_and_the_session_runs_on(
-        ray_cluster, client: Client, door: RunningServer, tmp_path: Path) -> None:
+        ray_cluster: RayCluster, client: Client, door: RunningServer, tmp_path: Path) -> None:
     head = host_name(ray_cluster.head_node.node_id)
     client.call("drain", host=head)  # the cluster lives on its head: the session opens elsewhere
     opened(client, "survivor", tmp_path)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import clusters
 import pytest
-from clusters import host_of
-from helpers import execute, serving, text, wait_until
+from clusters import RayCluster, host_of
+from helpers import execute, text, wait_until
 
 from fabric.client import Client
 from fabric.cluster.host import host_name
@@ -19,21 +19,22 @@ pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[object]:
+def ray_cluster() -> Iterator[RayCluster]:
     with clusters.ray_cluster() as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def client(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    with serving(tmp_path_factory.mktemp("copies") / "door", ray=ray_cluster.address) \
-            as running, running.client(timeout=120) as client:
+def client(ray_cluster: RayCluster,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    with ray_cluster.serving(tmp_path_factory.mktemp("copies") / "door") as running, \
+            running.client(timeout=120) as client:
         wait_until(lambda: len(client.status().hosts) == 3, "three hosts")
         yield client
 
 
-def test_a_node_removed_loses_no_commit_without_a_remote(ray_cluster, client: Client,
-                                                        tmp_path: Path) -> None:
+def test_a_node_removed_loses_no_commit_without_a_remote(ray_cluster: RayCluster,
+                                                        client: Client, tmp_path: Path) -> None:
     head = host_name(ray_cluster.head_node.node_id)
     client.call("drain", host=head)  # the cluster lives on its head: the session opens elsewhere
     client.call("open", session="kept", cwd=str(tmp_path))

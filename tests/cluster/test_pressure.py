@@ -10,8 +10,8 @@ from pathlib import Path
 
 import clusters
 import pytest
-from clusters import host_of, scrape
-from helpers import execute, serving, text, wait_until
+from clusters import RayCluster, host_of
+from helpers import execute, text, wait_until
 
 from fabric.client import Client
 from fabric.cluster.host import host_name
@@ -20,24 +20,25 @@ pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[object]:
+def ray_cluster() -> Iterator[RayCluster]:
     with clusters.ray_cluster(nodes=({"LLFABRIC_MEMORY_PRESSURE": "1"},),
                               head_gpus=1) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def client(ray_cluster, door_metrics: str,
+def client(ray_cluster: RayCluster, door_metrics: str,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     root = tmp_path_factory.mktemp("pressed")
-    with serving(root / "door", ray=ray_cluster.address, remote=f"file://{root}/remote",
-                 metrics_bind=door_metrics) as running, running.client(timeout=120) as client:
+    with ray_cluster.serving(root / "door", remote=f"file://{root}/remote",
+                             metrics_bind=door_metrics) as running, \
+            running.client(timeout=120) as client:
         wait_until(lambda: len(client.status().hosts) == 2, "two hosts")
         yield client
 
 
 def test_a_host_short_of_memory_moves_its_session_off_with_its_worker(
-        ray_cluster, client: Client, door_metrics: str, tmp_path: Path) -> None:
+        ray_cluster: RayCluster, client: Client, door_metrics: str, tmp_path: Path) -> None:
     head = host_name(ray_cluster.head_node.node_id)
     client.call("drain", host=head)  # the session opens on the node short of memory
     client.call("open", session="pressed", cwd=str(tmp_path))
@@ -53,24 +54,18 @@ def test_a_host_short_of_memory_moves_its_session_off_with_its_worker(
     assert text(outputs) == "0 1\n" and result["host"] == head
     # a new session opens on the head, though the host short of memory has none
     assert client.call("open", session="fresh", cwd=str(tmp_path)).host == head
-    samples = scrape(door_metrics)
+    samples = ray_cluster.scrape(door_metrics)
     assert samples["llfabric_sessions_relieved_total"] >= 1
     assert samples['llfabric_workers_carried_total{outcome="arrived"}'] >= 1
 
 
-def test_what_a_host_leases_is_held_in_rays_books(ray_cluster, client: Client) -> None:
-    import ray
-
+def test_what_a_host_leases_is_held_in_rays_books(ray_cluster: RayCluster,
+                                                  client: Client) -> None:
     head = host_name(ray_cluster.head_node.node_id)
     assert next(h for h in client.status().hosts if h.name == head).slots == 1
-    ray.init(address=ray_cluster.address, namespace="a-ray-user", logging_level="WARNING",
-             log_to_driver=False)
-    try:  # another Ray job finds the GPU taken, though no cell runs on it now
-        assert ray.cluster_resources().get("GPU") == 1
-        assert ray.available_resources().get("GPU", 0) == 0
-        # and the other node's slot (its slots are no GPUs), so its autoscaler keeps the node;
-        # the head's slots are its GPU, and its declared slot stays free
-        assert ray.cluster_resources().get("llfabric_slots") == 2
-        assert ray.available_resources().get("llfabric_slots", 0) == 1
-    finally:
-        ray.shutdown()
+    # another Ray job finds the GPU taken, though no cell runs on it now
+    total, available = ray_cluster.resources()
+    assert total.get("GPU") == 1 and available.get("GPU", 0) == 0
+    # and the other node's slot (its slots are no GPUs), so its autoscaler keeps the node; the
+    # head's slots are its GPU, and its declared slot stays free
+    assert total.get("llfabric_slots") == 2 and available.get("llfabric_slots", 0) == 1

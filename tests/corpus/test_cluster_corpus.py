@@ -1,8 +1,9 @@
 """Corpus differential on a cluster: a notebook run through a front door over three hosts must
 give the outputs of a plain ipykernel while its session keeps moving between hosts.
 
-A local Ray cluster (a head and two nodes, one slot each, as tests/cluster/test_cluster.py
-starts it) and the front door over it serve the module. While `llfabric run` executes the
+A local Ray cluster (a head and two nodes, one slot each, each on a test host of its own where
+the machine allows it, as tests/cluster/test_cluster.py starts it) and the front door over it
+serve the module. While `llfabric run` executes the
 notebook, its cells back to back, a `Hopper` drains the host the session is on about every
 second and lets it take sessions again once the session left: the door moves the session
 between two cells, through the remote tier, to another host, where its next cell must run on
@@ -62,7 +63,7 @@ MOVE_WITHIN_S = 30.0  # how long a drained host may keep the session (a cell run
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[object]:
+def ray_cluster() -> Iterator[clusters.RayCluster]:
     # Hosts' servers, and the cells' workers they start, inherit the environment of the node
     # processes Ray starts now: the notebooks' environment, as the plain kernel's.
     with clusters.ray_cluster(notebook_env()) as cluster:
@@ -70,12 +71,16 @@ def ray_cluster() -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def door(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def door(ray_cluster: clusters.RayCluster,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("cluster")
-    with serving(root / "door", notebook_env(), ray=ray_cluster.address,
-                 remote=f"file://{root}/remote") as running:
+    with ray_cluster.serving(root / "door", notebook_env(),
+                             remote=f"file://{root}/remote") as running:
         with running.client() as client:
             wait_until(lambda: len(client.status().hosts) == 3, "three hosts", 180)
+            if isinstance(ray_cluster, clusters.NamespacedRay):  # each on a test host of its own
+                assert all(h.address.startswith(f"tcp://{ray_cluster.host(h.node).address}:")
+                           for h in client.status().hosts)
         yield running
 
 

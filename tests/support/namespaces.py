@@ -100,6 +100,7 @@ class Namespaces:
         self.init = int(Path(f"/proc/{self._holder.pid}/task/{self._holder.pid}/children")
                         .read_text().split()[0])
         self.timed = ahead is not None
+        self.closed = False
 
     def path(self, kind: str) -> str:
         return f"/proc/{self.init}/ns/{kind}"
@@ -132,6 +133,18 @@ class Namespaces:
         clocks = [f"--time={self.path('time')}"] if self.timed else []
         return ["nsenter", f"--mount={self.path('mnt')}", *clocks, f"--wd={cwd}", "--", *argv]
 
+    def commands(self) -> dict[int, str]:
+        """The command lines of this set's processes, by their pid in this process's PID
+        namespace (its arguments joined by spaces); none once it is closed."""
+        if self.closed:
+            return {}
+        lines = {}
+        for outer, _ in self._processes():
+            with contextlib.suppress(OSError):
+                lines[outer] = Path(f"/proc/{outer}/cmdline").read_bytes().replace(
+                    b"\0", b" ").decode(errors="replace").strip()
+        return lines
+
     def outer_pid(self, pid: int) -> int | None:
         """The pid, in this process's PID namespace, of process `pid` of this set's; None if
         it has none."""
@@ -140,7 +153,12 @@ class Namespaces:
 
     def _processes(self) -> Iterator[tuple[int, str]]:
         """The processes of this set's PID namespace: each one's pid here, and its status."""
-        mine = os.stat(self.path("pid")).st_ino
+        try:
+            if self._holder.poll() is not None:  # its init is gone (the thread that made it
+                return                           # ended, say), every process of it with it
+            mine = os.stat(self.path("pid")).st_ino
+        except FileNotFoundError:  # going now
+            return
         for entry in Path("/proc").iterdir():
             with contextlib.suppress(OSError):
                 if entry.name.isdigit() and os.stat(entry / "ns" / "pid").st_ino == mine:
@@ -149,15 +167,20 @@ class Namespaces:
     def close(self) -> None:
         """Kill the init, so every process of the PID namespace, and wait for them. The
         namespace ends once each of its processes is reaped, this process's children too: it
-        reaps those itself (a `Popen` of one then finds it gone, and says it exited with 0)."""
+        reaps those itself (a `Popen` of one then finds it gone, and says it exited with 0).
+        Closed again, it does nothing."""
+        if self.closed:
+            return
         children = [pid for pid, status in self._processes()
                     if int(_field(status, "PPid")) == os.getpid()]
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.init, signal.SIGKILL)
+        if self._holder.poll() is None:  # else its init is gone, and its pid maybe taken
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.init, signal.SIGKILL)
         for pid in children:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         self._holder.wait()
+        self.closed = True
         for pipe in (self._holder.stdout, self._holder.stderr):
             if pipe is not None:
                 pipe.close()
