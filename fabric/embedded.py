@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from .private import log_tail, open_private, private_dir
 # seconds a live server may take to answer: one that dies ends the wait at once, so this bounds a
 # hang, and a loaded host's first imports (a zygote's torch, a door's hosts) can take minutes
 START_TIMEOUT = 300.0
+STOP_TIMEOUT = 15.0  # seconds a server has to end after SIGTERM
 
 
 class EmbeddedServer:
@@ -49,12 +51,17 @@ class EmbeddedServer:
         return Path(self.config.runtime_dir) / "embedded-server.log"
 
     def stop(self) -> None:
+        """SIGTERM, and SIGKILL after STOP_TIMEOUT; a server killed so first writes every
+        thread's stack to its log (SIGUSR1), which says where it hung."""
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            self.process.wait(15)
+            self.process.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(1)  # the dump is written at once, from the signal handler
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
