@@ -4,11 +4,9 @@ click error."""
 
 from __future__ import annotations
 
-import faulthandler
 import importlib.util
 import json
 import logging
-import signal
 import sys
 import tempfile
 import time
@@ -79,7 +77,6 @@ def serve(store: str | None, bind: str | None, slots: int | None, remote: str | 
     """Serve notebook sessions until SIGTERM or Ctrl-C (SIGUSR1: every thread's stack to the
     log, for a server that seems stuck)."""
     logging.getLogger().setLevel(logging.INFO)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     configured = config(store, bind, slots=slots, remote=remote, ray=ray_address)
     if configured.ray:
         from fabric.cluster import door

@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from . import auth
+from . import auth, stacks
 from .cluster.peers import Peers, PeerServer
 from .config import Config
 from .errors import FabricError
@@ -54,6 +54,7 @@ class Server:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
+            stacks.on_sigusr1(loop)
             metrics = self.host.metrics.serve(self.config.metrics_bind) \
                 if self.config.metrics_bind else None
             # a cluster's host: its blobs, for its peers

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], seconds: float | None) -> T:
+    """`awaitable`'s result, or TimeoutError after `seconds` (None: no limit). Not
+    `asyncio.wait_for`: on Python 3.11 a cancel that comes as the awaitable completes is dropped
+    there (the result is returned instead), and a loop around it then never ends: a stopping
+    server waited on its upkeep's loop until it was killed."""
+    async with asyncio.timeout(seconds):
+        return await awaitable
 
 
 class Background:

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from .. import auth
+from .. import auth, stacks
 from ..auth import ClientKey
 from ..config import Config
 from ..errors import (
@@ -74,6 +74,7 @@ from ..metrics import serve as serve_metrics
 from ..private import private_dir
 from ..snapshot.store import load_key
 from ..status import HostStatus, LeaseStatus, ServerStatus, SessionStatus
+from ..tasks import within
 from .link import Link
 from .members import Members, RayMembers
 from .membership import HEALTH_EVERY, MISSES, Member, Membership
@@ -313,7 +314,7 @@ class Door:
         time), and the hosts."""
         hosts = self.membership.alive()
         done = await asyncio.gather(*(  # a host silent until it is lost is left out meanwhile
-            asyncio.wait_for(self.host(identity, user, h).status(Caller(user), Status()),
+            within(self.host(identity, user, h).status(Caller(user), Status()),
                              HEALTH_EVERY * MISSES) for h in hosts), return_exceptions=True)
         parts = [(h, p) for h, p in zip(hosts, done, strict=True) if isinstance(p, ServerStatus)]
         first = parts[0][1] if parts else None
@@ -409,6 +410,7 @@ def run(config: Config) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, door.stop)
+        stacks.on_sigusr1(loop)
         await door.serve()
 
     asyncio.run(serve())

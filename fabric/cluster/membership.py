@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import FabricError, HostLost
 from ..host.face import Caller
 from ..messages import Execute, GiveUp, Ping, Request
+from ..tasks import within
 from .host import HostInfo, host_name
 from .link import Link
 from .members import Members
@@ -178,8 +179,8 @@ class Membership:
         back = _member(info)
         reach = self.host(b"", self.owner, back)
         try:
-            await asyncio.wait_for(reach.ping(Caller(self.owner), Ping()), HEALTH_EVERY * 2)
-            given = await asyncio.wait_for(reach.give_up(Caller(self.owner), GiveUp()),
+            await within(reach.ping(Caller(self.owner), Ping()), HEALTH_EVERY * 2)
+            given = await within(reach.give_up(Caller(self.owner), GiveUp()),
                                            GIVE_UP_TIMEOUT)
         except (TimeoutError, FabricError):
             link = self.links.pop((b"", back.name), None)
@@ -245,7 +246,7 @@ class Membership:
 
     async def ping(self, host: Member) -> None:
         try:
-            pong = await asyncio.wait_for(
+            pong = await within(
                 self.host(b"", self.owner, host).ping(Caller(self.owner), Ping()),
                 HEALTH_EVERY * 2)
         except TimeoutError:

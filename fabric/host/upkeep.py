@@ -25,6 +25,7 @@ from ..session import Session
 from ..snapshot import Store
 from ..snapshot.ledger import Ledger
 from ..status import UpkeepStatus
+from ..tasks import within
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class Upkeep:
         seconds; a pass that fails is logged and the next one tries again."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wanted.wait(), self.config.gc_interval or None)
+                await within(self.wanted.wait(), self.config.gc_interval or None)
             self.wanted.clear()  # before the pass: a commit during it asks for another
             started = time.monotonic()
             try:

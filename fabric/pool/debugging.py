@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerDied
-from ..tasks import Background
+from ..tasks import Background, within
 from ..worker import cellfiles
 from ..worker.bookkeeping import is_bookkeeping
 from ..worker.messages import DebugCells, DebugPort, WorkerNotice
@@ -187,7 +187,7 @@ class Debugger:
                 if reply.error is not None:
                     raise ConnectionError(reply.error)
                 worker.debugged = True
-                self.link = await asyncio.wait_for(
+                self.link = await within(
                     DebugConnection.open(reply.port, events, self.breakpoints, self.exceptions),
                     START_TIMEOUT)
             except (OSError, TimeoutError) as exc:
@@ -278,7 +278,7 @@ class DebugConnection:
         try:
             self.writer.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             await self.writer.drain()
-            answer = await asyncio.wait_for(waiting, timeout)
+            answer = await within(waiting, timeout)
         except (ConnectionError, TimeoutError) as exc:
             return response(message, error=f"the cell's debugger did not answer ({exc})")
         finally:

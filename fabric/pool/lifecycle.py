@@ -37,7 +37,7 @@ from typing import TypedDict
 
 from ..errors import FabricError, ParkFailed
 from ..snapshot import lineage
-from ..tasks import Background
+from ..tasks import Background, within
 from ..worker import wake
 from ..worker.messages import Load, Sleep, Sleeping
 from . import criu, ranking
@@ -87,7 +87,7 @@ async def cool(pool: Pool, worker: WorkerHandle, wake_dir: str | None = None) ->
         await wake.until_asleep(worker.process, SLEEP_TIMEOUT)
         await asyncio.to_thread(criu.dump, worker.pid if worker.namespace else worker.process,
                                 images, keep_under=pool.store_root)
-        await asyncio.wait_for(asyncio.shield(worker.died), SLEEP_TIMEOUT)
+        await within(asyncio.shield(worker.died), SLEEP_TIMEOUT)
     except (FabricError, TimeoutError) as exc:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signal.SIGKILL)  # a failed dump lets it run on: end it
@@ -371,7 +371,7 @@ class Keeper:
                 while (short := self._short()) is not None:
                     await self._evict(*short)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), max(wait, 0.05))
+                    await within(self._changed.wait(), max(wait, 0.05))
         finally:
             if trigger is not None:
                 loop.remove_reader(trigger.fileno())

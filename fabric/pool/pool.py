@@ -48,7 +48,7 @@ from ..errors import (
     WorkerDied,
     ZygoteProtocolError,
 )
-from ..tasks import Background
+from ..tasks import Background, within
 from ..worker import control, wake
 from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, decode
 from . import criu, cuda, parking, rundir
@@ -167,7 +167,7 @@ class ZygoteHandle:
         """`answer`'s result; a zygote that does not answer in START_TIMEOUT is as good as
         dead: it is killed, so that it is dropped (and rebuilt) like any dead one."""
         try:
-            return await asyncio.wait_for(answer, START_TIMEOUT)
+            return await within(answer, START_TIMEOUT)
         except TimeoutError:
             self._kill()
             raise
@@ -324,7 +324,7 @@ class WorkerHandle:
             with contextlib.suppress(zmq.ZMQError):  # zmq.Again: no worker connected to ask
                 await self.socket.send(protocol.pack(Exit().to_wire()), flags=zmq.NOBLOCK)
             try:
-                await asyncio.wait_for(asyncio.shield(self.died), 5.0)
+                await within(asyncio.shield(self.died), 5.0)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)

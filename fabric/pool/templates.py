@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from ..tasks import Background
+from ..tasks import Background, within
 from ..worker import control, wake
 from . import criu
 
@@ -117,7 +117,7 @@ class Templates:
     async def build(self, template: Template) -> Template:
         start = time.monotonic()
         try:
-            await asyncio.wait_for(self._build(template), BUILD_TIMEOUT)
+            await within(self._build(template), BUILD_TIMEOUT)
         except Exception as exc:  # recorded and shown by status; workers fork from zygotes
             template.state, template.error = "failed", f"{type(exc).__name__}: {exc}"
             log.warning("template for %s failed: %s", sorted(template.modules), template.error)
