@@ -74,8 +74,8 @@ def main(verbose: bool) -> None:
                    "through one front door; needs --remote.")
 def serve(store: str | None, bind: str | None, slots: int | None, remote: str | None,
           ray_address: str | None) -> None:
-    """Serve notebook sessions until SIGTERM or Ctrl-C (SIGUSR1: every thread's stack to the
-    log, for a server that seems stuck)."""
+    """Serve notebook sessions until SIGTERM or Ctrl-C (SIGUSR1: every thread's and task's
+    stack to the log, for a server that seems stuck)."""
     logging.getLogger().setLevel(logging.INFO)
     configured = config(store, bind, slots=slots, remote=remote, ray=ray_address)
     if configured.ray:

@@ -52,7 +52,7 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         """SIGTERM, and SIGKILL after STOP_TIMEOUT; a server killed so first writes every
-        thread's stack to its log (SIGUSR1), which says where it hung."""
+        thread's and task's stack to its log (SIGUSR1), which says where it hung."""
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)
@@ -61,7 +61,7 @@ class EmbeddedServer:
         except subprocess.TimeoutExpired:
             os.kill(self.process.pid, signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(1)  # the dump is written at once, from the signal handler
+                self.process.wait(1)  # the threads' dump is written at once, the tasks' by the loop
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 

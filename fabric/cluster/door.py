@@ -315,7 +315,7 @@ class Door:
         hosts = self.membership.alive()
         done = await asyncio.gather(*(  # a host silent until it is lost is left out meanwhile
             within(self.host(identity, user, h).status(Caller(user), Status()),
-                             HEALTH_EVERY * MISSES) for h in hosts), return_exceptions=True)
+                   HEALTH_EVERY * MISSES) for h in hosts), return_exceptions=True)
         parts = [(h, p) for h, p in zip(hosts, done, strict=True) if isinstance(p, ServerStatus)]
         first = parts[0][1] if parts else None
         zygotes, workers, templates, sessions, slots, queue = [], [], [], [], [], []

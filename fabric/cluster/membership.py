@@ -181,7 +181,7 @@ class Membership:
         try:
             await within(reach.ping(Caller(self.owner), Ping()), HEALTH_EVERY * 2)
             given = await within(reach.give_up(Caller(self.owner), GiveUp()),
-                                           GIVE_UP_TIMEOUT)
+                                 GIVE_UP_TIMEOUT)
         except (TimeoutError, FabricError):
             link = self.links.pop((b"", back.name), None)
             if link is not None:  # the next try connects afresh
