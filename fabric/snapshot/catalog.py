@@ -40,7 +40,19 @@ Catalog = dict[str, dict[str, Entry]]  # "names": name -> entry; "classes": clas
 Content = dict[str, Any]  # a Jupyter reply's content
 Limit = Callable[[], AbstractContextManager[object]]  # a context that bounds the code it runs
 EMPTY: Catalog = {"names": {}, "classes": {}}
-_short = reprlib.Repr()
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib's, with bytes clipped before `repr` runs, as it clips str: its own prints a
+    100 MB bytes whole (a 400 MB string), then cuts it."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return self.repr_str(x, level)  # type: ignore[arg-type]  # slices bytes as it does str
+
+    repr_bytearray = repr_bytes
+
+
+_short = _ShortRepr()
 _short.maxstring = _short.maxother = MAX_TEXT
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 10
 
@@ -71,7 +83,7 @@ _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 _KNOWN = frozenset({"numpy", "pandas", "torch", "jax", "jaxlib", "xarray", "polars", "scipy",
                     "cupy", "tensorflow"})
 _MISSING = object()
-_SIZED: tuple[type[Sized], ...] = (list, tuple, set, frozenset, dict, str, bytes)
+_SIZED: tuple[type[Sized], ...] = (list, tuple, set, frozenset, dict, str, bytes, bytearray)
 
 
 class _Descriptor(Protocol):

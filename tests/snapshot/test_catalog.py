@@ -4,6 +4,7 @@ commit, and how it answers completion and inspection with no worker."""
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,19 @@ def test_a_catalog_stays_bounded() -> None:
     assert len(catalog.encode(merged)) <= catalog.MAX_BYTES + 64 * 1024
     assert set(merged["names"]) == set(many["names"])
     assert all(e["attrs"] for e in merged["names"].values())
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+def test_a_large_bytes_value_is_described_without_printing_it_whole(kind: type) -> None:
+    big = kind(50 << 20)
+    tracemalloc.start()
+    try:
+        entry = catalog.describe({"big": big}, ["big"])["names"]["big"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(entry["repr"]) <= catalog.MAX_TEXT and entry["len"] == 50 << 20
+    assert peak < 1 << 20  # its repr whole would be 200 MB
 
 
 def test_merge_keeps_the_parents_entries_of_names_still_there() -> None:
