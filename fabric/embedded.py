@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import stacks
 from .client import Client
 from .config import Config
 from .errors import Unreachable
@@ -52,18 +52,32 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         """SIGTERM, and SIGKILL after STOP_TIMEOUT; a server killed so first writes every
-        thread's and task's stack to its log (SIGUSR1), which says where it hung."""
+        thread's and task's stack to its log (`dump_stacks`), which says where it hung."""
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            os.kill(self.process.pid, signal.SIGUSR1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(1)  # the threads' dump is written at once, the tasks' by the loop
+            self.dump_stacks()
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+    def dump_stacks(self, timeout: float = 5.0) -> None:
+        """Have the server write every thread's and task's stack to its log (SIGUSR1), and
+        return once the tasks' are there (written by its loop, if that still turns) or after
+        `timeout`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        start = self.log.stat().st_size
+        os.kill(self.process.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            with open(self.log, "rb") as log:
+                log.seek(start)
+                if stacks.DUMPED.encode() in log.read():
+                    return
+            time.sleep(0.05)
 
     def __enter__(self) -> EmbeddedServer:
         self.start()

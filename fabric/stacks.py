@@ -11,6 +11,7 @@ import logging
 import signal
 
 log = logging.getLogger(__name__)
+DUMPED = "every task's stack is above"  # the dump's last line
 
 
 def on_sigusr1(loop: asyncio.AbstractEventLoop) -> None:
@@ -20,7 +21,9 @@ def on_sigusr1(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def _log_tasks() -> None:
-    for task in asyncio.all_tasks():
+    tasks = asyncio.all_tasks()
+    for task in tasks:
         out = io.StringIO()
         task.print_stack(file=out)
         log.warning("task %s:\n%s", task.get_name(), out.getvalue())
+    log.warning("%s (%d tasks)", DUMPED, len(tasks))

@@ -50,7 +50,7 @@ from ..errors import (
 )
 from ..tasks import Background, within
 from ..worker import control, wake
-from ..worker.messages import FROM_WORKER, Exit, Hello, Parked, WorkerMessage, decode
+from ..worker.messages import FROM_WORKER, Exit, Failed, Hello, Parked, WorkerMessage, decode
 from . import criu, cuda, parking, rundir
 from .contain import Containment
 from .memory import Pressure
@@ -221,6 +221,7 @@ class WorkerHandle:
         # a worker that dies leaves none of its processes behind
         self.died.add_done_callback(lambda _: self.cage.kill())
         self.exit_status: int | None = None
+        self.failure = ""  # the last line of what ended it, if it said (`Failed`)
         self.generation = 0  # its environment's, when it was made (`Env.generation`)
 
     @property
@@ -243,13 +244,19 @@ class WorkerHandle:
     async def recv(self, timeout: float | None = None) -> WorkerMessage:
         """The worker's next message; WorkerDied if it exits first, or sends one this wire does
         not have (it is killed: a worker out of step with the server cannot be trusted)."""
-        frame = await self._unless_dead(self.socket.recv(), timeout)
-        try:
-            return decode(protocol.unpack(frame, max_size=1 << 31), FROM_WORKER)
-        except ProtocolError as exc:
-            self.kill()
-            raise WorkerDied(f"worker {self.pid} sent a malformed message ({exc.message})",
-                             pid=self.pid) from exc
+        while True:
+            frame = await self._unless_dead(self.socket.recv(), timeout)
+            try:
+                message = decode(protocol.unpack(frame, max_size=1 << 31), FROM_WORKER)
+            except ProtocolError as exc:
+                self.kill()
+                raise WorkerDied(f"worker {self.pid} sent a malformed message ({exc.message})",
+                                 pid=self.pid) from exc
+            if not isinstance(message, Failed):
+                return message
+            # its last words: it exits next, and its death says why
+            log.error("worker %d failed:\n%s", self.pid, message.traceback.rstrip())
+            self.failure = message.traceback.rstrip().rpartition("\n")[2][:200]
 
     async def _unless_dead(self, awaited: Awaitable[T], timeout: float | None) -> T:
         """`awaited`'s result (a socket's send or recv), or WorkerDied if the worker exits or
@@ -303,7 +310,9 @@ class WorkerHandle:
         if os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name
             return f"the worker process (pid {self.pid}) was killed by {name}"
-        return f"the worker process (pid {self.pid}) exited with status {os.WEXITSTATUS(status)}"
+        failure = f" after {self.failure}" if self.failure else ""
+        return (f"the worker process (pid {self.pid}) exited with status "
+                f"{os.WEXITSTATUS(status)}{failure}")
 
     def interrupt(self) -> None:
         if self.pid and not self.died.done():

@@ -19,7 +19,7 @@ import keyword
 import re
 import reprlib
 import types
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Generator, Mapping, Sized
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
@@ -55,6 +55,20 @@ class _ShortRepr(reprlib.Repr):
 _short = _ShortRepr()
 _short.maxstring = _short.maxother = MAX_TEXT
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 10
+
+
+@contextlib.contextmanager
+def _user_code(limit: Limit) -> Generator[None, None, None]:
+    """Run a value's own code (its repr, signature or `__dir__`) within `limit()`; whatever it
+    raises (`SystemExit` too, a TimeoutError past the limit) leaves that part out, except the
+    user's interrupt, which stops the save."""
+    try:
+        with limit():
+            yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # left out, as the docstring says
+        pass
 
 
 def _clip(text: str, limit: int) -> str:
@@ -153,7 +167,7 @@ def describe_one(value: object, classes: dict[str, Entry],
         if doc := pyinspect.getdoc(value):
             entry["doc"] = _clip(doc, MAX_DOC)
     if callable(value):
-        with contextlib.suppress(Exception), limit():  # TimeoutError past it
+        with _user_code(limit):  # TimeoutError past it
             entry.update(_signature(value, bound=False))
     shape = dtype = None
     if entry["kind"] == "instance":
@@ -162,7 +176,7 @@ def describe_one(value: object, classes: dict[str, Entry],
         entry["shape"] = [int(n) for n in cast(tuple[object, ...], shape) if isinstance(n, int)]
         entry["dtype"] = str(dtype)
     elif entry["kind"] == "instance":  # arrays are told by shape and dtype, never printed here
-        with contextlib.suppress(Exception), limit():  # a failing or endless repr: left out
+        with _user_code(limit):  # a failing or endless repr: left out
             entry["repr"] = _short.repr(value)
     for sized in _SIZED:
         if issubclass(kind, sized):  # the built-in length, never a subclass's `__len__`
@@ -179,7 +193,7 @@ def _attrs(value: object, limit: Limit = contextlib.nullcontext) -> list[str]:
         names.update(_DICT(cls))
     owner = next((c for c in _MRO(type(value)) if "__dir__" in _DICT(c)), object)
     if _known(owner) and not issubclass(type(value), type):
-        with contextlib.suppress(Exception), limit():
+        with _user_code(limit):
             names.update(dir(value))
     attrs = sorted(str(a) for a in names)
     return ([a for a in attrs if not a.startswith("_")]
@@ -236,7 +250,9 @@ def describe(namespace: dict[str, Any], names: list[str],
         value = namespace[name]
         try:
             entries[name] = describe_one(value, classes, limit)
-        except Exception:
+        except KeyboardInterrupt:
+            raise  # the user stopped the save
+        except BaseException:  # `SystemExit` from a hostile `__dir__` too: never the worker's end
             entries[name] = {"type": type(value).__name__, "kind": _kind(value), "attrs": []}
     return {"names": entries, "classes": classes}
 

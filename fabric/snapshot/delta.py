@@ -219,7 +219,9 @@ class DeltaSaver:
                 encoded = codec.dumps(values, ns)
             blob = self.store.put_object(encoded, known and known[0], progress, writes,
                                          hashing)
-        except Exception as exc:  # user objects may fail in any way; the server tells the user
+        except KeyboardInterrupt:
+            raise  # the user stopped the save
+        except BaseException as exc:  # user objects fail in any way, SystemExit too; told
             saved.unsaved.update({n: f"{type(exc).__name__}: {exc}" for n in names})
             if isinstance(exc, TimeoutError) and len(names) == 1:
                 self.stuck[names[0]] = (ns[names[0]], saved.unsaved[names[0]])

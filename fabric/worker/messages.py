@@ -365,11 +365,20 @@ class Refused(WorkerMessage):
     message: str
 
 
+@dataclass(frozen=True)
+class Failed(WorkerMessage):
+    """The worker's last words: what ended it (a traceback), sent as it exits, since its
+    stderr is its cells' and the server would otherwise see only an exit status."""
+
+    op: ClassVar[str] = "failed"
+    traceback: str
+
+
 TO_WORKER = {m.op: m for m in (Become, Rehome, Load, RunCell, Settle, InputReply, CompleteCode,
                                InspectName, CommIn, Park, Unpark, Sleep, DebugCells, Exit)}
 FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, CellOutput, CommOut,
                                  WorkerNotice, AskInput, Done, Settled, Parked, DebugPort,
-                                 Sleeping, Refused)}
+                                 Sleeping, Refused, Failed)}
 
 
 def decode(wire: dict, ops: Mapping[str, type[WorkerMessage]]) -> WorkerMessage:

@@ -64,6 +64,7 @@ from .messages import (
     DebugPort,
     Done,
     Exit,
+    Failed,
     Hello,
     InputReply,
     InspectName,
@@ -87,6 +88,7 @@ from .messages import (
 )
 from .shell import OutStream, ZMQInteractiveShell
 
+LAST_WORDS_WAIT = 2.0  # seconds a failing worker waits for its socket to say why
 DESCRIBE_LIMIT = 0.5  # seconds describing one value for the catalog may take (its repr)
 
 
@@ -117,6 +119,15 @@ class _Channel:
     def close(self) -> None:
         self.socket.close()
         self.context.term()  # waits (linger) until what was sent has left
+
+    def last_words(self) -> None:
+        """Tell the server what is ending this worker (the exception being handled), unless
+        another thread holds the socket past a moment: it may be what went wrong."""
+        if self._lock.acquire(timeout=LAST_WORDS_WAIT):
+            try:
+                self.socket.send(protocol.pack(Failed(traceback.format_exc()).to_wire()))
+            finally:
+                self._lock.release()
 
     def sleep(self, wake_dir: str | None = None) -> None:
         """Close the socket, sleep through a dump, connect on waking in `wake_dir` (else the
@@ -555,6 +566,9 @@ def main(shell: ZMQInteractiveShell, endpoint: str, store_root: str) -> None:
     channel = _Channel(endpoint)
     try:
         Worker(shell, channel, Store(Path(store_root), signs=False)).serve()
+    except BaseException:
+        channel.last_words()
+        raise
     finally:
         channel.close()
 

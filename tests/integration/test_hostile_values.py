@@ -118,3 +118,25 @@ def test_a_save_that_swallows_its_interrupt_is_killed_and_its_loss_told(
     assert f"save did not stop within {GRACE} s of its interrupt" in error.message
     assert text(execute(client, session, "print(kept, 'slow' in dir())")[1]) == \
         "committed False\n"
+
+
+# a value whose own code, run to save and describe it, ends the process if it can
+EXITING = """class Exits:
+    def __reduce__(self):
+        raise SystemExit(3)
+    def __repr__(self):
+        raise SystemExit(4)
+    def __dir__(self):
+        raise SystemExit(5)
+kept = 1
+exits = Exits()
+"""
+
+
+def test_a_value_whose_code_raises_system_exit_is_left_unsaved_and_the_cell_commits(
+        client: Client, session: str) -> None:
+    reply, _ = execute(client, session, EXITING)
+    assert (reply["status"], reply["unsaved"]) == ("ok", ["exits"])
+    assert any("exits: SystemExit: 3" in notice["text"] for notice in reply["notices"])
+    reply, outputs = execute(client, session, "kept += 1\nprint(kept, type(exits).__name__)")
+    assert (reply["path"], text(outputs)) == ("pinned", "2 Exits\n")  # the same worker

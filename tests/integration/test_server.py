@@ -164,6 +164,22 @@ def test_killed_worker_is_an_error_and_the_session_survives(server, client: Clie
     assert text(execute(client, session, "safe")[1]) == "'committed'\n"
 
 
+def test_a_worker_that_fails_in_its_own_code_says_why(server, client: Client,
+                                                      session: str) -> None:
+    # a fault of the worker's own, made by a cell that breaks its save: its stderr is the
+    # cells', so only its last words say what ended it
+    execute(client, session, "safe = 'committed'")
+    with pytest.raises(RemoteError) as failed:
+        execute(client, session, "import gc\nfrom fabric.worker.runner import Worker\n"
+                                 "worker, = (o for o in gc.get_objects() if type(o) is Worker)\n"
+                                 "worker.save = lambda *args: 1 / 0")
+    assert failed.value.kind == "worker_died"
+    assert "exited with status 1 after ZeroDivisionError: division by zero" in \
+        failed.value.message
+    assert "in _save_ran" in server.log.read_text()  # where, in the server's log
+    assert text(execute(client, session, "safe")[1]) == "'committed'\n"
+
+
 def test_interrupt_raises_keyboard_interrupt_in_the_cell(server, client: Client,
                                                          session: str, tmp_path) -> None:
     thread, result = execute_in_thread(server, session, "before = 1\nimport time\n"

@@ -4,14 +4,13 @@ cancels them and waits for them to end before the host shuts down."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import tempfile
 from pathlib import Path
 
-from helpers import serving, wait_until
+from helpers import serving
 
 from fabric import server as server_module
+from fabric import stacks
 from fabric.client import Client
 from fabric.config import Config
 from fabric.messages import Execute
@@ -60,13 +59,13 @@ def test_a_stop_ends_the_cell_in_flight_before_the_host_shuts_down(tmp_path: Pat
         assert at_shutdown == [] and after == []
 
 
-def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_server_serves_on(
+def test_sigusr1_writes_every_threads_and_tasks_stack_to_the_log_and_the_server_serves_on(
         tmp_path: Path) -> None:
     # What an operator (and a test whose server would not stop) reads to see where it hangs.
     with serving(tmp_path / "store") as server:
-        assert server.process is not None
-        os.kill(server.process.pid, signal.SIGUSR1)
-        wait_until(lambda: "Current thread" in server.log.read_text(), "a stack dump", 30)
-        assert "server.py" in server.log.read_text()  # the stack it stands in
+        server.dump_stacks(timeout=60)
+        log = server.log.read_text()
+        assert "Current thread" in log and "server.py" in log  # the threads', where they stand
+        assert stacks.DUMPED in log and "task " in log  # then the tasks', from the loop
         with server.client() as client:
             assert client.ping(timeout=30)

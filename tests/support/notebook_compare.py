@@ -26,6 +26,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from cli.status import describe
+from fabric.errors import FabricError
+
 if TYPE_CHECKING:
     from helpers import RunningServer
 
@@ -473,6 +476,22 @@ def _tail(path: Path, n: int = 40) -> str:
         return "<no log>"
 
 
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
+def _where_it_hangs(server: RunningServer) -> str:
+    """What the server says of its sessions, then its log's tail with every thread's and
+    task's stack."""
+    try:
+        with server.client(timeout=10) as client:
+            said = "\n".join(describe(client.status()))
+    except FabricError as exc:
+        said = f"<no status: {exc}>"
+    server.dump_stacks()
+    return f"server status:\n{said}\nserver log:\n{_tail(server.log, 400)}\n"
+
+
 def _check_alive(server: RunningServer) -> None:
     if not server.alive():
         pytest.fail(f"llfabric server exited:\n{_tail(server.log)}")
@@ -491,9 +510,9 @@ def run_fabric(server: RunningServer, nb_path: Path, workdir: Path,
     try:
         res = subprocess.run(cmd, env=notebook_env(), capture_output=True, text=True,
                              timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"llfabric run timed out after {RUN_TIMEOUT_S}s\n"
-                    f"server log:\n{_tail(server.log)}")
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(f"llfabric run timed out after {RUN_TIMEOUT_S}s\n{_where_it_hangs(server)}"
+                    f"its stderr:\n{_text(timeout.stderr)[-4000:]}")
     if not out.exists():
         _check_alive(server)
         pytest.fail(f"llfabric run wrote no output (rc={res.returncode})\n"
