@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,28 @@ def test_a_worker_that_never_answers_is_stopped_after_its_interrupt(tmp_path: Pa
     [(stopped, version, held)] = _scenario(tmp_path, ["silent"], 1, interrupt=True)
     assert isinstance(stopped, CellStopped) and stopped.fields["reason"] == "interrupt"
     assert version == 0 and held == 0
+
+
+def test_a_cpu_slot_goes_back_once_the_cells_state_is_only_written(tmp_path: Path) -> None:
+    async def scenario() -> tuple[bool, bool, object, int]:
+        store = Store(tmp_path / "store")
+        pool, leases = FakePool(store.root, ["flushing"]), Leases(1)
+        session = Session("s", str(tmp_path), store, pool, leases, Keeper(pool))
+        output = asyncio.Event()  # the cell's output: its code ran, on the slot
+        try:
+            run = asyncio.ensure_future(session.execute("x = 1", lambda *a: output.set()))
+            await output.wait()
+            deadline = time.monotonic() + 30
+            while leases.held and time.monotonic() < deadline:  # until the slot is back
+                await asyncio.sleep(0.01)
+            free, writing = not leases.held, not run.done()
+            (tmp_path / "flushed").touch()
+            reply = await run
+            return free, writing, reply, session.manifest.version
+        finally:
+            await session.close()
+            await pool.stop()
+
+    free, writing, reply, version = asyncio.run(scenario())
+    assert free and writing  # the slot is back while the cell still writes its state
+    assert reply.status == "ok" and version == 1  # and it commits all the same

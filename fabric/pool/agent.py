@@ -6,7 +6,8 @@ lets the session commit what it saved, then parks the worker for the next cell o
 (`run`), telling the client what happens as events. A worker kept for the next cell first lingers
 on its lease (the leases' `linger` seconds): a next cell in that time starts on it as it is; when
 the time is up, another session's cell waits for slots, or the worker is discarded, it lets go
-(parked, then the lease given back; at once if discarded). On one host the session calls it
+(parked, then the lease given back; at once if discarded). A CPU slot that will not linger goes
+back once the cell's state is only being written (`Flushing`). On one host the session calls it
 directly; in a cluster each host has one, behind the same interface.
 
 A worker readied for a head whose values are not all in the store (some could not be saved, and
@@ -332,6 +333,10 @@ class SessionWorkers:
             events.notice("queued", f"waited {lease.waited:.1f} s for an execution slot")
         running = self.running = Running(self.name, worker, events, cell.stdin,
                                          self.interrupt_grace)
+        if lease.device is None and self.leases.linger <= 0:
+            # a CPU slot, kept for no next cell: it goes back once the cell's state is only
+            # written (disk I/O needs no core), so that a queued cell starts meanwhile
+            running.flushing = lambda: self.leases.release(lease)
         try:
             if self.interrupted:
                 raise CellStopped("the cell was interrupted before it started",
@@ -412,7 +417,8 @@ class SessionWorkers:
             "visible_delay": max(0.0, started - cell.received),
             "run": done.run,
             "save": done.save + (after - committed),
-            "lease_held": ended - taken,  # with the linger before it, if it took one
+            # with the linger before it, if it took one
+            "lease_held": (lease.released or ended) - taken,
             "lazy_load": done.lazy,
             "replicate": committed - replicating + spread,
         }, how_started(path, life.restored), done.payload, done.unneeded), kept

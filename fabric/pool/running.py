@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import CellStopped, FabricError, NotWaiting, WorkerDied
@@ -20,6 +21,7 @@ from ..worker.messages import (
     CellOutput,
     CommOut,
     Done,
+    Flushing,
     InputReply,
     Saving,
     Started,
@@ -53,6 +55,8 @@ class Running:
         self.started: float | None = None  # when its code began, on this process's clock
         self.saving = False  # the cell's code has ended; its worker saves
         self.stopped: str | None = None  # why its worker was killed
+        # called once its state is captured and only written now (`Flushing`)
+        self.flushing: Callable[[], None] | None = None
         self._answer: asyncio.Future | None = None  # the client's answer to its input()
         self._escalation: asyncio.TimerHandle | None = None  # the kill an interrupt schedules
 
@@ -71,6 +75,9 @@ class Running:
             elif isinstance(message, Saving):  # an interrupt before this stopped the code
                 self.saving = True
                 self.end()
+            elif isinstance(message, Flushing):
+                if self.flushing is not None:
+                    self.flushing()
             elif isinstance(message, AskInput):
                 answer = await self._ask(message)
                 if answer is not None:  # None: interrupted; the worker stopped waiting

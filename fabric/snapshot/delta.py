@@ -99,12 +99,13 @@ class DeltaSaver:
 
     def save(self, ns: dict[str, Any], state: list[str], reached: Iterable[str] | None,
              progress: Progress | None = None,
-             limit: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
-             ) -> Saved:
+             limit: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+             captured: Callable[[Saved], None] | None = None) -> Saved:
         """Save `state` (names in `ns`) after a cell that reached `reached` (None: anything),
         as its plan says (`closure.plan`). Each group is pickled within `limit()` (its objects'
         own code runs then), else left unsaved; a KeyboardInterrupt (the user stopped the save)
-        leaves what is not written yet unsaved: the worker holds it."""
+        leaves what is not written yet unsaved: the worker holds it. `captured(saved)` is called
+        once every group is pickled and hashed, as the writes go on."""
         present = set(state)
         touched = present if reached is None else set(reached)
         self.stuck = {n: held for n, held in self.stuck.items() if ns.get(n) is held[0]}
@@ -131,20 +132,23 @@ class DeltaSaver:
         hashing = written.Hashing(written.tracker() if self.track else None,
                                   self.store.disk.root)
         try:
-            for members in grouping.groups:
-                if len(members) == 1 and members[0] in same and self._reuse(members, saved):
-                    continue
-                if not self._put(ns, members, saved, progress, writes, hashing, limit) and \
-                        len(members) > 1:
-                    # Saved member by member instead, so that one generator costs only itself.
-                    for name in members:
-                        self._put(ns, [name], saved, progress, writes, hashing, limit)
-        except KeyboardInterrupt:
-            done = {n for _, names, _ in saved.groups for n in names}
-            for name in rest:
-                if name not in done:
-                    saved.unsaved.setdefault(name, "its save was interrupted")
-                    self.stuck[name] = (ns[name], saved.unsaved[name])
+            try:
+                for members in grouping.groups:
+                    if len(members) == 1 and members[0] in same and self._reuse(members, saved):
+                        continue
+                    if not self._put(ns, members, saved, progress, writes, hashing, limit) and \
+                            len(members) > 1:
+                        # Saved member by member instead: one generator costs only itself.
+                        for name in members:
+                            self._put(ns, [name], saved, progress, writes, hashing, limit)
+            except KeyboardInterrupt:
+                done = {n for _, names, _ in saved.groups for n in names}
+                for name in rest:
+                    if name not in done:
+                        saved.unsaved.setdefault(name, "its save was interrupted")
+                        self.stuck[name] = (ns[name], saved.unsaved[name])
+            if captured is not None:
+                captured(saved)
         finally:
             failed = writes.finish()
         saved.hashed, saved.reused = hashing.hashed, hashing.reused

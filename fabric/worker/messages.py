@@ -253,6 +253,14 @@ class Saving(WorkerMessage):
 
 
 @dataclass(frozen=True)
+class Flushing(WorkerMessage):
+    """The cell's state is captured (pickled, hashed, described): only writing it to disk
+    remains, which takes no execution slot, and the cell's user code is over."""
+
+    op: ClassVar[str] = "flushing"
+
+
+@dataclass(frozen=True)
 class CellOutput(WorkerMessage):
     """An nbformat output (or clear_output, update_display_data) of the running cell."""
 
@@ -376,9 +384,9 @@ class Failed(WorkerMessage):
 
 TO_WORKER = {m.op: m for m in (Become, Rehome, Load, RunCell, Settle, InputReply, CompleteCode,
                                InspectName, CommIn, Park, Unpark, Sleep, DebugCells, Exit)}
-FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, CellOutput, CommOut,
-                                 WorkerNotice, AskInput, Done, Settled, Parked, DebugPort,
-                                 Sleeping, Refused, Failed)}
+FROM_WORKER = {m.op: m for m in (Hello, Loaded, Answered, Started, Saving, Flushing, CellOutput,
+                                 CommOut, WorkerNotice, AskInput, Done, Settled, Parked,
+                                 DebugPort, Sleeping, Refused, Failed)}
 
 
 def decode(wire: dict, ops: Mapping[str, type[WorkerMessage]]) -> WorkerMessage:

@@ -45,7 +45,7 @@ from ..closure.plan import plan
 from ..errors import CellStopped, FabricError, LoadFailed, ProtocolError
 from ..snapshot import ambient, catalog, codec, written
 from ..snapshot.commit import Report
-from ..snapshot.delta import DeltaSaver
+from ..snapshot.delta import DeltaSaver, Saved
 from ..snapshot.store import Store
 from . import comms, deadline, debugging, env, forked, introspect, lazy, parking, threads, wake
 from .account import become
@@ -65,6 +65,7 @@ from .messages import (
     Done,
     Exit,
     Failed,
+    Flushing,
     Hello,
     InputReply,
     InspectName,
@@ -506,22 +507,33 @@ class Worker:
         names = self.shell.user_variables()
         imports = {n: ns[n].__name__ for n in names if issubclass(type(ns[n]), types.ModuleType)}
         state = [n for n in names if n not in imports]
-        saved = self.saver.save(ns, state, reached, self._progress("saving"),
-                                lambda: deadline.limit(limit))
-        self.owned.update(names)
         hooks = ambient.notebook_hooks()  # held like a value that cannot be saved
-        unsaved = saved.unsaved | dict.fromkeys(hooks, "an import hook lives only in its process")
-        # a group whose object is the one loaded or saved before is described as it was then,
-        # and so is a module described here before
-        modules = {alias for alias, module in imports.items()
-                   if self.described_imports.get(alias) != module}
-        changed = sorted({*saved.changed, *unsaved, *modules} | self.undescribed)
-        try:
-            described = catalog.describe(ns, changed, lambda: deadline.limit(DESCRIBE_LIMIT))
-        except KeyboardInterrupt:  # the user stopped the save: described at the next one
-            described, self.undescribed = catalog.EMPTY, set(changed)
-        else:
-            self.undescribed, self.described_imports = set(), imports
+        held = dict.fromkeys(hooks, "an import hook lives only in its process")
+        described = catalog.EMPTY
+
+        def captured(saved: Saved) -> None:
+            """Describe what changed, the last user code of the cell; then only writes remain,
+            and the server may give the execution slot back."""
+            nonlocal described
+            # a group whose object is the one loaded or saved before is described as it was
+            # then, and so is a module described here before
+            modules = {alias for alias, module in imports.items()
+                       if self.described_imports.get(alias) != module}
+            changed = sorted({*saved.changed, *saved.unsaved, *held, *modules}
+                             | self.undescribed)
+            try:
+                described = catalog.describe(ns, changed,
+                                             lambda: deadline.limit(DESCRIBE_LIMIT))
+            except KeyboardInterrupt:  # the user stopped the save: described at the next one
+                self.undescribed = set(changed)
+            else:
+                self.undescribed, self.described_imports = set(), imports
+            self.channel.send(Flushing())
+
+        saved = self.saver.save(ns, state, reached, self._progress("saving"),
+                                lambda: deadline.limit(limit), captured)
+        self.owned.update(names)
+        unsaved = saved.unsaved | held
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self._save_ambient(),

@@ -8,6 +8,8 @@ It says hello and answers loads; a cell's run goes as FAULT says:
   die      exits with status 3 after `started`, mid-run
   silent   `started`, then nothing, ever (not even to an interrupt)
   missing  done with a save naming a blob that is not in the store
+  flushing as ok, but says its state is only written (`flushing`) and waits for a file
+           `flushed` beside the store before it is done
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fabric.worker.messages import (
     CellOutput,
     Done,
     Exit,
+    Flushing,
     Hello,
     Load,
     Loaded,
@@ -68,7 +71,11 @@ def run(send, socket: zmq.Socket, store: Store, fault: str) -> None:
         time.sleep(3600)
     else:
         send(CellOutput({"output_type": "stream", "name": "stdout", "text": "fake\n"}))
-        ambient = store.put(pickle.dumps({})) if fault == "ok" else "0" * 32
+        if fault == "flushing":
+            send(Flushing())
+            while not (store.root.parent / "flushed").exists():
+                time.sleep(0.01)
+        ambient = "0" * 32 if fault == "missing" else store.put(pickle.dumps({}))
         send(Done("ok", saved=Report(groups=[], kept=[], imports={}, refs={}, packages={},
                                      ambient=ambient, owned=[], unsaved={})))
 

@@ -21,7 +21,8 @@ def test_an_environment_goes_just_ahead_of_the_servers_packages(tmp_path: Path,
         (site / env.BASE_PTH).write_text("")
     base = ["/work", "/py/lib/python3.11", "/venv/lib/python3.11/site-packages"]
     monkeypatch.setattr(sys, "path", list(base))
-    monkeypatch.delenv(env.VARIABLE, raising=False)
+    monkeypatch.setenv(env.VARIABLE, "")  # recorded, so that what `enter` sets is undone
+    monkeypatch.delenv(env.VARIABLE)
     env.enter(str(mine))
     assert sys.path == [*base[:2], str(mine), base[2]]
     # a session's saved sys.path, made in another environment, restored here
