@@ -19,9 +19,9 @@ import keyword
 import re
 import reprlib
 import types
-from collections.abc import Callable, Generator, Mapping, Sized
+from collections.abc import Callable, Mapping, Sized
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from ..errors import StoreError
 from .packing import UnpackError, pack, unpack
@@ -40,6 +40,7 @@ Catalog = dict[str, dict[str, Entry]]  # "names": name -> entry; "classes": clas
 Content = dict[str, Any]  # a Jupyter reply's content
 Limit = Callable[[], AbstractContextManager[object]]  # a context that bounds the code it runs
 EMPTY: Catalog = {"names": {}, "classes": {}}
+T = TypeVar("T")
 
 
 class _ShortRepr(reprlib.Repr):
@@ -57,18 +58,18 @@ _short.maxstring = _short.maxother = MAX_TEXT
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 10
 
 
-@contextlib.contextmanager
-def _user_code(limit: Limit) -> Generator[None, None, None]:
-    """Run a value's own code (its repr, signature or `__dir__`) within `limit()`; whatever it
-    raises (`SystemExit` too, a TimeoutError past the limit) leaves that part out, except the
-    user's interrupt, which stops the save."""
+def _attempt(limit: Limit, run: Callable[[], T]) -> T | None:
+    """`run()`, which runs a value's own code (its repr, signature or `__dir__`), within
+    `limit()` (the limit's block is this frame: see `fabric.worker.deadline`); None if it raises
+    anything, `SystemExit` too or a TimeoutError past the limit, but the user's interrupt,
+    which stops the save."""
     try:
         with limit():
-            yield
+            return run()
     except KeyboardInterrupt:
         raise
     except BaseException:  # left out, as the docstring says
-        pass
+        return None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -167,17 +168,17 @@ def describe_one(value: object, classes: dict[str, Entry],
         if doc := pyinspect.getdoc(value):
             entry["doc"] = _clip(doc, MAX_DOC)
     if callable(value):
-        with _user_code(limit):  # TimeoutError past it
-            entry.update(_signature(value, bound=False))
+        entry.update(_attempt(limit, lambda: _signature(value, bound=False)) or {})
     shape = dtype = None
     if entry["kind"] == "instance":
         shape, dtype = _fact(value, "shape"), _fact(value, "dtype")
     if isinstance(shape, tuple) and dtype is not None:
         entry["shape"] = [int(n) for n in cast(tuple[object, ...], shape) if isinstance(n, int)]
         entry["dtype"] = str(dtype)
-    elif entry["kind"] == "instance":  # arrays are told by shape and dtype, never printed here
-        with _user_code(limit):  # a failing or endless repr: left out
-            entry["repr"] = _short.repr(value)
+    # arrays are told by shape and dtype, never printed here; a failing or endless repr: left out
+    elif entry["kind"] == "instance" and \
+            (text := _attempt(limit, lambda: _short.repr(value))) is not None:
+        entry["repr"] = text
     for sized in _SIZED:
         if issubclass(kind, sized):  # the built-in length, never a subclass's `__len__`
             entry["len"] = sized.__len__(cast(Sized, value))  # an instance of `sized`
@@ -193,8 +194,7 @@ def _attrs(value: object, limit: Limit = contextlib.nullcontext) -> list[str]:
         names.update(_DICT(cls))
     owner = next((c for c in _MRO(type(value)) if "__dir__" in _DICT(c)), object)
     if _known(owner) and not issubclass(type(value), type):
-        with _user_code(limit):
-            names.update(dir(value))
+        names.update(_attempt(limit, lambda: dir(value)) or ())
     attrs = sorted(str(a) for a in names)
     return ([a for a in attrs if not a.startswith("_")]
             + [a for a in attrs if a.startswith("_")])[:MAX_ATTRS]

@@ -4,6 +4,7 @@ commit, and how it answers completion and inspection with no worker."""
 from __future__ import annotations
 
 import dataclasses
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from fabric.closure.plan import plan
 from fabric.errors import StoreError
 from fabric.snapshot import Store, catalog, dumps, history
 from fabric.snapshot.commit import CellRecord, Report, commit
+from fabric.worker.deadline import limit
 
 
 class Thing:
@@ -184,3 +186,21 @@ def test_attributes_are_read_from_the_dicts_and_no_users_property_runs() -> None
     assert (found["names"]["a"]["shape"], found["names"]["a"]["dtype"]) == ([2, 3], "int8")
     assert (found["names"]["t"]["shape"], found["names"]["t"]["dtype"]) == ([4], "torch.float32")
     assert "alpha" in catalog._entry(found, "df")["attrs"]  # a known library's `__dir__` runs
+
+
+class _SlowRepr:
+    def __repr__(self) -> str:
+        end = time.monotonic() + 0.001
+        while time.monotonic() < end:
+            pass
+        return "slow"
+
+
+def test_describing_under_a_limit_that_ticks_as_each_repr_ends_never_fails() -> None:
+    # a value's code that ends about when its limit ticks: the tick lands in its repr, in the
+    # catalog's own code around it, or on the limit's way out; none may leave `describe`
+    namespace = {f"v{i}": _SlowRepr() for i in range(500)}
+    for _ in range(3):
+        described = catalog.describe(namespace, list(namespace), lambda: limit(0.001))
+        assert set(described["names"]) == set(namespace)
+        assert {e.get("repr", "slow") for e in described["names"].values()} == {"slow"}
