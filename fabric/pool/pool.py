@@ -255,8 +255,9 @@ class WorkerHandle:
             if not isinstance(message, Failed):
                 return message
             # its last words: it exits next, and its death says why
-            log.error("worker %d failed:\n%s", self.pid, message.traceback.rstrip())
-            self.failure = message.traceback.rstrip().rpartition("\n")[2][:200]
+            told = message.traceback.rstrip()
+            log.error("worker %d failed:\n%s", self.pid, told)
+            self.failure = told.rpartition("\n")[2][:200]
 
     async def _unless_dead(self, awaited: Awaitable[T], timeout: float | None) -> T:
         """`awaited`'s result (a socket's send or recv), or WorkerDied if the worker exits or

@@ -131,22 +131,12 @@ class DeltaSaver:
         writes = Writes(self.store)
         hashing = written.Hashing(written.tracker() if self.track else None,
                                   self.store.disk.root)
+
+        def put(names: list[str]) -> bool:
+            return self._put(ns, names, saved, progress, writes, hashing, limit)
+
         try:
-            try:
-                for members in grouping.groups:
-                    if len(members) == 1 and members[0] in same and self._reuse(members, saved):
-                        continue
-                    if not self._put(ns, members, saved, progress, writes, hashing, limit) and \
-                            len(members) > 1:
-                        # Saved member by member instead: one generator costs only itself.
-                        for name in members:
-                            self._put(ns, [name], saved, progress, writes, hashing, limit)
-            except KeyboardInterrupt:
-                done = {n for _, names, _ in saved.groups for n in names}
-                for name in rest:
-                    if name not in done:
-                        saved.unsaved.setdefault(name, "its save was interrupted")
-                        self.stuck[name] = (ns[name], saved.unsaved[name])
+            self._put_groups(ns, grouping.groups, same, rest, saved, put)
             if captured is not None:
                 captured(saved)
         finally:
@@ -155,6 +145,26 @@ class DeltaSaver:
         self._unwritten(saved, failed)
         self._forget_stale(present, set(rest), saved)
         return saved
+
+    def _put_groups(self, ns: dict[str, Any], groups: list[list[str]], same: set[str],
+                    rest: list[str], saved: Saved, put: Callable[[list[str]], bool]) -> None:
+        """Hand each group over to be written (`put`), or name again the object of one found
+        unchanged; a KeyboardInterrupt (the user stopped the save) leaves the names not handed
+        over yet unsaved, held by the worker."""
+        try:
+            for members in groups:
+                if len(members) == 1 and members[0] in same and self._reuse(members, saved):
+                    continue
+                if not put(members) and len(members) > 1:
+                    # Saved member by member instead, so that one generator costs only itself.
+                    for name in members:
+                        put([name])
+        except KeyboardInterrupt:
+            done = {n for _, names, _ in saved.groups for n in names}
+            for name in rest:
+                if name not in done:
+                    saved.unsaved.setdefault(name, "its save was interrupted")
+                    self.stuck[name] = (ns[name], saved.unsaved[name])
 
     def _unchanged(self, ns: dict[str, Any], names: list[str],
                    checked: dict[str, bool]) -> set[str]:

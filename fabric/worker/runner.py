@@ -512,33 +512,37 @@ class Worker:
         described = catalog.EMPTY
 
         def captured(saved: Saved) -> None:
-            """Describe what changed, the last user code of the cell; then only writes remain,
+            """Describe what changed, the cell's last user code; then only writes remain,
             and the server may give the execution slot back."""
             nonlocal described
-            # a group whose object is the one loaded or saved before is described as it was
-            # then, and so is a module described here before
-            modules = {alias for alias, module in imports.items()
-                       if self.described_imports.get(alias) != module}
-            changed = sorted({*saved.changed, *saved.unsaved, *held, *modules}
-                             | self.undescribed)
-            try:
-                described = catalog.describe(ns, changed,
-                                             lambda: deadline.limit(DESCRIBE_LIMIT))
-            except KeyboardInterrupt:  # the user stopped the save: described at the next one
-                self.undescribed = set(changed)
-            else:
-                self.undescribed, self.described_imports = set(), imports
+            described = self._describe(ns, [*saved.changed, *saved.unsaved, *held], imports)
             self.channel.send(Flushing())
 
         saved = self.saver.save(ns, state, reached, self._progress("saving"),
                                 lambda: deadline.limit(limit), captured)
         self.owned.update(names)
-        unsaved = saved.unsaved | held
         return Report(groups=saved.groups, kept=saved.kept, imports=imports, refs=saved.refs,
                      packages=saved.packages,
                      ambient=self._save_ambient(),
-                     owned=sorted(self.owned), unsaved=unsaved, bounded=saved.bounded,
+                     owned=sorted(self.owned), unsaved=saved.unsaved | held, bounded=saved.bounded,
                      hooks=hooks, described=described, devices=saved.devices)
+
+    def _describe(self, ns: dict[str, Any], changed: list[str],
+                  imports: dict[str, str]) -> catalog.Catalog:
+        """The catalog entries of `changed`, of the modules imported under a name not described
+        here yet, and of those left undescribed by a save the user stopped (described at the
+        next one); a group whose object is the one loaded or saved before keeps the entry it
+        had then."""
+        modules = {alias for alias, module in imports.items()
+                   if self.described_imports.get(alias) != module}
+        names = sorted({*changed, *modules} | self.undescribed)
+        try:
+            described = catalog.describe(ns, names, lambda: deadline.limit(DESCRIBE_LIMIT))
+        except KeyboardInterrupt:  # the user stopped the save
+            self.undescribed = set(names)
+            return catalog.EMPTY
+        self.undescribed, self.described_imports = set(), imports
+        return described
 
     def _read_ambient(self, blob: str) -> dict[str, Any]:
         """The ambient state stored as `blob`; the next save compares with it."""
