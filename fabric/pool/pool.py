@@ -84,6 +84,9 @@ class ZygoteHandle:
         self.last_used = time.monotonic()
         self._pending: dict[int, asyncio.Future] = {}  # req -> (answer, descriptors)
         self._reqs = itertools.count()
+        # workers asked of it that the pool does not know yet: its answer may be read before
+        # the fork's caller resumes and registers the worker, and it must live until then
+        self.forking = 0
         ctrl.setblocking(False)
         asyncio.get_running_loop().add_reader(ctrl.fileno(), self._readable)
 
@@ -125,6 +128,7 @@ class ZygoteHandle:
         asyncio.get_running_loop().remove_reader(self.ctrl.fileno())
         self.ctrl.close()
         self._fail(FabricError(f"zygote {self.pid} exited", pid=self.pid))
+        self.pool.orphaned(self)
         self.pool.zygote_lost(self)
 
     def _fail(self, error: FabricError) -> None:
@@ -173,15 +177,16 @@ class ZygoteHandle:
             raise
 
     def busy(self) -> bool:
-        """Whether a request to it awaits its answer (a fork in flight, whose worker the pool
-        does not know yet)."""
-        return any(not future.done() for future in self._pending.values())
+        """Whether a request to it awaits its answer, or a worker it forked is not yet known
+        to the pool."""
+        return self.forking > 0 or any(not future.done() for future in self._pending.values())
 
     def stop(self) -> None:
         if self.ctrl.fileno() >= 0:
             asyncio.get_running_loop().remove_reader(self.ctrl.fileno())
             self.ctrl.close()  # the zygote exits on EOF; its children die with it
             self._fail(NoZygote(f"zygote {self.pid} was stopped", pid=self.pid))
+            self.pool.orphaned(self)  # no exit of theirs is reported any more
 
 
 class WorkerHandle:
@@ -331,8 +336,11 @@ class WorkerHandle:
         """Retire the worker: ask it to exit, kill it if it does not; then whatever its cells
         left running."""
         if self.pid and not self.died.done():
+            # through the plain socket: the asyncio one queues even a NOBLOCK send behind a
+            # send still in its queue (one just cancelled), where no peer may ever take it
             with contextlib.suppress(zmq.ZMQError):  # zmq.Again: no worker connected to ask
-                await self.socket.send(protocol.pack(Exit().to_wire()), flags=zmq.NOBLOCK)
+                zmq.Socket.shadow(self.socket.underlying).send(protocol.pack(Exit().to_wire()),
+                                                               flags=zmq.NOBLOCK)
             try:
                 await within(asyncio.shield(self.died), 5.0)
             except TimeoutError:
@@ -592,10 +600,14 @@ class Pool:
         zygote = await self.zygote_for(needs, family, site)
         worker = WorkerHandle(self, next(self._ids), zygote, user=user)
         try:
-            reply, _ = await zygote.request(control.ForkWorker(endpoint=worker.endpoint,
-                                                               store=str(self.store_root)))
-            worker.pid = worker.process = reply.pid
-            self.workers[worker.pid] = worker
+            zygote.forking += 1
+            try:
+                reply, _ = await zygote.request(control.ForkWorker(endpoint=worker.endpoint,
+                                                                   store=str(self.store_root)))
+                worker.pid = worker.process = reply.pid
+                self.workers[worker.pid] = worker
+            finally:
+                zygote.forking -= 1
             worker.cage.enter(reply.pid)  # before its hello: it has run nothing of a session
             await self._hello(worker)
         except BaseException:
@@ -713,14 +725,17 @@ class Pool:
             worker.exit_status = status
             worker.died.set_result(status)
 
+    def orphaned(self, zygote: ZygoteHandle) -> None:
+        """`zygote` is gone or stopped: its workers die with it (PDEATHSIG), unreported."""
+        for worker in list(self.workers.values()):
+            if worker.zygote is zygote and not worker.died.done():
+                worker.died.set_result(None)
+
     def zygote_lost(self, zygote: ZygoteHandle) -> None:
         for key, handle in list(self.zygotes.items()):
             if handle is zygote:
                 del self.zygotes[key]
         self.retired.discard(zygote)
-        for worker in list(self.workers.values()):
-            if worker.zygote is zygote and not worker.died.done():
-                worker.died.set_result(None)  # it died with its zygote (PDEATHSIG)
         base = self._base_proc is not None and zygote.pid == self._base_proc.pid
         if base and not zygote.modules and (self._reviving is None or self._reviving.done()):
             log.warning("the base zygote %d died; restarting it", zygote.pid)

@@ -14,7 +14,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from fabric.errors import NoZygote, ZygoteProtocolError
+from fabric.errors import NoZygote, WorkerDied, ZygoteProtocolError
 from fabric.pool import Pool
 from fabric.pool import pool as pool_module
 from fabric.pool.pool import BASE, ZygoteHandle
@@ -201,6 +201,54 @@ def test_a_zygote_retired_while_it_forks_a_worker_serves_that_fork(tmp_path: Pat
             other.stop()
             with pytest.raises(NoZygote):
                 await asyncio.wait_for(forking, 60)
+        finally:
+            await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_zygote_retired_once_its_fork_is_answered_lives_until_its_worker_is_known(
+        tmp_path: Path) -> None:
+    """The zygote's answer is read before the fork's caller resumes to register the worker;
+    a retirement in between must not stop the zygote (and with it the new worker)."""
+    async def scenario() -> None:
+        pool = Pool(tmp_path)
+        await pool.start()
+        try:
+            family = ("", frozenset({"json"}))
+            old = await pool.zygote_for(family[1])
+            asked = old.request
+
+            async def answered_then_retired(message):
+                answer = await asked(message)
+                pool.retired.add(pool.zygotes.pop(family))  # as a rebuild ending now does
+                pool.stop_retired()
+                return answer
+
+            old.request = answered_then_retired
+            worker = await asyncio.wait_for(pool.fork_worker(family[1]), 60)
+            assert old.ctrl.fileno() >= 0 and not worker.died.done()
+            await worker.close()
+            assert old.ctrl.fileno() < 0  # its worker gone, it goes too
+        finally:
+            await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_workers_of_a_stopped_zygote_are_known_dead(tmp_path: Path) -> None:
+    """A zygote stopped with a worker (its children die with it) reports no exit: the pool
+    marks them dead, so that nothing waits on them forever."""
+    async def scenario() -> None:
+        pool = Pool(tmp_path)
+        await pool.start()
+        try:
+            zygote = await pool.zygote_for(frozenset({"json"}))
+            worker = await pool.fork_worker(frozenset({"json"}))
+            zygote.stop()
+            with pytest.raises(WorkerDied):
+                await asyncio.wait_for(worker.recv(), 60)
+            await asyncio.wait_for(worker.close(), 60)
         finally:
             await pool.stop()
 
