@@ -9,7 +9,14 @@ import time
 import msgpack
 import pytest
 import zmq
-from helpers import execute, execute_in_thread, pid_of_running_cell, text
+from helpers import (
+    execute,
+    execute_in_thread,
+    pid_of_running_cell,
+    session_status,
+    text,
+    wait_until,
+)
 
 from fabric.client import Client
 from fabric.errors import RemoteError
@@ -134,10 +141,10 @@ def test_draft_prepares_the_worker_before_execute(client: Client, session: str) 
     execute(client, session, "big = list(range(100000))\nsmall = 1")
     draft = client.call("draft", session=session, source="total = sum(big)")
     assert draft.names == ("big",)
-    time.sleep(1.0)
+    wait_until(lambda: session_status(client, session).tier == "warm",
+               "the draft's worker loaded")
     reply, _ = execute(client, session, "total = sum(big)")
     assert reply["path"] == "draft"
-    assert reply["timings"]["prepare"] < 1.0
     client.call("draft", session=session, source="print(total)")
     reply, outputs = execute(client, session, "print(total, small)")  # edited after the draft
     assert reply["path"] == "draft+load"
@@ -359,7 +366,8 @@ def test_user_is_told_when_a_pinned_worker_dies(server, client: Client, session:
     info = next(s for s in client.status().sessions if s.session == session)
     assert info.pinned
     os.kill(info.worker, signal.SIGKILL)
-    time.sleep(0.5)
+    wait_until(lambda: session_status(client, session).worker != info.worker,
+               "the server learned of its worker's death")
     reply, outputs = execute(client, session, "print(kept, 'gen' in dir())")
     assert reply["path"] == "cold"
     # a loss the user must act on: in the cell, as an error, before what the cell printed
