@@ -9,6 +9,7 @@ cost nothing to import, everything else is imported on first use (`__getattr__`)
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .errors import (
     AddressRefused,
@@ -54,6 +55,14 @@ from .errors import (
     WorkerDied,
     ZygoteProtocolError,
 )
+
+if TYPE_CHECKING:  # what `_LAZY` gives, as type checkers and editors should see it
+    from .client import Client
+    from .config import Config
+    from .config import load as load_config
+    from .embedded import EmbeddedServer
+    from .snapshot import Manifest, Store
+    from .status import ServerStatus, SessionStatus
 
 # public name -> (module, attribute), imported when first asked for
 _LAZY = {
