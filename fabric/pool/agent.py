@@ -269,9 +269,11 @@ class SessionWorkers:
             try:
                 return await self._run_on(life, path, cell, head, events, commit, lease)
             except WorkerDied as exc:
-                if exc.fields.get("started") or not life.kept:
+                # nothing of the cell ran: one more worker, whatever ended this one (killed
+                # from outside, its zygote gone); a second death is the cell's error
+                if exc.fields.get("started"):
                     raise
-                log.warning("session %s: its kept worker died before the cell began (%s); "
+                log.warning("session %s: its worker died before the cell began (%s); "
                             "starting it on a fresh one", self.name, exc.message)
                 life = self._replace(life, cell.closure, head, events, at_once=True)
                 self._tell_lost(events, head)

@@ -205,6 +205,21 @@ def test_a_dead_family_zygote_is_rebuilt(server, client, tmp_path) -> None:
     assert any("numpy" in z.modules for z in client.status().zygotes)
 
 
+def test_a_fresh_worker_that_dies_before_its_cell_began_is_replaced_once(
+        server, client, tmp_path) -> None:
+    # the first load of `v` ends its worker, as a killer from outside would; the second loads
+    name = open_session(client, tmp_path)
+    execute(client, name, "import os\nclass Once:\n    def __setstate__(self, state):\n"
+                          "        if not os.path.exists('died'):\n"
+                          "            open('died', 'w').close()\n            os._exit(9)\n"
+                          "        self.__dict__.update(state)\n"
+                          "v = Once()\nv.x = 7\n")
+    reply, outputs = execute(client, name, "print(v.x)")
+    assert (tmp_path / "died").exists()  # the cell's first worker died loading it
+    assert reply["status"] == "ok" and text(outputs) == "7\n"
+    assert "died before the cell began" in server.log.read_text()
+
+
 
 def _flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
