@@ -171,8 +171,10 @@ def _closed_file(name: Any, mode: str, encoding: str | None) -> IO[Any]:
 
 
 def _reduce_file(file: Any) -> Any:
-    if not file.closed:
-        return NotImplemented  # an open file is live state: it cannot be saved
+    if not file.closed:  # live state: not cloudpickle's copy of a text file into a StringIO,
+        # which would come back as another kind of object, its writes going nowhere
+        raise pickle.PicklingError(f"an open file ({getattr(file, 'name', '?')!r}) is live "
+                                   "state of its process and cannot be saved")
     return _closed_file, (getattr(file, "name", None), getattr(file, "mode", "r"),
                           getattr(file, "encoding", None))
 

@@ -260,3 +260,20 @@ def test_tensors_in_an_autograd_graph_are_refused() -> None:
         dumps({"loss": loss}, {})
     data = loads(dumps({"weight": weight, "detached": loss.detach()}, {}), {})
     assert data["weight"].requires_grad and data["detached"].item() == 6.0
+
+
+@pytest.mark.parametrize("mode", ["r", "w+", "rb", "a"])
+def test_an_open_file_is_refused_not_copied(tmp_path, mode: str) -> None:
+    # a readable text file would otherwise come back as a StringIO of its contents
+    path = tmp_path / "data.txt"
+    path.write_text("line 0\n")
+    with open(path, mode) as file, pytest.raises(pickle.PicklingError, match="open file"):
+        dumps({"f": file}, {})
+
+
+def test_a_closed_file_comes_back_closed_with_its_name(tmp_path) -> None:
+    path = tmp_path / "data.txt"
+    with open(path, "w") as file:
+        file.write("x")
+    back = loads(dumps({"f": file}, {}), {})["f"]
+    assert back.closed and back.name == str(path) and back.mode == "w"
