@@ -67,6 +67,7 @@ class Model:
     views: dict[str, str] = field(default_factory=dict)  # view -> the array it was taken of
     chain: list[str] = field(default_factory=list)  # cells since nothing fragile was live
     from_root: bool = True  # that chain starts at the session's first cell
+    numpy: bool = False  # `np` names numpy (a cell imported it, none rebound it since)
 
     def live(self, *kinds: str) -> list[str]:
         return sorted(n for n, k in self.kinds.items() if not kinds or k in kinds)
@@ -343,7 +344,9 @@ def backward(draw: Draw, m: Model) -> str:
 
 def array(draw: Draw, m: Model) -> str:
     name, k = _target(draw), _k(draw)
-    imported = "import numpy as np\n" if draw(st.booleans()) else ""
+    # np is imported again or, where it still names numpy, perhaps not
+    imported = "" if m.numpy and draw(st.booleans()) else "import numpy as np\n"
+    m.numpy = True
     if draw(st.booleans()):
         m.bind(name, "array")
         return f"{imported}{name} = np.arange({k + 3})\nprint({name})"
@@ -377,7 +380,8 @@ def write_view(draw: Draw, m: Model) -> str:
 
 
 def rebind_np(draw: Draw, m: Model) -> str:
-    if draw(st.booleans()):
+    m.numpy = draw(st.booleans())
+    if m.numpy:
         return "import numpy as np\nprint(np.__name__)"
     return f"np = {_k(draw)}\nprint(np)"
 
