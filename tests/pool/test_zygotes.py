@@ -17,7 +17,7 @@ import pytest
 from fabric.errors import NoZygote, WorkerDied, ZygoteProtocolError
 from fabric.pool import Pool
 from fabric.pool import pool as pool_module
-from fabric.pool.pool import BASE, ZygoteHandle
+from fabric.pool.pool import BASE, Key, ZygoteHandle
 from fabric.worker import control
 
 
@@ -175,6 +175,12 @@ def test_a_zygote_that_sends_what_is_not_a_message_fails_its_requests_and_is_kil
     asyncio.run(scenario())
 
 
+def _retire(pool: Pool, family: Key) -> None:
+    """What a finished rebuild does to the zygote it replaces (`Pool._build`, then `_evict`)."""
+    pool.retired.add(pool.zygotes.pop(family))
+    pool.stop_retired()
+
+
 def test_a_zygote_retired_while_it_forks_a_worker_serves_that_fork(tmp_path: Path) -> None:
     """A family rebuilt (its preloads grew) while a worker is forked from the old zygote: the old
     one is kept until its worker lives; one stopped all the same fails the fork at once."""
@@ -187,8 +193,7 @@ def test_a_zygote_retired_while_it_forks_a_worker_serves_that_fork(tmp_path: Pat
             forking = asyncio.ensure_future(pool.fork_worker(family[1]))
             while not old.busy():  # the fork request is sent, its answer not yet read
                 await asyncio.sleep(0)
-            pool.retired.add(pool.zygotes.pop(family))  # as a finished rebuild does
-            pool.stop_retired()
+            _retire(pool, family)
             worker = await asyncio.wait_for(forking, 60)
             assert worker.zygote is old and old.ctrl.fileno() >= 0
             await worker.close()
@@ -221,8 +226,7 @@ def test_a_zygote_retired_once_its_fork_is_answered_lives_until_its_worker_is_kn
 
             async def answered_then_retired(message):
                 answer = await asked(message)
-                pool.retired.add(pool.zygotes.pop(family))  # as a rebuild ending now does
-                pool.stop_retired()
+                _retire(pool, family)  # as a rebuild ending now does
                 return answer
 
             old.request = answered_then_retired
